@@ -1,0 +1,37 @@
+# Set-up and entry points. Make only prepares the environment and calls the `lenscape` CLI.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: venv install demo test lab bench clean
+
+venv: $(PY)
+
+$(PY):
+	python3 -m venv $(VENV)
+	# torch first and pinned: an unpinned resolve may pull a multi-GB CUDA build on CPU machines.
+	$(PIP) install --quiet torch==2.13.0
+
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install --quiet -e ".[test,notebooks,dask]"
+	$(VENV)/bin/lenscape install-models
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/lenscape demo --out out
+
+test: install
+	$(PY) -m pytest -q -rs
+
+lab: install
+	$(VENV)/bin/jupyter lab notebooks
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) out

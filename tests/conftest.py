@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny seeded random models (Llama, Qwen3, GPT-2 shapes) and the bundled model.
+
+Tiny models use the bundled SmolLM2 tokenizer, so the built-in prompt sets work on them.
+Real-model fixtures are session-scoped and their tests marked ``slow`` (still run in CI).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+TINY_ARCHITECTURES = ("llama", "qwen3", "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from lenscape import models
+
+    return models.tokenizer_for("smollm2-135m")
+
+
+@pytest.fixture(scope="session", params=TINY_ARCHITECTURES)
+def tiny_model(request, tokenizer):
+    from lenscape import models
+
+    return models.tiny(request.param, n_layers=3, seed=0, tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tokenizer):
+    from lenscape import models
+
+    return models.tiny("llama", n_layers=3, seed=0, tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="session")
+def smol():
+    import lenscape as lsc
+
+    return lsc.load("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def factual():
+    import lenscape as lsc
+
+    return lsc.data.prompts("factual")

@@ -1,0 +1,31 @@
+"""``da.lsc``: the plotting functions as DataArray methods, forwarding only.
+
+``scores.mean("prompt").lsc.heatmap(x="head", y="layer")`` is ``lenscape.heatmap(...)`` on the
+same array; nothing here has logic of its own. Importing this module registers the accessor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+import xarray as xr
+
+from lenscape.plot import heatmap
+from lenscape.widgets import Explorer
+
+
+@xr.register_dataarray_accessor("lsc")
+class LenscapeAccessor:
+    """lenscape methods on any DataArray, e.g. ``da.lsc.explore(x="head", y="layer")``."""
+
+    def __init__(self, da: xr.DataArray):
+        self._da = da
+
+    def heatmap(self, **kwargs: Any) -> alt.TopLevelMixin:
+        """``lenscape.plot.heatmap`` of this array; see there for the options."""
+        return heatmap(self._da, **kwargs)
+
+    def explore(self, **kwargs: Any) -> Explorer:
+        """``lenscape.widgets.Explorer`` on this array; see there for the options."""
+        return Explorer(self._da, **kwargs)

@@ -1,0 +1,6 @@
+"""Capture methods: each takes a model and prompts and returns a validated DataArray."""
+
+from .logit import direct_logit_attribution
+from .patching import ablation, activation_patching, attribution_patching
+
+__all__ = ["ablation", "activation_patching", "attribution_patching", "direct_logit_attribution"]

@@ -1,0 +1,163 @@
+"""Shared argument checks and tokenization for capture methods.
+
+``prepare`` turns user input (a ``PromptSet``, Prompts or dicts) into an ``Inputs``:
+validated options plus, per prompt, clean (and corrupt) token ids and the target and
+distractor token ids. ``Inputs.batches`` pads prompt batches on either side; positions
+count real tokens only, so results do not depend on padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..data import Prompt, PromptSet, from_records
+from ..models import LensModel
+from . import metrics
+from ._backend import BACKENDS, TokenBatch
+
+LEVELS = ("head", "block")
+PADDING_SIDES = ("right", "left")
+
+
+@dataclass
+class Batch:
+    """One batch of prompts.
+
+    Attributes:
+        index: (batch,) positions of these prompts in the prompt list.
+        clean: the clean prompts' tokens; ``corrupt`` the corrupt ones (or None).
+        target, distractor: (batch,) token ids (distractor is -1 when absent).
+    """
+
+    index: torch.Tensor
+    clean: TokenBatch
+    corrupt: TokenBatch | None
+    target: torch.Tensor
+    distractor: torch.Tensor
+
+
+@dataclass
+class Inputs:
+    """Validated capture inputs; see ``prepare``."""
+
+    model: LensModel
+    prompts: PromptSet
+    clean_ids: list[list[int]]
+    corrupt_ids: list[list[int]] | None
+    target: torch.Tensor
+    distractor: torch.Tensor
+    metric: str
+    level: str
+    backend: str
+    batch_size: int
+    padding_side: str
+
+    def batches(self) -> Iterator[Batch]:
+        """Prompt batches of ``batch_size``, padded on ``padding_side``, on the model's device."""
+        pad_id = self.model.tokenizer.pad_token_id
+        for start in range(0, len(self.clean_ids), self.batch_size):
+            rows = range(start, min(start + self.batch_size, len(self.clean_ids)))
+            corrupt = (None if self.corrupt_ids is None else
+                       pad([self.corrupt_ids[i] for i in rows], pad_id, self.padding_side))
+            yield Batch(
+                index=torch.tensor(list(rows)),
+                clean=pad([self.clean_ids[i] for i in rows], pad_id, self.padding_side
+                          ).to(self.model.device),
+                corrupt=None if corrupt is None else corrupt.to(self.model.device),
+                target=self.target[list(rows)].to(self.model.device),
+                distractor=self.distractor[list(rows)].to(self.model.device),
+            )
+
+    def n_batches(self) -> int:
+        return -(-len(self.clean_ids) // self.batch_size)
+
+
+def pad(sequences: Sequence[Sequence[int]], pad_id: int, side: str) -> TokenBatch:
+    """Pad token id lists into a ``TokenBatch`` (batch, max_len)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        cols = slice(0, len(seq)) if side == "right" else slice(width - len(seq), width)
+        ids[row, cols] = torch.tensor(seq, dtype=torch.long)
+        mask[row, cols] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    read_pos = torch.full((len(sequences),), width - 1) if side == "left" else mask.sum(-1) - 1
+    return TokenBatch(ids, mask, positions, read_pos)
+
+
+def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"Unknown {name} {value!r}; choose one of {list(choices)}.")
+    return value
+
+
+def _as_prompt_set(prompts: Any) -> PromptSet:
+    if isinstance(prompts, PromptSet):
+        return prompts
+    if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
+                                    and isinstance(prompts[0], str)):
+        raise ValueError("Capture needs prompts with targets, not plain strings: use "
+                         "lsc.data.prompts('factual') or lsc.data.from_records([{'text': ..., "
+                         "'target': ...}]).")
+    return from_records(list(prompts))
+
+
+def _single_token(tokenizer: Any, text: str, what: str, index: int) -> int:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        raise ValueError(f"Prompt {index}: {what} {text!r} tokenizes to {len(ids)} tokens "
+                         f"{pieces}; targets must be single tokens (try a leading space, e.g. "
+                         f"' {text.strip()}', or a shorter word).")
+    return ids[0]
+
+
+def prepare(model: LensModel, prompts: Any, *, metric: str, level: str, backend: str,
+            batch_size: int, padding_side: str, needs_corrupt: bool,
+            levels: Sequence[str] = LEVELS) -> Inputs:
+    """Validate options and tokenize prompts.
+
+    Raises:
+        ValueError: empty prompts, unknown option, batch_size <= 0, multi-token targets,
+            missing distractors/corrupt prompts, clean/corrupt token counts that differ.
+    """
+    _choice("metric", metric, metrics.METRICS)
+    _choice("level", level, levels)
+    _choice("backend", backend, BACKENDS)
+    _choice("padding_side", padding_side, PADDING_SIDES)
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    prompt_set = _as_prompt_set(prompts)
+    if len(prompt_set) == 0:
+        raise ValueError("The prompt list is empty; pass at least one prompt "
+                         "(e.g. lsc.data.prompts('factual')).")
+    tokenizer = model.tokenizer
+    target, distractor = [], []
+    for i, p in enumerate(prompt_set):
+        target.append(_single_token(tokenizer, p.target, "target", i))
+        if metric == "logit_diff" and p.distractor is None:
+            raise ValueError(f"Prompt {i} has no distractor, which metric='logit_diff' needs; "
+                             "add one or use metric='logprob'.")
+        distractor.append(-1 if p.distractor is None else
+                          _single_token(tokenizer, p.distractor, "distractor", i))
+    clean_ids = [tokenizer(p.text)["input_ids"] for p in prompt_set]
+    corrupt_ids = None
+    if needs_corrupt:
+        corrupt_ids = []
+        for i, (p, ids) in enumerate(zip(prompt_set, clean_ids)):
+            if p.corrupt is None:
+                raise ValueError(f"Prompt {i} has no corrupt counterpart, which this method "
+                                 "needs; add `corrupt=` or use lsc.ablation instead.")
+            cids = tokenizer(p.corrupt)["input_ids"]
+            if len(cids) != len(ids):
+                raise ValueError(f"Prompt {i}: clean ({len(ids)} tokens) and corrupt "
+                                 f"({len(cids)} tokens) differ in length; patching needs "
+                                 f"aligned positions. Reword {p.corrupt!r} to match {p.text!r}.")
+            corrupt_ids.append(cids)
+    return Inputs(model, prompt_set, clean_ids, corrupt_ids, torch.tensor(target),
+                  torch.tensor(distractor), metric, level, backend, batch_size, padding_side)

@@ -1,0 +1,101 @@
+"""Direct logit attribution (DLA).
+
+Each head's (or block's) contribution to the residual stream at the read position is
+pushed through the final norm, with the norm's scale frozen at its value on the clean
+run, and dotted with the unembedding direction of the metric (``W_U[target] -
+W_U[distractor]`` for "logit_diff", ``W_U[target]`` for "logit"). With the scale frozen
+the map is linear, so the block scores plus the embedding's add up to the metric (less
+any unembedding bias). Gemma's post-attention norm is frozen the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from ._backend import get_backend
+from ._inputs import prepare
+from ._result import components, to_dataarray
+
+DLA_METRICS = ("logit_diff", "logit")
+
+
+def _rms_scale(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _norm_weight(norm: torch.nn.Module, offset: float) -> torch.Tensor:
+    return norm.weight.float() + offset
+
+
+def _head_outputs(model, layer: int, z: torch.Tensor) -> torch.Tensor:
+    """Per-head outputs in residual space: z (batch, n_heads, d_head) -> (batch, n_heads, d_model)."""
+    spec, layout = model.spec, model.spec.layout
+    weight = model.module(layout.o_proj, layer).weight.float()
+    if layout.qkv_split:  # GPT-2 Conv1D stores (in, out)
+        weight = weight.T
+    w_o = weight.view(spec.d_model, spec.n_heads, spec.d_head)
+    out = torch.einsum("bhk,dhk->bhd", z.float(), w_o)
+    if layout.post_attn_norm:  # frozen post-attention norm (Gemma)
+        norm = model.module(layout.post_attn_norm, layer)
+        out = out * _rms_scale(out.sum(1), norm)[:, None] * _norm_weight(norm, layout.norm_offset)
+    return out
+
+
+def direct_logit_attribution(model, prompts, *, level: str = "head",
+                             metric: str = "logit_diff", batch_size: int = 8,
+                             backend: str = "nnsight", padding_side: str = "right",
+                             progress: bool = True) -> xr.DataArray:
+    """Direct effect of each head or block on the metric's logits, per prompt.
+
+    Args:
+        model, prompts, level, batch_size, backend, padding_side, progress: as in
+            ``lsc.ablation``.
+        metric: "logit_diff" or "logit" (DLA is linear in the logits, so log-prob and
+            loss are not defined for it).
+
+    Returns:
+        DataArray (prompt, layer, head) or (prompt, layer, component), in logits.
+    """
+    if metric not in DLA_METRICS:
+        raise ValueError(f"direct_logit_attribution supports metric in {list(DLA_METRICS)}, "
+                         f"got {metric!r}; for log-probabilities use lsc.attribution_patching.")
+    inputs = prepare(model, prompts, metric=metric, level=level, backend=backend,
+                     batch_size=batch_size, padding_side=padding_side, needs_corrupt=False)
+    spec, layout = model.spec, model.spec.layout
+    runner = get_backend(model, backend)
+    sites = list(dict.fromkeys(site for site, _ in components(inputs))) + [("resid_final", -1)]
+    final_norm = model.hf.get_submodule(layout.final_norm)
+    unembed = model.hf.get_submodule(layout.unembed).weight.float()
+    scores = torch.full((len(inputs.prompts), len(components(inputs))), float("nan"))
+    for batch in tqdm(inputs.batches(), total=inputs.n_batches(), disable=not progress,
+                      desc="direct logit attribution"):
+        with torch.no_grad():
+            acts = runner.run(batch.clean, sites=sites).acts
+            rows = torch.arange(len(batch.index), device=model.device)
+            at_read = {site: value[rows, batch.clean.read_pos] for site, value in acts.items()}
+            resid = at_read[("resid_final", -1)].float()
+            direction = unembed[batch.target]
+            if metric == "logit_diff":
+                direction = direction - unembed[batch.distractor]
+            if layout.layer_norm:
+                scale = torch.rsqrt(resid.var(-1, unbiased=False, keepdim=True) + final_norm.eps)
+            else:
+                scale = _rms_scale(resid, final_norm)
+            # (batch, d_model): contribution . effective_direction == its logit share.
+            effective = direction * _norm_weight(final_norm, layout.norm_offset) * scale
+            columns = []
+            for layer in range(spec.n_layers):
+                if level == "head":
+                    parts = _head_outputs(model, layer, at_read[("z", layer)])
+                else:
+                    parts = torch.stack([at_read[("attn", layer)], at_read[("mlp", layer)]], 1)
+                parts = parts.float()
+                if layout.layer_norm:  # LayerNorm also removes each part's mean
+                    parts = parts - parts.mean(-1, keepdim=True)
+                columns.append(torch.einsum("bcd,bd->bc", parts, effective))
+            scores[batch.index] = torch.cat(columns, dim=1).cpu()
+    return to_dataarray(inputs, scores, method="direct_logit_attribution",
+                        effect="Direct contribution to")

@@ -1,0 +1,169 @@
+"""The lenscape data model: names, constructors and validation for result DataArrays.
+
+Every measurement lenscape produces is one ``xarray.DataArray`` whose dims come from a
+fixed, ordered vocabulary (``DIMS``), whose integer coords count from 0, whose
+``component`` labels come from ``COMPONENTS`` and whose attrs carry provenance
+(``method``, ``metric``, ``model``, ``backend`` ...). Constructors here stamp the
+provenance attrs and the derived ``depth`` coord; ``validate`` checks all of it so a
+bad array fails early with a sentence instead of producing a wrong picture later.
+
+NaN means "not computed"; never fill it with 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+SCHEMA_VERSION = 1
+
+#: Every dim lenscape uses, in canonical order.
+DIMS: tuple[str, ...] = ("model", "seed", "prompt", "cluster", "layer", "head", "component", "pos")
+#: Dims whose coords are integers counting from 0.
+INT_DIMS: tuple[str, ...] = ("seed", "prompt", "cluster", "layer", "head", "pos")
+
+BLOCK_COMPONENTS: tuple[str, ...] = ("attn", "mlp")
+WEIGHT_COMPONENTS: tuple[str, ...] = (
+    "q_proj", "k_proj", "v_proj", "o_proj",
+    "gate_proj", "up_proj", "down_proj",
+    "input_layernorm", "post_attention_layernorm",
+    # Gemma-3 wraps the MLP in two more norms; they are per-layer weights like the others.
+    "pre_feedforward_layernorm", "post_feedforward_layernorm",
+    "q_norm", "k_norm",
+)
+MODEL_COMPONENTS: tuple[str, ...] = ("embed", "lm_head", "final_norm")
+COMPONENTS: tuple[str, ...] = BLOCK_COMPONENTS + WEIGHT_COMPONENTS + MODEL_COMPONENTS
+
+#: Non-dimension coords and the dim they hang on.
+LABEL_COORDS: dict[str, str] = {"text": "prompt", "category": "prompt", "depth": "layer"}
+
+#: Provenance attrs every captured result carries.
+PROVENANCE_ATTRS: tuple[str, ...] = (
+    "long_name", "units", "method", "metric", "model", "backend", "dtype",
+    "lenscape_version", "schema_version",
+)
+
+_SCALAR_TYPES = (str, int, float, bool, np.integer, np.floating, np.bool_)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lenscape")
+    except PackageNotFoundError:  # running from a source tree without install
+        return "0+unknown"
+
+
+def ordered_dims(dims: Sequence[str]) -> tuple[str, ...]:
+    """Return ``dims`` sorted into canonical ``DIMS`` order.
+
+    Raises:
+        ValueError: if a dim is not in the vocabulary.
+    """
+    unknown = [d for d in dims if d not in DIMS]
+    if unknown:
+        raise ValueError(f"Unknown dim(s) {unknown}; lenscape dims are {list(DIMS)}.")
+    return tuple(sorted(dims, key=DIMS.index))
+
+
+def depth_coord(n_layers: int, layers: Sequence[int] | None = None) -> np.ndarray:
+    """Relative depth ``layer / (n_layers - 1)`` in [0, 1], used to align models of different depth."""
+    layers = np.arange(n_layers) if layers is None else np.asarray(layers)
+    return layers / max(n_layers - 1, 1)
+
+
+def make(
+    values: Any,
+    *,
+    dims: Sequence[str],
+    coords: Mapping[str, Any] | None = None,
+    attrs: Mapping[str, Any],
+    n_layers: int | None = None,
+) -> xr.DataArray:
+    """Build a validated result DataArray.
+
+    Args:
+        values: array of shape matching ``dims`` (numpy or torch; torch is moved to CPU).
+        dims: dim names from ``DIMS``, in canonical order.
+        coords: coords by name; int dims without a coord get ``arange``; label coords
+            (``text``, ``category``) are attached to ``prompt``.
+        attrs: provenance; ``lenscape_version`` and ``schema_version`` are filled in.
+        n_layers: total layers of the model; adds the ``depth`` coord on ``layer``.
+
+    Returns:
+        The DataArray, after ``validate``.
+    """
+    if hasattr(values, "detach"):
+        values = values.detach().float().cpu().numpy()
+    values = np.asarray(values)
+    coords = dict(coords or {})
+    for dim, size in zip(dims, values.shape):
+        if dim in INT_DIMS and dim not in coords:
+            coords[dim] = np.arange(size)
+    full_coords: dict[str, Any] = {}
+    for name, value in coords.items():
+        if name in dims:
+            full_coords[name] = (name, np.asarray(value))
+        elif name in LABEL_COORDS:
+            full_coords[name] = (LABEL_COORDS[name], np.asarray(value))
+        else:
+            full_coords[name] = value
+    if n_layers is not None and "layer" in dims:
+        full_coords["depth"] = ("layer", depth_coord(n_layers, full_coords["layer"][1]))
+    all_attrs = {"lenscape_version": _version(), "schema_version": SCHEMA_VERSION, **attrs}
+    if n_layers is not None:
+        all_attrs.setdefault("n_layers", int(n_layers))
+    da = xr.DataArray(values, dims=tuple(dims), coords=full_coords, attrs=all_attrs)
+    return validate(da)
+
+
+def validate(da: xr.DataArray, *, provenance: bool = True) -> xr.DataArray:
+    """Check that ``da`` follows the lenscape schema; return it unchanged.
+
+    Args:
+        da: the array to check.
+        provenance: also require every attr in ``PROVENANCE_ATTRS`` (true for capture output;
+            derived arrays from plotting code may pass ``False``).
+
+    Raises:
+        ValueError: naming the first problem found and how to fix it.
+    """
+    if not isinstance(da, xr.DataArray):
+        raise ValueError(f"Expected an xarray.DataArray, got {type(da).__name__}; "
+                         "wrap a Dataset variable with ds['name'].")
+    ordered_dims(da.dims)  # unknown dims
+    if tuple(da.dims) != ordered_dims(da.dims):
+        raise ValueError(f"Dims {list(da.dims)} are out of order; use "
+                         f"da.transpose(*{list(ordered_dims(da.dims))}).")
+    for dim in da.dims:
+        if dim not in da.coords:
+            if dim in INT_DIMS:
+                continue
+            raise ValueError(f"Dim '{dim}' has no coordinate labels; assign them with "
+                             f"da.assign_coords({dim}=[...]).")
+        values = da[dim].values
+        if dim in INT_DIMS:
+            if not np.issubdtype(values.dtype, np.integer) or (values < 0).any():
+                raise ValueError(f"Coord '{dim}' must hold integers >= 0, got {values[:5]!r}.")
+        if dim == "component":
+            bad = sorted(set(map(str, values)) - set(COMPONENTS))
+            if bad:
+                raise ValueError(f"Unknown component label(s) {bad}; the vocabulary is "
+                                 f"{list(COMPONENTS)} (map other names in models.py).")
+    for name, dim in LABEL_COORDS.items():
+        if name in da.coords and da[name].dims != (dim,):
+            raise ValueError(f"Coord '{name}' must lie along '{dim}', found dims {da[name].dims}.")
+    for key, value in da.attrs.items():
+        if not isinstance(value, _SCALAR_TYPES):
+            raise ValueError(f"Attr '{key}' is a {type(value).__name__}; attrs must be scalars "
+                             "(str, int, float, bool) so they survive zarr and netCDF.")
+    if provenance:
+        missing = [a for a in PROVENANCE_ATTRS if a not in da.attrs]
+        if missing:
+            raise ValueError(f"Missing provenance attrs {missing}; build results with "
+                             "lenscape.schema.make(...).")
+    return da
