@@ -43,6 +43,15 @@ def smol():
 
 
 @pytest.fixture(scope="session")
+def smol64():
+    """The bundled model in float64: exactness checks free of float32 reduction-order noise
+    (batched vs single-prompt float32 runs differ by up to ~4e-5 in logit difference)."""
+    import lenscape as lsc
+
+    return lsc.load("smollm2-135m", device="cpu", dtype="float64")
+
+
+@pytest.fixture(scope="session")
 def factual():
     import lenscape as lsc
 

@@ -1,15 +1,23 @@
 """lenscape: see which parts of a language model do the work.
 
-Data flows one way: ``load`` a model -> ``capture`` attributions into labeled xarray
-DataArrays -> ``save``/``open`` them -> aggregate with xarray -> draw with ``heatmap``
--> browse with ``Explorer``.
+Data flows one way: ``load`` a model -> capture attributions into labeled xarray
+DataArrays -> ``save``/``open`` them -> aggregate -> draw with ``heatmap`` -> browse with
+``Explorer``.
 """
 
+from . import accessor as _accessor  # registers the ``da.lsc`` accessor
 from . import data, schema
 from .capture import ablation, activation_patching, attribution_patching, direct_logit_attribution
 from .models import LensModel, ModelSpec, from_hf, load
+from .plot import enable_offline, export, heatmap
+from .store import open_result as open
+from .store import save
+from .widgets import Explorer
+
+del _accessor
 
 __all__ = [
+    "Explorer",
     "LensModel",
     "ModelSpec",
     "ablation",
@@ -17,7 +25,12 @@ __all__ = [
     "attribution_patching",
     "data",
     "direct_logit_attribution",
+    "enable_offline",
+    "export",
     "from_hf",
+    "heatmap",
     "load",
+    "open",
+    "save",
     "schema",
 ]

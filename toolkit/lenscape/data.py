@@ -9,9 +9,10 @@ A ``PromptSet`` is an immutable sequence of prompts with a name; its ``text`` an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import overload
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, overload
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,163 @@ class PromptSet(Sequence[Prompt]):
     @property
     def categories(self) -> list[str]:
         return [p.category for p in self._prompts]
+
+
+def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom") -> PromptSet:
+    """Build a ``PromptSet`` from ``Prompt``s or dicts with keys ``text``, ``target`` and
+    optionally ``corrupt``, ``distractor``, ``category``.
+
+    Raises:
+        ValueError: a record lacks ``text``/``target`` or has unknown keys.
+    """
+    allowed = {f.name for f in fields(Prompt)}
+    prompts = []
+    for i, record in enumerate(records):
+        if isinstance(record, Prompt):
+            prompts.append(record)
+            continue
+        if not isinstance(record, dict) or not {"text", "target"} <= set(record):
+            raise ValueError(f"Record {i} must be a Prompt or a dict with 'text' and 'target' "
+                             f"keys, got {record!r}.")
+        unknown = set(record) - allowed
+        if unknown:
+            raise ValueError(f"Record {i} has unknown keys {sorted(unknown)}; allowed: "
+                             f"{sorted(allowed)}.")
+        prompts.append(Prompt(**record))
+    return PromptSet(prompts, name=name)
+
+
+# Clean/corrupt pairs written for lenscape. Checked against the SmolLM2-135M tokenizer:
+# targets and distractors are single tokens, clean and corrupt texts have equal token
+# counts (tests/test_data.py), and the model prefers the right answer on both sides.
+_FACTUAL: list[tuple[str, str, str, str, str]] = [
+    ('The capital of France is the city of', ' Paris', 'The capital of Italy is the city of', ' Rome', 'capital'),
+    ('The capital of Italy is the city of', ' Rome', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Germany is the city of', ' Berlin', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Spain is the city of', ' Madrid', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Japan is the city of', ' Tokyo', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Russia is the city of', ' Moscow', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of England is the city of', ' London', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Egypt is the city of', ' Cairo', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Greece is the city of', ' Athens', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Ireland is the city of', ' Dublin', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Austria is the city of', ' Vienna', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Portugal is the city of', ' Lisbon', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Poland is the city of', ' Warsaw', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Norway is the city of', ' Oslo', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Sweden is the city of', ' Stockholm', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Kenya is the city of', ' Nairobi', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Canada is the city of', ' Ottawa', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of China is the city of', ' Beijing', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Cuba is the city of', ' Havana', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Peru is the city of', ' Lima', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Belgium is the city of', ' Brussels', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Hungary is the city of', ' Budapest', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Denmark is the city of', ' Copenhagen', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The capital of Finland is the city of', ' Helsinki', 'The capital of France is the city of', ' Paris', 'capital'),
+    ('The Eiffel Tower is located in the city of', ' Paris', 'The Colosseum is located in the city of', ' Rome', 'landmark'),
+    ('The Colosseum is located in the city of', ' Rome', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
+    ('The Big Ben is located in the city of', ' London', 'The Kremlin is located in the city of', ' Moscow', 'landmark'),
+    ('The Kremlin is located in the city of', ' Moscow', 'The Big Ben is located in the city of', ' London', 'landmark'),
+    ('The Brandenburg Gate is located in the city of', ' Berlin', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
+    ('The Statue of Liberty is located in the city of', ' New', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
+    ('The Acropolis is located in the city of', ' Athens', 'The Big Ben is located in the city of', ' London', 'landmark'),
+    ('The Golden Gate Bridge is located in the city of', ' San', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
+    ('The Louvre is located in the city of', ' Paris', 'The Big Ben is located in the city of', ' London', 'landmark'),
+    ('The Tower Bridge is located in the city of', ' London', 'The Kremlin is located in the city of', ' Moscow', 'landmark'),
+    ('The Prado Museum is located in the city of', ' Madrid', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
+    ('The Grand Canal is located in the city of', ' Venice', 'The Big Ben is located in the city of', ' London', 'landmark'),
+    ('The Forbidden City is located in the city of', ' Beijing', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
+    ('The Opera House is located in the city of', ' Sydney', 'The Big Ben is located in the city of', ' London', 'landmark'),
+    ('In France, most people speak', ' French', 'In Germany, most people speak', ' German', 'language'),
+    ('In Germany, most people speak', ' German', 'In France, most people speak', ' French', 'language'),
+    ('In Italy, most people speak', ' Italian', 'In France, most people speak', ' French', 'language'),
+    ('In Spain, most people speak', ' Spanish', 'In France, most people speak', ' French', 'language'),
+    ('In Japan, most people speak', ' Japanese', 'In France, most people speak', ' French', 'language'),
+    ('In Russia, most people speak', ' Russian', 'In France, most people speak', ' French', 'language'),
+    ('In China, most people speak', ' Chinese', 'In France, most people speak', ' French', 'language'),
+    ('In Brazil, most people speak', ' Portuguese', 'In France, most people speak', ' French', 'language'),
+    ('In Greece, most people speak', ' Greek', 'In France, most people speak', ' French', 'language'),
+    ('In Poland, most people speak', ' Polish', 'In France, most people speak', ' French', 'language'),
+    ('In Sweden, most people speak', ' Swedish', 'In France, most people speak', ' French', 'language'),
+    ('In Turkey, most people speak', ' Turkish', 'In France, most people speak', ' French', 'language'),
+    ('In Mexico, most people speak', ' Spanish', 'In France, most people speak', ' French', 'language'),
+    ('In Portugal, most people speak', ' Portuguese', 'In France, most people speak', ' French', 'language'),
+    ('In Egypt, most people speak', ' Arabic', 'In France, most people speak', ' French', 'language'),
+    ('In Korea, most people speak', ' Korean', 'In France, most people speak', ' French', 'language'),
+    ('In Finland, most people speak', ' Finnish', 'In France, most people speak', ' French', 'language'),
+    ('The currency used in England is the', ' pound', 'The currency used in Germany is the', ' euro', 'currency'),
+    ('The currency used in Germany is the', ' euro', 'The currency used in England is the', ' pound', 'currency'),
+    ('The currency used in America is the', ' dollar', 'The currency used in England is the', ' pound', 'currency'),
+    ('The currency used in Switzerland is the', ' franc', 'The currency used in England is the', ' pound', 'currency'),
+    ('The currency used in Korea is the', ' won', 'The currency used in England is the', ' pound', 'currency'),
+    ('The currency used in Brazil is the', ' real', 'The currency used in England is the', ' pound', 'currency'),
+    ('The currency used in France is the', ' euro', 'The currency used in England is the', ' pound', 'currency'),
+    ('The currency used in Canada is the', ' dollar', 'The currency used in England is the', ' pound', 'currency'),
+    ('The currency used in Italy is the', ' euro', 'The currency used in England is the', ' pound', 'currency'),
+    ('The chemical symbol Fe stands for', ' iron', 'The chemical symbol Au stands for', ' gold', 'element'),
+    ('The chemical symbol Au stands for', ' gold', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol Ag stands for', ' silver', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol Cu stands for', ' copper', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol Pb stands for', ' lead', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol Na stands for', ' sodium', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol He stands for', ' helium', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol O stands for', ' oxygen', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol H stands for', ' hydrogen', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol C stands for', ' carbon', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol N stands for', ' nitrogen', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol K stands for', ' potassium', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol Ca stands for', ' calcium', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The chemical symbol Zn stands for', ' zinc', 'The chemical symbol Fe stands for', ' iron', 'element'),
+    ('The Windows operating system was made by the company', ' Microsoft', 'The Pixel phone was made by the company', ' Google', 'maker'),
+    ('The PlayStation was made by the company', ' Sony', 'The Model S was made by the company', ' Tesla', 'maker'),
+    ('The Model S was made by the company', ' Tesla', 'The PlayStation was made by the company', ' Sony', 'maker'),
+    ('The Galaxy phone was made by the company', ' Samsung', 'The PlayStation was made by the company', ' Sony', 'maker'),
+    ('The Mustang was made by the company', ' Ford', 'The PlayStation was made by the company', ' Sony', 'maker'),
+    ('The Corolla was made by the company', ' Toyota', 'The PlayStation was made by the company', ' Sony', 'maker'),
+    ('The Pixel phone was made by the company', ' Google', 'The Windows operating system was made by the company', ' Microsoft', 'maker'),
+]
+
+
+def _factual() -> PromptSet:
+    return PromptSet((Prompt(text, target, corrupt, distractor, category)
+                      for text, target, corrupt, distractor, category in _FACTUAL), "factual")
+
+
+#: Built-in prompt sets by name; each maker returns a fresh ``PromptSet``.
+PROMPT_SETS: dict[str, Callable[[], PromptSet]] = {"factual": _factual}
+
+
+def prompts(name: str = "factual") -> PromptSet:
+    """A built-in prompt set: ``"factual"`` (clean/corrupt factual-recall pairs)."""
+    if name not in PROMPT_SETS:
+        raise ValueError(f"Unknown prompt set {name!r}; available: {sorted(PROMPT_SETS)} "
+                         f"(tasks for head gating: lsc.data.task(...)).")
+    return PROMPT_SETS[name]()
+
+
+TASK_SPLITS = ("train", "validation", "all")
+
+
+def task(name: str, *, split: str = "train", validation_fraction: float = 0.2,
+         seed: int = 0) -> PromptSet:
+    """A built-in one-shot task: ``"math"`` (arithmetic) or ``"syntax"`` (plural, past
+    tense, agreement, questions). Targets may span several tokens.
+
+    Args:
+        split: "train", "validation" or "all"; the split is a seeded shuffle.
+        validation_fraction: share of items held out for validation.
+        seed: seeds the shuffle.
+    """
+    from ._tasks import TASKS
+
+    if name not in TASKS:
+        raise ValueError(f"Unknown task {name!r}; available: {sorted(TASKS)}.")
+    if split not in TASK_SPLITS:
+        raise ValueError(f"Unknown split {split!r}; choose one of {list(TASK_SPLITS)}.")
+    items = TASKS[name]()
+    order = list(range(len(items)))
+    random.Random(seed).shuffle(order)
+    n_val = int(round(validation_fraction * len(items)))
+    chosen = {"train": order[n_val:], "validation": order[:n_val], "all": order}[split]
+    return PromptSet([items[i] for i in sorted(chosen)], name=f"{name}:{split}")

@@ -20,6 +20,7 @@ picked a renderer; ``enable_offline`` does the same and bundles the JavaScript u
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -105,9 +106,10 @@ def heatmap(
     if extra:
         d = extra[0]
         first = da[d].values[0].item() if d in da.coords else 0
+        verb = "is" if len(extra) == 1 else "are"
         raise ValueError(
-            f"The array has dims {tuple(da.dims)}, and {extra} {'is' if len(extra) == 1 else 'are'} "
-            f"not x, y or a facet. Reduce first, e.g. da.mean({d!r}) or da.sel({d}={first!r}), "
+            f"The array has dims {tuple(da.dims)}, and {extra} {verb} not x, y or a facet. "
+            f"Reduce first, e.g. da.mean({d!r}) or da.sel({d}={first!r}), "
             f"or facet with facet_row={d!r}.")
     if da.size > MAX_CELLS:
         raise ValueError(f"{da.size} cells exceed lenscape.plot.MAX_CELLS={MAX_CELLS}; "
@@ -121,8 +123,10 @@ def heatmap(
     long_name = da.attrs.get("long_name") or (str(da.name) if da.name is not None else None)
     units = da.attrs.get("units")
     legend = (long_name or ("state" if binary else _VALUE)) + (f" ({units})" if units else "")
+    lines = textwrap.wrap(legend, 26)  # long names wrap instead of being cut off
     enc: dict[str, Any] = {"color": _color(finite, binary=binary, has_nan=has_nan, center=center,
-                                           color=color, labels=labels, title=legend)}
+                                           color=color, labels=labels,
+                                           title=lines if len(lines) > 1 else legend)}
     if tooltip:
         enc["tooltip"] = _tooltip(da, binary, legend)
     panel = {"x": x, "y": y, "enc": enc, "labels": labels if binary else None}
@@ -142,7 +146,8 @@ def heatmap(
     heading = title or long_name
     if heading:
         chart = chart.properties(title=alt.TitleParams(heading, subtitle=_subtitle(da, has_nan)))
-    return chart.configure_scale(invalid={"color": {"value": NAN_COLOR}}).configure_view(stroke=None)
+    chart = chart.configure_scale(invalid={"color": {"value": NAN_COLOR}})
+    return chart.configure_view(stroke=None)
 
 
 def _panel(da: xr.DataArray, *, x: str, y: str, enc: dict[str, Any],
@@ -188,18 +193,25 @@ def _axis_dim(da: xr.DataArray, name: str, role: str) -> Hashable:
                      f"dims {tuple(da.dims)} and coords {tuple(da.coords)}.")
 
 
+def _coord_names(da: xr.DataArray) -> list[str]:
+    """Dims (with or without coords), then label coords, then scalar coords."""
+    rest = sorted((c for c in da.coords if c not in da.dims), key=lambda c: da[c].ndim == 0)
+    return [str(n) for n in [*da.dims, *rest]]
+
+
 def _columns(da: xr.DataArray) -> dict[str, list]:
-    """One flat list per coord (dims, label coords, scalar coords) and the values, cell-aligned.
+    """One flat list per coord (see ``_coord_names``) and the values, cell-aligned.
 
     NaN becomes ``None`` (JSON null) so Vega-Lite sees "missing", never 0.
     """
     shape = da.shape
     cols: dict[str, list] = {}
-    for name, coord in da.coords.items():
+    for name in _coord_names(da):
+        coord = da[name]
         own = [d for d in da.dims if d in coord.dims]
         arr = coord.transpose(*own).values.reshape([s if d in own else 1 for d, s in
                                                     zip(da.dims, shape)])
-        cols[str(name)] = _jsonable(np.broadcast_to(arr, shape).ravel())
+        cols[name] = _jsonable(np.broadcast_to(arr, shape).ravel())
     cols[_VALUE] = _jsonable(da.values.ravel())
     return cols
 
@@ -265,11 +277,13 @@ def _position(da: xr.DataArray, name: str, channel: str, cols: dict[str, list]) 
     """Encoding for one axis: banded for discrete coords, start and end for continuous ones."""
     cls, cls2 = (alt.X, alt.X2) if channel == "x" else (alt.Y, alt.Y2)
     if _kind(da, name) != "Q":
-        return {channel: cls(f"{name}:{_kind(da, name)}", title=name, sort=_order(da, name))}
+        present = set(cols[name])
+        sort = [v for v in _order(da, name) if v in present]
+        return {channel: cls(f"{name}:{_kind(da, name)}", title=name, sort=sort)}
     lo, hi = min(cols[f"{name}_start"], default=0), max(cols[f"{name}_end"], default=1)
     scale = alt.Scale(domain=[lo, hi], nice=False, zero=False, reverse=channel == "y")
     return {channel: cls(f"{name}_start:Q", title=name, scale=scale),
-            f"{channel}2": cls2(f"{name}_end")}
+            f"{channel}2": cls2(field=f"{name}_end")}
 
 
 def _size(da: xr.DataArray, name: str) -> alt.Step | int:
@@ -281,7 +295,8 @@ def _size(da: xr.DataArray, name: str) -> alt.Step | int:
 
 
 def _color(finite: np.ndarray, *, binary: bool, has_nan: bool, center: float | None,
-           color: str | Sequence[str] | None, labels: tuple[str, str], title: str) -> alt.Color:
+           color: str | Sequence[str] | None, labels: tuple[str, str],
+           title: str | list[str]) -> alt.Color:
     """Colour encoding chosen from the data: binary, diverging or sequential."""
     scheme = color if isinstance(color, str) else None
     custom = None if color is None or scheme else list(color)
@@ -294,6 +309,7 @@ def _color(finite: np.ndarray, *, binary: bool, has_nan: bool, center: float | N
             scale = alt.Scale(domain=domain, range=[on, off, NAN_COLOR][:len(domain)])
         return alt.Color(f"{_STATE}:N", scale=scale, title=title)
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    hi = hi if hi > lo else lo + 1.0  # constant data: any non-empty domain
     if center is not None or lo < 0 < hi:
         mid = 0.0 if center is None else float(center)
         half = max(abs(lo - mid), abs(hi - mid)) or 1.0
@@ -309,9 +325,9 @@ def _color(finite: np.ndarray, *, binary: bool, has_nan: bool, center: float | N
 
 
 def _tooltip(da: xr.DataArray, binary: bool, legend: str) -> list:
-    """Every coordinate of a cell (dims, label coords, scalar coords), then its value."""
+    """Every coordinate of a cell (dims, then label coords, then scalar coords), then its value."""
     tips = []
-    for name in da.coords:
+    for name in _coord_names(da):
         kind = _kind(da, name)
         tips.append(alt.Tooltip(f"{name}:{kind}", title=str(name),
                                 **({"format": ".3f"} if kind == "Q" else {})))
@@ -323,7 +339,8 @@ def _tooltip(da: xr.DataArray, binary: bool, legend: str) -> list:
 
 def _subtitle(da: xr.DataArray, has_nan: bool) -> list[str] | alt.UndefinedType:
     """Provenance line (model, method, metric) and a note on grey cells."""
-    keys = [k for k in ("model", "method", "metric") if k in da.attrs and k not in da.dims]
+    keys = [k for k in ("model", "method", "metric")
+            if k in da.attrs and k not in da.dims and k not in da.coords]  # a coord says more
     lines = [" · ".join(f"{k}: {da.attrs[k]}" for k in keys)] if keys else []
     if has_nan:
         lines.append(f"grey: {NAN_LABEL}")
@@ -342,8 +359,9 @@ def enable_offline() -> None:
     """Make Jupyter charts load Vega from vl-convert instead of a CDN (works with no internet).
 
     Switches Altair to its ``"jupyter"`` renderer (charts display as ``alt.JupyterChart``
-    widgets) and bundles the JavaScript once. The bundling takes about 2.5 s, so lenscape
-    calls this on first use of an ``Explorer``, not at import.
+    widgets) and bundles the JavaScript once. Bundling takes about 1.5 s (switching the
+    renderer, microseconds), so lenscape calls this when the first ``Explorer`` is built,
+    not at import.
     """
     alt.renderers.enable("jupyter", offline=True)
     alt.JupyterChart.enable_offline()

@@ -171,7 +171,8 @@ class Explorer:
 
     Attributes:
         controls: widget per name: one per other dim (named by the dim), ``variable`` for
-            Datasets, ``facet``, ``binarize`` (checkbox), ``threshold`` (slider), ``swap``.
+            Datasets, ``facet`` (``"none"`` or a dim), ``binarize`` (checkbox), ``threshold``
+            (slider), ``swap`` (toggle).
         widget: the ipywidgets container holding the controls and the chart.
         view: the current ``View``.
         array: the reduced DataArray behind the current chart.
@@ -207,8 +208,8 @@ class Explorer:
             c[str(dim)] = widgets.Dropdown(
                 options=[(r, r) for r in REDUCERS] + [(_label(data, dim, v), v) for v in values],
                 value=default, description=str(dim), **wide)
-        c["facet"] = widgets.Dropdown(options=[("none", None)] + [(str(d), d) for d in self._others],
-                                      value=facet, description="facet", **wide)
+        c["facet"] = widgets.Dropdown(options=["none"] + [str(d) for d in self._others],
+                                      value=facet or "none", description="facet", **wide)
         lo, hi = _range(self._current())
         c["binarize"] = widgets.Checkbox(value=threshold is not None, description="binarize at",
                                          indent=False, layout={"width": "auto"})
@@ -220,7 +221,7 @@ class Explorer:
         enable_offline()
         self.view = self._read()
         self.array, chart = render(data, self.view, **options)
-        self._chart = alt.JupyterChart(chart)
+        self._chart = alt.JupyterChart(chart, embed_options={"renderer": "svg"})
         self._message = widgets.HTML()
         dim_row = [c[str(d)] for d in self._others]
         top = [c[k] for k in ("variable", "facet", "swap") if k in c]
@@ -251,7 +252,7 @@ class Explorer:
             x=self.x, y=self.y,
             pick={d: c[str(d)].value for d in self._others},
             variable=c["variable"].value if "variable" in c else None,
-            facet=c["facet"].value,
+            facet=None if c["facet"].value == "none" else c["facet"].value,
             threshold=c["threshold"].value if c["binarize"].value else None,
             swap=c["swap"].value)
 

@@ -75,8 +75,11 @@ def site_order(site: Site) -> tuple[int, int]:
     return (10**9, 0) if kind == "resid_final" else (layer, SITE_KINDS.index(kind))
 
 
-def _gather_read(logits: torch.Tensor, read_pos: torch.Tensor) -> torch.Tensor:
-    return logits[torch.arange(logits.shape[0], device=logits.device), read_pos]
+def _model_kwargs(batch: TokenBatch) -> dict[str, torch.Tensor]:
+    """Forward kwargs; ``logits_to_keep`` unembeds only the read positions (saves the
+    (batch, pos, vocab) projection, most of the compute for big-vocabulary models)."""
+    return {"attention_mask": batch.attention_mask, "position_ids": batch.position_ids,
+            "logits_to_keep": batch.read_pos[:, None]}
 
 
 class NNsightBackend:
@@ -108,9 +111,8 @@ class NNsightBackend:
             grad: bool = False) -> RunResult:
         spec, layout = self.model.spec, self.model.spec.layout
         acts: dict[Site, torch.Tensor] = {}
-        with torch.set_grad_enabled(grad), self.envoy.trace(
-                batch.input_ids, attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids):
+        with torch.set_grad_enabled(grad), self.envoy.trace(batch.input_ids,
+                                                             **_model_kwargs(batch)):
             if grad:
                 embed = self._envoy(layout.embed)
                 embed.output = embed.output.detach().requires_grad_(True)
@@ -138,7 +140,7 @@ class NNsightBackend:
                         value = edit(site, value)
                         envoy.output = value
                 acts[site] = value.save()
-            logits = _gather_read(self.envoy.output.logits, batch.read_pos).save()
+            logits = self.envoy.output.logits[:, 0].save()
         return RunResult(logits, acts)
 
 
@@ -183,9 +185,8 @@ class TransformerLensBackend:
             hooks.insert(0, ("hook_embed", lambda value, hook=None:
                              value.detach().requires_grad_(True)))
         with torch.set_grad_enabled(grad), self.bridge.hooks(fwd_hooks=hooks):
-            logits = self.bridge(batch.input_ids, attention_mask=batch.attention_mask,
-                                 position_ids=batch.position_ids)
-        return RunResult(_gather_read(logits, batch.read_pos), acts)
+            logits = self.bridge(batch.input_ids, **_model_kwargs(batch))
+        return RunResult(logits[:, 0], acts)
 
 
 def get_backend(model: LensModel, name: str):

@@ -1,0 +1,241 @@
+"""heatmap and export, checked through the Vega-Lite spec (``chart.to_dict()``)."""
+
+import ast
+from pathlib import Path
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+import lenscape.accessor  # noqa: F401  (registers da.lsc)
+from lenscape import plot, schema
+from lenscape.plot import export, heatmap
+
+ATTRS = dict(long_name="attribution", units="logit diff", method="attribution_patching",
+             metric="logit_diff", model="tiny", backend="nnsight", dtype="float32")
+
+
+def make(values, dims, n_layers=None, **coords):
+    return schema.make(np.asarray(values), dims=dims, coords=coords, attrs=ATTRS,
+                       n_layers=n_layers)
+
+
+def signed(n_layers=4, n_heads=3, seed=0):
+    values = np.random.default_rng(seed).normal(size=(n_layers, n_heads))
+    values[0, 0], values[1, 1] = -2.0, 1.0  # both signs, |min| > max
+    return make(values, ("layer", "head"), n_layers=n_layers)
+
+
+def rows(spec):
+    """The inline cells of a spec (Altair moves them to top-level ``datasets``)."""
+    (values,) = spec["datasets"].values()
+    return values
+
+
+def test_signed_scores_get_a_diverging_scale_centred_at_zero():
+    spec = heatmap(signed(), x="head", y="layer").to_dict()
+    enc = spec["encoding"]
+    assert enc["x"] == {"field": "head", "type": "ordinal", "title": "head", "sort": [0, 1, 2]}
+    assert enc["y"]["field"] == "layer" and enc["y"]["sort"] == [0, 1, 2, 3]
+    assert spec["mark"]["type"] == "rect"
+    scale = enc["color"]["scale"]
+    assert enc["color"]["type"] == "quantitative"
+    assert scale["domainMid"] == 0 and scale["domain"] == [-2.0, 2.0]
+    assert scale["scheme"]["name"] == "redblue"
+    assert enc["color"]["title"] == "attribution (logit diff)"
+    assert spec["title"]["text"] == "attribution"
+    assert "method: attribution_patching" in spec["title"]["subtitle"][0]
+
+
+def test_unsigned_scores_get_a_sequential_scale():
+    da = make(np.linspace(0.2, 0.9, 12).reshape(4, 3), ("layer", "head"))
+    scale = heatmap(da, x="head", y="layer").to_dict()["encoding"]["color"]["scale"]
+    assert scale["domain"] == pytest.approx([0.2, 0.9])
+    assert scale["scheme"] == "viridis" and "domainMid" not in scale
+
+
+def test_center_forces_a_diverging_scale_around_it():
+    da = make(np.linspace(0.11, 0.17, 12).reshape(4, 3), ("layer", "head"))
+    scale = heatmap(da, x="head", y="layer", center=1 / 7).to_dict()["encoding"]["color"]["scale"]
+    assert scale["domainMid"] == pytest.approx(1 / 7)
+    assert np.mean(scale["domain"]) == pytest.approx(1 / 7)
+    assert scale["domain"][0] <= 0.11 and scale["domain"][1] >= 0.17
+
+
+@pytest.mark.parametrize("values", [np.eye(4, 3, dtype=bool), np.eye(4, 3)])
+def test_binary_masks_get_two_named_colours(values):
+    spec = heatmap(make(values, ("layer", "head")), x="head", y="layer").to_dict()
+    color = spec["encoding"]["color"]
+    assert color["type"] == "nominal" and color["field"] == "state"
+    assert color["scale"]["domain"] == ["kept", "skipped"]
+    assert color["scale"]["range"] == [plot.BINARY_COLORS[1], plot.BINARY_COLORS[0]]
+    states = {(r["layer"], r["head"]): r["state"] for r in rows(spec)}
+    assert states[(0, 0)] == "kept" and states[(0, 1)] == "skipped"
+
+
+def test_binary_can_be_forced_refused_and_relabelled():
+    da = make(np.eye(4, 3) * 2, ("layer", "head"))
+    assert heatmap(da, x="head", y="layer").to_dict()["encoding"]["color"]["type"] == "quantitative"
+    spec = heatmap(da, x="head", y="layer", binary=True, labels=("off", "on")).to_dict()
+    assert spec["encoding"]["color"]["scale"]["domain"] == ["on", "off"]
+    zero_one = make(np.eye(4, 3), ("layer", "head"))
+    color = heatmap(zero_one, x="head", y="layer", binary=False).to_dict()["encoding"]["color"]
+    assert color["type"] == "quantitative"
+
+
+def test_color_option_sets_scheme_or_range():
+    scale = heatmap(signed(), x="head", y="layer", color="blueorange").to_dict()
+    assert scale["encoding"]["color"]["scale"]["scheme"] == "blueorange"
+    mask = make(np.eye(4, 3, dtype=bool), ("layer", "head"))
+    scale = heatmap(mask, x="head", y="layer", color=["white", "black"]).to_dict()
+    assert scale["encoding"]["color"]["scale"]["range"] == ["black", "white"]
+
+
+def test_facets_share_one_colour_domain():
+    a, b = signed(seed=1), signed(seed=2) * 3
+    da = xr.concat([a, b], dim=pd.Index(["small", "large"], name="model"))
+    da = da.expand_dims(component=["attn", "mlp"], axis=-1).transpose("model", "layer", "head",
+                                                                      "component")
+    spec = heatmap(da.isel(head=0), x="component", y="layer", facet_col="model").to_dict()
+    assert spec["facet"]["column"]["field"] == "model"
+    assert spec["facet"]["column"]["sort"] == ["small", "large"]
+    assert spec["facet"]["column"]["header"]["title"] == "model"
+    assert spec["spec"]["encoding"]["x"]["sort"] == ["attn", "mlp"]  # stored order, not a-z
+    peak = float(abs(da.isel(head=0)).max())
+    assert spec["spec"]["encoding"]["color"]["scale"]["domain"] == pytest.approx([-peak, peak])
+    grid = heatmap(da, x="head", y="layer", facet_col="model", facet_row="component").to_dict()
+    assert grid["facet"]["row"]["field"] == "component"
+    assert len(rows(grid)) == da.size
+
+
+def _two_depths():
+    a = make(np.arange(12.0).reshape(4, 3) - 5, ("layer", "head"), n_layers=4)
+    b = make(np.arange(6.0).reshape(2, 3), ("layer", "head"), n_layers=2)
+    return xr.concat([a, b], dim=pd.Index(["deep", "shallow"], name="model"), join="outer")
+
+
+def test_depth_puts_models_of_different_depth_on_one_axis():
+    da = _two_depths()
+    assert da["depth"].dims == ("model", "layer")
+    spec = heatmap(da, x="head", y="depth", facet_col="model").to_dict()
+    enc = spec["spec"]["encoding"]
+    assert enc["y"]["field"] == "depth_start" and enc["y"]["type"] == "quantitative"
+    assert enc["y2"]["field"] == "depth_end"
+    cells = rows(spec)
+    assert len(cells) == (4 + 2) * 3  # the shallow model's padded layers are dropped
+    shallow = sorted({(r["depth_start"], r["depth_end"]) for r in cells if r["model"] == "shallow"})
+    assert shallow == [(-0.5, 0.5), (0.5, 1.5)]
+    deep = sorted({(r["depth_start"], r["depth_end"]) for r in cells if r["model"] == "deep"})
+    assert [e for _, e in deep[:-1]] == [s for s, _ in deep[1:]]  # contiguous cells
+
+
+def test_independent_gives_each_panel_its_own_axes():
+    da = _two_depths()
+    chart = heatmap(da, x="head", y="layer", facet_col="model", independent=True)
+    assert isinstance(chart, alt.VConcatChart)
+    spec = chart.to_dict()
+    panels = spec["vconcat"][0]["hconcat"]
+    assert [p["title"] for p in panels] == ["model = deep", "model = shallow"]
+    assert [p["encoding"]["y"]["sort"] for p in panels] == [[0, 1, 2, 3], [0, 1]]
+    domains = {tuple(p["encoding"]["color"]["scale"]["domain"]) for p in panels}
+    assert len(domains) == 1  # colours still compare across panels
+
+
+def test_tooltips_show_every_coordinate_and_the_value():
+    values = np.random.default_rng(0).normal(size=(2, 2, 3, 2))
+    da = make(values, ("seed", "prompt", "layer", "head"), n_layers=3,
+              text=["The capital of France is", "2 + 2 ="], category=["fact", "math"])
+    spec = heatmap(da.sel(seed=1).mean("head"), x="prompt", y="layer").to_dict()
+    fields = [t["field"] for t in spec["encoding"]["tooltip"]]
+    assert fields == ["prompt", "layer", "text", "category", "depth", "seed", "value"]
+    assert spec["encoding"]["tooltip"][-1]["title"] == "attribution (logit diff)"
+    cell = rows(spec)[0]
+    assert cell["text"] == "The capital of France is" and cell["seed"] == 1
+    assert heatmap(signed(), x="head", y="layer", tooltip=False).to_dict()["encoding"].get(
+        "tooltip") is None
+
+
+def test_nan_is_drawn_grey_never_as_zero():
+    da = signed()
+    da[2, 1] = np.nan
+    spec = heatmap(da, x="head", y="layer").to_dict()
+    cell = next(r for r in rows(spec) if (r["layer"], r["head"]) == (2, 1))
+    assert cell["value"] is None
+    assert spec["mark"]["invalid"] == "show"
+    assert spec["config"]["scale"]["invalid"]["color"]["value"] == plot.NAN_COLOR
+    assert "grey: not computed" in spec["title"]["subtitle"]
+    mask = make(np.eye(4, 3), ("layer", "head"))
+    mask[3, 2] = np.nan
+    color = heatmap(mask, x="head", y="layer").to_dict()["encoding"]["color"]
+    assert color["scale"]["domain"] == ["kept", "skipped", "not computed"]
+    assert color["scale"]["range"][-1] == plot.NAN_COLOR
+
+
+def test_grids_above_altairs_row_limit_work_without_lifting_it_globally(monkeypatch):
+    values = np.random.default_rng(0).normal(size=(2, 16, 36, 32))
+    da = make(values, ("model", "cluster", "layer", "head"), n_layers=36, model=["a", "b"])
+    spec = heatmap(da.isel(cluster=slice(0, 8)), x="head", y="layer", facet_col="model",
+                   facet_row="cluster").to_dict()
+    assert len(rows(spec)) == 2 * 8 * 36 * 32 > 5000
+    with pytest.raises(alt.MaxRowsError):  # Altair's own guard is untouched
+        alt.Chart(pd.DataFrame({"a": range(6000)})).mark_point().to_dict()
+    monkeypatch.setattr(plot, "MAX_CELLS", 1000)
+    with pytest.raises(ValueError, match="MAX_CELLS=1000"):
+        heatmap(da.isel(cluster=0), x="head", y="layer", facet_col="model")
+
+
+def test_errors_name_the_dims_and_how_to_reduce():
+    da = make(np.zeros((5, 4, 3)), ("prompt", "layer", "head"))
+    with pytest.raises(ValueError, match=r"da\.mean\('prompt'\) or da\.sel\(prompt=0\)"):
+        heatmap(da, x="head", y="layer")
+    with pytest.raises(ValueError, match=r"x='pos'.*dims \('prompt', 'layer', 'head'\)"):
+        heatmap(da, x="pos", y="layer")
+    with pytest.raises(ValueError, match="facet_col='seed' is not a dim"):
+        heatmap(da, x="head", y="layer", facet_col="seed")
+    with pytest.raises(ValueError, match="must differ"):
+        heatmap(da, x="head", y="head")
+    with pytest.raises(ValueError, match=r"ds\['name'\]"):
+        heatmap(da.to_dataset(name="s"), x="head", y="layer")
+
+
+def test_titles_come_from_attrs_or_the_title_option():
+    da = signed()
+    assert heatmap(da, x="head", y="layer", title="Heads").to_dict()["title"]["text"] == "Heads"
+    bare = xr.DataArray(np.ones((2, 2)), dims=("layer", "head"), name="gate")
+    spec = heatmap(bare, x="head", y="layer", binary=False).to_dict()
+    assert spec["title"]["text"] == "gate" and spec["encoding"]["color"]["title"] == "gate"
+
+
+def test_accessor_forwards_to_heatmap():
+    da = signed()
+    assert da.lsc.heatmap(x="head", y="layer").to_dict() == heatmap(da, x="head",
+                                                                    y="layer").to_dict()
+
+
+def test_export_writes_png_svg_and_self_contained_html(tmp_path):
+    chart = heatmap(signed(), x="head", y="layer")
+    assert export(chart, tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<svg" in (export(chart, tmp_path / "h.svg")).read_text()[:200]
+    html = export(chart, tmp_path / "h.html").read_text()
+    assert "vegaEmbed" in html and "cdn.jsdelivr" not in html and "<script src=" not in html
+    with pytest.raises(ValueError, match=r"\.png, \.svg or \.html"):
+        export(chart, tmp_path / "h.pdf")
+
+
+def test_enable_offline_switches_renderer_and_bundles_javascript():
+    plot.enable_offline()
+    assert alt.renderers.active == "jupyter"
+    assert alt.JupyterChart._is_offline
+
+
+@pytest.mark.parametrize("module", ["plot", "widgets", "accessor"])
+def test_views_never_import_torch(module):
+    source = (Path(plot.__file__).parent / f"{module}.py").read_text()
+    imported = {a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(ast.parse(source))
+                 if isinstance(n, ast.ImportFrom)}
+    assert not any(m.split(".")[0] == "torch" or "capture" in m or "models" in m
+                   for m in imported)

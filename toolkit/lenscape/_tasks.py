@@ -1,0 +1,102 @@
+"""Templated one-shot tasks for head gating: arithmetic and English syntax.
+
+Each item is one solved example followed by a query; the target is the query's answer
+(possibly several tokens). Items are generated deterministically from word lists and
+number ranges written for this project. ``lenscape.data.task`` is the public entry.
+"""
+
+from __future__ import annotations
+
+import random
+
+from .data import Prompt
+
+_NOUNS = {  # singular -> plural
+    "cat": "cats", "dog": "dogs", "box": "boxes", "child": "children", "mouse": "mice",
+    "city": "cities", "knife": "knives", "bus": "buses", "tooth": "teeth", "baby": "babies",
+    "house": "houses", "leaf": "leaves", "woman": "women", "church": "churches", "toy": "toys",
+    "story": "stories", "foot": "feet", "wish": "wishes", "book": "books", "party": "parties",
+    "man": "men", "glass": "glasses", "wolf": "wolves", "tree": "trees", "lady": "ladies",
+    "fox": "foxes", "goose": "geese", "car": "cars", "dish": "dishes", "life": "lives",
+    "person": "people", "bird": "birds", "brush": "brushes", "day": "days", "berry": "berries",
+    "key": "keys", "class": "classes", "shelf": "shelves", "apple": "apples", "horse": "horses",
+}
+_VERBS = {  # base -> (third person singular, past)
+    "walk": ("walks", "walked"), "go": ("goes", "went"), "eat": ("eats", "ate"),
+    "play": ("plays", "played"), "run": ("runs", "ran"), "write": ("writes", "wrote"),
+    "see": ("sees", "saw"), "jump": ("jumps", "jumped"), "sing": ("sings", "sang"),
+    "try": ("tries", "tried"), "swim": ("swims", "swam"), "cook": ("cooks", "cooked"),
+    "read": ("reads", "read"), "drink": ("drinks", "drank"), "help": ("helps", "helped"),
+    "speak": ("speaks", "spoke"), "sleep": ("sleeps", "slept"), "carry": ("carries", "carried"),
+    "buy": ("buys", "bought"), "dance": ("dances", "danced"), "think": ("thinks", "thought"),
+    "open": ("opens", "opened"), "teach": ("teaches", "taught"), "paint": ("paints", "painted"),
+    "fly": ("flies", "flew"), "build": ("builds", "built"), "watch": ("watches", "watched"),
+    "drive": ("drives", "drove"), "laugh": ("laughs", "laughed"), "catch": ("catches", "caught"),
+}
+_SUBJECTS = [("The dog", "The dogs"), ("My friend", "My friends"), ("The teacher", "The teachers"),
+             ("A child", "The children"), ("The bird", "The birds"), ("Her brother", "Her brothers"),
+             ("The farmer", "The farmers"), ("This student", "These students")]
+_ADJECTIVES = ["happy", "tired", "ready", "late", "hungry", "busy", "right", "asleep", "home", "sure"]
+_PRONOUNS = [("She", "she"), ("He", "he"), ("It", "it")]
+
+
+def _unique(make, n: int) -> list[Prompt]:
+    """``n`` distinct prompts from ``make()`` (a seeded generator), so no item is both a
+    training and a validation item."""
+    seen: dict[tuple[str, str], Prompt] = {}
+    while len(seen) < n:
+        p = make()
+        seen.setdefault((p.text, p.target), p)
+    return list(seen.values())
+
+
+def math_items(n_per_kind: int = 120, seed: int = 0) -> list[Prompt]:
+    """Addition, subtraction and multiplication with one worked example."""
+    rng = random.Random(seed)
+    kinds = {
+        "addition": (lambda: (rng.randint(10, 59), rng.randint(10, 39)), "+", lambda a, b: a + b),
+        "subtraction": (lambda: (rng.randint(40, 99), rng.randint(10, 39)), "-", lambda a, b: a - b),
+        "multiplication": (lambda: (rng.randint(2, 9), rng.randint(2, 12)), "*", lambda a, b: a * b),
+    }
+    items = []
+    for kind, (draw, op, solve) in kinds.items():
+        def make():
+            (a, b), (c, d) = draw(), draw()
+            return Prompt(f"{a} {op} {b} = {solve(a, b)}\n{c} {op} {d} =", f" {solve(c, d)}",
+                          category=kind)
+        items += _unique(make, n_per_kind)
+    return items
+
+
+def syntax_items(n_per_kind: int = 100, seed: int = 0) -> list[Prompt]:
+    """Plural forms, past tense, subject-verb agreement and yes/no question formation."""
+    rng = random.Random(seed)
+    nouns, verbs = list(_NOUNS.items()), list(_VERBS.items())
+
+    def plural():
+        (s1, p1), (s2, p2) = rng.sample(nouns, 2)
+        return Prompt(f"one {s1}, two {p1}\none {s2}, two", f" {p2}", category="plural")
+
+    def past_tense():
+        (v1, (_, past1)), (v2, (_, past2)) = rng.sample(verbs, 2)
+        return Prompt(f"Today I {v1}. Yesterday I {past1}.\nToday I {v2}. Yesterday I",
+                      f" {past2}", category="past_tense")
+
+    def agreement():
+        (v1, (third1, _)), (v2, (third2, _)) = rng.sample(verbs, 2)
+        (sing1, plur1), (sing2, plur2) = rng.sample(_SUBJECTS, 2)
+        example = f"{sing1} {third1}. {plur1} {v1}.\n"
+        if rng.random() < 0.5:
+            return Prompt(f"{example}{plur2} {v2}. {sing2}", f" {third2}", category="agreement")
+        return Prompt(f"{example}{sing2} {third2}. {plur2}", f" {v2}", category="agreement")
+
+    def question():
+        (p1, q1), (p2, q2) = rng.sample(_PRONOUNS, 2)
+        a1, a2 = rng.sample(_ADJECTIVES, 2)
+        return Prompt(f"{p1} is {a1}. Question: Is {q1} {a1}?\n{p2} is {a2}. Question:",
+                      f" Is {q2} {a2}?", category="question")
+    return [p for make in (plural, past_tense, agreement, question)
+            for p in _unique(make, n_per_kind)]
+
+
+TASKS = {"math": math_items, "syntax": syntax_items}
