@@ -239,3 +239,20 @@ def test_views_never_import_torch(module):
                  if isinstance(n, ast.ImportFrom)}
     assert not any(m.split(".")[0] == "torch" or "capture" in m or "models" in m
                    for m in imported)
+
+
+def test_categories_draw_role_codes_with_named_colours():
+    from lenscape import aggregate
+
+    codes = schema.make(np.array([[0, 1], [2, 3]]), dims=("layer", "head"),
+                        attrs={"long_name": "Head role", "units": "role", "method": "m",
+                               "metric": "loss", "model": "tiny", "backend": "torch",
+                               "dtype": "float32"}, n_layers=2)
+    spec = heatmap(codes, x="head", y="layer", categories=aggregate.ROLES,
+                       color=list(plot.ROLE_COLORS)).to_dict()
+    color = spec["encoding"]["color"]
+    assert color["scale"]["domain"] == list(aggregate.ROLES)
+    assert color["scale"]["range"] == list(plot.ROLE_COLORS)
+    (values,) = spec["datasets"].values()
+    states = [row["state"] for row in values]
+    assert sorted(states) == sorted(aggregate.ROLES)

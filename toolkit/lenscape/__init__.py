@@ -6,8 +6,9 @@ DataArrays -> ``save``/``open`` them -> aggregate -> draw with ``heatmap`` -> br
 """
 
 from . import accessor as _accessor  # registers the ``da.lsc`` accessor
-from . import data, schema
-from .capture import ablation, activation_patching, attribution_patching, direct_logit_attribution
+from . import aggregate, data, schema
+from .capture import (ablation, activation_patching, attribution_patching,
+                      direct_logit_attribution, head_gating, task_loss)
 from .models import LensModel, ModelSpec, from_hf, load
 from .plot import enable_offline, export, heatmap
 from .store import open_result as open
@@ -22,15 +23,18 @@ __all__ = [
     "ModelSpec",
     "ablation",
     "activation_patching",
+    "aggregate",
     "attribution_patching",
     "data",
     "direct_logit_attribution",
     "enable_offline",
     "export",
     "from_hf",
+    "head_gating",
     "heatmap",
     "load",
     "open",
     "save",
     "schema",
+    "task_loss",
 ]

@@ -37,6 +37,8 @@ MAX_CELLS = 200_000
 NAN_COLOR = "#bdbdbd"
 #: Default colours for the False/0 and True/1 states of a binary mask.
 BINARY_COLORS = ("#fde0c5", "#1d4e89")
+#: Colours of ``lenscape.aggregate.ROLES``: neither (black), facilitating, interfering, both.
+ROLE_COLORS = ("#000000", "#2ca02c", "#d62728", "#ffbf00")
 #: Label of NaN cells in a binary legend.
 NAN_LABEL = "not computed"
 
@@ -55,6 +57,7 @@ def heatmap(
     binary: bool | None = None,
     center: float | None = None,
     labels: tuple[str, str] = ("skipped", "kept"),
+    categories: Sequence[str] | None = None,
     title: str | None = None,
     tooltip: bool = True,
     independent: bool = False,
@@ -76,6 +79,8 @@ def heatmap(
         center: value at the middle of a diverging scale; giving it forces a diverging scale
             (default: diverging at 0 when values have both signs).
         labels: legend names of the 0/False and 1/True states of a binary mask.
+        categories: draw integer codes 0..K-1 as K named categories (e.g. head roles from
+            ``lenscape.aggregate.roles``) with ``color`` as their K colours.
         title: chart title; defaults to ``da.attrs["long_name"]``.
         tooltip: show every coordinate and the value of the cell under the pointer.
         independent: give each panel its own x and y scales (models with different layer
@@ -117,7 +122,9 @@ def heatmap(
 
     values = da.values
     finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values.ravel()
-    if binary is None:
+    if categories is not None:
+        binary, labels = True, tuple(categories)
+    elif binary is None:
         binary = values.dtype == bool or bool(finite.size and np.isin(finite, (0, 1)).all())
     has_nan = finite.size < values.size
     long_name = da.attrs.get("long_name") or (str(da.name) if da.name is not None else None)
@@ -168,7 +175,8 @@ def _panel(da: xr.DataArray, *, x: str, y: str, enc: dict[str, Any],
     cols = _columns(da.assign_coords(edges))
     cols = _drop_outside(cols, [n for n in cols if n != _VALUE])
     if labels:
-        cols[_STATE] = [NAN_LABEL if v is None else labels[bool(v)] for v in cols[_VALUE]]
+        state = (lambda v: labels[int(v)]) if len(labels) > 2 else (lambda v: labels[bool(v)])
+        cols[_STATE] = [NAN_LABEL if v is None else state(v) for v in cols[_VALUE]]
     keys = list(cols)
     data = {"values": [dict(zip(keys, row)) for row in zip(*cols.values())]}
     return alt.Chart(data).mark_rect(invalid="show").encode(
@@ -301,7 +309,13 @@ def _color(finite: np.ndarray, *, binary: bool, has_nan: bool, center: float | N
     scheme = color if isinstance(color, str) else None
     custom = None if color is None or scheme else list(color)
     if binary:
-        domain = [labels[1], labels[0]] + ([NAN_LABEL] if has_nan else [])
+        nan = [NAN_LABEL] if has_nan else []
+        if len(labels) > 2:  # categories: legend in code order
+            domain = list(labels) + nan
+            scale = alt.Scale(domain=domain, range=custom + [NAN_COLOR] * len(nan)) if custom \
+                else alt.Scale(domain=domain, scheme=scheme or "category10")
+            return alt.Color(f"{_STATE}:N", scale=scale, title=title)
+        domain = [labels[1], labels[0]] + nan
         if scheme:
             scale = alt.Scale(domain=domain, scheme=scheme)
         else:

@@ -1,6 +1,8 @@
 """Capture methods: each takes a model and prompts and returns a validated DataArray."""
 
+from .gating import head_gating, task_loss
 from .logit import direct_logit_attribution
 from .patching import ablation, activation_patching, attribution_patching
 
-__all__ = ["ablation", "activation_patching", "attribution_patching", "direct_logit_attribution"]
+__all__ = ["ablation", "activation_patching", "attribution_patching", "direct_logit_attribution",
+           "head_gating", "task_loss"]

@@ -142,6 +142,28 @@ def _validation_loss(model, gates, gate_values: torch.Tensor, items, batch_size:
     return total / len(items)
 
 
+def task_loss(model: LensModel, prompts, gates: torch.Tensor | None = None, *,
+              batch_size: int = 8) -> torch.Tensor:
+    """Mean target NLL of ``prompts`` under each gate set: a causal check of gate results.
+
+    Args:
+        gates: (sets, layer, head) values in [0, 1] scaling each head's output (0 ablates
+            it); default: one set of all-ones (the unmodified model).
+
+    Returns:
+        (sets,) mean NLL per gate set, in nats.
+    """
+    spec = model.spec
+    gates = torch.ones(1, spec.n_layers, spec.n_heads) if gates is None else torch.as_tensor(gates)
+    if gates.dim() != 3 or tuple(gates.shape[1:]) != (spec.n_layers, spec.n_heads):
+        raise ValueError(f"gates must have shape (sets, {spec.n_layers}, {spec.n_heads}), "
+                         f"got {tuple(gates.shape)}.")
+    items = _encode(model, _as_prompt_set(prompts))
+    with _Gates(model) as hooks:
+        return _validation_loss(model, hooks, gates.float().to(model.device), items,
+                                batch_size).cpu()
+
+
 def head_gating(model: LensModel, task, *, seeds: int | Sequence[int] = 5,
                 lambda_: float = 0.1, steps: int = 60, lr: float = 0.2, batch_size: int = 4,
                 validation=None, progress: bool = True) -> xr.Dataset:

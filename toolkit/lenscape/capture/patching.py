@@ -151,7 +151,7 @@ def ablation(model, prompts, *, level: str = "head", kind: str = "zero",
                           progress=progress, variants_per_pass=variants_per_pass,
                           desc=f"{kind}-ablation")
     return to_dataarray(inputs, scores, method=f"{kind}_ablation",
-                        effect=f"Change on {kind}-ablation in", kind=kind)
+                        effect=f"{kind.capitalize()}-ablation effect on", kind=kind)
 
 
 def activation_patching(model, prompts, *, level: str = "head", metric: str = "logit_diff",
@@ -179,7 +179,7 @@ def activation_patching(model, prompts, *, level: str = "head", metric: str = "l
                           progress=progress, variants_per_pass=variants_per_pass,
                           desc="activation patching")
     return to_dataarray(inputs, scores, method="activation_patching",
-                        effect="Change on patching clean -> corrupt in")
+                        effect="Patching effect (clean -> corrupt) on")
 
 
 def attribution_patching(model, prompts, *, level: str = "head", metric: str = "logit_diff",
@@ -231,6 +231,6 @@ def attribution_patching(model, prompts, *, level: str = "head", metric: str = "
                 torch.cat(columns, dim=1).cpu(), batch.index, metric)
     results = {lvl: to_dataarray(inputs_by_level[lvl], scores[lvl],
                                  method="attribution_patching",
-                                 effect="Estimated change on patching clean -> corrupt in")
+                                 effect="Attribution patching (clean -> corrupt) of")
                for lvl in levels}
     return xr.Dataset(results) if level == "all" else results[level]

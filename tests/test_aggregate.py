@@ -1,0 +1,52 @@
+"""Always / Any / fraction across seeds, and head roles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lenscape import aggregate, schema
+
+ATTRS = {"long_name": "Facilitation", "units": "score", "method": "head_gating", "metric": "loss",
+         "model": "tiny", "backend": "torch", "dtype": "float32"}
+
+
+def scores():
+    values = np.array([[[0.9, 0.2], [0.6, 0.1]],
+                       [[0.8, 0.7], [0.4, 0.1]],
+                       [[0.7, 0.1], [0.9, np.nan]]])  # (seed 3, layer 2, head 2)
+    return schema.make(values, dims=("seed", "layer", "head"), attrs=ATTRS, n_layers=2)
+
+
+def test_always_any_fraction():
+    da = scores()
+    always, any_ = aggregate.always(da), aggregate.any_(da)
+    np.testing.assert_array_equal(always.values, [[1, 0], [0, np.nan]])
+    np.testing.assert_array_equal(any_.values, [[1, 1], [1, np.nan]])
+    np.testing.assert_allclose(aggregate.fraction(da).values, [[1, 1 / 3], [2 / 3, np.nan]])
+    assert "every seed" in always.attrs["long_name"] and always.attrs["aggregation"]
+    assert always.attrs["units"] == "bool" and "depth" in always.coords
+    assert float(always.sum()) <= float(any_.sum())
+
+
+def test_threshold_changes_the_result():
+    assert float(aggregate.always(scores(), threshold=0.65).sum()) == 1
+
+
+def test_roles():
+    da = scores().isel(seed=0)
+    fac, inter = da >= 0.5, da <= 0.15
+    codes = aggregate.roles(fac.astype(float), inter.astype(float))
+    np.testing.assert_array_equal(codes.values, [[1, 0], [1, 2]])
+    assert aggregate.ROLES[3] == "both"
+
+
+@pytest.mark.parametrize("threshold", [-0.1, 1.5])
+def test_bad_threshold(threshold):
+    with pytest.raises(ValueError, match=r"threshold must lie in \[0, 1\]"):
+        aggregate.always(scores(), threshold=threshold)
+
+
+def test_missing_dim():
+    with pytest.raises(ValueError, match="Cannot aggregate over 'cluster'"):
+        aggregate.any_(scores(), dim="cluster")

@@ -1,0 +1,62 @@
+"""Pure DataArray -> DataArray reductions: thresholds across seeds, head roles.
+
+Every function keeps coords and attrs, and records what it did in attrs (``aggregation``)
+and in ``long_name``, so a plot of the result titles itself. NaN ("not computed") stays
+NaN: a cell is only aggregated where all of its values along ``dim`` were computed.
+"""
+
+from __future__ import annotations
+
+import xarray as xr
+
+#: Role codes of ``roles``: a head facilitates, interferes, both, or neither.
+ROLES = ("neither", "facilitating", "interfering", "both")
+
+
+def _check(da: xr.DataArray, dim: str, threshold: float) -> None:
+    if dim not in da.dims:
+        raise ValueError(f"Cannot aggregate over '{dim}': the data has dims {list(da.dims)}.")
+    if not 0 <= threshold <= 1:
+        raise ValueError(f"threshold must lie in [0, 1], got {threshold}.")
+
+
+def _finish(da: xr.DataArray, result: xr.DataArray, dim: str, what: str) -> xr.DataArray:
+    computed = da.notnull().all(dim)
+    result = result.where(computed) if not bool(computed.all()) else result
+    name = da.attrs.get("long_name", da.name or "value")
+    return result.assign_attrs({**da.attrs, "long_name": f"{name}: {what}",
+                                "aggregation": f"{what} (over {dim})",
+                                "units": "fraction" if "fraction" in what else "bool"})
+
+
+def always(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
+    """True where ``da >= threshold`` for every value along ``dim`` ("Always")."""
+    _check(da, dim, threshold)
+    return _finish(da, (da >= threshold).all(dim), dim, f">= {threshold} in every {dim}")
+
+
+def any_(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
+    """True where ``da >= threshold`` for at least one value along ``dim`` ("Any")."""
+    _check(da, dim, threshold)
+    return _finish(da, (da >= threshold).any(dim), dim, f">= {threshold} in any {dim}")
+
+
+def fraction(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
+    """Fraction of values along ``dim`` with ``da >= threshold``."""
+    _check(da, dim, threshold)
+    return _finish(da, (da >= threshold).mean(dim), dim, f"fraction >= {threshold} over {dim}")
+
+
+def roles(facilitation: xr.DataArray, interference: xr.DataArray) -> xr.DataArray:
+    """Combine two boolean masks into role codes (see ``ROLES``): 0 neither,
+    1 facilitating, 2 interfering, 3 both. NaN where either input is NaN."""
+    if facilitation.dims != interference.dims:
+        raise ValueError(f"facilitation dims {facilitation.dims} differ from interference "
+                         f"dims {interference.dims}; aggregate both the same way first.")
+    code = facilitation.fillna(0).astype(int) + 2 * interference.fillna(0).astype(int)
+    code = code.where(facilitation.notnull() & interference.notnull())
+    return code.assign_attrs({
+        **facilitation.attrs, "long_name": "Head role", "units": "role",
+        "roles": ", ".join(f"{i} {name}" for i, name in enumerate(ROLES)),
+        "aggregation": facilitation.attrs.get("aggregation", ""),
+    })
