@@ -190,12 +190,20 @@ def _factual() -> PromptSet:
                       for text, target, corrupt, distractor, category in _FACTUAL), "factual")
 
 
+def _mixed() -> PromptSet:
+    from ._corpus import mixed_items
+
+    return PromptSet(mixed_items(), "mixed")
+
+
 #: Built-in prompt sets by name; each maker returns a fresh ``PromptSet``.
-PROMPT_SETS: dict[str, Callable[[], PromptSet]] = {"factual": _factual}
+PROMPT_SETS: dict[str, Callable[[], PromptSet]] = {"factual": _factual, "mixed": _mixed}
 
 
 def prompts(name: str = "factual") -> PromptSet:
-    """A built-in prompt set: ``"factual"`` (clean/corrupt factual-recall pairs)."""
+    """A built-in prompt set: ``"factual"`` (clean/corrupt factual-recall pairs) or
+    ``"mixed"`` (320 short texts of 8 kinds: narrative, arithmetic, code, dialogue, facts,
+    lists, instructions, to-dos; empty targets, for clustering and block masks)."""
     if name not in PROMPT_SETS:
         raise ValueError(f"Unknown prompt set {name!r}; available: {sorted(PROMPT_SETS)} "
                          f"(tasks for head gating: lsc.data.task(...)).")

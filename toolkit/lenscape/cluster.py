@@ -1,0 +1,112 @@
+"""Group prompts by meaning: embed them, then k-means the embeddings.
+
+``embed`` mean-pools the last hidden state of the bundled sentence encoder
+(all-MiniLM-L6-v2, ``encoder="minilm"``) or of a ``LensModel``'s own final layer, and
+L2-normalises. ``kmeans`` returns a ``Clustering``: labels as a DataArray over ``prompt``
+(with ``text``/``category`` coords) and the centroids, so new prompts can be assigned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from .data import PromptSet
+from .models import LensModel, bundled_folder
+
+
+def _texts(prompts: Any) -> list[str]:
+    texts = prompts.texts if isinstance(prompts, PromptSet) else [
+        p if isinstance(p, str) else p.text for p in prompts]
+    if not texts:
+        raise ValueError("No prompts to embed; pass a PromptSet or a list of strings.")
+    return texts
+
+
+@torch.no_grad()
+def embed(prompts: Any, encoder: str | LensModel = "minilm", *, batch_size: int = 32) -> np.ndarray:
+    """Embed prompts; returns (prompt, d) float32, rows of unit length.
+
+    Args:
+        prompts: a ``PromptSet`` or a list of strings.
+        encoder: ``"minilm"`` (bundled sentence encoder) or a ``LensModel`` (mean of its
+            final hidden states over real tokens).
+    """
+    from transformers import AutoModel, AutoTokenizer
+
+    texts = _texts(prompts)
+    if isinstance(encoder, LensModel):
+        model, tokenizer, device = encoder.hf, encoder.tokenizer, encoder.device
+    elif encoder == "minilm":
+        folder = bundled_folder("minilm")
+        model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
+        tokenizer, device = AutoTokenizer.from_pretrained(folder, local_files_only=True), "cpu"
+    else:
+        raise ValueError(f"Unknown encoder {encoder!r}; use 'minilm' or a model from lsc.load.")
+    rows = []
+    for start in range(0, len(texts), batch_size):
+        batch = tokenizer(texts[start:start + batch_size], padding=True, truncation=True,
+                          max_length=256, return_tensors="pt").to(device)
+        out = model(**batch, output_hidden_states=True)
+        hidden = out.hidden_states[-1].float()
+        mask = batch["attention_mask"][..., None].float()
+        rows.append(((hidden * mask).sum(1) / mask.sum(1)).cpu())
+    vectors = torch.cat(rows)
+    return torch.nn.functional.normalize(vectors, dim=-1).numpy()
+
+
+@dataclass
+class Clustering:
+    """k-means result.
+
+    Attributes:
+        labels: DataArray (prompt,) of cluster ids, with ``text``/``category`` coords.
+        centroids: (cluster, d) array.
+    """
+
+    labels: xr.DataArray
+    centroids: np.ndarray
+
+    @property
+    def k(self) -> int:
+        return len(self.centroids)
+
+    def assign(self, embeddings: np.ndarray) -> np.ndarray:
+        """Nearest centroid for each row of ``embeddings`` (n, d) -> (n,) cluster ids."""
+        distances = ((np.asarray(embeddings)[:, None] - self.centroids[None]) ** 2).sum(-1)
+        return distances.argmin(1)
+
+    def members(self, prompts: PromptSet, cluster: int) -> PromptSet:
+        """The prompts of one cluster."""
+        return PromptSet([p for p, c in zip(prompts, self.labels.values) if c == cluster],
+                         name=f"{prompts.name}:cluster{cluster}")
+
+
+def kmeans(embeddings: np.ndarray, k: int, *, seed: int = 0, prompts: PromptSet | None = None
+           ) -> Clustering:
+    """k-means (scikit-learn, 10 restarts) of (prompt, d) embeddings into ``k`` clusters.
+
+    Raises:
+        ValueError: k < 1, k larger than the number of prompts, or a cluster left empty.
+    """
+    from sklearn.cluster import KMeans
+
+    n = len(embeddings)
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} clusters for {n} prompts: k must be between 1 and the number "
+                         "of prompts; use fewer clusters or more prompts.")
+    fit = KMeans(n_clusters=k, n_init=10, random_state=seed).fit(embeddings)
+    counts = np.bincount(fit.labels_, minlength=k)
+    if (counts == 0).any():
+        raise ValueError(f"k-means left cluster(s) {np.flatnonzero(counts == 0).tolist()} empty "
+                         "(too many duplicate prompts for this k); lower k.")
+    coords: dict[str, Any] = {"prompt": np.arange(n)}
+    if prompts is not None:
+        coords.update(text=("prompt", prompts.texts), category=("prompt", prompts.categories))
+    labels = xr.DataArray(fit.labels_.astype(np.int64), dims=("prompt",), coords=coords,
+                          attrs={"long_name": "cluster", "k": k, "seed": seed})
+    return Clustering(labels, fit.cluster_centers_.astype(np.float32))
