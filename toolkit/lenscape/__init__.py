@@ -6,9 +6,9 @@ DataArrays -> ``save``/``open`` them -> aggregate -> draw with ``heatmap`` -> br
 """
 
 from . import accessor as _accessor  # registers the ``da.lsc`` accessor
-from . import aggregate, data, schema
-from .capture import (ablation, activation_patching, attribution_patching,
-                      direct_logit_attribution, head_gating, task_loss)
+from . import aggregate, cluster, data, schema
+from .capture import (ablation, activation_patching, apply_mask, attribution_patching,
+                      block_masks, direct_logit_attribution, head_gating, masked_loss, task_loss)
 from .models import LensModel, ModelSpec, from_hf, load
 from .plot import enable_offline, export, heatmap
 from .store import open_result as open
@@ -24,7 +24,10 @@ __all__ = [
     "ablation",
     "activation_patching",
     "aggregate",
+    "apply_mask",
     "attribution_patching",
+    "block_masks",
+    "cluster",
     "data",
     "direct_logit_attribution",
     "enable_offline",
@@ -33,6 +36,7 @@ __all__ = [
     "head_gating",
     "heatmap",
     "load",
+    "masked_loss",
     "open",
     "save",
     "schema",

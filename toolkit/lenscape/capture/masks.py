@@ -119,7 +119,7 @@ def masked_loss(model: LensModel, prompts: PromptSet, masks: torch.Tensor | xr.D
 
 
 def block_masks(model: LensModel, prompts: PromptSet, *, clusters: Clustering,
-                target_sparsity: float = 0.3, steps: int = 150, lr: float = 0.1,
+                target_sparsity: float = 0.3, steps: int = 100, lr: float = 0.1,
                 penalty: float = 10.0, seed: int = 0, batch_size: int = 2,
                 progress: bool = True) -> xr.Dataset:
     """Learn one block mask per cluster.
