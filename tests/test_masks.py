@@ -45,6 +45,7 @@ def test_masks_are_deterministic_and_shaped(tiny_llama, mixed, clusters):
     assert a["mask"].dims == ("cluster", "layer", "component")
     assert a["mask"].shape == (4, tiny_llama.spec.n_layers, 2) and a["mask"].dtype == bool
     np.testing.assert_array_equal(a["keep_prob"].values, b["keep_prob"].values)
+    np.testing.assert_array_equal(a["mask"].sum(("layer", "component")).values, 3)  # 50% of 6
     c = block_masks(tiny_llama, mixed, **{**kw, "seed": 1})
     assert not np.array_equal(a["keep_prob"].values, c["keep_prob"].values)
 
