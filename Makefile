@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install --quiet -e ".[test,notebooks,dask]"
-	$(VENV)/bin/lenscape install-models
+	$(VENV)/bin/lenscape install-models --all
 	touch $(STAMP)
 
 install: $(STAMP)

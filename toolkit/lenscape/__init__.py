@@ -8,7 +8,9 @@ DataArrays -> ``save``/``open`` them -> aggregate -> draw with ``heatmap`` -> br
 from . import accessor as _accessor  # registers the ``da.lsc`` accessor
 from . import aggregate, cluster, data, schema
 from .capture import (ablation, activation_patching, apply_mask, attribution_patching,
-                      block_masks, direct_logit_attribution, head_gating, masked_loss, task_loss)
+                      block_masks, direct_logit_attribution, head_gating, masked_loss, task_loss,
+                      weight_change, weight_importance)
+from .finetune import finetune
 from .models import LensModel, ModelSpec, from_hf, load
 from .plot import enable_offline, export, heatmap
 from .store import open_result as open
@@ -32,6 +34,7 @@ __all__ = [
     "direct_logit_attribution",
     "enable_offline",
     "export",
+    "finetune",
     "from_hf",
     "head_gating",
     "heatmap",
@@ -41,4 +44,6 @@ __all__ = [
     "save",
     "schema",
     "task_loss",
+    "weight_change",
+    "weight_importance",
 ]

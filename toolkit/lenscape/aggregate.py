@@ -1,4 +1,5 @@
-"""Pure DataArray -> DataArray reductions: thresholds across seeds, head roles.
+"""Pure DataArray -> DataArray functions: thresholds across seeds, head roles, shares,
+and stacking models of different depth.
 
 Every function keeps coords and attrs, and records what it did in attrs (``aggregation``)
 and in ``long_name``, so a plot of the result titles itself. NaN ("not computed") stays
@@ -7,6 +8,7 @@ NaN: a cell is only aggregated where all of its values along ``dim`` were comput
 
 from __future__ import annotations
 
+import numpy as np
 import xarray as xr
 
 #: Role codes of ``roles``: a head facilitates, interferes, both, or neither.
@@ -60,3 +62,31 @@ def roles(facilitation: xr.DataArray, interference: xr.DataArray) -> xr.DataArra
         "roles": ", ".join(f"{i} {name}" for i, name in enumerate(ROLES)),
         "aggregation": facilitation.attrs.get("aggregation", ""),
     })
+
+
+def normalize(da: xr.DataArray, over: str = "component") -> xr.DataArray:
+    """Share of each cell in the total over ``over`` (sums to 1 along it; NaN ignored)."""
+    if over not in da.dims:
+        raise ValueError(f"Cannot normalise over '{over}': the data has dims {list(da.dims)}.")
+    out = da / da.sum(over, skipna=True)
+    name = da.attrs.get("long_name", da.name or "value")
+    return out.assign_attrs({**da.attrs, "long_name": f"{name}: share over {over}",
+                             "units": "share", "aggregation": f"share over {over}"})
+
+
+def combine_models(arrays: dict[str, xr.DataArray]) -> xr.DataArray:
+    """Stack results of several models along a new ``model`` dim.
+
+    Models of different depth are aligned on ``layer`` (NaN where a model has no such
+    layer); ``depth`` becomes a (model, layer) coord so plots can share a relative axis.
+    """
+    if not arrays:
+        raise ValueError("No arrays to combine; pass {model name: DataArray}.")
+    parts = [da.drop_vars("depth", errors="ignore").expand_dims(model=[name])
+             for name, da in arrays.items()]
+    out = xr.concat(parts, dim="model", join="outer", combine_attrs="drop_conflicts")
+    if "layer" in out.dims:
+        depth = [da["depth"].reindex(layer=out["layer"]) if "depth" in da.coords
+                 else xr.full_like(out["layer"], np.nan, dtype=float) for da in arrays.values()]
+        out = out.assign_coords(depth=(("model", "layer"), np.stack([d.values for d in depth])))
+    return out.assign_attrs(models=", ".join(arrays))

@@ -1,0 +1,110 @@
+"""Weight importance and change maps, normalisation, combining models, fine-tuning."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+import lenscape as lsc
+from lenscape import aggregate, models
+
+
+def test_change_with_itself_is_zero_and_one_perturbation_shows(tiny_model):
+    same = lsc.weight_change(tiny_model, tiny_model)
+    assert float(np.nansum(np.abs(same["per_layer"].values))) == 0
+    assert float(np.nansum(np.abs(same["model_level"].values))) == 0
+    other = copy.copy(tiny_model)
+    other.hf = copy.deepcopy(tiny_model.hf)
+    path = other.spec.layout.weights["up_proj"]
+    with torch.no_grad():
+        other.hf.get_parameter(f"{other.spec.layout.layers}.1.{path}").add_(0.05)
+    for kind in ("relative", "fraction_changed"):
+        change = lsc.weight_change(tiny_model, other, kind=kind)["per_layer"]
+        nonzero = np.argwhere(np.nan_to_num(change.values) != 0)
+        assert nonzero.tolist() == [[1, list(change["component"].values).index("up_proj")]]
+
+
+def test_gpt2_qkv_split(tokenizer):
+    base = models.tiny("gpt2", tokenizer=tokenizer)
+    other = copy.copy(base)
+    other.hf = copy.deepcopy(base.hf)
+    with torch.no_grad():  # perturb only the k columns of the fused c_attn
+        other.hf.transformer.h[0].attn.c_attn.weight[:, 64:128] += 0.1
+    change = lsc.weight_change(base, other)["per_layer"].sel(layer=0)
+    assert float(change.sel(component="k_proj")) > 0
+    assert float(change.sel(component="q_proj")) == 0 == float(change.sel(component="v_proj"))
+
+
+def test_importance_matches_hand_autograd(tiny_llama, factual):
+    prompts = factual[:3]
+    ds = lsc.weight_importance(tiny_llama, prompts, batch_size=3, progress=False)
+    hf, tok = tiny_llama.hf, tiny_llama.tokenizer
+    weight = hf.model.layers[1].mlp.down_proj.weight
+    weight.requires_grad_(True)
+    batch = tok([p.text + p.target for p in prompts], return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    (grad,) = torch.autograd.grad(hf(**batch, labels=labels).loss, [weight])
+    weight.requires_grad_(False)
+    expected = float((weight * grad).abs().mean())
+    got = float(ds["per_layer"].sel(layer=1, component="down_proj"))
+    assert got == pytest.approx(expected, rel=1e-4)
+    assert not any(p.requires_grad for p in hf.parameters())  # frozen again
+    fisher = lsc.weight_importance(tiny_llama, prompts, kind="fisher", batch_size=3, progress=False)
+    assert float(fisher["per_layer"].sel(layer=1, component="down_proj")) == pytest.approx(
+        float(grad.pow(2).mean()), rel=1e-4)
+    normed = lsc.weight_importance(tiny_llama, prompts, batch_size=3, normalize=True,
+                                   progress=False)
+    values = np.concatenate([normed[v].values.ravel() for v in normed.data_vars])
+    assert np.nanmin(values) == 0 and np.nanmax(values) == 1
+
+
+def test_tied_embeddings_reported_once(smol):
+    ds = lsc.weight_change(smol, smol)
+    assert ds.attrs["tied_embeddings"] and np.isnan(float(ds["model_level"].sel(component="lm_head")))
+    assert float(ds["model_level"].sel(component="embed")) == 0
+
+
+def test_normalize_and_combine():
+    a = xr.DataArray(np.arange(6.0).reshape(3, 2) + 1, dims=("layer", "component"),
+                     coords={"layer": [0, 1, 2], "component": ["q_proj", "k_proj"],
+                             "depth": ("layer", [0, 0.5, 1])})
+    b = a.isel(layer=[0, 1]).assign_coords(depth=("layer", [0, 1.0]))
+    np.testing.assert_allclose(aggregate.normalize(a).sum("component").values, 1)
+    both = aggregate.combine_models({"a": a, "b": b})
+    assert both.dims == ("model", "layer", "component") and both.shape == (2, 3, 2)
+    assert np.isnan(both.sel(model="b", layer=2)).all()
+    np.testing.assert_allclose(both["depth"].sel(model="b").values[:2], [0, 1])
+    with pytest.raises(ValueError, match="Cannot normalise over 'head'"):
+        aggregate.normalize(a, over="head")
+
+
+def test_errors(tiny_llama, tokenizer, factual):
+    with pytest.raises(ValueError, match="Unknown importance kind"):
+        lsc.weight_importance(tiny_llama, factual[:1], kind="taylor", progress=False)
+    with pytest.raises(ValueError, match="prompt list is empty"):
+        lsc.weight_importance(tiny_llama, [], progress=False)
+    with pytest.raises(ValueError, match="Unknown change kind"):
+        lsc.weight_change(tiny_llama, tiny_llama, kind="cosine")
+    with pytest.raises(ValueError, match="tol must be > 0"):
+        lsc.weight_change(tiny_llama, tiny_llama, kind="fraction_changed", tol=0)
+    with pytest.raises(ValueError, match="differ in architecture"):
+        lsc.weight_change(tiny_llama, models.tiny("gpt2", tokenizer=tokenizer))
+    wider = models.tiny("llama", n_layers=3, tokenizer=tokenizer)
+    wider.hf.model.layers[0].mlp.up_proj.weight = torch.nn.Parameter(torch.zeros(256, 64))
+    with pytest.raises(ValueError, match="Tensor shapes differ at layer 0 up_proj"):
+        lsc.weight_change(tiny_llama, wider)
+
+
+def test_finetune_copies_and_is_deterministic(tiny_llama, factual, tmp_path):
+    before = tiny_llama.hf.lm_head.weight.clone()
+    a = lsc.finetune(tiny_llama, factual[:8], steps=2, batch_size=2, lr=1e-3, progress=False,
+                     out_dir=tmp_path)
+    b = lsc.finetune(tiny_llama, factual[:8], steps=2, batch_size=2, lr=1e-3, progress=False)
+    assert torch.equal(tiny_llama.hf.lm_head.weight, before)
+    assert torch.equal(a.hf.lm_head.weight, b.hf.lm_head.weight)
+    assert float(lsc.weight_change(tiny_llama, a)["per_layer"].max()) > 0
+    assert lsc.load(str(tmp_path), device="cpu").spec == tiny_llama.spec

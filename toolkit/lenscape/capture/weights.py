@@ -1,0 +1,186 @@
+"""Weight-level maps: how important each weight matrix is, and how much it changed.
+
+Each parameter tensor maps to a cell: per-layer tensors to (layer, component) with the
+component vocabulary of ``lenscape.schema`` (GPT-2's fused ``c_attn`` is split into q/k/v
+columns), model-level tensors to ``embed``, ``lm_head`` and ``final_norm``. Results are a
+Dataset with two variables so the picture can show the model-level cells as a strip:
+
+- ``per_layer`` (layer, component), NaN where an architecture lacks a component;
+- ``model_level`` (component,) over ``embed``, ``lm_head``, ``final_norm``.
+
+With tied embeddings the shared matrix is reported once, under ``embed``; ``lm_head`` is NaN
+and the attr ``tied_embeddings`` is True.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from .. import schema
+from ..data import PromptSet
+from ..models import LensModel
+
+IMPORTANCE_KINDS = ("grad_x_weight", "fisher")
+CHANGE_KINDS = ("relative", "fraction_changed")
+
+
+def _model(obj) -> LensModel:
+    if not isinstance(obj, LensModel):
+        raise ValueError(f"Expected a LensModel from lsc.load or lsc.from_hf, got {type(obj).__name__}.")
+    return obj
+
+
+def _tensors(model: LensModel) -> Iterator[tuple[int | None, str, torch.nn.Parameter, slice | None]]:
+    """(layer or None, component, parameter, column slice for fused q/k/v or None)."""
+    spec, layout = model.spec, model.spec.layout
+    for layer in range(spec.n_layers):
+        for component, path in layout.weights.items():
+            param = model.hf.get_parameter(f"{layout.layers}.{layer}.{path}")
+            cols = None
+            if layout.qkv_split and component in ("q_proj", "k_proj", "v_proj"):
+                width = param.shape[1] // 3
+                i = ("q_proj", "k_proj", "v_proj").index(component)
+                cols = slice(i * width, (i + 1) * width)
+            yield layer, component, param, cols
+    yield None, "embed", model.hf.get_submodule(layout.embed).weight, None
+    if not spec.tied_embeddings:
+        yield None, "lm_head", model.hf.get_submodule(layout.unembed).weight, None
+    yield None, "final_norm", model.hf.get_submodule(layout.final_norm).weight, None
+
+
+def _view(tensor: torch.Tensor, cols: slice | None) -> torch.Tensor:
+    return tensor if cols is None else tensor[:, cols]
+
+
+def _to_dataset(model: LensModel, values: dict[tuple[int | None, str], float], attrs: dict
+                ) -> xr.Dataset:
+    spec = model.spec
+    components = [c for c in schema.WEIGHT_COMPONENTS if c in spec.layout.weights]
+    per_layer = np.full((spec.n_layers, len(components)), np.nan)
+    model_level = np.full(len(schema.MODEL_COMPONENTS), np.nan)
+    for (layer, component), value in values.items():
+        if layer is None:
+            model_level[schema.MODEL_COMPONENTS.index(component)] = value
+        else:
+            per_layer[layer, components.index(component)] = value
+    attrs = {"model": model.name, "backend": "torch", "architecture": spec.architecture,
+             "dtype": str(model.dtype).removeprefix("torch."),
+             "tied_embeddings": spec.tied_embeddings, **attrs}
+    return xr.Dataset({
+        "per_layer": schema.make(per_layer, dims=("layer", "component"),
+                                 coords={"component": components}, attrs=attrs,
+                                 n_layers=spec.n_layers),
+        "model_level": schema.make(model_level, dims=("component",),
+                                   coords={"component": list(schema.MODEL_COMPONENTS)},
+                                   attrs=attrs),
+    }, attrs=attrs)
+
+
+def min_max(ds: xr.Dataset) -> xr.Dataset:
+    """Scale both variables of a weight map jointly into [0, 1] (per model)."""
+    lo = min(float(ds[v].min()) for v in ds.data_vars)
+    hi = max(float(ds[v].max()) for v in ds.data_vars)
+    out = (ds - lo) / (hi - lo if hi > lo else 1.0)
+    for name in ds.data_vars:
+        out[name].attrs = {**ds[name].attrs, "normalization": "min-max per model",
+                           "units": "relative (0-1)"}
+    out.attrs = {**ds.attrs, "normalization": "min-max per model"}
+    return out
+
+
+def weight_importance(model: LensModel, prompts, *, kind: str = "grad_x_weight",
+                      batch_size: int = 8, normalize: bool = False,
+                      progress: bool = True) -> xr.Dataset:
+    """Per-tensor importance from gradients of the language-model loss.
+
+    The loss is the mean next-token NLL over each prompt's text + target (every token).
+    "grad_x_weight": mean over entries of |w * dL/dw|; "fisher": mean of (dL/dw)^2; both
+    averaged over batches.
+
+    Args:
+        prompts: a ``PromptSet``, Prompts or plain strings.
+        normalize: min-max scale the whole map into [0, 1].
+
+    Returns:
+        Dataset with ``per_layer`` (layer, component) and ``model_level`` (component,).
+    """
+    model = _model(model)
+    if kind not in IMPORTANCE_KINDS:
+        raise ValueError(f"Unknown importance kind {kind!r}; choose one of {list(IMPORTANCE_KINDS)}.")
+    texts = [p if isinstance(p, str) else p.text + p.target for p in prompts]
+    if not texts:
+        raise ValueError("The prompt list is empty; pass at least one prompt.")
+    tensors = list(_tensors(model))
+    totals = {(layer, comp): 0.0 for layer, comp, _, _ in tensors}
+    tok = model.tokenizer
+    n_batches = 0
+    params = [p for _, _, p, _ in tensors]
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        for start in tqdm(range(0, len(texts), batch_size), disable=not progress,
+                          desc="weight importance"):
+            batch = tok(texts[start:start + batch_size], return_tensors="pt", padding=True
+                        ).to(model.device)
+            labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+            model.hf.zero_grad(set_to_none=True)
+            model.hf(**batch, labels=labels).loss.backward()
+            for layer, comp, param, cols in tensors:
+                grad, weight = _view(param.grad, cols).float(), _view(param, cols).float()
+                score = (weight * grad).abs().mean() if kind == "grad_x_weight" else grad.pow(2).mean()
+                totals[layer, comp] += float(score)
+            n_batches += 1
+    finally:
+        model.hf.zero_grad(set_to_none=True)
+        model.hf.requires_grad_(False)
+    long_name = "Importance mean |w dL/dw|" if kind == "grad_x_weight" else "Fisher mean (dL/dw)^2"
+    ds = _to_dataset(model, {k: v / n_batches for k, v in totals.items()}, {
+        "long_name": long_name, "units": "loss units", "method": "weight_importance",
+        "metric": "loss", "kind": kind, "n_prompts": len(texts), "batch_size": batch_size})
+    return min_max(ds) if normalize else ds
+
+
+@torch.no_grad()
+def weight_change(base: LensModel, tuned: LensModel, *, kind: str = "relative",
+                  tol: float = 1e-3) -> xr.Dataset:
+    """Per-tensor change between two checkpoints of one architecture.
+
+    "relative": ||W1 - W0||_F / ||W0||_F; "fraction_changed": share of entries with
+    |w1 - w0| > tol * max(|w0|, |w1|).
+
+    Raises:
+        ValueError: unknown kind, tol <= 0, different architectures or shapes (naming the
+            first mismatching tensor).
+    """
+    base, tuned = _model(base), _model(tuned)
+    if kind not in CHANGE_KINDS:
+        raise ValueError(f"Unknown change kind {kind!r}; choose one of {list(CHANGE_KINDS)}.")
+    if tol <= 0:
+        raise ValueError(f"tol must be > 0, got {tol}.")
+    if base.spec.architecture != tuned.spec.architecture:
+        raise ValueError(f"The models differ in architecture ({base.spec.architecture} vs "
+                         f"{tuned.spec.architecture}); compare checkpoints of one model.")
+    values = {}
+    for (layer, comp, w0, cols), (_, _, w1, _) in zip(_tensors(base), _tensors(tuned)):
+        w0, w1 = _view(w0, cols).float(), _view(w1, cols).float().to(w0.device)
+        if w0.shape != w1.shape:
+            where = comp if layer is None else f"layer {layer} {comp}"
+            raise ValueError(f"Tensor shapes differ at {where}: {tuple(w0.shape)} vs "
+                             f"{tuple(w1.shape)}; compare checkpoints of one model.")
+        diff = (w1 - w0).abs()
+        if kind == "relative":
+            values[layer, comp] = float(diff.norm() / w0.norm())
+        else:
+            values[layer, comp] = float((diff > tol * torch.maximum(w0.abs(), w1.abs()))
+                                        .float().mean())
+    long_name = ("Relative change ||W1 - W0|| / ||W0||" if kind == "relative"
+                 else f"Fraction of entries changed (tol {tol})")
+    return _to_dataset(base, values, {
+        "long_name": long_name, "units": "ratio" if kind == "relative" else "fraction",
+        "method": "weight_change", "metric": kind, "kind": kind, "tol": tol,
+        "tuned_model": tuned.name})

@@ -1,0 +1,50 @@
+"""Fine-tune a copy of a model briefly on CPU, to get a second checkpoint for change maps."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .models import LensModel, from_hf
+
+
+def finetune(model: LensModel, prompts, *, steps: int = 200, lr: float = 1e-4,
+             batch_size: int = 8, seed: int = 0, out_dir: str | Path | None = None,
+             progress: bool = True) -> LensModel:
+    """AdamW on a deep copy of ``model`` (never the input) over ``text + target`` sequences.
+
+    Args:
+        prompts: a ``PromptSet`` (e.g. ``lsc.data.task("math")``), Prompts or strings.
+        steps: optimizer steps; minibatches are drawn with ``seed`` (deterministic).
+        out_dir: if given, ``save_pretrained`` the tuned model and tokenizer there.
+
+    Returns:
+        The tuned ``LensModel`` (named ``"<name>+finetuned"``).
+    """
+    texts = [p if isinstance(p, str) else p.text + p.target for p in prompts]
+    if not texts:
+        raise ValueError("The prompt list is empty; pass the texts to fine-tune on.")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}.")
+    torch.manual_seed(seed)
+    hf = copy.deepcopy(model.hf).train().requires_grad_(True)
+    optimizer = torch.optim.AdamW(hf.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    tok = model.tokenizer
+    for _ in tqdm(range(steps), disable=not progress, desc="fine-tuning"):
+        picks = torch.randint(len(texts), (batch_size,), generator=generator).tolist()
+        batch = tok([texts[i] for i in picks], return_tensors="pt", padding=True).to(model.device)
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        loss = hf(**batch, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    tuned = from_hf(hf, tok, name=f"{model.name}+finetuned", device=model.device,
+                    dtype=model.dtype)
+    if out_dir is not None:
+        hf.save_pretrained(out_dir)
+        tok.save_pretrained(out_dir)
+    return tuned
