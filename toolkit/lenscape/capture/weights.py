@@ -131,7 +131,8 @@ def weight_importance(model: LensModel, prompts, *, kind: str = "grad_x_weight",
             model.hf.zero_grad(set_to_none=True)
             model.hf(**batch, labels=labels).loss.backward()
             for layer, comp, param, cols in tensors:
-                grad, weight = _view(param.grad, cols).float(), _view(param, cols).float()
+                grad = _view(param.grad, cols).float()
+                weight = _view(param, cols).detach().float()
                 score = (weight * grad).abs().mean() if kind == "grad_x_weight" else grad.pow(2).mean()
                 totals[layer, comp] += float(score)
             n_batches += 1
