@@ -27,7 +27,7 @@ def main() -> None:
         ds = lsc.weight_importance(model, prompts, batch_size=8, normalize=True, progress=False)
         took = time.perf_counter() - start
         total += took
-        top = ds["per_layer"].mean("layer").to_series().sort_values(ascending=False)
+        top = ds["per_layer"].dropna("component", how="all").mean("layer").to_series().sort_values(ascending=False)
         print(f"F2 {name}: importance {took:.1f} s; most important on average: "
               f"{', '.join(top.index[:3])}")
     print(f"F2 both models: {total:.1f} s")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from . import schema
+
 #: Role codes of ``roles``: a head facilitates, interferes, both, or neither.
 ROLES = ("neither", "facilitating", "interfering", "both")
 
@@ -85,6 +87,9 @@ def combine_models(arrays: dict[str, xr.DataArray]) -> xr.DataArray:
     parts = [da.drop_vars("depth", errors="ignore").expand_dims(model=[name])
              for name, da in arrays.items()]
     out = xr.concat(parts, dim="model", join="outer", combine_attrs="drop_conflicts")
+    if "component" in out.dims:  # the outer join sorts labels: restore the vocabulary order
+        known = [c for c in schema.COMPONENTS if c in out["component"].values]
+        out = out.reindex(component=known + [c for c in out["component"].values if c not in known])
     if "layer" in out.dims:
         depth = [da["depth"].reindex(layer=out["layer"]) if "depth" in da.coords
                  else xr.full_like(out["layer"], np.nan, dtype=float) for da in arrays.values()]

@@ -5,8 +5,11 @@ component vocabulary of ``lenscape.schema`` (GPT-2's fused ``c_attn`` is split i
 columns), model-level tensors to ``embed``, ``lm_head`` and ``final_norm``. Results are a
 Dataset with two variables so the picture can show the model-level cells as a strip:
 
-- ``per_layer`` (layer, component), NaN where an architecture lacks a component;
+- ``per_layer`` (layer, component) over the architecture's per-layer tensors;
 - ``model_level`` (component,) over ``embed``, ``lm_head``, ``final_norm``.
+
+Both share one ``component`` axis (each is NaN on the other's components): draw them with
+``ds["per_layer"].dropna("component", how="all")`` and likewise for ``model_level``.
 
 With tied embeddings the shared matrix is reported once, under ``embed``; ``lm_head`` is NaN
 and the attr ``tied_embeddings`` is True.
@@ -60,24 +63,25 @@ def _view(tensor: torch.Tensor, cols: slice | None) -> torch.Tensor:
 def _to_dataset(model: LensModel, values: dict[tuple[int | None, str], float], attrs: dict
                 ) -> xr.Dataset:
     spec = model.spec
+    # One component axis for both variables (per-layer tensors, then model-level ones), so
+    # the Dataset never re-aligns them; each variable is NaN on the other's components.
     components = [c for c in schema.WEIGHT_COMPONENTS if c in spec.layout.weights]
+    components += list(schema.MODEL_COMPONENTS)
     per_layer = np.full((spec.n_layers, len(components)), np.nan)
-    model_level = np.full(len(schema.MODEL_COMPONENTS), np.nan)
+    model_level = np.full(len(components), np.nan)
     for (layer, component), value in values.items():
         if layer is None:
-            model_level[schema.MODEL_COMPONENTS.index(component)] = value
+            model_level[components.index(component)] = value
         else:
             per_layer[layer, components.index(component)] = value
     attrs = {"model": model.name, "backend": "torch", "architecture": spec.architecture,
              "dtype": str(model.dtype).removeprefix("torch."),
              "tied_embeddings": spec.tied_embeddings, **attrs}
+    coords = {"component": components}
     return xr.Dataset({
-        "per_layer": schema.make(per_layer, dims=("layer", "component"),
-                                 coords={"component": components}, attrs=attrs,
-                                 n_layers=spec.n_layers),
-        "model_level": schema.make(model_level, dims=("component",),
-                                   coords={"component": list(schema.MODEL_COMPONENTS)},
-                                   attrs=attrs),
+        "per_layer": schema.make(per_layer, dims=("layer", "component"), coords=coords,
+                                 attrs=attrs, n_layers=spec.n_layers),
+        "model_level": schema.make(model_level, dims=("component",), coords=coords, attrs=attrs),
     }, attrs=attrs)
 
 
