@@ -6,7 +6,6 @@ notebook says which in its parameters cell.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 

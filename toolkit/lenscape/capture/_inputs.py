@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..data import Prompt, PromptSet, from_records
+from ..data import PromptSet, from_records
 from ..models import LensModel
 from . import metrics
 from ._backend import BACKENDS, TokenBatch

@@ -25,7 +25,6 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import schema
-from ..data import PromptSet
 from ..models import LensModel
 
 IMPORTANCE_KINDS = ("grad_x_weight", "fisher")
