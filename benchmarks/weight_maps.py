@@ -2,7 +2,8 @@
 
 F2: ``weight_importance`` of SmolLM2-135M and Gemma-3-270M on 16 factual prompts
 (target <= 3 minutes for both). F3: ``weight_change`` between SmolLM2 and a copy fine-tuned
-for ``--steps`` steps on the math task (target <= 30 s, excluding the fine-tune).
+for ``--steps`` steps on the math task (target <= 30 s, excluding the fine-tune). Writes the
+``weight_maps`` section of RESULTS.md (see _report.py).
 """
 
 from __future__ import annotations
@@ -10,38 +11,67 @@ from __future__ import annotations
 import argparse
 import time
 
+import _report
 import lenscape as lsc
+
+MODELS = ("smollm2-135m", "gemma3-270m")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=50)
-    args = parser.parse_args()
-    prompts = lsc.data.prompts("factual")[:16]
-    total = 0.0
+    parser.add_argument("--prompts", type=int, default=16)
+    args = _report.parse_args(parser, steps=1, prompts=2)
+    prompts = lsc.data.prompts("factual")[:args.prompts]
+    batch_size = min(8, len(prompts))
+    total, times, tops = 0.0, [], []
     smol = None
-    for name in ("smollm2-135m", "gemma3-270m"):
+    for name in MODELS:
         model = lsc.load(name, device="cpu")
         smol = smol or model
         start = time.perf_counter()
-        ds = lsc.weight_importance(model, prompts, batch_size=8, normalize=True, progress=False)
+        ds = lsc.weight_importance(model, prompts, batch_size=batch_size, normalize=True,
+                                   progress=False)
         took = time.perf_counter() - start
         total += took
         top = ds["per_layer"].dropna("component", how="all").mean("layer").to_series().sort_values(ascending=False)
         print(f"F2 {name}: importance {took:.1f} s; most important on average: "
               f"{', '.join(top.index[:3])}")
+        times.append(f"{took:.1f} s")
+        tops.append(f"- {name}: {', '.join(top.index[:3])}")
     print(f"F2 both models: {total:.1f} s")
     start = time.perf_counter()
     tuned = lsc.finetune(smol, lsc.data.task("math"), steps=args.steps, progress=False)
-    print(f"fine-tune {args.steps} steps: {time.perf_counter() - start:.0f} s (not part of F3)")
+    tune_took = time.perf_counter() - start
+    print(f"fine-tune {args.steps} steps: {tune_took:.0f} s (not part of F3)")
     start = time.perf_counter()
     relative = lsc.weight_change(smol, tuned)
     fraction = lsc.weight_change(smol, tuned, kind="fraction_changed")
     took = time.perf_counter() - start
     rel = relative["per_layer"]
+    changed = float(fraction["per_layer"].mean())
     print(f"F3 relative + fraction changed: {took:.1f} s; relative change range "
           f"{float(rel.min()):.4f}..{float(rel.max()):.4f}; mean fraction changed "
-          f"{float(fraction['per_layer'].mean()):.3f}")
+          f"{changed:.3f}")
+    intro = f"""\
+`python benchmarks/weight_maps.py`: F2 = `weight_importance(normalize=True)` on {len(prompts)}
+factual prompts (batch {batch_size}) for each bundled model (model load excluded); F3 =
+`weight_change` relative + fraction changed between SmolLM2-135M and a copy fine-tuned
+{args.steps} steps on the math task (lr 1e-4; fine-tune excluded). "relative change" is the
+per-tensor range of ||W1-W0||/||W0||; "entries changed" the mean share of entries that moved by
+more than 1e-3 of their magnitude.
+
+With the mean of |w dL/dw| over a tensor's entries, tensors with few entries of large leverage
+can outrank the big projections: on 2026-11-22 the norm weights ranked highest in both models
+and the projection matrices sat near 0 after min-max scaling."""
+    columns = ["date", "machine", "F2 SmolLM2-135M", "F2 Gemma-3-270M",
+               "F2 both (target <= 3 min)", f"fine-tune {args.steps} steps",
+               "F3 (target <= 30 s)", "relative change", "entries changed"]
+    row = [*_report.stamp(), *times, f"{total:.1f} s", f"{tune_took:.0f} s", f"{took:.1f} s",
+           f"{float(rel.min()):.4f}..{float(rel.max()):.4f}", f"{changed:.0%}"]
+    body = (_report.table(columns, [row]) + "\n\nMost important components on average (F2):\n\n"
+            + "\n".join(tops))
+    _report.emit(args, _report.section("weight_maps", "Weight maps (issue 6)", intro, body))
 
 
 if __name__ == "__main__":

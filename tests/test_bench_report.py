@@ -1,0 +1,93 @@
+"""The benchmark report protocol: markdown helpers and how run_all merges sections."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import _report  # noqa: E402
+import run_all  # noqa: E402
+
+
+def test_table_layout():
+    text = _report.table(["date", "machine", "time"], [["2026-01-01", "2-core CPU", "1.5 s"],
+                                                       ["2026-01-02", "GPU", 3]])
+    assert text.splitlines() == [
+        "| date | machine | time |",
+        "| --- | --- | --- |",
+        "| 2026-01-01 | 2-core CPU | 1.5 s |",
+        "| 2026-01-02 | GPU | 3 |",
+    ]
+
+
+def test_table_rejects_ragged_rows():
+    with pytest.raises(ValueError, match="2 cells for 3 columns"):
+        _report.table(["a", "b", "c"], [[1, 2]])
+
+
+def test_section_markers_and_parts():
+    text = _report.section("demo", "Demo", "What it measures.\n", "| a |\n| --- |\n| 1 |\n")
+    lines = text.splitlines()
+    assert lines[0] == "<!-- bench:demo -->"
+    assert lines[-1] == "<!-- /bench:demo -->"
+    assert lines[1] == "## Demo"
+    assert "What it measures.\n\n| a |" in text
+    assert text.endswith("\n")
+    assert run_all.parse_sections(text) == {"demo": text}
+
+
+def test_stamp_is_date_and_short_machine():
+    info = _report.machine_info()
+    assert _report.stamp() == [info["date"], info["short"]]
+    assert set(info["versions"]) == {"python", *_report.PACKAGES}
+    assert info["versions"]["lenscape"] != "absent"
+
+
+def section(name: str, value: str) -> str:
+    return _report.section(name, name.title(), f"About {name}.", value)
+
+
+def test_merge_replaces_keeps_and_sorts():
+    old = run_all.render(_report.machine_info(), {"b": section("b", "old b"),
+                                                  "c": section("c", "old c")})
+    merged = run_all.merge_sections(old, {"b": section("b", "new b"), "a": section("a", "new a")})
+    assert list(merged) == ["a", "b", "c"]
+    assert "new b" in merged["b"] and "old b" not in merged["b"]
+    assert merged["c"] == section("c", "old c")
+
+
+def test_merge_without_old_file():
+    assert run_all.merge_sections("", {"x": section("x", "1")}) == {"x": section("x", "1")}
+
+
+def test_parse_ignores_inline_markers_and_mismatched_ends():
+    inline = section("a", "see `<!-- bench:b -->` in the text")
+    broken = "<!-- bench:c -->\n## C\n<!-- /bench:d -->\n"
+    assert list(run_all.parse_sections(inline + broken)) == ["a"]
+
+
+def test_render_round_trips_sections():
+    sections = {"a": section("a", "1"), "b": section("b", "2")}
+    text = run_all.render(_report.machine_info(), sections)
+    assert text.startswith("# Benchmark results\n")
+    assert "Written by `make bench` (benchmarks/run_all.py)" in text
+    assert run_all.parse_sections(text) == sections
+
+
+def test_results_file_holds_every_script_section():
+    text = (Path(run_all.HERE) / "RESULTS.md").read_text()
+    found = run_all.parse_sections(text)
+    assert set(found) <= set(run_all.scripts())
+    for name in ("capture_overhead", "attribution_vs_exact", "head_gating", "block_masks",
+                 "weight_maps", "redraw"):
+        assert "| date | machine |" in found[name]
+
+
+def test_scripts_skip_private_modules_and_runner():
+    names = run_all.scripts()
+    assert "run_all" not in names and "_report" not in names
+    assert "capture_overhead" in names
