@@ -112,6 +112,29 @@ def test_zero_ablation_matches_plain_hooks(tiny_model, factual):
     lsc.schema.validate(scores)
 
 
+@pytest.mark.parametrize("backend", ["nnsight", "transformer_lens"])
+def test_exact_sweep_reruns_only_the_blocks_after_the_edit(tiny_llama, factual, backend):
+    """One batch: the unedited pass runs every block once, then the pass editing block l's
+    heads runs blocks l..L-1 only, so block l's MLP runs 1 + (l + 1) times (not 1 + L)."""
+    from lenscape.capture._backend import get_backend
+
+    model = tiny_llama
+    runner = get_backend(model, backend)
+    blocks = runner.bridge.blocks if backend == "transformer_lens" else model.hf.model.layers
+    calls = [0] * model.spec.n_layers
+    handles = [block.mlp.register_forward_hook(
+        lambda *args, layer=layer: calls.__setitem__(layer, calls[layer] + 1))
+        for layer, block in enumerate(blocks)]
+    try:
+        scores = lsc.ablation(model, factual[:2], batch_size=2, backend=backend, progress=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls == [1 + layer + 1 for layer in range(model.spec.n_layers)]
+    np.testing.assert_allclose(scores.values, reference_zero_ablation(model, factual[:2]),
+                               atol=1e-5)
+
+
 def test_activation_patching_matches_plain_hooks(tiny_model, factual):
     prompts = factual[:4]
     scores = lsc.activation_patching(tiny_model, prompts, batch_size=4, progress=False)

@@ -1,6 +1,7 @@
 """The seam between capture methods and the hooking libraries (nnsight, TransformerLens).
 
-Capture methods speak in *sites*: ``("z", layer)`` is the per-head output before the
+Capture methods speak in *sites*: ``("resid_pre", layer)`` is the residual stream entering
+block ``layer``, (batch, pos, d_model); ``("z", layer)`` is the per-head output before the
 output projection, (batch, pos, n_heads, d_head); ``("attn", layer)`` and ``("mlp", layer)``
 are the blocks' contributions to the residual stream, (batch, pos, d_model);
 ``("resid_final", -1)`` is the residual stream entering the final norm, (batch, pos, d_model).
@@ -9,12 +10,16 @@ A backend runs one forward pass over a ``TokenBatch`` and, at each requested sit
 forward order, optionally replaces the activation (``edit``) and keeps it (returned in
 ``RunResult.acts``). With ``grad=True`` the pass builds an autograd graph from the
 embeddings on (weights stay frozen), so callers take ``torch.autograd.grad`` of any
-metric with respect to the kept activations. Everything else (metrics, sweeps,
-attribution) lives above this seam and is backend-agnostic.
+metric with respect to the kept activations. With ``resume=(layer, resid)`` the pass
+starts at block ``layer`` from a residual stream kept by an earlier pass over the same
+tokens: blocks ``0..layer-1`` are not run at all (exact sweeps re-run only the suffix of
+the model after the component they edit). Everything else (metrics, sweeps, attribution)
+lives above this seam and is backend-agnostic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,8 +31,11 @@ from ..models import LensModel
 Site = tuple[str, int]
 #: ``edit(site, activation) -> activation``; called once per requested site per pass.
 EditFn = Callable[[Site, torch.Tensor], torch.Tensor]
+#: ``(layer, resid)``: start the pass at block ``layer`` (>= 1) with ``resid`` (batch, pos,
+#: d_model) as the residual stream entering it; earlier blocks are skipped.
+Resume = tuple[int, torch.Tensor]
 
-SITE_KINDS = ("z", "attn", "mlp", "resid_final")
+SITE_KINDS = ("resid_pre", "z", "attn", "mlp", "resid_final")
 BACKENDS = ("nnsight", "transformer_lens")
 
 
@@ -104,11 +112,13 @@ class NNsightBackend:
         layout = self.model.spec.layout
         if kind == "resid_final":
             return self._envoy(layout.final_norm)
+        if kind == "resid_pre":
+            return self._envoy(f"{layout.layers}.{layer}")
         path = {"z": layout.o_proj, "attn": layout.attn_out, "mlp": layout.mlp_out}[kind]
         return self._envoy(f"{layout.layers}.{layer}.{path}")
 
     def run(self, batch: TokenBatch, *, sites: Sequence[Site] = (), edit: EditFn | None = None,
-            grad: bool = False) -> RunResult:
+            grad: bool = False, resume: Resume | None = None) -> RunResult:
         spec, layout = self.model.spec, self.model.spec.layout
         acts: dict[Site, torch.Tensor] = {}
         with torch.set_grad_enabled(grad), self.envoy.trace(batch.input_ids,
@@ -116,10 +126,16 @@ class NNsightBackend:
             if grad:
                 embed = self._envoy(layout.embed)
                 embed.output = embed.output.detach().requires_grad_(True)
+            if resume is not None:
+                # Decoder blocks return the residual stream (transformers 5), so skipping
+                # blocks 0..layer-1 with output ``resid`` makes ``resid`` enter block ``layer``.
+                start, resid = resume
+                for layer in range(start):
+                    self._envoy(f"{layout.layers}.{layer}").skip(resid)
             for site in sorted(sites, key=site_order):
                 kind, _ = site
                 envoy = self._site_envoy(site)
-                if kind in ("z", "resid_final"):
+                if kind in ("resid_pre", "z", "resid_final"):
                     value = envoy.input
                     shape = value.shape
                     if kind == "z":
@@ -165,11 +181,12 @@ class TransformerLensBackend:
     @staticmethod
     def hook_name(site: Site) -> str:
         kind, layer = site
-        return {"z": f"blocks.{layer}.attn.hook_z", "attn": f"blocks.{layer}.hook_attn_out",
-                "mlp": f"blocks.{layer}.hook_mlp_out", "resid_final": "ln_final.hook_in"}[kind]
+        return {"resid_pre": f"blocks.{layer}.hook_in", "z": f"blocks.{layer}.attn.hook_z",
+                "attn": f"blocks.{layer}.hook_attn_out", "mlp": f"blocks.{layer}.hook_mlp_out",
+                "resid_final": "ln_final.hook_in"}[kind]
 
     def run(self, batch: TokenBatch, *, sites: Sequence[Site] = (), edit: EditFn | None = None,
-            grad: bool = False) -> RunResult:
+            grad: bool = False, resume: Resume | None = None) -> RunResult:
         acts: dict[Site, torch.Tensor] = {}
 
         def make_hook(site: Site):
@@ -184,9 +201,33 @@ class TransformerLensBackend:
         if grad:
             hooks.insert(0, ("hook_embed", lambda value, hook=None:
                              value.detach().requires_grad_(True)))
-        with torch.set_grad_enabled(grad), self.bridge.hooks(fwd_hooks=hooks):
+        with (torch.set_grad_enabled(grad), self.bridge.hooks(fwd_hooks=hooks),
+              _skipping(self.bridge.blocks, resume)):
             logits = self.bridge(batch.input_ids, **_model_kwargs(batch))
         return RunResult(logits[:, 0], acts)
+
+
+@contextlib.contextmanager
+def _skipping(blocks: Sequence[torch.nn.Module], resume: Resume | None):
+    """Within the block, blocks ``0..layer-1`` return ``resid`` without running.
+
+    TransformerLens 4.3's own ``forward(start_at_layer=)`` still runs the earlier blocks and
+    discards their output, so it saves no time; shadowing ``forward`` on the instances does.
+    It goes through ``__dict__`` because bridge components forward ``setattr`` to the
+    wrapped HF module.
+    """
+    if resume is None:
+        yield
+        return
+    start, resid = resume
+    skipped = list(blocks)[:start]
+    for block in skipped:
+        block.__dict__["forward"] = lambda *args, **kwargs: resid
+    try:
+        yield
+    finally:
+        for block in skipped:
+            del block.__dict__["forward"]
 
 
 def get_backend(model: LensModel, name: str):

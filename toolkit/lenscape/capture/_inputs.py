@@ -8,6 +8,8 @@ count real tokens only, so results do not depend on padding.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,7 @@ import torch
 
 from ..data import PromptSet, from_records
 from ..models import LensModel
-from . import metrics
+from . import memory, metrics
 from ._backend import BACKENDS, TokenBatch
 
 LEVELS = ("head", "block")
@@ -55,22 +57,28 @@ class Inputs:
     backend: str
     batch_size: int
     padding_side: str
+    fingerprint: str
+
+    def batch(self, number: int) -> Batch:
+        """Batch ``number``: prompts ``[number * batch_size, (number + 1) * batch_size)``,
+        padded on ``padding_side``, on the model's device."""
+        pad_id = self.model.tokenizer.pad_token_id
+        start = number * self.batch_size
+        rows = list(range(start, min(start + self.batch_size, len(self.clean_ids))))
+        corrupt = (None if self.corrupt_ids is None else
+                   pad([self.corrupt_ids[i] for i in rows], pad_id, self.padding_side))
+        return Batch(
+            index=torch.tensor(rows),
+            clean=pad([self.clean_ids[i] for i in rows], pad_id, self.padding_side
+                      ).to(self.model.device),
+            corrupt=None if corrupt is None else corrupt.to(self.model.device),
+            target=self.target[rows].to(self.model.device),
+            distractor=self.distractor[rows].to(self.model.device),
+        )
 
     def batches(self) -> Iterator[Batch]:
-        """Prompt batches of ``batch_size``, padded on ``padding_side``, on the model's device."""
-        pad_id = self.model.tokenizer.pad_token_id
-        for start in range(0, len(self.clean_ids), self.batch_size):
-            rows = range(start, min(start + self.batch_size, len(self.clean_ids)))
-            corrupt = (None if self.corrupt_ids is None else
-                       pad([self.corrupt_ids[i] for i in rows], pad_id, self.padding_side))
-            yield Batch(
-                index=torch.tensor(list(rows)),
-                clean=pad([self.clean_ids[i] for i in rows], pad_id, self.padding_side
-                          ).to(self.model.device),
-                corrupt=None if corrupt is None else corrupt.to(self.model.device),
-                target=self.target[list(rows)].to(self.model.device),
-                distractor=self.distractor[list(rows)].to(self.model.device),
-            )
+        """Every batch, in prompt order."""
+        return (self.batch(number) for number in range(self.n_batches()))
 
     def n_batches(self) -> int:
         return -(-len(self.clean_ids) // self.batch_size)
@@ -117,10 +125,21 @@ def _single_token(tokenizer: Any, text: str, what: str, index: int) -> int:
     return ids[0]
 
 
+def fingerprint(prompts: PromptSet) -> str:
+    """SHA-256 (16 hex chars) of a prompt list: texts, targets, distractors, corrupt texts
+    and categories, in order. Results carry it in attrs; stores check it before resuming."""
+    records = [[p.text, p.target, p.distractor, p.corrupt, p.category] for p in prompts]
+    return hashlib.sha256(json.dumps(records).encode()).hexdigest()[:16]
+
+
 def prepare(model: LensModel, prompts: Any, *, metric: str, level: str, backend: str,
-            batch_size: int, padding_side: str, needs_corrupt: bool,
-            levels: Sequence[str] = LEVELS) -> Inputs:
+            batch_size: int | None, padding_side: str, needs_corrupt: bool,
+            levels: Sequence[str] = LEVELS, grad: bool = False) -> Inputs:
     """Validate options and tokenize prompts.
+
+    Args:
+        batch_size: prompts per pass; None picks one from free memory (``memory``), using
+            ``grad`` to tell whether passes keep activations for a backward pass.
 
     Raises:
         ValueError: empty prompts, unknown option, batch_size <= 0, multi-token targets,
@@ -130,8 +149,10 @@ def prepare(model: LensModel, prompts: Any, *, metric: str, level: str, backend:
     _choice("level", level, levels)
     _choice("backend", backend, BACKENDS)
     _choice("padding_side", padding_side, PADDING_SIDES)
-    if not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
+                                   or batch_size <= 0):
+        raise ValueError(f"batch_size must be a positive integer (or None to pick one from "
+                         f"free memory), got {batch_size!r}.")
     prompt_set = _as_prompt_set(prompts)
     if len(prompt_set) == 0:
         raise ValueError("The prompt list is empty; pass at least one prompt "
@@ -159,5 +180,9 @@ def prepare(model: LensModel, prompts: Any, *, metric: str, level: str, backend:
                                  f"({len(cids)} tokens) differ in length; patching needs "
                                  f"aligned positions. Reword {p.corrupt!r} to match {p.text!r}.")
             corrupt_ids.append(cids)
+    if batch_size is None:
+        width = max(len(ids) for ids in clean_ids)
+        batch_size = memory.auto_batch_size(model, width=width, grad=grad)
     return Inputs(model, prompt_set, clean_ids, corrupt_ids, torch.tensor(target),
-                  torch.tensor(distractor), metric, level, backend, batch_size, padding_side)
+                  torch.tensor(distractor), metric, level, backend, batch_size, padding_side,
+                  fingerprint(prompt_set))

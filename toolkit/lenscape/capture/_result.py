@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-import torch
+import numpy as np
 import xarray as xr
 
 from .. import schema
@@ -27,24 +28,29 @@ def components(inputs: Inputs) -> list[tuple[Site, int | None]]:
             for kind in schema.BLOCK_COMPONENTS]
 
 
-def to_dataarray(inputs: Inputs, values: torch.Tensor, *, method: str, effect: str,
-                 **params: Any) -> xr.DataArray:
+def to_dataarray(inputs: Inputs, values: Any, *, method: str, effect: str,
+                 index: Sequence[int] | None = None, **params: Any) -> xr.DataArray:
     """Wrap (prompt, n_components) values in order of ``components(inputs)``.
 
     Args:
-        values: (prompt, n_layers * n_heads) or (prompt, n_layers * 2).
+        values: (k, n_layers * n_heads) or (k, n_layers * 2), torch or numpy.
         method: the method's name for attrs (e.g. "ablation").
         effect: how the value relates to the metric, for ``long_name`` (e.g. "change in").
+        index: positions of the k prompts in the prompt list (default: all of them).
         params: method parameters recorded in attrs (scalars).
 
     Returns:
         DataArray (prompt, layer, head) or (prompt, layer, component).
     """
     spec, model = inputs.model.spec, inputs.model
+    rows = range(len(inputs.prompts)) if index is None else [int(i) for i in index]
     last = (spec.n_heads,) if inputs.level == "head" else (len(schema.BLOCK_COMPONENTS),)
-    values = values.reshape(values.shape[0], spec.n_layers, *last)
+    values = values.reshape(len(rows), spec.n_layers, *last)
     dims = ("prompt", "layer", "head" if inputs.level == "head" else "component")
-    coords: dict[str, Any] = {"text": inputs.prompts.texts, "category": inputs.prompts.categories}
+    prompts = inputs.prompts
+    coords: dict[str, Any] = {"prompt": np.asarray(rows, dtype=np.int64),
+                              "text": [prompts[i].text for i in rows],
+                              "category": [prompts[i].category for i in rows]}
     if inputs.level == "block":
         coords["component"] = list(schema.BLOCK_COMPONENTS)
     attrs = {
@@ -60,6 +66,7 @@ def to_dataarray(inputs: Inputs, values: torch.Tensor, *, method: str, effect: s
         "device": str(model.device),
         "prompt_set": inputs.prompts.name,
         "n_prompts": len(inputs.prompts),
+        "prompts_sha256": inputs.fingerprint,
         "batch_size": inputs.batch_size,
         "padding_side": inputs.padding_side,
         **params,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 import xarray as xr
-from tqdm.auto import tqdm
 
 from ._backend import get_backend
 from ._inputs import prepare
+from ._plan import Plan, execute, planner
 from ._result import components, to_dataarray
 
 DLA_METRICS = ("logit_diff", "logit")
@@ -44,21 +44,10 @@ def _head_outputs(model, layer: int, z: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def direct_logit_attribution(model, prompts, *, level: str = "head",
-                             metric: str = "logit_diff", batch_size: int = 8,
-                             backend: str = "nnsight", padding_side: str = "right",
-                             progress: bool = True) -> xr.DataArray:
-    """Direct effect of each head or block on the metric's logits, per prompt.
-
-    Args:
-        model, prompts, level, batch_size, backend, padding_side, progress: as in
-            ``lsc.ablation``.
-        metric: "logit_diff" or "logit" (DLA is linear in the logits, so log-prob and
-            loss are not defined for it).
-
-    Returns:
-        DataArray (prompt, layer, head) or (prompt, layer, component), in logits.
-    """
+@planner("direct_logit_attribution")
+def _dla_plan(model, prompts, *, level: str = "head", metric: str = "logit_diff",
+              batch_size: int | None = 8, backend: str = "nnsight", padding_side: str = "right",
+              progress: bool = False) -> Plan:
     if metric not in DLA_METRICS:
         raise ValueError(f"direct_logit_attribution supports metric in {list(DLA_METRICS)}, "
                          f"got {metric!r}; for log-probabilities use lsc.attribution_patching.")
@@ -69,9 +58,8 @@ def direct_logit_attribution(model, prompts, *, level: str = "head",
     sites = list(dict.fromkeys(site for site, _ in components(inputs))) + [("resid_final", -1)]
     final_norm = model.hf.get_submodule(layout.final_norm)
     unembed = model.hf.get_submodule(layout.unembed).weight.float()
-    scores = torch.full((len(inputs.prompts), len(components(inputs))), float("nan"))
-    for batch in tqdm(inputs.batches(), total=inputs.n_batches(), disable=not progress,
-                      desc="direct logit attribution"):
+
+    def score(batch, step) -> torch.Tensor:
         with torch.no_grad():
             acts = runner.run(batch.clean, sites=sites).acts
             rows = torch.arange(len(batch.index), device=model.device)
@@ -96,6 +84,31 @@ def direct_logit_attribution(model, prompts, *, level: str = "head",
                 if layout.layer_norm:  # LayerNorm also removes each part's mean
                     parts = parts - parts.mean(-1, keepdim=True)
                 columns.append(torch.einsum("bcd,bd->bc", parts, effective))
-            scores[batch.index] = torch.cat(columns, dim=1).cpu()
-    return to_dataarray(inputs, scores, method="direct_logit_attribution",
-                        effect="Direct contribution to")
+        step()
+        return torch.cat(columns, dim=1).cpu()
+
+    return Plan("direct_logit_attribution", inputs, len(components(inputs)), score,
+                lambda values, index: to_dataarray(inputs, values,
+                                                   method="direct_logit_attribution",
+                                                   effect="Direct contribution to", index=index),
+                desc="direct logit attribution")
+
+
+def direct_logit_attribution(model, prompts, *, level: str = "head",
+                             metric: str = "logit_diff", batch_size: int | None = 8,
+                             backend: str = "nnsight", padding_side: str = "right",
+                             store=None, client=None, progress: bool = True) -> xr.DataArray:
+    """Direct effect of each head or block on the metric's logits, per prompt.
+
+    Args:
+        model, prompts, level, batch_size, backend, padding_side, store, client, progress:
+            as in ``lsc.ablation``.
+        metric: "logit_diff" or "logit" (DLA is linear in the logits, so log-prob and
+            loss are not defined for it).
+
+    Returns:
+        DataArray (prompt, layer, head) or (prompt, layer, component), in logits.
+    """
+    return execute("direct_logit_attribution", model, prompts, store=store, client=client,
+                   progress=progress, level=level, metric=metric, batch_size=batch_size,
+                   backend=backend, padding_side=padding_side)
