@@ -219,8 +219,9 @@ def test_attribution_patching_all_levels(tiny_llama, factual):
     ds = lsc.attribution_patching(tiny_llama, factual[:3], level="all", progress=False)
     head = lsc.attribution_patching(tiny_llama, factual[:3], level="head", progress=False)
     block = lsc.attribution_patching(tiny_llama, factual[:3], level="block", progress=False)
-    np.testing.assert_allclose(ds["head"].values, head.values, atol=1e-6)
-    np.testing.assert_allclose(ds["block"].values, block.values, atol=1e-6)
+    assert set(ds.data_vars) == {"heads", "blocks"}
+    np.testing.assert_allclose(ds["heads"].values, head.values, atol=1e-6)
+    np.testing.assert_allclose(ds["blocks"].values, block.values, atol=1e-6)
 
 
 def test_dla_adds_up_to_the_logit_difference(tiny_llama, factual):

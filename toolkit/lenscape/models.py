@@ -14,11 +14,13 @@ downloaded from a hub.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,6 +291,9 @@ class LensModel:
         spec: sizes and layout.
         name: bundled name, HF id or folder it came from.
         device, dtype: where and in which precision it runs.
+        recipe: a picklable zero-argument callable that loads this model again (set by
+            ``load`` and ``tiny``; None for models wrapped with ``from_hf``). Distributed
+            capture sends it to each worker, which calls it once.
     """
 
     hf: Any
@@ -298,6 +303,7 @@ class LensModel:
     device: torch.device
     dtype: torch.dtype
     backends: dict[str, Any] = field(default_factory=dict, repr=False)
+    recipe: Callable[[], LensModel] | None = field(default=None, repr=False)
 
     def module(self, path: str, layer: int | None = None) -> torch.nn.Module:
         """The submodule at ``path`` (relative to block ``layer`` when given)."""
@@ -385,7 +391,10 @@ def load(name_or_path: str = DEFAULT_MODEL, *, device: str | torch.device = "aut
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     hf_model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
                                                     dtype=_resolve_dtype(dtype))
-    return from_hf(hf_model, tokenizer, name=name_or_path, device=device, dtype=dtype)
+    model = from_hf(hf_model, tokenizer, name=name_or_path, device=device, dtype=dtype)
+    # Workers load on their own device of the same type (one GPU each under dask-cuda).
+    model.recipe = functools.partial(load, name_or_path, device=device.type, dtype=model.dtype)
+    return model
 
 
 def tokenizer_for(name: str = DEFAULT_MODEL) -> Any:
@@ -424,4 +433,7 @@ def tiny(architecture: str = "llama", *, n_layers: int = 2, seed: int = 0,
         raise ValueError(f"Unknown tiny architecture '{architecture}'; choose from {sorted(configs)}.")
     torch.manual_seed(seed)
     hf_model = transformers.AutoModelForCausalLM.from_config(configs[architecture]())
-    return from_hf(hf_model, tokenizer, name=f"tiny-{architecture}", device="cpu")
+    model = from_hf(hf_model, tokenizer, name=f"tiny-{architecture}", device="cpu")
+    model.recipe = functools.partial(tiny, architecture, n_layers=n_layers, seed=seed,
+                                     tokenizer=tokenizer)
+    return model

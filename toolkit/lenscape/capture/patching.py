@@ -286,7 +286,10 @@ def _attribution_patching_plan(model, prompts, *, level: str = "head",
                                         effect="Attribution patching (clean -> corrupt) of",
                                         index=index)
             start += width
-        return xr.Dataset(results) if level == "all" else results[level]
+        if level != "all":
+            return results[level]
+        # Plural names: a variable named like its own "head" dim would become a coordinate.
+        return xr.Dataset({"heads": results["head"], "blocks": results["block"]})
     return Plan("attribution_patching", first, sum(widths), score, finish,
                 desc="attribution patching")
 
@@ -302,7 +305,7 @@ def attribution_patching(model, prompts, *, level: str = "head", metric: str = "
 
     Args:
         level: "head", "block", or "all" (both, returned as a Dataset with variables
-            ``head`` and ``block``).
+            ``heads`` and ``blocks``).
         Others as in ``ablation``.
 
     Returns:

@@ -1,0 +1,107 @@
+"""Distributed capture on dask.distributed: prompt batches scored on a cluster's workers.
+
+``capture_to(..., client=client)`` (or ``lsc.ablation(..., store=path, client=client)``)
+registers a worker plugin that loads the model once per worker, from the model's
+``recipe`` (``lsc.load``'s arguments, or ``models.tiny``'s), sends the prompt list to
+every worker once, and submits one task per prompt batch. Each task scores its batch
+and writes it into the zarr store itself, so results never travel back through the
+scheduler, and the store opens as one DataArray when all are done. A failing task
+cancels the rest and raises on the client with the worker's message; batches that
+finished stay in the store and a later call with the same arguments resumes.
+
+Where it runs:
+
+- one machine, CPUs: ``Client(LocalCluster(n_workers=4, threads_per_worker=1))``; dask
+  starts each worker with one BLAS/OpenMP thread, so use about one worker per core;
+- one machine, several GPUs: ``Client(dask_cuda.LocalCUDACluster())`` starts one worker
+  per GPU, each seeing only its own GPU as ``cuda``; load the model with
+  ``lsc.load(name, device="cuda")`` and every worker puts its copy on its own GPU;
+- a cluster: ``Client("tcp://scheduler:8786")`` with workers started by ``dask worker``
+  (one per GPU, ``--nthreads 1``); the store path must be on a filesystem every worker
+  can write (the same path on each), and the model must load there (bundled models need
+  ``lenscape install-models`` on each worker, a local folder must exist on each).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+from distributed import WorkerPlugin, as_completed
+from tqdm.auto import tqdm
+
+from ._inputs import fingerprint
+from ._plan import Plan, make_plan
+
+#: Per worker process: recipe key -> (model, lock). The lock keeps one batch at a time on
+#: a model even when a worker runs several threads.
+_MODELS: dict[str, tuple[Any, threading.Lock]] = {}
+#: Per worker process: the last plan built for each model (mean-ablation means included).
+_PLANS: dict[str, tuple[str, Plan]] = {}
+
+
+class ModelPlugin(WorkerPlugin):
+    """Loads a model once on each worker (also on workers that join later)."""
+
+    def __init__(self, key: str, recipe):
+        self.key, self.recipe = key, recipe
+
+    def setup(self, worker) -> None:
+        if self.key not in _MODELS:
+            _MODELS[self.key] = (self.recipe(), threading.Lock())
+
+
+def _score_batch(key: str, method: str, prompts, options: dict[str, Any], number: int,
+                 path: str) -> int:
+    """Task: score batch ``number`` on this worker's model and write it to ``path``."""
+    from .streaming import write_batch
+
+    model, lock = _MODELS[key]
+    plan_id = json.dumps([method, options, fingerprint(prompts)], sort_keys=True)
+    with lock:
+        if _PLANS.get(key, ("", None))[0] != plan_id:
+            _PLANS[key] = (plan_id, make_plan(method, model, prompts, **options))
+        write_batch(_PLANS[key][1], number, Path(path))
+    return number
+
+
+def run_batches(client, plan: Plan, options: dict[str, Any], todo: list[int], path: Path, *,
+                progress: bool) -> None:
+    """Score batches ``todo`` of ``plan`` on ``client``'s workers, writing into ``path``.
+
+    Raises:
+        ValueError: the model has no recipe workers could load it from.
+        RuntimeError: a worker failed (its error message included); finished batches stay.
+    """
+    model = plan.inputs.model
+    if model.recipe is None:
+        raise ValueError("Distributed capture needs a model that workers can load themselves: "
+                         "use lsc.load(...) (or models.tiny), or save this one with "
+                         "model.hf.save_pretrained(folder) and model.tokenizer.save_pretrained("
+                         "folder), then lsc.load(folder).")
+    key = hashlib.sha256(cloudpickle.dumps(model.recipe)).hexdigest()[:16]
+    client.register_plugin(ModelPlugin(key, model.recipe), name=f"lenscape-model-{key}")
+    prompts = client.scatter(plan.inputs.prompts, broadcast=True)
+    # The resolved batch size: workers must cut the prompt list exactly like the store.
+    options = {**options, "batch_size": plan.inputs.batch_size}
+    run = uuid.uuid4().hex[:8]
+    futures = [client.submit(_score_batch, key, plan.method, prompts, options, number,
+                             str(path), key=f"lenscape-{plan.method}-{run}-batch-{number}")
+               for number in todo]
+    with tqdm(total=len(futures), disable=not progress,
+              desc=f"{plan.desc} on {len(client.scheduler_info()['workers'])} workers") as bar:
+        for future in as_completed(futures):
+            if future.status == "error":
+                error = future.exception()
+                client.cancel(futures)
+                raise RuntimeError(
+                    f"A dask worker failed on a batch of '{path.name}': "
+                    f"{type(error).__name__}: {error} -- Batches finished before the failure "
+                    f"stay in '{path}'; fix the cause and call again with the same arguments "
+                    "to resume.") from error
+            bar.update()
