@@ -8,7 +8,7 @@ DataArrays -> ``save``/``open`` them -> aggregate -> draw with ``heatmap`` -> br
 from . import accessor as _accessor  # registers the ``da.lsc`` accessor
 from . import aggregate, cluster, data, schema
 from .capture import (ablation, activation_patching, apply_mask, attribution_patching,
-                      block_masks, direct_logit_attribution, head_gating, masked_loss, task_loss,
+                      block_masks, capture_to, direct_logit_attribution, head_gating, masked_loss, task_loss,
                       weight_change, weight_importance)
 from .finetune import finetune
 from .models import LensModel, ModelSpec, from_hf, load
@@ -29,6 +29,7 @@ __all__ = [
     "apply_mask",
     "attribution_patching",
     "block_masks",
+    "capture_to",
     "cluster",
     "data",
     "direct_logit_attribution",

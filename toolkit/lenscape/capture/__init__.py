@@ -5,7 +5,9 @@ from .logit import direct_logit_attribution
 from .masks import apply_mask, block_masks, masked_loss
 from .weights import weight_change, weight_importance
 from .patching import ablation, activation_patching, attribution_patching
+from .streaming import capture_to
 
-__all__ = ["ablation", "activation_patching", "attribution_patching", "direct_logit_attribution",
+__all__ = ["ablation", "activation_patching", "attribution_patching", "capture_to",
+           "direct_logit_attribution",
            "head_gating", "task_loss", "apply_mask", "block_masks", "masked_loss",
            "weight_change", "weight_importance"]

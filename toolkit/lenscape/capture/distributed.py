@@ -75,15 +75,9 @@ def run_batches(client, plan: Plan, options: dict[str, Any], todo: list[int], pa
     """Score batches ``todo`` of ``plan`` on ``client``'s workers, writing into ``path``.
 
     Raises:
-        ValueError: the model has no recipe workers could load it from.
         RuntimeError: a worker failed (its error message included); finished batches stay.
     """
     model = plan.inputs.model
-    if model.recipe is None:
-        raise ValueError("Distributed capture needs a model that workers can load themselves: "
-                         "use lsc.load(...) (or models.tiny), or save this one with "
-                         "model.hf.save_pretrained(folder) and model.tokenizer.save_pretrained("
-                         "folder), then lsc.load(folder).")
     key = hashlib.sha256(cloudpickle.dumps(model.recipe)).hexdigest()[:16]
     client.register_plugin(ModelPlugin(key, model.recipe), name=f"lenscape-model-{key}")
     prompts = client.scatter(plan.inputs.prompts, broadcast=True)

@@ -15,6 +15,7 @@ workers instead (``distributed``), writing into the same store.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,23 @@ def _method_name(method: Any) -> str:
 
 
 def settings_of(method: str, model, prompts, options: dict[str, Any]) -> dict[str, Any]:
-    """What identifies a run: a store is only resumed by a run with equal settings."""
+    """What identifies a run (options completed with the method's defaults): a store is
+    only resumed by a run with equal settings.
+
+    Raises:
+        ValueError: an option the method does not have.
+    """
+    params = inspect.signature(PLANNERS[method]).parameters
+    known = {name: p.default for name, p in params.items()
+             if p.kind is p.KEYWORD_ONLY and name != "progress"}
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"{method} has no option(s) {unknown}; its options are {sorted(known)}.")
     prompt_set = _as_prompt_set(prompts)
     return {"method": method, "model": model.name, "n_prompts": len(prompt_set),
             "prompts_sha256": fingerprint(prompt_set),
-            "options": {k: v for k, v in sorted(options.items()) if k not in SPEED_OPTIONS}}
+            "options": {name: options.get(name, default) for name, default in sorted(known.items())
+                        if name not in SPEED_OPTIONS}}
 
 
 def _check_same(path: Path, stored: dict[str, Any], wanted: dict[str, Any]) -> None:
@@ -94,6 +107,11 @@ def capture_to(path: str | Path, method: Any, model, prompts, *, client=None,
         RuntimeError: a dask worker failed; batches finished before it stay in the store.
     """
     name = _method_name(method)
+    if client is not None and model.recipe is None:
+        raise ValueError("Distributed capture needs a model that workers can load themselves: "
+                         "use lsc.load(...) (or models.tiny), or save this one with "
+                         "model.hf.save_pretrained(folder) and model.tokenizer.save_pretrained("
+                         "folder), then lsc.load(folder).")
     path = store.check_writable(path)
     settings = settings_of(name, model, prompts, options)
     resume = path.exists() and not overwrite

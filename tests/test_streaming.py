@@ -1,0 +1,178 @@
+"""Streaming capture into zarr: same result as in memory, resume after a real SIGKILL,
+refusal of foreign stores and unwritable paths."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import lenscape as lsc
+from lenscape import store
+
+
+@pytest.mark.parametrize("method, options", [
+    ("ablation", {"kind": "zero"}),
+    ("ablation", {"kind": "mean", "level": "block"}),
+    ("activation_patching", {}),
+    ("attribution_patching", {"level": "all"}),
+    ("direct_logit_attribution", {}),
+])
+def test_streamed_equals_in_memory(tiny_llama, factual, tmp_path, method, options):
+    prompts = factual[:7]  # 3 batches of 3, the last one short
+    fn = getattr(lsc, method)
+    expected = fn(tiny_llama, prompts, batch_size=3, progress=False, **options)
+    streamed = fn(tiny_llama, prompts, batch_size=3, store=tmp_path / "r.zarr", progress=False,
+                  **options)
+    assert streamed.chunks is not None  # lazily opened, dask-backed
+    xr.testing.assert_identical(streamed.compute(), expected)
+    # lsc.capture_to is the same thing, by function or by name
+    again = lsc.capture_to(tmp_path / "r2.zarr", fn, tiny_llama, prompts, batch_size=3,
+                           progress=False, **options)
+    xr.testing.assert_identical(again.compute(), expected)
+
+
+def test_resume_skips_finished_batches_and_keeps_them(tiny_llama, factual, tmp_path, monkeypatch):
+    from lenscape.capture import streaming
+
+    path, prompts = tmp_path / "r.zarr", factual[:8]
+    written = []
+    real_write = streaming.write_batch
+
+    def failing_write(plan, number, *args, **kwargs):
+        if number == 2:
+            raise KeyboardInterrupt  # the user stops the run during batch 2
+        written.append(number)
+        return real_write(plan, number, *args, **kwargs)
+    monkeypatch.setattr(streaming, "write_batch", failing_write)
+    with pytest.raises(KeyboardInterrupt):
+        lsc.capture_to(path, "ablation", tiny_llama, prompts, batch_size=2, progress=False)
+    partial = lsc.open(path)  # not computed yet: NaN, never 0
+    assert np.isfinite(partial.values[:4]).all() and np.isnan(partial.values[4:]).all()
+    written.clear()
+    monkeypatch.setattr(streaming, "write_batch", lambda *a, **k: (written.append(a[1]),
+                                                                    real_write(*a, **k)))
+    result = lsc.capture_to(path, "ablation", tiny_llama, prompts, progress=False)
+    assert written == [2, 3]  # batch size taken from the store; batches 0 and 1 kept
+    xr.testing.assert_identical(result.compute(),
+                                lsc.ablation(tiny_llama, prompts, batch_size=2, progress=False))
+
+
+def test_store_made_by_another_capture_is_refused(tiny_llama, factual, tmp_path, tokenizer):
+    path = tmp_path / "r.zarr"
+    lsc.capture_to(path, "ablation", tiny_llama, factual[:4], batch_size=2, progress=False)
+    other_model = lsc.models.tiny("qwen3", n_layers=2, tokenizer=tokenizer)
+    cases = [
+        (dict(method="activation_patching"), "method: store 'ablation', now 'activation_patching'"),
+        (dict(model=other_model), "model: store 'tiny-llama', now 'tiny-qwen3'"),
+        (dict(prompts=factual[1:5]), "prompts_sha256"),
+        (dict(metric="logprob"), "metric: store 'logit_diff', now 'logprob'"),
+        (dict(batch_size=4), "resume it with batch_size=2"),
+    ]
+    for change, message in cases:
+        args = dict(method="ablation", model=tiny_llama, prompts=factual[:4], batch_size=2)
+        args.update(change)
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            lsc.capture_to(path, args.pop("method"), args.pop("model"), args.pop("prompts"),
+                           progress=False, **args)
+    # overwrite=True starts over with the new settings
+    fresh = lsc.capture_to(path, "ablation", tiny_llama, factual[:4], metric="logprob",
+                           batch_size=2, overwrite=True, progress=False)
+    assert fresh.attrs["metric"] == "logprob"
+
+
+def test_unusable_store_paths(tiny_llama, factual, tmp_path):
+    def capture(path):
+        return lsc.capture_to(path, "ablation", tiny_llama, factual[:2], progress=False)
+    with pytest.raises(ValueError, match="does not exist"):
+        capture(tmp_path / "missing" / "r.zarr")
+    with pytest.raises(ValueError, match="ending in '.zarr'"):
+        capture(tmp_path / "r.nc")
+    (tmp_path / "file.zarr").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        capture(tmp_path / "file.zarr")
+    (tmp_path / "junk.zarr").mkdir()
+    with pytest.raises(ValueError, match="not a lenscape capture store"):
+        capture(tmp_path / "junk.zarr")
+    with pytest.raises(ValueError, match="cannot stream 'head_gating'"):
+        lsc.capture_to(tmp_path / "g.zarr", lsc.head_gating, tiny_llama, factual[:2])
+    with pytest.raises(ValueError, match=r"ablation has no option\(s\) \['levle'\]"):
+        lsc.capture_to(tmp_path / "o.zarr", "ablation", tiny_llama, factual[:2], levle="block")
+    with pytest.raises(ValueError, match="pass store="):
+        lsc.ablation(tiny_llama, factual[:2], client=object(), progress=False)
+
+
+def _make_read_only(folder) -> bool:
+    """chmod 555, and for root (which ignores modes) the immutable attribute."""
+    folder.chmod(0o555)
+    if os.geteuid() == 0:
+        return subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+    return True
+
+
+def test_read_only_location(tiny_llama, factual, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    lsc.capture_to(folder / "done.zarr", "ablation", tiny_llama, factual[:2], progress=False)
+    if not _make_read_only(folder) or not _make_read_only(folder / "done.zarr"):
+        pytest.fail("could not make a read-only folder (chattr +i failed)")
+    try:
+        with pytest.raises(ValueError, match="read-only"):
+            lsc.capture_to(folder / "new.zarr", "ablation", tiny_llama, factual[:2],
+                           progress=False)
+        with pytest.raises(ValueError, match="read-only"):
+            lsc.capture_to(folder / "done.zarr", "ablation", tiny_llama, factual[:2],
+                           progress=False)
+    finally:
+        for path in (folder / "done.zarr", folder):
+            if os.geteuid() == 0:
+                subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+            path.chmod(0o755)
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    import lenscape as lsc
+    prompts = lsc.data.prompts("factual")[:12]
+    model = lsc.load("smollm2-135m", device="cpu")
+    lsc.capture_to(sys.argv[1], "activation_patching", model, prompts, batch_size=2,
+                   progress=False)
+""")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_equals_uninterrupted(smol, factual, tmp_path):
+    prompts, path = factual[:12], tmp_path / "killed.zarr"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)])
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and child.poll() is None:
+            if path.exists():
+                try:
+                    if store.progress(path)[1].sum() >= 2:
+                        break
+                except ValueError:  # layout still being written
+                    pass
+            time.sleep(0.05)
+        assert child.poll() is None, "the child finished or died before it could be killed"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    done = store.progress(path)[1]
+    assert 2 <= done.sum() < len(prompts), f"killed with {done.sum()} prompts done"
+    resumed = lsc.capture_to(path, "activation_patching", smol, prompts, batch_size=2,
+                             progress=False).compute()
+    uninterrupted = lsc.capture_to(tmp_path / "whole.zarr", "activation_patching", smol,
+                                   prompts, batch_size=2, progress=False).compute()
+    xr.testing.assert_identical(resumed, uninterrupted)
+    assert np.isfinite(resumed.values).all()
+    assert not list(path.rglob("*.partial"))
