@@ -5,7 +5,8 @@ built-in factual pairs (batches of 8), three ways: in one process (torch using e
 core), and with ``client=`` on a ``LocalCluster`` of N worker processes (one thread each,
 as dask starts them), into a zarr store. The first distributed call includes the workers
 loading the model (once per worker); the second reuses them. On a CPU machine the workers
-share the same cores as the single process, so expect no speed-up here: distribution pays
+share the cores the single process uses, so any gain here comes from single-threaded
+processes using small matrices better than one multi-threaded process; distribution pays
 off with one worker per GPU or across machines. Results are compared to the single process.
 """
 

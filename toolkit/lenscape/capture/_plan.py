@@ -69,14 +69,7 @@ def planner(name: str):
 
 
 def make_plan(method: str, model, prompts, *, progress: bool = False, **options) -> Plan:
-    """Build the plan of a registered method.
-
-    Raises:
-        ValueError: ``method`` is not a per-prompt capture method.
-    """
-    if method not in PLANNERS:
-        raise ValueError(f"Unknown capture method {method!r}; streaming and distributed capture "
-                         f"support {sorted(PLANNERS)}.")
+    """Build the plan of the registered method ``method`` (raises its argument errors)."""
     return PLANNERS[method](model, prompts, progress=progress, **options)
 
 

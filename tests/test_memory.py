@@ -1,0 +1,55 @@
+"""Batch sizes and stacked variants chosen from free memory; low-precision runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lenscape as lsc
+from lenscape import models
+from lenscape.capture import memory
+
+
+def test_auto_batch_size_follows_free_memory(tiny_llama, monkeypatch):
+    per_prompt = memory.bytes_per_sequence(tiny_llama, width=16, grad=True)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 0)
+    assert memory.auto_batch_size(tiny_llama, width=16, grad=True) == 1
+    monkeypatch.setattr(memory, "free_bytes", lambda device: int(per_prompt * 5 / 0.25))
+    assert memory.auto_batch_size(tiny_llama, width=16, grad=True) == 5
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 2**50)
+    assert memory.auto_batch_size(tiny_llama, width=16, grad=True) == memory.MAX_BATCH["cpu"]
+    # a pass that keeps a graph for backward needs more memory than one that does not
+    assert per_prompt > memory.bytes_per_sequence(tiny_llama, width=16, grad=False)
+
+
+def test_auto_sizes_give_the_same_numbers(tiny_llama, factual, monkeypatch):
+    prompts = factual[:5]
+    expected = lsc.ablation(tiny_llama, prompts, batch_size=5, progress=False)
+    auto = lsc.ablation(tiny_llama, prompts, batch_size=None, progress=False)
+    assert auto.attrs["batch_size"] == memory.auto_batch_size(tiny_llama, width=10, grad=False)
+    np.testing.assert_allclose(auto.values, expected.values, atol=1e-5)
+    # almost no memory: one prompt and one variant per pass, still the same numbers
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 0)
+    tight = lsc.ablation(tiny_llama, prompts, batch_size=None, progress=False)
+    assert tight.attrs["batch_size"] == 1
+    np.testing.assert_allclose(tight.values, expected.values, atol=1e-5)
+
+
+def test_bad_batch_size(tiny_llama, factual):
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+            lsc.ablation(tiny_llama, factual[:2], batch_size=bad, progress=False)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_runs_track_float32(tokenizer, factual, dtype):
+    prompts = factual[:4]
+    full = models.tiny("llama", n_layers=2, tokenizer=tokenizer)
+    low = models.from_hf(models.tiny("llama", n_layers=2, tokenizer=tokenizer).hf, tokenizer,
+                         dtype=dtype, device="cpu")
+    for method in (lsc.attribution_patching, lsc.ablation):
+        a = method(full, prompts, progress=False)
+        b = method(low, prompts, progress=False)
+        assert b.attrs["dtype"] == dtype and b.dtype == np.float32  # metrics in float32
+        scale = np.abs(a.values).max()
+        np.testing.assert_allclose(b.values, a.values, atol=0.1 * scale)
