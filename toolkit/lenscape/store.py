@@ -174,8 +174,8 @@ def create(template: xr.DataArray | xr.Dataset, path: str | Path, *, chunk: int,
 
 
 def _per_prompt_data(ds: xr.Dataset) -> list[str]:
-    """Variables filled part by part: those along ``prompt`` except its index and labels
-    (``text``, ``category``), which ``create`` writes whole."""
+    """Data variables filled part by part (those along ``prompt``); coords such as the
+    ``text`` and ``category`` labels are written whole by ``create``."""
     return [name for name, var in ds.data_vars.items() if "prompt" in var.dims]
 
 
@@ -198,13 +198,11 @@ def progress(path: str | Path) -> tuple[dict[str, Any], np.ndarray]:
         ValueError: ``path`` holds something that is not a lenscape streaming store.
     """
     try:
-        ds = xr.open_zarr(path, consolidated=False)
-        settings, done = json.loads(ds.attrs[_SETTINGS]), ds[_DONE].values.astype(bool)
+        with xr.open_zarr(path, consolidated=False) as ds:
+            return json.loads(ds.attrs[_SETTINGS]), ds[_DONE].values.astype(bool)
     except (KeyError, OSError, ValueError, json.JSONDecodeError) as err:
         raise ValueError(f"'{path}' exists but is not a lenscape capture store; choose another "
                          "path or pass overwrite=True to replace it.") from err
-    ds.close()
-    return settings, done
 
 
 def remove_partial_files(path: str | Path) -> int:

@@ -134,8 +134,8 @@ def _sweep_scorer(inputs: Inputs, *, source: str, replacement_for,
     return score
 
 
-def _plan(method: str, inputs: Inputs, score, *, steps_per_batch: int = 1, desc: str,
-          method_attr: str, effect: str, **params: Any) -> Plan:
+def _one_level_plan(method: str, inputs: Inputs, score, *, steps_per_batch: int = 1,
+                    desc: str, method_attr: str, effect: str, **params: Any) -> Plan:
     """A one-level plan whose result is ``to_dataarray`` of the scores."""
     return Plan(method, inputs, len(components(inputs)), score,
                 lambda values, index: to_dataarray(inputs, values, method=method_attr,
@@ -162,9 +162,9 @@ def _ablation_plan(model, prompts, *, level: str = "head", kind: str = "zero",
             return lambda site, head: means[site] if head is None else means[site][head]
     score = _sweep_scorer(inputs, source="clean", replacement_for=replacement_for,
                           variants_per_pass=variants_per_pass)
-    return _plan("ablation", inputs, score, steps_per_batch=model.spec.n_layers,
-                 desc=f"{kind}-ablation", method_attr=f"{kind}_ablation",
-                 effect=f"{kind.capitalize()}-ablation effect on", kind=kind)
+    return _one_level_plan("ablation", inputs, score, steps_per_batch=model.spec.n_layers,
+                           desc=f"{kind}-ablation", method_attr=f"{kind}_ablation",
+                           effect=f"{kind.capitalize()}-ablation effect on", kind=kind)
 
 
 def ablation(model, prompts, *, level: str = "head", kind: str = "zero",
@@ -215,9 +215,10 @@ def _activation_patching_plan(model, prompts, *, level: str = "head",
         return lambda site, head: clean[site][_index(head)]
     score = _sweep_scorer(inputs, source="corrupt", replacement_for=replacement_for,
                           variants_per_pass=variants_per_pass)
-    return _plan("activation_patching", inputs, score, steps_per_batch=model.spec.n_layers,
-                 desc="activation patching", method_attr="activation_patching",
-                 effect="Patching effect (clean -> corrupt) on")
+    return _one_level_plan("activation_patching", inputs, score,
+                           steps_per_batch=model.spec.n_layers, desc="activation patching",
+                           method_attr="activation_patching",
+                           effect="Patching effect (clean -> corrupt) on")
 
 
 def activation_patching(model, prompts, *, level: str = "head", metric: str = "logit_diff",
