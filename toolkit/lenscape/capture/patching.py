@@ -14,9 +14,21 @@ blocks ``l..L-1`` from that residual stream (about half the model on average). T
 variants of one block are stacked in the batch dimension (``variants_per_pass`` copies of
 the batch per pass, each copy editing one component), so one pass measures many components.
 
-``attribution_patching`` is the first-order (gradient) estimate of ``activation_patching``:
-score = sum over positions of grad_corrupt(metric) . (clean - corrupt activation); every
-component from 2 forward passes + 1 backward pass.
+``attribution_patching`` estimates ``activation_patching`` from gradients, for every
+component at once:
+
+- ``estimator="atp"`` (attribution patching, first order): score = sum over positions of
+  grad_corrupt(metric) . (clean - corrupt activation); 2 forward passes + 1 backward pass.
+- ``estimator="ig"`` (integrated gradients along the input path, as in EAP-IG, Hanna et al.
+  2024, arXiv 2403.17806): the gradient is averaged over ``steps`` points of the straight
+  line from the corrupt to the clean residual stream entering block 0,
+  x(a) = corrupt + a (clean - corrupt), a = k / steps for k = 0..steps-1 (left Riemann sum),
+  score = sum_pos mean_k grad_x(a_k)(metric) . (clean - corrupt activation). ``steps=1`` is
+  exactly ``"atp"``; each further step costs one forward + backward pass.
+
+``refine=k`` on the exact methods ranks every component with a gradient estimate and runs
+the exact sweep on the k components whose prompt-mean estimate is largest in absolute
+value; the others are NaN ("not computed").
 """
 
 from __future__ import annotations
@@ -24,17 +36,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
 from . import memory, metrics
-from ._backend import Site, get_backend
+from ._backend import Site, TokenBatch, get_backend
 from ._inputs import Batch, Inputs, prepare
 from ._plan import Plan, execute, planner
 from ._result import components, to_dataarray
 
 ABLATION_KINDS = ("zero", "mean")
+#: Gradient estimators of a patching effect; see the module docstring.
+ESTIMATORS = ("atp", "ig")
+#: Integration points of ``estimator="ig"`` when ``steps`` is not given (benchmarks/RESULTS.md,
+#: section faithfulness, shows what further steps buy).
+DEFAULT_IG_STEPS = 8
 Variant = tuple[Site, "int | None"]
 
 
@@ -80,16 +99,18 @@ def _site_means(inputs: Inputs, sites: list[Site], progress: bool) -> dict[Site,
     return {site: (total / count).to(inputs.model.dtype) for site, total in sums.items()}
 
 
-def _layer_groups(variants: list[Variant]) -> list[tuple[int, list[int]]]:
-    """Columns of ``variants`` grouped by the block they edit: [(layer, [column, ...])]."""
+def _layer_groups(variants: list[Variant], columns: list[int]) -> list[tuple[int, list[int]]]:
+    """``columns`` of ``variants`` grouped by the block they edit: [(layer, [column, ...])]."""
     groups: dict[int, list[int]] = {}
-    for column, ((_, layer), _) in enumerate(variants):
+    for column in columns:
+        (_, layer), _ = variants[column]
         groups.setdefault(layer, []).append(column)
     return sorted(groups.items())
 
 
 def _sweep_scorer(inputs: Inputs, *, source: str, replacement_for,
-                  variants_per_pass: int | None) -> Callable[[Batch, Callable], torch.Tensor]:
+                  variants_per_pass: int | None,
+                  columns: list[int] | None = None) -> Callable[[Batch, Callable], torch.Tensor]:
     """``score(batch, step)``: metric change when each component is replaced, (rows, n_components).
 
     Args:
@@ -98,11 +119,14 @@ def _sweep_scorer(inputs: Inputs, *, source: str, replacement_for,
             a component for the rows of one copy of ``batch``.
         variants_per_pass: copies per pass; None: one block's components, or fewer if
             they do not fit the memory budget.
+        columns: the components to measure (positions in ``components(inputs)``); the
+            others are NaN. None: all of them.
     """
     model, metric = inputs.model, inputs.metric
     backend = get_backend(model, inputs.backend)
     variants = components(inputs)
-    groups = _layer_groups(variants)
+    columns = list(range(len(variants))) if columns is None else columns
+    groups = _layer_groups(variants, columns)
     resid_sites = [("resid_pre", layer) for layer, _ in groups if layer > 0]
 
     def score(batch: Batch, step) -> torch.Tensor:
@@ -110,16 +134,16 @@ def _sweep_scorer(inputs: Inputs, *, source: str, replacement_for,
         rows = len(batch.index)
         per_pass = variants_per_pass or memory.auto_variants_per_pass(
             model, rows=rows, width=tokens.input_ids.shape[1],
-            wanted=max(len(columns) for _, columns in groups))
-        effects = torch.empty(rows, len(variants))
+            wanted=max(len(group) for _, group in groups))
+        effects = torch.full((rows, len(variants)), float("nan"))
         with torch.no_grad():
             unedited = backend.run(tokens, sites=resid_sites)
             base = metrics.check_finite(metrics.compute(metric, unedited.logits, batch.target,
                                                         batch.distractor), batch.index, metric)
             replacement = replacement_for(batch)
-            for layer, columns in groups:
-                for start in range(0, len(columns), per_pass):
-                    chunk_columns = columns[start:start + per_pass]
+            for layer, group in groups:
+                for start in range(0, len(group), per_pass):
+                    chunk_columns = group[start:start + per_pass]
                     chunk = [variants[c] for c in chunk_columns]
                     copies = len(chunk)
                     resume = None if layer == 0 else (
@@ -130,8 +154,124 @@ def _sweep_scorer(inputs: Inputs, *, source: str, replacement_for,
                                             batch.distractor.repeat(copies))
                     effects[:, chunk_columns] = (value.view(copies, rows) - base).T.float().cpu()
                 step()
-        return metrics.check_finite(effects, batch.index, metric)
+            for _ in range(model.spec.n_layers - len(groups)):  # blocks with nothing to measure
+                step()
+        metrics.check_finite(effects[:, columns], batch.index, metric)
+        return effects
     return score
+
+
+def _gradient_effects(runner, metric: str, batch: Batch, sites: list[Site], *,
+                      base: TokenBatch, goal: Callable[[Site, torch.Tensor], torch.Tensor],
+                      steps: int = 1, clean_input: torch.Tensor | None = None,
+                      ) -> dict[Site, torch.Tensor]:
+    """Gradient estimate of replacing each site's activation on ``base`` by ``goal``.
+
+    estimate = mean_k grad(metric)|x(a_k) . (goal - base activation), per position, with
+    x(a) = base input + a (clean_input - base input) the residual stream entering block 0
+    and a_k = k / steps (k = 0..steps-1). ``steps=1`` is attribution patching: the gradient
+    at the base run alone (``clean_input`` unused).
+
+    Args:
+        base: tokens of the run the replacement is made in (corrupt for patching, clean
+            for ablation).
+        goal: ``(site, base activation) -> replacement activation``, same shape.
+        clean_input: (batch, pos, d_model) the clean residual stream entering block 0;
+            needed when ``steps > 1``.
+
+    Returns:
+        site -> (batch, pos, [head,] d) float32 products, not yet summed over positions.
+    """
+    start = ("resid_pre", 0)
+    grad_sums: dict[Site, torch.Tensor] = {}
+    deltas: dict[Site, torch.Tensor] = {}
+    for k in range(steps):
+        alpha = k / steps
+        edit = None
+        if k > 0:
+            def edit(site: Site, value: torch.Tensor, alpha=alpha) -> torch.Tensor:
+                return value + alpha * (clean_input - value) if site == start else value
+        run = runner.run(base, sites=[start, *sites] if k > 0 else sites, edit=edit, grad=True)
+        value = metrics.compute(metric, run.logits, batch.target, batch.distractor)
+        metrics.check_finite(value, batch.index, metric)
+        grads = torch.autograd.grad(value.sum(), [run.acts[site] for site in sites])
+        for site, grad in zip(sites, grads):
+            if k == 0:
+                act = run.acts[site].detach()
+                deltas[site] = (goal(site, act) - act).float()
+                grad_sums[site] = grad.float()
+            else:
+                grad_sums[site] = grad_sums[site] + grad.float()
+    return {site: deltas[site] * grad_sums[site] / steps for site in sites}
+
+
+def _component_columns(products: dict[Site, torch.Tensor], variants: list[Variant],
+                       mask: torch.Tensor) -> torch.Tensor:
+    """Sum per-site products over real positions into (batch, len(variants)) columns.
+
+    Args:
+        products: site -> (batch, pos, head, d_head) for "z" sites, (batch, pos, d_model)
+            for blocks.
+        mask: (batch, pos) 1 at real tokens.
+    """
+    columns = []
+    for site in _sites(variants):
+        product = products[site]
+        if site[0] == "z":  # (batch, pos, head, d_head) -> (batch, head)
+            columns.append(torch.einsum("bphd,bp->bh", product, mask))
+        else:  # (batch, pos, d_model) -> (batch, 1)
+            columns.append(torch.einsum("bpd,bp->b", product, mask)[:, None])
+    return torch.cat(columns, dim=1)
+
+
+def _check_estimator(estimator: str, steps: int | None) -> int:
+    """Validate ``estimator``/``steps``; return the number of integration points."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"Unknown estimator {estimator!r}; choose one of {list(ESTIMATORS)}.")
+    if steps is None:
+        return 1 if estimator == "atp" else DEFAULT_IG_STEPS
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps must be a positive integer (integration points of "
+                         f"estimator='ig'), got {steps!r}.")
+    if estimator == "atp" and steps != 1:
+        raise ValueError(f"estimator='atp' takes the gradient at one point; steps={steps} "
+                         "needs estimator='ig' (or leave steps=None).")
+    return steps
+
+
+def _patching_estimator(inputs: Inputs, variants: list[Variant], *, estimator: str,
+                        steps: int) -> Callable[[Batch], torch.Tensor]:
+    """``estimate(batch)`` -> (rows, len(variants)): gradient estimate of activation patching."""
+    runner = get_backend(inputs.model, inputs.backend)
+    sites = _sites(variants)
+    start = ("resid_pre", 0)
+
+    def estimate(batch: Batch) -> torch.Tensor:
+        with torch.no_grad():
+            clean = runner.run(batch.clean, sites=[start, *sites] if steps > 1 else sites).acts
+        products = _gradient_effects(runner, inputs.metric, batch, sites, base=batch.corrupt,
+                                     goal=lambda site, act: clean[site], steps=steps,
+                                     clean_input=clean.get(start))
+        mask = batch.corrupt.attention_mask.float()
+        return metrics.check_finite(_component_columns(products, variants, mask).cpu(),
+                                    batch.index, inputs.metric)
+    return estimate
+
+
+def _refined_columns(inputs: Inputs, estimate: Callable[[Batch], torch.Tensor], k: int,
+                     progress: bool) -> list[int]:
+    """Positions (in ``components(inputs)``) of the ``k`` components whose prompt-mean
+    estimate is largest in absolute value, in component order."""
+    n_components = len(components(inputs))
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= n_components:
+        raise ValueError(f"refine must be an integer from 1 to {n_components} (the number of "
+                         f"components at level={inputs.level!r}), got {k!r}; None measures all.")
+    total = torch.zeros(n_components, dtype=torch.float64)
+    for batch in tqdm(inputs.batches(), total=inputs.n_batches(), disable=not progress,
+                      desc="ranking components"):
+        total += estimate(batch).double().sum(0)
+    order = np.argsort(-np.abs(total.numpy()), kind="stable")
+    return sorted(int(c) for c in order[:k])
 
 
 def _one_level_plan(method: str, inputs: Inputs, score, *, steps_per_batch: int = 1,
@@ -143,34 +283,61 @@ def _one_level_plan(method: str, inputs: Inputs, score, *, steps_per_batch: int 
                 desc=desc, steps_per_batch=steps_per_batch)
 
 
+def _refine_params(refine: int | None, estimator: str, steps: int) -> dict[str, Any]:
+    """Attrs recording a refined sweep (none for a full one)."""
+    if refine is None:
+        return {}
+    return {"refined_k": refine, "refine_estimator": estimator, "refine_steps": steps}
+
+
 @planner("ablation")
 def _ablation_plan(model, prompts, *, level: str = "head", kind: str = "zero",
                    metric: str = "logit_diff", batch_size: int | None = 8,
                    backend: str = "nnsight", padding_side: str = "right",
-                   variants_per_pass: int | None = None, progress: bool = False) -> Plan:
+                   variants_per_pass: int | None = None, refine: int | None = None,
+                   progress: bool = False) -> Plan:
     if kind not in ABLATION_KINDS:
         raise ValueError(f"Unknown ablation kind {kind!r}; choose one of {list(ABLATION_KINDS)}.")
     inputs = prepare(model, prompts, metric=metric, level=level, backend=backend,
-                     batch_size=batch_size, padding_side=padding_side, needs_corrupt=False)
+                     batch_size=batch_size, padding_side=padding_side, needs_corrupt=False,
+                     grad=refine is not None)
+    variants = components(inputs)
     if kind == "zero":
+        def goal(site, act):
+            return torch.zeros_like(act)
+
         def replacement_for(batch):
             return lambda site, head: 0.0
     else:
-        means = _site_means(inputs, _sites(components(inputs)), progress)
+        means = _site_means(inputs, _sites(variants), progress)
+
+        def goal(site, act):
+            return means[site].expand_as(act)
 
         def replacement_for(batch):
             return lambda site, head: means[site] if head is None else means[site][head]
+    columns = None
+    if refine is not None:
+        runner = get_backend(model, backend)
+
+        def estimate(batch: Batch) -> torch.Tensor:
+            products = _gradient_effects(runner, metric, batch, _sites(variants),
+                                         base=batch.clean, goal=goal)
+            return _component_columns(products, variants, batch.clean.attention_mask.float()).cpu()
+        columns = _refined_columns(inputs, estimate, refine, progress)
     score = _sweep_scorer(inputs, source="clean", replacement_for=replacement_for,
-                          variants_per_pass=variants_per_pass)
+                          variants_per_pass=variants_per_pass, columns=columns)
     return _one_level_plan("ablation", inputs, score, steps_per_batch=model.spec.n_layers,
                            desc=f"{kind}-ablation", method_attr=f"{kind}_ablation",
-                           effect=f"{kind.capitalize()}-ablation effect on", kind=kind)
+                           effect=f"{kind.capitalize()}-ablation effect on", kind=kind,
+                           **_refine_params(refine, "atp", 1))
 
 
 def ablation(model, prompts, *, level: str = "head", kind: str = "zero",
              metric: str = "logit_diff", batch_size: int | None = 8, backend: str = "nnsight",
              padding_side: str = "right", variants_per_pass: int | None = None,
-             store=None, client=None, progress: bool = True) -> xr.DataArray:
+             refine: int | None = None, store=None, client=None,
+             progress: bool = True) -> xr.DataArray:
     """Exact ablation of every head or block: metric(ablated) - metric(clean), per prompt.
 
     Args:
@@ -185,6 +352,9 @@ def ablation(model, prompts, *, level: str = "head", kind: str = "zero",
         padding_side: "right" or "left"; results do not depend on it.
         variants_per_pass: components measured per pass (default: one block's, n_heads
             at head level, fewer if they do not fit in memory).
+        refine: measure exactly only the ``refine`` components whose first-order estimate
+            grad_clean(metric) . (replacement - clean activation), averaged over prompts,
+            is largest in absolute value; the others are NaN. None: all components.
         store: a ``.zarr`` path: stream results there batch by batch and resume an
             interrupted run (see ``lsc.capture_to``); returns the stored result, lazily.
         client: a ``dask.distributed.Client``: score batches on its workers (needs ``store``).
@@ -196,39 +366,59 @@ def ablation(model, prompts, *, level: str = "head", kind: str = "zero",
     return execute("ablation", model, prompts, store=store, client=client, progress=progress,
                    level=level, kind=kind, metric=metric, batch_size=batch_size,
                    backend=backend, padding_side=padding_side,
-                   variants_per_pass=variants_per_pass)
+                   variants_per_pass=variants_per_pass, refine=refine)
 
 
 @planner("activation_patching")
 def _activation_patching_plan(model, prompts, *, level: str = "head",
                               metric: str = "logit_diff", batch_size: int | None = 8,
                               backend: str = "nnsight", padding_side: str = "right",
-                              variants_per_pass: int | None = None,
+                              variants_per_pass: int | None = None, refine: int | None = None,
+                              estimator: str = "atp", steps: int | None = None,
                               progress: bool = False) -> Plan:
+    points = _check_estimator(estimator, steps)
     inputs = prepare(model, prompts, metric=metric, level=level, backend=backend,
-                     batch_size=batch_size, padding_side=padding_side, needs_corrupt=True)
+                     batch_size=batch_size, padding_side=padding_side, needs_corrupt=True,
+                     grad=refine is not None)
     runner = get_backend(model, backend)
-    sites = _sites(components(inputs))
+    variants = components(inputs)
+    sites = _sites(variants)
+    columns = None
+    if refine is not None:
+        columns = _refined_columns(
+            inputs, _patching_estimator(inputs, variants, estimator=estimator, steps=points),
+            refine, progress)
 
     def replacement_for(batch):  # called under no_grad
         clean = runner.run(batch.clean, sites=sites).acts
         return lambda site, head: clean[site][_index(head)]
     score = _sweep_scorer(inputs, source="corrupt", replacement_for=replacement_for,
-                          variants_per_pass=variants_per_pass)
+                          variants_per_pass=variants_per_pass, columns=columns)
     return _one_level_plan("activation_patching", inputs, score,
                            steps_per_batch=model.spec.n_layers, desc="activation patching",
                            method_attr="activation_patching",
-                           effect="Patching effect (clean -> corrupt) on")
+                           effect="Patching effect (clean -> corrupt) on",
+                           **_refine_params(refine, estimator, points))
 
 
 def activation_patching(model, prompts, *, level: str = "head", metric: str = "logit_diff",
                         batch_size: int | None = 8, backend: str = "nnsight",
                         padding_side: str = "right", variants_per_pass: int | None = None,
-                        store=None, client=None, progress: bool = True) -> xr.DataArray:
+                        refine: int | None = None, estimator: str = "atp",
+                        steps: int | None = None, store=None, client=None,
+                        progress: bool = True) -> xr.DataArray:
     """Exact activation patching (clean -> corrupt): metric(patched) - metric(corrupt).
 
     Each prompt's corrupt run gets one component's clean activation (all positions).
     Arguments as in ``ablation``; every prompt needs a ``corrupt`` text of equal token length.
+
+    Args:
+        refine: measure exactly only the ``refine`` components whose prompt-mean
+            ``attribution_patching`` estimate is largest in absolute value; the others are
+            NaN ("not computed"). Attrs record ``refined_k``, ``refine_estimator`` and
+            ``refine_steps``. None: all components.
+        estimator, steps: the estimator that ranks components for ``refine`` (see
+            ``attribution_patching``).
 
     Returns:
         DataArray (prompt, layer, head) or (prompt, layer, component); positive: the
@@ -237,14 +427,17 @@ def activation_patching(model, prompts, *, level: str = "head", metric: str = "l
     return execute("activation_patching", model, prompts, store=store, client=client,
                    progress=progress, level=level, metric=metric, batch_size=batch_size,
                    backend=backend, padding_side=padding_side,
-                   variants_per_pass=variants_per_pass)
+                   variants_per_pass=variants_per_pass, refine=refine, estimator=estimator,
+                   steps=steps)
 
 
 @planner("attribution_patching")
 def _attribution_patching_plan(model, prompts, *, level: str = "head",
                                metric: str = "logit_diff", batch_size: int | None = 8,
                                backend: str = "nnsight", padding_side: str = "right",
+                               estimator: str = "atp", steps: int | None = None,
                                progress: bool = False) -> Plan:
+    points = _check_estimator(estimator, steps)
     levels = ("head", "block") if level == "all" else (level,)
     first = prepare(model, prompts, metric=metric, level=levels[0], backend=backend,
                     batch_size=batch_size, padding_side=padding_side, needs_corrupt=True,
@@ -254,59 +447,55 @@ def _attribution_patching_plan(model, prompts, *, level: str = "head",
                                batch_size=first.batch_size, padding_side=padding_side,
                                needs_corrupt=True)
                        for lvl in levels}
-    variants = {lvl: components(inp) for lvl, inp in inputs_by_level.items()}
-    widths = [len(variants[lvl]) for lvl in levels]
-    sites = [site for lvl in levels for site in _sites(variants[lvl])]
-    runner = get_backend(model, backend)
+    widths = [len(components(inputs_by_level[lvl])) for lvl in levels]
+    estimate = _patching_estimator(
+        first, [variant for lvl in levels for variant in components(inputs_by_level[lvl])],
+        estimator=estimator, steps=points)
 
     def score(batch: Batch, step) -> torch.Tensor:
-        with torch.no_grad():
-            clean = runner.run(batch.clean, sites=sites).acts
-        corrupt = runner.run(batch.corrupt, sites=sites, grad=True)
-        value = metrics.compute(metric, corrupt.logits, batch.target, batch.distractor)
-        metrics.check_finite(value, batch.index, metric)
-        grads = dict(zip(sites, torch.autograd.grad(value.sum(), [corrupt.acts[s] for s in sites])))
-        mask = batch.corrupt.attention_mask.to(value.dtype)
-        columns = []
-        for lvl in levels:
-            for site in _sites(variants[lvl]):
-                delta = (clean[site] - corrupt.acts[site].detach()).float()
-                product = delta * grads[site].float()
-                if site[0] == "z":  # (batch, pos, head, d_head) -> (batch, head)
-                    columns.append(torch.einsum("bphd,bp->bh", product, mask))
-                else:  # (batch, pos, d_model) -> (batch, 1)
-                    columns.append(torch.einsum("bpd,bp->b", product, mask)[:, None])
+        values = estimate(batch)
         step()
-        return metrics.check_finite(torch.cat(columns, dim=1).cpu(), batch.index, metric)
+        return values
+
+    effect = ("Attribution patching (clean -> corrupt) of" if estimator == "atp" else
+              f"Integrated-gradient estimate ({points} steps, clean -> corrupt) of")
 
     def finish(values, index):
         results, start = {}, 0
         for lvl, width in zip(levels, widths):
             results[lvl] = to_dataarray(inputs_by_level[lvl], values[:, start:start + width],
-                                        method="attribution_patching",
-                                        effect="Attribution patching (clean -> corrupt) of",
-                                        index=index)
+                                        method="attribution_patching", effect=effect,
+                                        index=index, estimator=estimator, steps=points)
             start += width
         if level != "all":
             return results[level]
         # Plural names: a variable named like its own "head" dim would become a coordinate.
         return xr.Dataset({"heads": results["head"], "blocks": results["block"]})
     return Plan("attribution_patching", first, sum(widths), score, finish,
-                desc="attribution patching")
+                desc="attribution patching" if estimator == "atp" else
+                f"integrated gradients ({points} steps)")
 
 
 def attribution_patching(model, prompts, *, level: str = "head", metric: str = "logit_diff",
                          batch_size: int | None = 8, backend: str = "nnsight",
-                         padding_side: str = "right", store=None, client=None,
+                         padding_side: str = "right", estimator: str = "atp",
+                         steps: int | None = None, store=None, client=None,
                          progress: bool = True) -> Any:
     """Gradient estimate of activation patching for every component at once.
 
-    score = sum_pos grad_corrupt(metric) . (clean - corrupt activation), from one clean
-    forward, one corrupt forward and one backward per batch.
+    ``estimator="atp"``: score = sum_pos grad_corrupt(metric) . (clean - corrupt activation),
+    from one clean forward, one corrupt forward and one backward per batch.
+    ``estimator="ig"``: the gradient averaged over ``steps`` points a_k = k / steps of the
+    path from the corrupt to the clean input (the residual stream entering block 0), as in
+    EAP-IG (arXiv 2403.17806): score = sum_pos mean_k grad_{x(a_k)}(metric) . (clean -
+    corrupt activation); ``steps`` forward + backward passes; ``steps=1`` equals "atp".
+    ``lsc.faithfulness`` measures how well each agrees with exact patching.
 
     Args:
         level: "head", "block", or "all" (both, returned as a Dataset with variables
             ``heads`` and ``blocks``).
+        estimator: "atp" or "ig".
+        steps: integration points for "ig" (default ``DEFAULT_IG_STEPS``); "atp" takes 1.
         Others as in ``ablation``.
 
     Returns:
@@ -314,4 +503,5 @@ def attribution_patching(model, prompts, *, level: str = "head", metric: str = "
     """
     return execute("attribution_patching", model, prompts, store=store, client=client,
                    progress=progress, level=level, metric=metric, batch_size=batch_size,
-                   backend=backend, padding_side=padding_side)
+                   backend=backend, padding_side=padding_side, estimator=estimator,
+                   steps=steps)
