@@ -1,6 +1,7 @@
 """heatmap and export, checked through the Vega-Lite spec (``chart.to_dict()``)."""
 
 import ast
+import json
 from pathlib import Path
 
 import altair as alt
@@ -56,17 +57,25 @@ def test_unsigned_scores_get_a_sequential_scale():
     assert scale["scheme"] == "viridis" and "domainMid" not in scale
 
 
-def test_center_forces_a_diverging_scale_around_it():
+def test_center_forces_a_diverging_scale_that_spans_only_the_data():
     da = make(np.linspace(0.11, 0.17, 12).reshape(4, 3), ("layer", "head"))
     scale = heatmap(da, x="head", y="layer", center=1 / 7).to_dict()["encoding"]["color"]["scale"]
     assert scale["domainMid"] == pytest.approx(1 / 7)
-    assert np.mean(scale["domain"]) == pytest.approx(1 / 7)
-    assert scale["domain"][0] <= 0.11 and scale["domain"][1] >= 0.17
+    assert scale["domain"] == pytest.approx([0.11, 0.17])
+    change = make(np.linspace(0.001, 0.02, 12).reshape(4, 3), ("layer", "head"))
+    scale = heatmap(change, x="head", y="layer", center=0.003).to_dict()["encoding"]["color"]["scale"]
+    assert scale["domain"][0] == pytest.approx(0.001)  # a relative change never goes negative
 
 
-@pytest.mark.parametrize("values", [np.eye(4, 3, dtype=bool), np.eye(4, 3)])
-def test_binary_masks_get_two_named_colours(values):
-    spec = heatmap(make(values, ("layer", "head")), x="head", y="layer").to_dict()
+def _bool_units(values):
+    return make(values, ("layer", "head")).assign_attrs(units="bool")
+
+
+@pytest.mark.parametrize("build", [lambda: make(np.eye(4, 3, dtype=bool), ("layer", "head")),
+                                   lambda: _bool_units(np.eye(4, 3))],
+                         ids=["bool dtype", "float with units bool"])
+def test_binary_masks_get_two_named_colours(build):
+    spec = heatmap(build(), x="head", y="layer").to_dict()
     color = spec["encoding"]["color"]
     assert color["type"] == "nominal" and color["field"] == "state"
     assert color["scale"]["domain"] == ["kept", "skipped"]
@@ -75,13 +84,21 @@ def test_binary_masks_get_two_named_colours(values):
     assert states[(0, 0)] == "kept" and states[(0, 1)] == "skipped"
 
 
+def test_mask_look_follows_the_dtype_never_the_values():
+    zero_one = make(np.eye(4, 3), ("layer", "head")).assign_attrs(units="relative (0-1)")
+    color = heatmap(zero_one, x="head", y="layer").to_dict()["encoding"]["color"]
+    assert color["type"] == "quantitative" and color["scale"]["scheme"] == "viridis"
+    assert color["title"] == "relative (0-1)"
+    assert not plot.is_mask(zero_one) and plot.is_mask(zero_one > 0.5)
+
+
 def test_binary_can_be_forced_refused_and_relabelled():
     da = make(np.eye(4, 3) * 2, ("layer", "head"))
     assert heatmap(da, x="head", y="layer").to_dict()["encoding"]["color"]["type"] == "quantitative"
     spec = heatmap(da, x="head", y="layer", binary=True, labels=("off", "on")).to_dict()
     assert spec["encoding"]["color"]["scale"]["domain"] == ["on", "off"]
-    zero_one = make(np.eye(4, 3), ("layer", "head"))
-    color = heatmap(zero_one, x="head", y="layer", binary=False).to_dict()["encoding"]["color"]
+    mask = _bool_units(np.eye(4, 3))
+    color = heatmap(mask, x="head", y="layer", binary=False).to_dict()["encoding"]["color"]
     assert color["type"] == "quantitative"
 
 
@@ -99,15 +116,33 @@ def test_facets_share_one_colour_domain():
     da = da.expand_dims(component=["attn", "mlp"], axis=-1).transpose("model", "layer", "head",
                                                                       "component")
     spec = heatmap(da.isel(head=0), x="component", y="layer", facet_col="model").to_dict()
-    assert spec["facet"]["column"]["field"] == "model"
-    assert spec["facet"]["column"]["sort"] == ["small", "large"]
-    assert spec["facet"]["column"]["header"]["title"] == "model"
+    assert spec["facet"]["field"] == "model" and spec["columns"] == plot.FACET_COLUMNS
+    assert spec["facet"]["sort"] == ["small", "large"]
+    assert spec["facet"]["header"]["title"] is None  # headers read "small", not "model = small"
+    assert spec["facet"]["header"]["labelExpr"] == "datum.value"
     assert spec["spec"]["encoding"]["x"]["sort"] == ["attn", "mlp"]  # stored order, not a-z
     peak = float(abs(da.isel(head=0)).max())
     assert spec["spec"]["encoding"]["color"]["scale"]["domain"] == pytest.approx([-peak, peak])
     grid = heatmap(da, x="head", y="layer", facet_col="model", facet_row="component").to_dict()
     assert grid["facet"]["row"]["field"] == "component"
+    assert grid["facet"]["column"]["header"]["title"] is None
     assert len(rows(grid)) == da.size
+
+
+def test_many_facets_wrap_into_rows_and_integer_headers_name_their_dim():
+    values = np.random.default_rng(0).normal(size=(10, 4, 3))
+    da = make(values, ("prompt", "layer", "head"), n_layers=4)
+    spec = heatmap(da, x="head", y="layer", facet_col="prompt", columns=3).to_dict()
+    assert spec["columns"] == 3 and spec["facet"]["field"] == "prompt"
+    assert spec["facet"]["header"]["labelExpr"] == "'prompt ' + datum.value"
+    assert heatmap(da, x="head", y="layer", facet_col="prompt").to_dict()["columns"] == 4
+    stacked = heatmap(da, x="head", y="layer", facet_row="prompt").to_dict()
+    assert stacked["columns"] == 1
+    grid = heatmap(da, x="head", y="layer", facet_col="prompt", columns=5,
+                   independent=True).to_dict()
+    assert grid["columns"] == 5 and grid["concat"][0]["title"] == "prompt 0"
+    with pytest.raises(ValueError, match="columns must be a positive integer"):
+        heatmap(da, x="head", y="layer", facet_col="prompt", columns=0)
 
 
 def _two_depths():
@@ -134,10 +169,10 @@ def test_depth_puts_models_of_different_depth_on_one_axis():
 def test_independent_gives_each_panel_its_own_axes():
     da = _two_depths()
     chart = heatmap(da, x="head", y="layer", facet_col="model", independent=True)
-    assert isinstance(chart, alt.VConcatChart)
+    assert isinstance(chart, alt.ConcatChart)
     spec = chart.to_dict()
-    panels = spec["vconcat"][0]["hconcat"]
-    assert [p["title"] for p in panels] == ["model = deep", "model = shallow"]
+    panels = spec["concat"]
+    assert [p["title"] for p in panels] == ["deep", "shallow"]
     assert [p["encoding"]["y"]["sort"] for p in panels] == [[0, 1, 2, 3], [0, 1]]
     domains = {tuple(p["encoding"]["color"]["scale"]["domain"]) for p in panels}
     assert len(domains) == 1  # colours still compare across panels
@@ -166,7 +201,11 @@ def test_nan_is_drawn_grey_never_as_zero():
     assert spec["mark"]["invalid"] == "show"
     assert spec["config"]["scale"]["invalid"]["color"]["value"] == plot.NAN_COLOR
     assert "grey: not computed" in spec["title"]["subtitle"]
-    mask = make(np.eye(4, 3), ("layer", "head"))
+    assert not any("grey" in line for line in heatmap(signed(), x="head", y="layer").to_dict()[
+        "title"]["subtitle"])
+    padded = heatmap(_two_depths(), x="head", y="depth", facet_col="model").to_dict()
+    assert not any("grey" in line for line in padded["title"]["subtitle"])  # padding is not drawn
+    mask = _bool_units(np.eye(4, 3))
     mask[3, 2] = np.nan
     color = heatmap(mask, x="head", y="layer").to_dict()["encoding"]["color"]
     assert color["scale"]["domain"] == ["kept", "skipped", "not computed"]
@@ -256,3 +295,68 @@ def test_categories_draw_role_codes_with_named_colours():
     (values,) = spec["datasets"].values()
     states = [row["state"] for row in values]
     assert sorted(states) == sorted(aggregate.ROLES)
+
+
+def test_infinities_are_marked_distinctly_and_the_spec_stays_json():
+    da = signed()
+    da[1, 2], da[3, 0], da[0, 1] = np.inf, -np.inf, np.nan
+    chart = heatmap(da, x="head", y="layer")
+    spec = chart.to_dict()
+    json.dumps(spec, allow_nan=False)  # no Infinity / NaN tokens
+    assert "Infinity" not in chart.to_json()
+    cells = {(r["layer"], r["head"]): r for r in rows(spec)}
+    assert cells[(1, 2)]["infinite"] == "+∞" and cells[(3, 0)]["infinite"] == "−∞"
+    assert cells[(0, 1)]["infinite"] is None and cells[(0, 1)]["value"] is None
+    cell_layer, dark, text = spec["layer"]
+    assert dark["mark"]["color"] == plot.INF_COLOR and dark["transform"][0]["filter"]
+    assert text["encoding"]["text"]["field"] == "infinite"
+    finite = da.values[np.isfinite(da.values)]
+    peak = float(np.abs(finite).max())
+    assert cell_layer["encoding"]["color"]["scale"]["domain"] == pytest.approx([-peak, peak])
+    assert spec["title"]["subtitle"][-1] == "grey: not computed · +∞ / −∞: infinite value"
+    only_inf = signed()
+    only_inf[0, 0] = np.inf
+    lines = heatmap(only_inf, x="head", y="layer").to_dict()["title"]["subtitle"]
+    assert lines[-1] == "+∞ / −∞: infinite value"  # "not computed" is for NaN only
+    faceted = xr.concat([da, da], dim=pd.Index(["a", "b"], name="model"))
+    json.dumps(heatmap(faceted, x="head", y="layer", facet_col="model").to_dict(), allow_nan=False)
+    mask = _bool_units(np.eye(4, 3))
+    mask[0, 0] = np.inf
+    with pytest.raises(ValueError, match=r"\+-inf.*np.isfinite"):
+        heatmap(mask, x="head", y="layer")
+
+
+def test_long_descriptions_move_from_the_legend_to_the_subtitle():
+    da = signed().assign_attrs(long_name="change in logit difference (target - distractor)",
+                               units="logits")
+    spec = heatmap(da, x="head", y="layer", title="Heads").to_dict()
+    assert spec["encoding"]["color"]["title"] == "logits"
+    assert spec["title"]["subtitle"][0] == (
+        "colour: change in logit difference (target - distractor) (logits)")
+    assert spec["encoding"]["tooltip"][-1]["title"].startswith("change in logit difference")
+    short = heatmap(signed(), x="head", y="layer").to_dict()
+    assert short["encoding"]["color"]["title"] == "attribution (logit diff)"
+    assert not short["title"]["subtitle"][0].startswith("colour:")
+
+
+def test_charts_have_no_actions_menu_unless_asked():
+    assert heatmap(signed(), x="head", y="layer").to_dict()["usermeta"] == {
+        "embedOptions": {"actions": False}}
+    spec = heatmap(signed(), x="head", y="layer", actions=True).to_dict()
+    assert spec["usermeta"]["embedOptions"]["actions"] is True
+
+
+def test_token_coords_become_tick_labels():
+    pattern = xr.DataArray(np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None],
+                           dims=("query_pos", "key_pos"),
+                           coords={"query_pos": [0, 1, 2], "key_pos": [0, 1, 2],
+                                   "query_token": ("query_pos", ["The", " cat", " sat"]),
+                                   "key_token": ("key_pos", ["The", " cat", " sat"])},
+                           attrs={"long_name": "attention", "units": "probability"})
+    enc = heatmap(pattern, x="key_pos", y="query_pos").to_dict()["encoding"]
+    expr = enc["x"]["axis"]["labelExpr"]
+    assert expr == '["The", " cat", " sat"][indexof([0, 1, 2], datum.value)]'
+    assert enc["y"]["title"] == "query_pos (query_token)"
+    relabelled = heatmap(pattern, x="key_pos", y="query_pos",
+                         tick_labels={"key_pos": "query_token"}).to_dict()["encoding"]
+    assert relabelled["x"]["title"] == "key_pos (query_token)"

@@ -3,25 +3,31 @@
 ``heatmap(da, x="head", y="layer", facet_col="model")`` turns a DataArray into an Altair chart.
 Each dim of ``da`` must get a role (an axis or a facet); anything else is reduced first by the
 caller (``da.mean("prompt")``, ``da.sel(seed=0)``), so a picture never silently averages.
-The values decide the colour scale: a binary mask gets two named colours with a legend, a
-signed score a diverging scale centred at 0, anything else a sequential one. Titles, legend
-and axis titles come from the metadata (``long_name``, ``units``, dim names); tooltips show
-every coordinate of a cell and its value. NaN means "not computed" and is drawn grey.
+The data's declared type decides the colour scale, never its values: a mask (bool dtype, or
+``units == "bool"`` for a float mask holding NaN) gets two named colours with a legend, a
+signed score a diverging scale centred at 0, anything else a sequential one; a float array
+that happens to hold only 0 and 1 is still a score. Titles, legend and axis titles come from
+the metadata (``long_name``, ``units``, dim names); tooltips show every coordinate of a cell
+and its value. NaN means "not computed" and is drawn grey (the subtitle says so only when a
+drawn cell is NaN); +inf and -inf are drawn as dark cells marked "+∞" / "−∞", and the spec
+never holds a non-JSON number.
 
 The cells are written into the spec as inline values when the chart is built. Altair's
 5,000-row guard applies only to DataFrames handed to it, so grids above that size work on
 purpose; ``MAX_CELLS`` is lenscape's own, larger guard against specs a browser cannot draw.
 
 Rendering is offline: ``export`` uses vl-convert for PNG/SVG and inlines the JavaScript into
-HTML. In Jupyter, the first ``heatmap`` switches Altair from its default renderer (whose
-Vega-Lite 6 mimetype JupyterLab 4 does not draw) to the offline widget renderer, unless you
-picked a renderer; ``enable_offline`` does the same and bundles the JavaScript up front.
+HTML. Charts carry no actions menu (its "Open in Vega Editor" link is the one route to the
+internet) unless asked for with ``actions=True``. In Jupyter, the first ``heatmap`` switches
+Altair from its default renderer (whose Vega-Lite 6 mimetype JupyterLab 4 does not draw) to
+the offline widget renderer, unless you picked a renderer; ``enable_offline`` does the same
+and bundles the JavaScript up front.
 """
 
 from __future__ import annotations
 
-import textwrap
-from collections.abc import Hashable, Sequence
+import json
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +41,37 @@ from lenscape.schema import LABEL_COORDS
 MAX_CELLS = 200_000
 #: Colour of cells whose value is NaN ("not computed").
 NAN_COLOR = "#bdbdbd"
+#: Colour of cells whose value is +inf or -inf (marked "+∞" / "−∞" in white).
+INF_COLOR = "#252525"
 #: Default colours for the False/0 and True/1 states of a binary mask.
 BINARY_COLORS = ("#fde0c5", "#1d4e89")
 #: Colours of ``lenscape.aggregate.ROLES``: neither (black), facilitating, interfering, both.
 ROLE_COLORS = ("#000000", "#2ca02c", "#d62728", "#ffbf00")
 #: Label of NaN cells in a binary legend.
 NAN_LABEL = "not computed"
+#: Longest legend title; longer descriptions move to the subtitle.
+LEGEND_CHARS = 24
+#: Facet panels per row when ``columns`` is not given.
+FACET_COLUMNS = 4
+#: Label coords drawn as tick labels of their axis by default (tokens of an attention pattern).
+TOKEN_COORDS = {"query_pos": "query_token", "key_pos": "key_token", "pos": "token"}
 
 _VALUE = "value"
 _STATE = "state"
+_INFINITE = "infinite"
+
+
+def is_mask(da: xr.DataArray) -> bool:
+    """Whether ``da`` declares itself a mask: bool dtype, or ``units == "bool"`` (a float
+    mask whose NaN cells were not computed, as ``lenscape.aggregate.always`` returns)."""
+    return da.dtype == bool or da.attrs.get("units") == "bool"
+
+
+def label_from_attrs(da: xr.DataArray, default: str = _VALUE) -> str:
+    """``"long_name (units)"`` from the attrs (the name, or ``default``, without ``long_name``)."""
+    name = da.attrs.get("long_name") or (str(da.name) if da.name is not None else default)
+    units = da.attrs.get("units")
+    return f"{name} ({units})" if units and units != "bool" else name
 
 
 def heatmap(
@@ -53,15 +81,18 @@ def heatmap(
     y: str,
     facet_row: str | None = None,
     facet_col: str | None = None,
+    columns: int | None = None,
     color: str | Sequence[str] | None = None,
     binary: bool | None = None,
     center: float | None = None,
     labels: tuple[str, str] = ("skipped", "kept"),
     categories: Sequence[str] | None = None,
     title: str | None = None,
+    tick_labels: Mapping[str, str] | None = None,
     tooltip: bool = True,
     independent: bool = False,
-) -> alt.Chart | alt.FacetChart | alt.VConcatChart:
+    actions: bool = False,
+) -> alt.TopLevelMixin:
     """Draw a DataArray as a grid of coloured cells, optionally faceted into panels.
 
     Args:
@@ -71,28 +102,36 @@ def heatmap(
             ``layer``) puts models of different depth on one shared [0, 1] axis.
         y: dim or label coord on the vertical axis (first coordinate at the top).
         facet_row: dim whose values become rows of panels (e.g. a condition).
-        facet_col: dim whose values become columns of panels (e.g. ``model``).
+        facet_col: dim whose values become panels side by side (e.g. ``model``); without
+            ``facet_row`` they wrap into rows of ``columns`` panels.
+        columns: panels per row when only ``facet_col`` is given (default ``FACET_COLUMNS``).
         color: a Vega scheme name (``"viridis"``, ``"blueorange"`` ...) or a list of colours
             for the scale's range; for binary data, two colours for ``labels``.
-        binary: ``True`` draws a two-state mask (non-zero = ``labels[1]``); ``None`` detects
-            masks (bool dtype, or every value 0 or 1); ``False`` never treats data as a mask.
+        binary: ``True`` draws a two-state mask (non-zero = ``labels[1]``); ``None`` follows
+            the declared type (``is_mask``: bool dtype or ``units == "bool"``), never the
+            values; ``False`` never treats data as a mask.
         center: value at the middle of a diverging scale; giving it forces a diverging scale
-            (default: diverging at 0 when values have both signs).
+            (default: diverging at 0, symmetric, when values have both signs). A centre other
+            than 0 gives a scale that spans only the data.
         labels: legend names of the 0/False and 1/True states of a binary mask.
         categories: draw integer codes 0..K-1 as K named categories (e.g. head roles from
             ``lenscape.aggregate.roles``) with ``color`` as their K colours.
         title: chart title; defaults to ``da.attrs["long_name"]``.
+        tick_labels: axis dim -> a label coord along it whose values replace the tick labels,
+            e.g. ``{"cluster": "kind"}``; ``TOKEN_COORDS`` present in ``da`` are used by default.
         tooltip: show every coordinate and the value of the cell under the pointer.
         independent: give each panel its own x and y scales (models with different layer
             counts); the colour scale stays shared so panels compare.
+        actions: show Vega's actions menu (export, "Open in Vega Editor", which goes online).
 
     Returns:
-        An ``alt.Chart``; an ``alt.FacetChart`` when faceted; a grid of charts
-        (``alt.VConcatChart``) when faceted with ``independent=True``.
+        An ``alt.Chart`` (an ``alt.LayerChart`` when some values are infinite); an
+        ``alt.FacetChart`` when faceted; a grid of charts (``alt.VConcatChart`` or
+        ``alt.ConcatChart``) when faceted with ``independent=True``.
 
     Raises:
-        ValueError: if a role names something ``da`` lacks, or a dim of ``da`` has no role
-            (the message says how to reduce it).
+        ValueError: if a role names something ``da`` lacks, a dim of ``da`` has no role (the
+            message says how to reduce it), or a mask or category array holds infinities.
     """
     _offline_renderer()
     if not isinstance(da, xr.DataArray):
@@ -119,46 +158,80 @@ def heatmap(
     if da.size > MAX_CELLS:
         raise ValueError(f"{da.size} cells exceed lenscape.plot.MAX_CELLS={MAX_CELLS}; "
                          f"select or reduce some of {tuple(da.dims)} first.")
+    if columns is not None and (not isinstance(columns, int) or columns < 1):
+        raise ValueError(f"columns must be a positive integer, got {columns!r}.")
 
     values = da.values
-    finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values.ravel()
+    is_float = values.dtype.kind == "f"
+    infinite = np.isinf(values) if is_float else np.zeros(values.shape, bool)
     if categories is not None:
         binary, labels = True, tuple(categories)
     elif binary is None:
-        binary = values.dtype == bool or bool(finite.size and np.isin(finite, (0, 1)).all())
-    has_nan = finite.size < values.size
-    long_name = da.attrs.get("long_name") or (str(da.name) if da.name is not None else None)
-    units = da.attrs.get("units")
-    legend = (long_name or ("state" if binary else _VALUE)) + (f" ({units})" if units else "")
-    lines = textwrap.wrap(legend, 26)  # long names wrap instead of being cut off
+        binary = is_mask(da)
+    if binary and infinite.any():
+        raise ValueError(f"{int(infinite.sum())} cells are +-inf, which a mask or category "
+                         "map cannot show; replace them first, e.g. da.where(np.isfinite(da)) "
+                         "to draw them as not computed.")
+    inside = _inside(da).values
+    finite = values[np.isfinite(values) & inside] if is_float else values[inside]
+    has_nan = bool((np.isnan(values) & inside).any()) if is_float else False
+    has_inf = bool((infinite & inside).any())
+    full = label_from_attrs(da, "state" if binary else _VALUE)
+    legend = full if len(full) <= LEGEND_CHARS else _shorten(da)
     enc: dict[str, Any] = {"color": _color(finite, binary=binary, has_nan=has_nan, center=center,
-                                           color=color, labels=labels,
-                                           title=lines if len(lines) > 1 else legend)}
+                                           color=color, labels=labels, title=legend)}
     if tooltip:
-        enc["tooltip"] = _tooltip(da, binary, legend)
-    panel = {"x": x, "y": y, "enc": enc, "labels": labels if binary else None}
+        enc["tooltip"] = _tooltip(da, binary, full)
+    ticks = {**{d: c for d, c in TOKEN_COORDS.items() if c in da.coords}, **(tick_labels or {})}
+    panel = {"x": x, "y": y, "enc": enc, "labels": labels if binary else None,
+             "ticks": ticks, "has_inf": has_inf, "legend": full}
     chart: alt.TopLevelMixin
     if not (facet_row or facet_col):
         chart = _panel(da, **panel)
     elif independent:  # one chart per facet: Vega-Lite's faceted independent scales break sorting
-        chart = alt.vconcat(*[alt.hconcat(*[
-            _panel(da.sel(at), **panel).properties(
-                title=", ".join(f"{k} = {v}" for k, v in at.items()))
-            for at in ({**r, **c} for c in _cells(da, facet_col))]) for r in _cells(da, facet_row)])
+        def part(at: dict) -> alt.TopLevelMixin:
+            heading = " · ".join(_facet_label(da, k, v) for k, v in at.items())
+            return _panel(da.sel(at), **panel).properties(title=heading)
+        if facet_row:
+            chart = alt.vconcat(*[alt.hconcat(*[part({**r, **c}) for c in _cells(da, facet_col)])
+                                  for r in _cells(da, facet_row)])
+        else:
+            chart = alt.concat(*[part(c) for c in _cells(da, facet_col)],
+                               columns=columns or FACET_COLUMNS)
+    elif facet_row and facet_col:
+        chart = _panel(da, **panel).facet(
+            row=alt.Row(f"{facet_row}:{_kind(da, facet_row)}", sort=_order(da, facet_row),
+                        header=_header(da, facet_row)),
+            column=alt.Column(f"{facet_col}:{_kind(da, facet_col)}", sort=_order(da, facet_col),
+                              header=_header(da, facet_col)))
     else:
-        chart = _panel(da, **panel).facet(**{
-            role: (alt.Row if role == "row" else alt.Column)(
-                f"{name}:{_kind(da, name)}", sort=_order(da, name), header=alt.Header(title=name))
-            for role, name in facets.items() if name is not None})
-    heading = title or long_name
-    if heading:
-        chart = chart.properties(title=alt.TitleParams(heading, subtitle=_subtitle(da, has_nan)))
+        name = facet_row or facet_col
+        chart = _panel(da, **panel).facet(
+            facet=alt.Facet(f"{name}:{_kind(da, name)}", sort=_order(da, name),
+                            header=_header(da, name)),
+            columns=1 if facet_row else columns or FACET_COLUMNS)
+    heading = title or da.attrs.get("long_name") or (str(da.name) if da.name is not None else None)
+    subtitle = _subtitle(da, has_nan=has_nan, has_inf=has_inf,
+                         colour=full if legend != full or (title and title != full) else None)
+    if heading or subtitle:
+        chart = chart.properties(title=alt.TitleParams(heading or "", subtitle=subtitle or alt.Undefined))
+    chart = chart.properties(usermeta={"embedOptions": {"actions": actions}})
     chart = chart.configure_scale(invalid={"color": {"value": NAN_COLOR}})
     return chart.configure_view(stroke=None)
 
 
+def _shorten(da: xr.DataArray) -> str:
+    """A legend title of at most ``LEGEND_CHARS`` characters: the units, else the cut name."""
+    units = da.attrs.get("units")
+    if units and units != "bool" and len(units) <= LEGEND_CHARS:
+        return units
+    name = str(da.attrs.get("long_name") or da.name or _VALUE)
+    return name if len(name) <= LEGEND_CHARS else name[:LEGEND_CHARS - 1].rstrip() + "…"
+
+
 def _panel(da: xr.DataArray, *, x: str, y: str, enc: dict[str, Any],
-           labels: tuple[str, str] | None) -> alt.Chart:
+           labels: tuple[str, str] | None, ticks: Mapping[str, str], has_inf: bool,
+           legend: str) -> alt.Chart | alt.LayerChart:
     """One grid of cells with its data inline; ``enc`` holds the shared colour and tooltip.
 
     Args:
@@ -167,21 +240,56 @@ def _panel(da: xr.DataArray, *, x: str, y: str, enc: dict[str, Any],
         y: coord on the vertical axis.
         enc: colour (and tooltip) encodings, computed from the whole array so panels agree.
         labels: names of the 0 and 1 states for a binary mask, else None.
+        ticks: axis dim -> label coord giving its tick labels.
+        has_inf: some cell of the whole array is +-inf: add the layer that marks them.
+        legend: the full value description, for the tooltip of infinite cells.
     """
     edges = {}
     for n in (x, y):
         if _kind(da, n) == "Q":
             edges[f"{n}_start"], edges[f"{n}_end"] = _edges(da[n], _axis_dim(da, n, "axis"))
     cols = _columns(da.assign_coords(edges))
-    cols = _drop_outside(cols, [n for n in cols if n != _VALUE])
+    cols = _drop_outside(cols, [n for n in cols if n not in (_VALUE, _INFINITE)])
     if labels:
         state = (lambda v: labels[int(v)]) if len(labels) > 2 else (lambda v: labels[bool(v)])
         cols[_STATE] = [NAN_LABEL if v is None else state(v) for v in cols[_VALUE]]
     keys = list(cols)
     data = {"values": [dict(zip(keys, row)) for row in zip(*cols.values())]}
-    return alt.Chart(data).mark_rect(invalid="show").encode(
-        **_position(da, x, "x", cols), **_position(da, y, "y", cols), **enc,
-    ).properties(width=_size(da, x), height=_size(da, y))
+    base = alt.Chart(data).encode(**_position(da, x, "x", cols, ticks),
+                                  **_position(da, y, "y", cols, ticks))
+    cells = base.mark_rect(invalid="show").encode(**enc)
+    if has_inf:
+        marked = base.transform_filter(f"datum.{_INFINITE} != null")
+        tips = [t for t in enc.get("tooltip", []) if t.to_dict()["field"] != _VALUE]
+        tips = tips + [alt.Tooltip(f"{_INFINITE}:N", title=legend)] if "tooltip" in enc else []
+        cells = alt.layer(
+            cells,
+            marked.mark_rect(color=INF_COLOR).encode(**({"tooltip": tips} if tips else {})),
+            marked.mark_text(color="white", fontSize=9).encode(text=f"{_INFINITE}:N"))
+    return cells.properties(width=_size(da, x), height=_size(da, y))
+
+
+def _inside(da: xr.DataArray) -> xr.DataArray:
+    """True for cells that are drawn: every float coord of the cell is finite (``_drop_outside``
+    drops the others, e.g. layers past a shallower model's depth)."""
+    inside = xr.ones_like(da, dtype=bool)
+    for name in _coord_names(da):
+        coord = da[name]
+        if coord.dtype.kind == "f":
+            inside = inside & np.isfinite(coord)
+    return inside.transpose(*da.dims)
+
+
+def _header(da: xr.DataArray, dim: str) -> alt.Header:
+    """Facet headers that read as titles: the value, integers as "cluster 3"."""
+    expr = f"'{dim} ' + datum.value" if _kind(da, dim) == "O" else "datum.value"
+    return alt.Header(title=None, labelExpr=expr, labelFontSize=12, labelFontWeight="bold",
+                      labelLimit=400)
+
+
+def _facet_label(da: xr.DataArray, dim: Hashable, value: Any) -> str:
+    """Panel title part for one facet value: the value, integers as "cluster 3"."""
+    return f"{dim} {value}" if _kind(da, str(dim)) == "O" else str(value)
 
 
 def _cells(da: xr.DataArray, dim: str | None) -> list[dict]:
@@ -210,7 +318,9 @@ def _coord_names(da: xr.DataArray) -> list[str]:
 def _columns(da: xr.DataArray) -> dict[str, list]:
     """One flat list per coord (see ``_coord_names``) and the values, cell-aligned.
 
-    NaN becomes ``None`` (JSON null) so Vega-Lite sees "missing", never 0.
+    NaN and +-inf become ``None`` (JSON null) so Vega-Lite sees "missing", never 0, and the
+    spec stays valid JSON; when some value is infinite, an ``infinite`` column holds "+∞" or
+    "−∞" for those cells (None elsewhere).
     """
     shape = da.shape
     cols: dict[str, list] = {}
@@ -220,16 +330,20 @@ def _columns(da: xr.DataArray) -> dict[str, list]:
         arr = coord.transpose(*own).values.reshape([s if d in own else 1 for d, s in
                                                     zip(da.dims, shape)])
         cols[name] = _jsonable(np.broadcast_to(arr, shape).ravel())
-    cols[_VALUE] = _jsonable(da.values.ravel())
+    values = da.values.ravel()
+    cols[_VALUE] = _jsonable(values)
+    if values.dtype.kind == "f" and np.isinf(values).any():
+        cols[_INFINITE] = [None if not np.isinf(v) else "+∞" if v > 0 else "−∞"
+                           for v in values.tolist()]
     return cols
 
 
 def _jsonable(arr: np.ndarray) -> list:
-    """Plain Python values with NaN as None."""
+    """Plain Python values with NaN and +-inf as None (JSON has no such numbers)."""
     if arr.dtype == bool:
         return arr.astype(int).tolist()
     if arr.dtype.kind == "f":
-        return [None if v != v else v for v in arr.tolist()]
+        return [v if np.isfinite(v) else None for v in arr.tolist()]
     if arr.dtype.kind in "iu":
         return arr.tolist()
     return [str(v) for v in arr.tolist()]
@@ -281,13 +395,26 @@ def _order(da: xr.DataArray, name: str) -> list:
     return list(dict.fromkeys(_jsonable(da[name].values.ravel())))
 
 
-def _position(da: xr.DataArray, name: str, channel: str, cols: dict[str, list]) -> dict:
-    """Encoding for one axis: banded for discrete coords, start and end for continuous ones."""
+def _position(da: xr.DataArray, name: str, channel: str, cols: dict[str, list],
+              ticks: Mapping[str, str]) -> dict:
+    """Encoding for one axis: banded for discrete coords, start and end for continuous ones.
+
+    A discrete axis named in ``ticks`` shows that label coord's values as its tick labels
+    (e.g. the tokens at each position), looked up from the coordinate in the label expression.
+    """
     cls, cls2 = (alt.X, alt.X2) if channel == "x" else (alt.Y, alt.Y2)
     if _kind(da, name) != "Q":
         present = set(cols[name])
         sort = [v for v in _order(da, name) if v in present]
-        return {channel: cls(f"{name}:{_kind(da, name)}", title=name, sort=sort)}
+        axis: dict[str, Any] = {}
+        if name in ticks and name in da.dims:
+            keys = json.dumps(_jsonable(da[name].values))
+            texts = json.dumps([str(t) for t in da[ticks[name]].values.tolist()])
+            axis = {"axis": alt.Axis(labelExpr=f"{texts}[indexof({keys}, datum.value)]",
+                                     labelAngle=-45 if channel == "x" else 0, labelLimit=120),
+                    "title": f"{name} ({ticks[name]})"}
+        return {channel: cls(f"{name}:{_kind(da, name)}", sort=sort,
+                             **{"title": name, **axis})}
     lo, hi = min(cols[f"{name}_start"], default=0), max(cols[f"{name}_end"], default=1)
     scale = alt.Scale(domain=[lo, hi], nice=False, zero=False, reverse=channel == "y")
     return {channel: cls(f"{name}_start:Q", title=name, scale=scale),
@@ -326,8 +453,10 @@ def _color(finite: np.ndarray, *, binary: bool, has_nan: bool, center: float | N
     hi = hi if hi > lo else lo + 1.0  # constant data: any non-empty domain
     if center is not None or lo < 0 < hi:
         mid = 0.0 if center is None else float(center)
-        half = max(abs(lo - mid), abs(hi - mid)) or 1.0
-        kw: dict[str, Any] = {"domain": [mid - half, mid + half], "domainMid": mid}
+        if mid == 0:  # signed scores: equal magnitudes get equal colours
+            half = max(abs(lo), abs(hi)) or 1.0
+            lo, hi = -half, half
+        kw: dict[str, Any] = {"domain": [min(lo, mid), max(hi, mid)], "domainMid": mid}
         default: Any = {"name": "redblue", "extent": [1, 0]}  # blue below, red above
     else:
         kw, default = {"domain": [lo, hi]}, "viridis"
@@ -351,14 +480,23 @@ def _tooltip(da: xr.DataArray, binary: bool, legend: str) -> list:
     return tips
 
 
-def _subtitle(da: xr.DataArray, has_nan: bool) -> list[str] | alt.UndefinedType:
-    """Provenance line (model, method, metric) and a note on grey cells."""
+def _subtitle(da: xr.DataArray, *, has_nan: bool, has_inf: bool,
+              colour: str | None) -> list[str]:
+    """Subtitle lines: what the colour shows (when the legend title is short or the title is
+    not the description), provenance (model, method, metric), a ``note`` attr, and what
+    grey and dark marked cells mean, each only when such a cell is drawn."""
     keys = [k for k in ("model", "method", "metric")
             if k in da.attrs and k not in da.dims and k not in da.coords]  # a coord says more
-    lines = [" · ".join(f"{k}: {da.attrs[k]}" for k in keys)] if keys else []
-    if has_nan:
-        lines.append(f"grey: {NAN_LABEL}")
-    return lines or alt.Undefined
+    lines = [f"colour: {colour}"] if colour else []
+    if keys:
+        lines.append(" · ".join(f"{k}: {da.attrs[k]}" for k in keys))
+    if da.attrs.get("note"):
+        lines.append(str(da.attrs["note"]))
+    marks = ([f"grey: {NAN_LABEL}"] if has_nan else []) + (
+        ["+∞ / −∞: infinite value"] if has_inf else [])
+    if marks:
+        lines.append(" · ".join(marks))
+    return lines
 
 
 def _offline_renderer() -> None:
