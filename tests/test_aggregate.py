@@ -43,7 +43,7 @@ def test_roles():
 
 @pytest.mark.parametrize("threshold", [-0.1, 1.5])
 def test_bad_threshold(threshold):
-    with pytest.raises(ValueError, match=r"threshold must lie in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"threshold must be a finite number in \[0, 1\]"):
         aggregate.always(scores(), threshold=threshold)
 
 

@@ -62,9 +62,10 @@ def test_unknown_ablation_kind(tiny_llama, factual):
         lsc.ablation(tiny_llama, factual[:1], kind="resample-ish", progress=False)
 
 
-@pytest.mark.parametrize("batch_size", [0, -3, 2.5])
-def test_bad_batch_size(tiny_llama, factual, batch_size):
-    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+@pytest.mark.parametrize("batch_size, error", [(0, ValueError), (-3, ValueError),
+                                               (2.5, TypeError)])
+def test_bad_batch_size(tiny_llama, factual, batch_size, error):
+    with pytest.raises(error, match="batch_size must be a positive integer"):
         lsc.attribution_patching(tiny_llama, factual[:1], batch_size=batch_size, progress=False)
 
 

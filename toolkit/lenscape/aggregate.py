@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from . import schema
+from . import _validate, schema
 
 #: Role codes of ``roles``: a head facilitates, interferes, both, or neither.
 ROLES = ("neither", "facilitating", "interfering", "both")
@@ -20,8 +20,7 @@ ROLES = ("neither", "facilitating", "interfering", "both")
 def _check(da: xr.DataArray, dim: str, threshold: float) -> None:
     if dim not in da.dims:
         raise ValueError(f"Cannot aggregate over '{dim}': the data has dims {list(da.dims)}.")
-    if not 0 <= threshold <= 1:
-        raise ValueError(f"threshold must lie in [0, 1], got {threshold}.")
+    _validate.number("threshold", threshold, low=0, high=1)
 
 
 def _finish(da: xr.DataArray, result: xr.DataArray, dim: str, what: str) -> xr.DataArray:

@@ -33,6 +33,29 @@ class Prompt:
     distractor: str | None = None
     category: str = ""
 
+    def __post_init__(self) -> None:
+        """Refuse fields of the wrong type and empty texts, naming the field.
+
+        Raises:
+            TypeError: a field that is not a string (``corrupt``/``distractor``: or None).
+            ValueError: an empty (or whitespace-only) ``text`` or ``corrupt``: there would be
+                no position to read the target at.
+        """
+        for field in fields(self):
+            value = getattr(self, field.name)
+            optional = field.name in ("corrupt", "distractor")
+            if not isinstance(value, str) and not (optional and value is None):
+                kind = "a string or None" if optional else "a string"
+                raise TypeError(f"Prompt {field.name} must be {kind}, got {value!r} "
+                                f"({type(value).__name__}); e.g. Prompt(text='The capital of "
+                                "France is', target=' Paris').")
+        for name in ("text", "corrupt"):
+            value = getattr(self, name)
+            if value is not None and not value.strip():
+                none = " (or corrupt=None for no counterfactual)" if name == "corrupt" else ""
+                raise ValueError(f"Prompt {name} {value!r} is empty; give the words the model "
+                                 f"reads before the target{none}.")
+
 
 class PromptSet(Sequence[Prompt]):
     """An immutable, named sequence of ``Prompt``s."""
@@ -74,8 +97,14 @@ def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom
     optionally ``corrupt``, ``distractor``, ``category``.
 
     Raises:
-        ValueError: a record lacks ``text``/``target`` or has unknown keys.
+        TypeError: ``records`` is one record (or a string) instead of a list of them, or a
+            record's field has the wrong type.
+        ValueError: a record lacks ``text``/``target``, has unknown keys or an empty text.
     """
+    if isinstance(records, (dict, Prompt, str)) or not isinstance(records, Iterable):
+        raise TypeError(f"records must be a list of Prompts or dicts, got one "
+                        f"{type(records).__name__} ({records!r}); wrap a single record in a "
+                        "list: [record].")
     allowed = {f.name for f in fields(Prompt)}
     prompts = []
     for i, record in enumerate(records):
@@ -89,7 +118,10 @@ def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom
         if unknown:
             raise ValueError(f"Record {i} has unknown keys {sorted(unknown)}; allowed: "
                              f"{sorted(allowed)}.")
-        prompts.append(Prompt(**record))
+        try:
+            prompts.append(Prompt(**record))
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"Record {i}: {err}") from None
     return PromptSet(prompts, name=name)
 
 

@@ -1,8 +1,9 @@
-"""Shared argument checks and tokenization for capture methods.
+"""Prompt checks and tokenization for capture methods.
 
 ``prepare`` turns user input (a ``PromptSet``, Prompts or dicts) into an ``Inputs``:
-validated options plus, per prompt, clean (and corrupt) token ids and the target and
-distractor token ids. ``Inputs.batches`` pads prompt batches on either side; positions
+checked prompts plus, per prompt, clean (and corrupt) token ids and the target and
+distractor token ids. The options shared by all methods (``batch_size``, ``metric`` ...)
+are checked before, in ``_plan.check_options``. ``Inputs.batches`` pads prompt batches on either side; positions
 count real tokens only, so results do not depend on padding.
 """
 
@@ -10,16 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..data import PromptSet, from_records
+from .. import _validate
+from ..data import Prompt, PromptSet, from_records
 from ..models import LensModel
-from . import memory, metrics
-from ._backend import BACKENDS, TokenBatch
+from . import memory
+from ._backend import TokenBatch
 
 LEVELS = ("head", "block")
 PADDING_SIDES = ("right", "left")
@@ -98,13 +100,13 @@ def pad(sequences: Sequence[Sequence[int]], pad_id: int, side: str) -> TokenBatc
     return TokenBatch(ids, mask, positions, read_pos)
 
 
-def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ValueError(f"Unknown {name} {value!r}; choose one of {list(choices)}.")
-    return value
-
-
 def _as_prompt_set(prompts: Any) -> PromptSet:
+    """``prompts`` as a ``PromptSet``: a PromptSet, or a list of Prompts or record dicts.
+
+    Raises:
+        TypeError: one Prompt or dict instead of a list, or something that is not a list.
+        ValueError: plain strings (no targets), or a bad record (``data.from_records``).
+    """
     if isinstance(prompts, PromptSet):
         return prompts
     if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
@@ -112,10 +114,18 @@ def _as_prompt_set(prompts: Any) -> PromptSet:
         raise ValueError("Capture needs prompts with targets, not plain strings: use "
                          "lsc.data.prompts('factual') or lsc.data.from_records([{'text': ..., "
                          "'target': ...}]).")
+    if isinstance(prompts, (Prompt, dict)) or not isinstance(prompts, Iterable):
+        raise TypeError(f"prompts must be a PromptSet or a list of Prompts or dicts, got one "
+                        f"{type(prompts).__name__}; wrap a single prompt in a list: [prompt], "
+                        "or use lsc.data.prompts('factual').")
     return from_records(list(prompts))
 
 
 def _single_token(tokenizer: Any, text: str, what: str, index: int) -> int:
+    if not text.strip():
+        raise ValueError(f"Prompt {index}: the {what} {text!r} is empty; capture methods score "
+                         f"one {what} token, so give the expected next word with its leading "
+                         "space, e.g. ' Paris'.")
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         pieces = tokenizer.convert_ids_to_tokens(ids)
@@ -135,24 +145,23 @@ def fingerprint(prompts: PromptSet) -> str:
 def prepare(model: LensModel, prompts: Any, *, metric: str, level: str, backend: str,
             batch_size: int | None, padding_side: str, needs_corrupt: bool,
             levels: Sequence[str] = LEVELS, grad: bool = False) -> Inputs:
-    """Validate options and tokenize prompts.
+    """Check the prompts against the model and tokenize them.
+
+    The shared options (``metric``, ``backend``, ``padding_side``, ``batch_size``) arrive
+    checked by ``_plan.check_options``; ``level`` is checked here against ``levels``,
+    which differ per method.
 
     Args:
         batch_size: prompts per pass; None picks one from free memory (``memory``), using
             ``grad`` to tell whether passes keep activations for a backward pass.
 
     Raises:
-        ValueError: empty prompts, unknown option, batch_size <= 0, multi-token targets,
-            missing distractors/corrupt prompts, clean/corrupt token counts that differ.
+        TypeError: prompts that are not a list of prompts (``_as_prompt_set``).
+        ValueError: empty prompt list, unknown level, empty or multi-token targets, texts
+            longer than the model's context, missing distractors/corrupt prompts,
+            clean/corrupt token counts that differ.
     """
-    _choice("metric", metric, metrics.METRICS)
-    _choice("level", level, levels)
-    _choice("backend", backend, BACKENDS)
-    _choice("padding_side", padding_side, PADDING_SIDES)
-    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
-                                   or batch_size <= 0):
-        raise ValueError(f"batch_size must be a positive integer (or None to pick one from "
-                         f"free memory), got {batch_size!r}.")
+    _validate.choice("level", level, levels)
     prompt_set = _as_prompt_set(prompts)
     if len(prompt_set) == 0:
         raise ValueError("The prompt list is empty; pass at least one prompt "
@@ -167,6 +176,7 @@ def prepare(model: LensModel, prompts: Any, *, metric: str, level: str, backend:
         distractor.append(-1 if p.distractor is None else
                           _single_token(tokenizer, p.distractor, "distractor", i))
     clean_ids = [tokenizer(p.text)["input_ids"] for p in prompt_set]
+    _validate.context_lengths(model, [len(ids) for ids in clean_ids], what="text")
     corrupt_ids = None
     if needs_corrupt:
         corrupt_ids = []

@@ -1,9 +1,10 @@
 """Per-prompt capture methods as plans: independent prompt batches plus a labelling step.
 
 Every per-prompt method (ablation, activation and attribution patching, direct logit
-attribution) is built by a *planner* registered here under its public name. A planner
-validates the options, does any work that needs the whole prompt list (the mean
-activations of mean-ablation) and returns a ``Plan``:
+attribution) is built by a *planner* registered here under its public name. ``make_plan``
+first checks the options every method shares (``check_options``); the planner checks its
+own (``level``, ``kind`` ...) and the prompts (``_inputs.prepare``), does any work that
+needs the whole prompt list (the mean activations of mean-ablation) and returns a ``Plan``:
 
 - ``score(batch, step)`` -> (rows, n_columns) float tensor: the method's numbers for one
   batch of prompts, independent of every other batch (``step()`` is called
@@ -25,7 +26,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._inputs import Batch, Inputs
+from .. import _validate
+from . import metrics
+from ._backend import BACKENDS
+from ._inputs import PADDING_SIDES, Batch, Inputs
 
 #: What a planner returns a result as: a DataArray, or a Dataset of several.
 Result = Any
@@ -68,8 +72,36 @@ def planner(name: str):
     return register
 
 
+#: Options shared by the per-prompt methods -> what None does (None: None is not allowed).
+COUNT_OPTIONS = {"batch_size": "pick one from free memory",
+                 "variants_per_pass": "as many as fit in memory"}
+#: Options shared by the per-prompt methods -> their allowed values.
+CHOICE_OPTIONS = {"metric": metrics.METRICS, "backend": BACKENDS, "padding_side": PADDING_SIDES}
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Check the options the per-prompt methods share, whichever method gets them.
+
+    Raises:
+        TypeError: a count that is not an integer (e.g. ``variants_per_pass=2.5``).
+        ValueError: a count below 1, or an unknown ``metric``/``backend``/``padding_side``.
+    """
+    for name, none_means in COUNT_OPTIONS.items():
+        if name in options:
+            _validate.positive_int(name, options[name], none_means=none_means)
+    for name, choices in CHOICE_OPTIONS.items():
+        if name in options:
+            _validate.choice(name, options[name], choices)
+
+
 def make_plan(method: str, model, prompts, *, progress: bool = False, **options) -> Plan:
-    """Build the plan of the registered method ``method`` (raises its argument errors)."""
+    """Build the plan of the registered method ``method``: shared options are checked by
+    ``check_options``, the method's own and the prompts by its planner.
+
+    Raises:
+        TypeError, ValueError: a bad option or prompt (the message names it).
+    """
+    check_options(options)
     return PLANNERS[method](model, prompts, progress=progress, **options)
 
 
