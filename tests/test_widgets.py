@@ -48,17 +48,18 @@ def test_threshold_binarizes_before_reducing_like_always_and_any():
     anywhere = reduce(da, View(x="head", y="layer", pick={"seed": "any"}, threshold=0.5))
     assert always.values.tolist() == [[1.0, 0.0, 0.0]]
     assert anywhere.values.tolist() == [[1.0, 1.0, 0.0]]
-    assert "units" not in always.attrs
+    assert always.attrs["units"] == "bool" and always.attrs["long_name"] == "attribution >= 0.5"
     nothing = da.where(da["head"] != 2)  # head 2 never computed: stays NaN, never 0
-    for how in ("mean", "max", "any", "all"):
-        out = reduce(nothing, View(x="head", y="layer", pick={"seed": how}))
+    for how, threshold in [("mean", None), ("max", None), ("any", 0.5), ("all", 0.5),
+                           ("share", 0.5)]:
+        out = reduce(nothing, View(x="head", y="layer", pick={"seed": how}, threshold=threshold))
         assert np.isnan(out.values[0, 2]) and not np.isnan(out.values[0, 0])
 
 
 def test_controls_cover_every_other_dim(scores):
     e = Explorer(scores)
     assert set(e.controls) == {"model", "cluster", "facet", "binarize", "threshold", "swap"}
-    assert e.controls["model"].value == "small" and e.controls["cluster"].value == "mean"
+    assert e.controls["model"].value == "small" and e.controls["cluster"].value == 0
     assert e.array.dims == ("layer", "head")
     enc = spec(e)["encoding"]
     assert (enc["x"]["field"], enc["y"]["field"]) == ("head", "layer")
@@ -67,22 +68,24 @@ def test_controls_cover_every_other_dim(scores):
 def test_each_control_changes_the_spec(scores):
     e = Explorer(scores)
     c = e.controls
+    c["cluster"].value = "mean"
+    assert "mean over cluster" in spec(e)["title"]["text"]
     c["cluster"].value = 2
     assert "cluster = 2" in spec(e)["title"]["text"]
     got = {(r["layer"], r["head"]): r["value"] for r in cells(spec(e))}
     assert got[(1, 3)] == pytest.approx(float(scores.sel(model="small", cluster=2)[1, 3]))
-    c["model"].value = "max"
-    assert "max over model" in spec(e)["title"]["text"]
+    c["model"].value = "large"
+    assert "model = large" in spec(e)["title"]["text"]
     c["swap"].value = True
     enc = spec(e)["encoding"]
     assert (enc["x"]["field"], enc["y"]["field"]) == ("layer", "head")
     c["facet"].value = "model"
-    assert spec(e)["facet"]["column"]["field"] == "model"
+    assert spec(e)["facet"]["field"] == "model"
     assert c["model"].disabled and not c["cluster"].disabled
     assert e.array.dims == ("model", "layer", "head")
     c["binarize"].value = True
     color = spec(e)["spec"]["encoding"]["color"]
-    t = f"{c['threshold'].value:.3g}"
+    t = f"{c['threshold'].value:g}"
     assert color["type"] == "nominal" and color["scale"]["domain"] == [f">= {t}", f"< {t}"]
     c["threshold"].value = 0.25
     assert spec(e)["spec"]["encoding"]["color"]["scale"]["domain"] == [">= 0.25", "< 0.25"]
@@ -95,10 +98,13 @@ def test_dataset_variable_selector_updates_chart_and_threshold_range(scores):
     ds["gate"][0, 0, 0, 0] = 9.0
     e = Explorer(ds, variable="attr")
     assert spec(e)["title"]["text"].startswith("attribution")
+    e.controls["binarize"].value = True
+    before = e.controls["threshold"].value
     e.controls["variable"].value = "gate"
-    assert spec(e)["title"]["text"].startswith("gate")
-    s = e.controls["threshold"]
-    assert (s.min, s.max, s.value) == (7.0, 9.0, 8.0)
+    assert spec(e)["title"]["text"].startswith("gate >= ")
+    assert e.controls["threshold"].value == before  # never moved behind the user's back
+    assert "data 7 to 9" in e._data_range.value
+    assert "at or below every value (min 7)" in e._message.value  # visible, not clamped
 
 
 def test_one_chart_widget_is_updated_in_place_and_displayed_once(scores, monkeypatch):
@@ -112,7 +118,7 @@ def test_one_chart_widget_is_updated_in_place_and_displayed_once(scores, monkeyp
     assert len(charts) == 1 and not any(isinstance(w, widgets.Output) for w in _walk(e.widget))
     before = charts[0].spec
     for name, value in [("cluster", 1), ("model", "large"), ("swap", True), ("facet", "cluster"),
-                        ("binarize", True)]:
+                        ("binarize", True), ("cluster", "share")]:
         e.controls[name].value = value
     assert [w for w in _walk(e.widget) if isinstance(w, alt.JupyterChart)] == charts
     assert charts[0].spec != before and charts[0].chart is e.chart
@@ -149,3 +155,156 @@ def test_explore_accessor_and_export_of_an_explorer(scores, tmp_path):
     e = scores.lsc.explore(x="head", y="depth", facet="model")
     assert spec(e)["spec"]["encoding"]["y"]["field"] == "depth_start"
     assert export(e, tmp_path / "e.svg").read_text().lstrip().startswith("<svg")
+
+
+PROMPTS = ["The capital of France is the city of", "In Spain, most people speak",
+           "The Colosseum is located in the city of"]
+
+
+def per_prompt(values, **attrs):
+    """(prompt 3, layer 2, head 2) with prompt texts."""
+    return schema.make(np.asarray(values), dims=("prompt", "layer", "head"),
+                       coords={"text": PROMPTS}, attrs={**ATTRS, **attrs}, n_layers=2)
+
+
+SIGNED = np.random.default_rng(1).normal(size=(3, 2, 2))
+ZERO_ONE = (SIGNED > 0).astype(float)
+
+
+@pytest.mark.parametrize(
+    "data, view, title, legend, kind, domain",
+    [
+        (per_prompt(SIGNED), View("head", "layer", {"prompt": "mean"}),
+         "attribution · mean over prompt", "attribution (logit diff)", "quantitative", None),
+        (per_prompt(SIGNED), View("head", "layer", {"prompt": "any"}, threshold=0.5),
+         "attribution >= 0.5 · any over prompt", "attribution >= 0.5", "nominal",
+         [">= 0.5", "< 0.5"]),
+        (per_prompt(SIGNED), View("head", "layer", {"prompt": "share"}, threshold=0.5),
+         "share of prompts with attribution >= 0.5", "share of prompts", "quantitative", None),
+        (per_prompt(SIGNED > 0).assign_attrs(long_name="kept", units="bool"),
+         View("head", "layer", {"prompt": "all"}), "kept · all over prompt", "kept", "nominal",
+         ["kept", "skipped"]),
+        (per_prompt(SIGNED > 0).assign_attrs(long_name="kept", units="bool"),
+         View("head", "layer", {"prompt": "share"}), "share of prompts where kept",
+         "share of prompts", "quantitative", None),
+        (per_prompt(ZERO_ONE, units="relative"), View("head", "layer", {"prompt": 0}),
+         "attribution · prompt = 0", "attribution (relative)", "quantitative", None),
+    ],
+    ids=["scores mean", "binarize any", "binarize share", "mask all", "mask share",
+         "0-1 floats stay scores"])
+def test_each_combination_is_labelled_for_what_it_is(data, view, title, legend, kind, domain):
+    array, chart = render(data, view)
+    enc = chart.to_dict()["encoding"]
+    assert chart.to_dict()["title"]["text"] == title
+    assert enc["color"]["title"] == legend and enc["color"]["type"] == kind
+    if domain:
+        assert enc["color"]["scale"]["domain"] == domain
+    else:
+        assert enc["color"]["scale"]["scheme"] in ("viridis", {"name": "redblue",
+                                                               "extent": [1, 0]})
+    if "share" in title:
+        assert enc["color"]["scale"]["scheme"] == "viridis"  # a share is never "kept/skipped"
+        assert 0 <= array.min() and array.max() <= 1
+
+
+def test_reducers_that_do_not_fit_the_data_are_refused_with_the_fix():
+    scores = per_prompt(SIGNED)
+    with pytest.raises(ValueError, match="'any' over prompt.*turn on binarize"):
+        reduce(scores, View("head", "layer", {"prompt": "any"}))
+    mask = per_prompt(SIGNED > 0).assign_attrs(units="bool")
+    with pytest.raises(ValueError, match="'mean' over prompt.*share"):
+        reduce(mask, View("head", "layer", {"prompt": "mean"}))
+    with pytest.raises(ValueError, match="already a mask; turn binarize off"):
+        reduce(mask, View("head", "layer", {"prompt": "any"}, threshold=0.5))
+
+
+def test_a_threshold_outside_the_data_gets_a_visible_note():
+    scores = per_prompt(SIGNED)
+    array, chart = render(scores, View("head", "layer", {"prompt": "any"}, threshold=50))
+    assert "threshold 50 is above every value" in array.attrs["note"]
+    assert any("threshold 50" in line for line in chart.to_dict()["title"]["subtitle"])
+    e = Explorer(scores, threshold=50)
+    assert e.controls["threshold"].value == 50  # kept exactly, never clamped to the data
+    assert "above every value" in e._message.value
+
+
+def test_defaults_never_average_dims_that_must_not_be_averaged():
+    values = np.random.default_rng(0).random((2, 3, 4, 2, 3)) > 0.5
+    masks = xr.DataArray(values, dims=("target_sparsity", "prompt", "cluster", "layer",
+                                       "component"),
+                         coords={"target_sparsity": [0.3, 0.5], "prompt": [0, 1, 2],
+                                 "cluster": [0, 1, 2, 3], "layer": [0, 1],
+                                 "component": ["attn", "mlp", "q_proj"]},
+                         attrs={"long_name": "Block kept", "units": "bool"})
+    e = Explorer(masks, x="layer", y="cluster")
+    c = e.controls
+    assert c["target_sparsity"].value == 0.3 and c["component"].value == "attn"
+    assert c["prompt"].value == "share"  # samples open pooled, as the share they are
+    assert [o for o in c["target_sparsity"].options if isinstance(o[1], str)] == []
+    assert [v for _, v in c["prompt"].options][:3] == ["share", "any", "all"]
+    assert c["binarize"].disabled
+    assert spec(e)["title"]["text"] == (
+        "share of prompts where Block kept · target_sparsity = 0.3, component = attn")
+    c["prompt"].value = "all"
+    assert spec(e)["encoding"]["color"]["scale"]["domain"][:2] == ["kept", "skipped"]
+
+
+def test_binarize_swaps_the_offered_reducers_and_keeps_the_choice():
+    e = Explorer(per_prompt(SIGNED))
+    c = e.controls
+    assert c["prompt"].value == "mean" and c["prompt"].options[0] == ("mean", "mean")
+    c["binarize"].value = True
+    assert c["prompt"].value == "share"
+    assert [v for _, v in c["prompt"].options][:3] == ["share", "any", "all"]
+    assert spec(e)["title"]["text"].startswith("share of prompts with attribution >= ")
+    c["prompt"].value = "any"
+    c["binarize"].value = False
+    assert c["prompt"].value == "max" and e._message.value == ""
+
+
+def test_prompt_control_shows_full_texts():
+    e = Explorer(per_prompt(SIGNED))
+    labels = [label for label, v in e.controls["prompt"].options if not isinstance(v, str)]
+    assert labels == [f"{i}: {t}" for i, t in enumerate(PROMPTS)]
+    e.controls["prompt"].value = 2
+    assert e.controls["prompt"].tooltip == f"2: {PROMPTS[2]}"
+    assert e.controls["swap"].tooltip == "exchange the x and y axes"
+
+
+def click(explorer, **cell):
+    """What a click does in the browser: Vega sets the ``cell`` selection's signal."""
+    explorer._chart._vl_selections = {"cell": {"value": {"vlPoint": {"or": [cell]}},
+                                               "store": []}}
+
+
+def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
+    scores = per_prompt(SIGNED)
+    asked = []
+
+    def detail(cell):
+        asked.append(cell)
+        return alt.Chart({"values": [{"a": 1}]}).mark_point()
+
+    e = Explorer(scores, detail=detail)
+    assert spec(e)["params"][0]["select"] == {"type": "point", "fields": ["layer", "head"],
+                                              "on": "click", "clear": "dblclick"}
+    click(e, layer=1, head=0)
+    assert e.cell == {"layer": 1, "head": 0}
+    assert asked == [{"layer": 1, "head": 0, "prompt": 0}]
+    per_prompt_chart, shown = e._details.children
+    bars = per_prompt_chart.chart.to_dict()
+    assert [r["value"] for r in cells(bars)] == pytest.approx(SIGNED[:, 1, 0].tolist())
+    assert [r["text"] for r in cells(bars)] == PROMPTS
+    assert bars["encoding"]["y"]["axis"]["labelExpr"].startswith('["The capital of France')
+    assert isinstance(shown, alt.JupyterChart)
+    e.controls["prompt"].value = 2  # a picked prompt: the detail view follows it
+    assert asked[-1] == {"layer": 1, "head": 0, "prompt": 2}
+
+
+def test_update_swaps_new_data_into_the_same_chart():
+    e = Explorer(per_prompt(SIGNED))
+    chart_widget = e._chart
+    e.update(per_prompt(SIGNED * 10))
+    assert e._chart is chart_widget
+    got = {(r["layer"], r["head"]): r["value"] for r in cells(spec(e))}
+    assert got[(0, 0)] == pytest.approx(float(SIGNED[:, 0, 0].mean() * 10))

@@ -220,6 +220,42 @@ def heatmap(
     return chart.configure_view(stroke=None)
 
 
+def bars(da: xr.DataArray, *, y: str, title: str | None = None,
+         actions: bool = False) -> alt.Chart:
+    """A 1-D DataArray as horizontal bars, one per coordinate of ``y`` (e.g. a head's score
+    per prompt); a string label coord along ``y`` (``text``) gives the tick labels.
+
+    Args:
+        da: values with the single dim ``y``, e.g. (prompt,).
+        y: the dim, one bar per coordinate, in stored order.
+        title: chart title (default: the description from the attrs).
+        actions: show Vega's actions menu.
+
+    Returns:
+        An ``alt.Chart``; NaN and +-inf bars are left out of the bars but kept in the data.
+
+    Raises:
+        ValueError: if ``da`` has another dim than ``y``.
+    """
+    if da.dims != (y,):
+        raise ValueError(f"bars takes a 1-D array along {y!r}, got dims {tuple(da.dims)}; "
+                         "select or reduce the others first.")
+    full = label_from_attrs(da)
+    cols = _columns(da)
+    keys = list(cols)
+    data = {"values": [dict(zip(keys, row)) for row in zip(*cols.values())]}
+    labels = [c for c, d in LABEL_COORDS.items() if d == y and c in da.coords
+              and da[c].dtype.kind in "OUS"]
+    ticks = {y: labels[0]} if labels else {}
+    chart = alt.Chart(data).mark_bar(color="#4c78a8").encode(
+        x=alt.X(f"{_VALUE}:Q", title=full if len(full) <= LEGEND_CHARS else _shorten(da)),
+        tooltip=_tooltip(da, False, full), **_position(da, y, "y", cols, ticks),
+    ).properties(width=220, height=alt.Step(14),
+                 title=alt.TitleParams(title or full, fontSize=12),
+                 usermeta={"embedOptions": {"actions": actions}})
+    return chart
+
+
 def _shorten(da: xr.DataArray) -> str:
     """A legend title of at most ``LEGEND_CHARS`` characters: the units, else the cut name."""
     units = da.attrs.get("units")

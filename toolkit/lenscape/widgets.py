@@ -1,8 +1,22 @@
 """Explorer: browse every dim of a result with controls that redraw one chart in place.
 
-Two axes (``x``, ``y``) are drawn; every other dim gets a dropdown that either picks one
-coordinate or reduces the dim (mean, max, min, any, all). A threshold can binarize the
-values, one remaining dim can become facets, and the axes can be swapped.
+Two axes (``x``, ``y``) are drawn; every other dim gets a dropdown that picks one coordinate
+or, for dims whose values are samples or positions (``REDUCIBLE_DIMS``), reduces the dim.
+A threshold can binarize scores, one remaining dim can become facets, and the axes can be
+swapped. Clicking a cell shows that cell's value along the sample dim (per prompt, with the
+prompt texts) beside the chart, plus whatever a ``detail`` callback draws for it (e.g. the
+head's attention pattern).
+
+The controls cannot mislead:
+
+- Scores reduce with mean, max or min; masks (bool dtype, ``units == "bool"``, or scores
+  after *binarize*) with any, all or share. A mask averaged is labelled as the share it is
+  ("share of prompts with attribution >= 0.5") on a sequential 0-1 scale, never "kept".
+- The threshold is a number box that keeps exactly what it shows; switching the variable
+  never moves it, and a threshold outside the data's range gets a visible note.
+- Only the sample dims (``prompt``, ``seed``) open averaged; every other dim (model,
+  component, a method setting such as ``target_sparsity``, ``kind``) opens on its first
+  value, so different quantities are never averaged together by default.
 
 The work is split in two so it can be tested without a browser:
 
@@ -24,9 +38,12 @@ import ipywidgets as widgets
 import numpy as np
 import xarray as xr
 
-from lenscape.plot import enable_offline, heatmap
+from lenscape.plot import bars, enable_offline, heatmap, is_mask, label_from_attrs
 
 Data = xr.DataArray | xr.Dataset
+#: ``detail(cell) -> chart or widget`` for a clicked cell, e.g. ``{"layer": 3, "head": 5,
+#: "prompt": 0}`` (the axes' coordinates plus the coordinate picked for every other dim).
+DetailFn = Callable[[dict[Hashable, Any]], Any]
 
 
 def _any(da: xr.DataArray, dim: str) -> xr.DataArray:
@@ -39,15 +56,27 @@ def _all(da: xr.DataArray, dim: str) -> xr.DataArray:
     return ((da != 0) | ~valid).all(dim).where(valid.any(dim))
 
 
-#: How a dim can be reduced. NaN ("not computed") is skipped; a cell with nothing computed
-#: along the dim stays NaN. ``any``/``all`` treat non-zero as true.
-REDUCERS: dict[str, Callable[[xr.DataArray, str], xr.DataArray]] = {
+#: Reductions of scores; NaN ("not computed") is skipped, a cell with nothing computed
+#: along the dim stays NaN.
+SCORE_REDUCERS: dict[str, Callable[[xr.DataArray, str], xr.DataArray]] = {
     "mean": lambda da, dim: da.mean(dim),
     "max": lambda da, dim: da.max(dim),
     "min": lambda da, dim: da.min(dim),
+}
+#: Reductions of masks: any/all keep a mask (non-zero is true); share is the fraction of
+#: true values, a number in [0, 1].
+MASK_REDUCERS: dict[str, Callable[[xr.DataArray, str], xr.DataArray]] = {
+    "share": lambda da, dim: da.mean(dim),
     "any": _any,
     "all": _all,
 }
+REDUCERS = {**SCORE_REDUCERS, **MASK_REDUCERS}
+#: The mask reducer that matches a score reducer (a mask's mean is its share, max is any).
+MASK_OF = dict(zip(SCORE_REDUCERS, MASK_REDUCERS))
+#: Dims whose values can be pooled: samples, groups of samples, positions in the model.
+REDUCIBLE_DIMS = ("seed", "prompt", "cluster", "layer", "head", "pos")
+#: Dims the Explorer opens reduced (mean or share); every other dim opens on its first value.
+SAMPLE_DIMS = ("seed", "prompt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +89,7 @@ class View:
         pick: per other dim, a coordinate value to select or a ``REDUCERS`` name.
         variable: the Dataset variable to show (None for a DataArray).
         facet: a remaining dim drawn as side-by-side panels, or None.
-        threshold: binarize each value to ``value >= threshold`` before reducing, or None.
+        threshold: binarize each score to ``value >= threshold`` before reducing, or None.
         swap: exchange the x and y axes.
     """
 
@@ -73,36 +102,89 @@ class View:
     swap: bool = False
 
 
+def _name(da: xr.DataArray) -> str:
+    return str(da.attrs.get("long_name") or (da.name if da.name is not None else "value"))
+
+
+def _range(da: xr.DataArray) -> tuple[float, float]:
+    """Finite min and max of ``da`` ((0, 1) when nothing is finite)."""
+    values = np.asarray(da.values, dtype=float)
+    finite = values[np.isfinite(values)]
+    return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+
+
+def threshold_note(da: xr.DataArray, threshold: float) -> str | None:
+    """A sentence when ``threshold`` lies outside the finite values of ``da``, else None."""
+    lo, hi = _range(da)
+    if threshold > hi:
+        return (f"threshold {threshold:g} is above every value (max {hi:.3g}): "
+                "every cell is below it")
+    if threshold <= lo:
+        return (f"threshold {threshold:g} is at or below every value (min {lo:.3g}): "
+                "every cell is at or above it")
+    return None
+
+
 def reduce(data: Data, view: View) -> xr.DataArray:
     """Apply a view's variable, threshold, selections and reductions.
 
-    Binarizing comes first, so ``all`` over ``seed`` answers "above threshold in every seed"
-    and ``mean`` gives the fraction of items above it.
+    Binarizing comes first, so ``all`` over ``seed`` answers "above threshold in every
+    seed". Then selections, then any/all, then share (a mask stops being a mask there), in
+    that order whatever the order of ``view.pick``.
 
     Args:
         data: a DataArray, or a Dataset with ``view.variable``.
         view: the state to apply.
 
     Returns:
-        The DataArray with only the axis dims and the facet dim left; attrs kept, plus
-        ``reduction`` saying what was done (``units`` dropped when binarized).
+        The DataArray with only the axis dims and the facet dim left. Its attrs say what
+        it now is: a binarized array is a mask (``units="bool"``, ``long_name`` "x >= t"),
+        a share has ``units`` "share of prompts" and ``long_name`` "share of prompts with
+        x >= t"; ``reduction`` lists the selections and other reductions; ``note`` warns
+        of a threshold outside the data.
+
+    Raises:
+        ValueError: a mask reducer on scores, a score reducer on a mask, or binarizing a
+            mask (each message names the fix).
     """
     da = data[view.variable] if isinstance(data, xr.Dataset) else data
     attrs = dict(da.attrs)
-    steps = []
+    name = _name(da)
+    mask = is_mask(da)
     if view.threshold is not None:
+        if mask:
+            raise ValueError(f"{name!r} is already a mask; turn binarize off to show it.")
+        note = threshold_note(da, view.threshold)
+        if note:
+            attrs["note"] = note
         da = (da >= view.threshold).where(da.notnull())
-        attrs.pop("units", None)
-        steps.append(f">= {view.threshold:.3g}")
+        name = f"{name} >= {view.threshold:g}"
+        attrs.update(long_name=name, units="bool")
+        mask = True
+    steps, pooled, shared = [], [], []
     for dim, how in view.pick.items():
         if dim not in da.dims or dim == view.facet:
             continue
-        if isinstance(how, str) and how in REDUCERS:
-            da = REDUCERS[how](da, dim)
-            steps.append(f"{how} over {dim}")
-        else:
+        if not (isinstance(how, str) and how in REDUCERS):
             da = da.sel({dim: how})
             steps.append(f"{dim} = {how}")
+            continue
+        allowed = MASK_REDUCERS if mask else SCORE_REDUCERS
+        if how not in allowed:
+            fix = ("turn on binarize to make a mask first" if mask is False else
+                   "a mask reduces with share (its mean), any or all")
+            raise ValueError(f"{how!r} over {dim} does not apply to {name!r}; {fix}, or pick "
+                             f"one of {list(allowed)}.")
+        (shared if how == "share" else pooled).append((dim, how))
+    for dim, how in pooled:
+        da = REDUCERS[how](da, dim)
+        steps.append(f"{how} over {dim}")
+    if shared:
+        dims = [dim for dim, _ in shared]
+        da = da.mean(dims)
+        over = " and ".join(f"{d}s" for d in dims)
+        attrs.update(long_name=f"share of {over} with {name}" if view.threshold is not None
+                     else f"share of {over} where {name}", units=f"share of {over}")
     if steps:
         attrs["reduction"] = ", ".join(steps)
     out = da.copy(deep=False)
@@ -120,17 +202,22 @@ def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, alt.To
 
     Returns:
         ``(array, chart)``: the reduced values (dims: the axes' dims and the facet) and
-        their heatmap.
+        their heatmap; an unfaceted chart carries a click selection named ``cell``.
     """
     da = reduce(data, view)
     x, y = (view.y, view.x) if view.swap else (view.x, view.y)
-    if view.threshold is not None:
-        t = f"{view.threshold:.3g}"
+    if view.threshold is not None and is_mask(da):
+        t = f"{view.threshold:g}"
         options = {"labels": (f"< {t}", f">= {t}"), **options}
     facet = view.facet if view.facet in da.dims else None
-    name = da.attrs.get("long_name") or (str(da.name) if da.name is not None else "value")
+    name = _name(da)
     title = f"{name} · {da.attrs['reduction']}" if "reduction" in da.attrs else name
-    return da, heatmap(da, x=x, y=y, facet_col=facet, **{"title": title, **options})
+    chart = heatmap(da, x=x, y=y, facet_col=facet, **{"title": title, **options})
+    if isinstance(chart, alt.Chart):  # a click on a cell selects its coordinates
+        fields = [str(d) for d in da.dims]
+        chart = chart.add_params(alt.selection_point(name="cell", fields=fields, on="click",
+                                                     clear="dblclick"))
+    return da, chart
 
 
 def _dims(data: Data) -> list[Hashable]:
@@ -139,26 +226,18 @@ def _dims(data: Data) -> list[Hashable]:
     return list(dict.fromkeys(d for v in data.data_vars.values() for d in v.dims))
 
 
-def _range(da: xr.DataArray) -> tuple[float, float]:
-    """Finite min and max of ``da``, widened to a non-empty interval."""
-    values = np.asarray(da.values, dtype=float)
-    finite = values[np.isfinite(values)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    return lo, hi if hi > lo else lo + 1.0
-
-
 def _label(data: Data, dim: Hashable, value: Any) -> str:
     """Dropdown label for a coordinate, with the prompt text when there is one."""
     if dim == "prompt" and "text" in data.coords:
-        text = str(data["text"].sel(prompt=value).values)
-        return f"{value}: {text[:40]}"
+        return f"{value}: {data['text'].sel(prompt=value).values}"
     return str(value)
 
 
 class Explorer:
     """Controls for every dim of a result, redrawing one chart in place.
 
-    A notebook cell ending in ``lsc.Explorer(scores)`` shows the controls above the chart.
+    A notebook cell ending in ``lsc.Explorer(scores)`` shows the controls above the chart;
+    click a cell for its values per prompt (and ``detail``'s view) beside it.
 
     Args:
         data: a DataArray, e.g. (prompt, layer, head), or a Dataset of such variables.
@@ -166,16 +245,20 @@ class Explorer:
         y: dim on the vertical axis.
         facet: a dim to draw as side-by-side panels from the start.
         variable: the Dataset variable shown first (default: the first).
-        threshold: start with binarizing at this value (default: off, slider mid-range).
+        threshold: start with binarizing at this value (default: off; the box starts at the
+            middle of the data's range).
+        detail: called with a clicked cell's coordinates (see ``DetailFn``); what it returns
+            (an Altair chart or a widget) is shown under the per-prompt values.
         **options: passed to ``heatmap`` on every redraw (``color``, ``center``, ...).
 
     Attributes:
         controls: widget per name: one per other dim (named by the dim), ``variable`` for
             Datasets, ``facet`` (``"none"`` or a dim), ``binarize`` (checkbox), ``threshold``
-            (slider), ``swap`` (toggle).
-        widget: the ipywidgets container holding the controls and the chart.
+            (number box), ``swap`` (toggle).
+        widget: the ipywidgets container holding the controls, the chart and the details.
         view: the current ``View``.
         array: the reduced DataArray behind the current chart.
+        cell: the coordinates of the clicked cell, or None.
 
     Raises:
         ValueError: if ``x`` or ``y`` is missing from the data, or ``facet`` is not another dim.
@@ -183,17 +266,20 @@ class Explorer:
 
     def __init__(self, data: Data, *, x: str = "head", y: str = "layer",
                  facet: str | None = None, variable: Hashable | None = None,
-                 threshold: float | None = None, **options: Any):
+                 threshold: float | None = None, detail: DetailFn | None = None,
+                 **options: Any):
         dims = _dims(data)
         for role, name in (("x", x), ("y", y)):
             if name not in dims and name not in data.coords:
                 raise ValueError(f"Explorer({role}={name!r}) but the data has dims {tuple(dims)};"
                                  f" pass {role}= one of them.")
-        self.data, self.x, self.y, self.options = data, x, y, options
+        self.data, self.x, self.y, self.options, self.detail = data, x, y, options, detail
         axis_dims = {n if n in dims else data[n].dims[-1] for n in (x, y)}
         self._others = [d for d in dims if d not in axis_dims]
         if facet is not None and facet not in self._others:
             raise ValueError(f"facet={facet!r} must be one of the other dims {self._others}.")
+        self.cell: dict[Hashable, Any] | None = None
+        self._busy = True  # no redraws while the controls are built
 
         self.controls: dict[str, widgets.Widget] = {}
         c = self.controls
@@ -203,33 +289,40 @@ class Explorer:
             c["variable"] = widgets.Dropdown(options=names, value=variable or names[0],
                                              description="variable", **wide)
         for dim in self._others:
-            values = data[dim].values.tolist()
-            default = values[0] if dim == "model" or len(values) == 1 else "mean"
-            c[str(dim)] = widgets.Dropdown(
-                options=[(r, r) for r in REDUCERS] + [(_label(data, dim, v), v) for v in values],
-                value=default, description=str(dim), **wide)
+            c[str(dim)] = widgets.Dropdown(description=str(dim), **wide,
+                                           layout={"width": "460px" if dim == "prompt" else
+                                                   "auto"})
         c["facet"] = widgets.Dropdown(options=["none"] + [str(d) for d in self._others],
                                       value=facet or "none", description="facet", **wide)
         lo, hi = _range(self._current())
+        start = threshold if threshold is not None else float(f"{(lo + hi) / 2:.3g}")
         c["binarize"] = widgets.Checkbox(value=threshold is not None, description="binarize at",
                                          indent=False, layout={"width": "auto"})
-        c["threshold"] = widgets.FloatSlider(
-            value=(lo + hi) / 2 if threshold is None else threshold, min=lo, max=hi,
-            step=(hi - lo) / 200, readout_format=".3g", continuous_update=False)
-        c["swap"] = widgets.ToggleButton(value=False, description="swap axes", icon="exchange")
+        c["threshold"] = widgets.FloatText(value=start, layout={"width": "90px"},
+                                           tooltip="binarize each value to value >= threshold")
+        c["swap"] = widgets.ToggleButton(value=False, description="swap axes", icon="exchange",
+                                         tooltip="exchange the x and y axes")
+        self._data_range = widgets.HTML()
+        self._set_dim_options(first=True)
 
         enable_offline()
+        self._message = widgets.HTML()
         self.view = self._read()
         self.array, chart = render(data, self.view, **options)
-        self._chart = alt.JupyterChart(chart, embed_options={"renderer": "svg"})
-        self._message = widgets.HTML()
+        self._note(self.array)
+        self._chart = alt.JupyterChart(chart, embed_options={"renderer": "svg",
+                                                             "actions": False})
+        self._details = widgets.VBox(layout={"min_width": "260px"})
         dim_row = [c[str(d)] for d in self._others]
         top = [c[k] for k in ("variable", "facet", "swap") if k in c]
         self.widget = widgets.VBox([
-            widgets.HBox(top + [c["binarize"], c["threshold"]]),
+            widgets.HBox(top + [c["binarize"], c["threshold"], self._data_range],
+                         layout={"flex_flow": "row wrap", "align_items": "center"}),
             widgets.HBox(dim_row, layout={"flex_flow": "row wrap"}),
-            self._message, self._chart])
-        self._sync_enabled()
+            self._message,
+            widgets.HBox([self._chart, self._details], layout={"align_items": "flex-start"})])
+        self._sync()
+        self._watch_selection()
         self._busy = False
         for control in c.values():
             control.observe(self._on_change, names="value")
@@ -245,6 +338,30 @@ class Explorer:
         var = self.controls["variable"].value if "variable" in self.controls else None
         return self.data[var or next(iter(self.data.data_vars))]
 
+    def _masked(self) -> bool:
+        """Whether the shown values are a mask (the variable is one, or binarize is on)."""
+        return is_mask(self._current()) or self.controls["binarize"].value
+
+    def _set_dim_options(self, first: bool = False) -> None:
+        """Offer the reducers that fit the data (scores or masks) on reducible dims; keep each
+        dropdown's choice, translated between matching reducers (mean <-> share ...)."""
+        masked = self._masked()
+        reducers = list(MASK_REDUCERS if masked else SCORE_REDUCERS)
+        for dim in self._others:
+            control = self.controls[str(dim)]
+            values = self.data[dim].values.tolist()
+            offered = reducers if dim in REDUCIBLE_DIMS and len(values) > 1 else []
+            old = control.value
+            if first:
+                old = reducers[0] if dim in SAMPLE_DIMS and offered else values[0]
+            elif isinstance(old, str) and old in REDUCERS:
+                old = (MASK_OF.get(old, old) if masked else
+                       {v: k for k, v in MASK_OF.items()}.get(old, old))
+            options = [(r, r) for r in offered] + [(_label(self.data, dim, v), v) for v in values]
+            if control.options != tuple(options):
+                control.options = options
+            control.value = old if old in [v for _, v in options] else values[0]
+
     def _read(self) -> View:
         """The View the controls describe."""
         c = self.controls
@@ -256,27 +373,31 @@ class Explorer:
             threshold=c["threshold"].value if c["binarize"].value else None,
             swap=c["swap"].value)
 
-    def _sync_enabled(self) -> None:
-        """Grey out dim controls that do not apply (faceted, or absent from the variable)."""
-        dims = self._current().dims
+    def _sync(self) -> None:
+        """Grey out controls that do not apply; show the data range beside the threshold and
+        the full prompt text in the prompt control's tooltip."""
+        current = self._current()
+        c = self.controls
         for d in self._others:
-            self.controls[str(d)].disabled = d == self.controls["facet"].value or d not in dims
-        self.controls["threshold"].disabled = not self.controls["binarize"].value
+            c[str(d)].disabled = d == c["facet"].value or d not in current.dims
+        mask = is_mask(current)
+        c["binarize"].disabled = mask
+        c["threshold"].disabled = mask or not c["binarize"].value
+        lo, hi = _range(current)
+        self._data_range.value = "" if mask else f"<small>data {lo:.3g} to {hi:.3g}</small>"
+        if "prompt" in c and c["prompt"].value not in REDUCERS:
+            c["prompt"].tooltip = str(c["prompt"].label)
 
     def _on_change(self, change: dict) -> None:
         if self._busy:
             return
-        if change["owner"] is self.controls.get("variable"):
-            lo, hi = _range(self._current())
-            s = self.controls["threshold"]
-            self._busy = True
-            try:  # widen first so min <= value <= max holds at every step
-                s.min, s.max = min(lo, s.min), max(hi, s.max)
-                s.value, s.step = (lo + hi) / 2, (hi - lo) / 200
-                s.min, s.max = lo, hi
-            finally:
-                self._busy = False
-        self._sync_enabled()
+        self._busy = True
+        try:
+            if change["owner"] in (self.controls.get("variable"), self.controls["binarize"]):
+                self._set_dim_options()
+            self._sync()
+        finally:
+            self._busy = False
         self.redraw()
 
     def redraw(self) -> None:
@@ -287,9 +408,80 @@ class Explorer:
         except ValueError as err:  # keep the last good chart and say why
             self._message.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
             return
-        self._message.value = ""
+        self._note(array)
         self.view, self.array = view, array
         self._chart.chart = chart
+        self._watch_selection()
+        if self.cell is not None:
+            self.show_cell(self.cell)
+
+    def _note(self, array: xr.DataArray) -> None:
+        """Show the array's ``note`` (a threshold outside the data) above the chart, or clear."""
+        note = array.attrs.get("note")
+        self._message.value = (f"<span style='color:#8a5a00'>{html.escape(note)}</span>"
+                               if note else "")
+
+    def update(self, data: Data) -> None:
+        """Show new data (same dims, e.g. scores of other prompts) with the current settings:
+        the dim controls get the new coordinates and the chart is swapped in place."""
+        self.data = data
+        self._busy = True
+        try:
+            self._set_dim_options()
+            self._sync()
+        finally:
+            self._busy = False
+        self.cell = None
+        self._details.children = ()
+        self.redraw()
+
+    def _watch_selection(self) -> None:
+        """Follow clicks on the chart now shown (each chart swap brings new selections)."""
+        if "cell" in self._chart.selections.trait_names():
+            self._chart.selections.observe(self._on_select, names=["cell"])
+
+    def _on_select(self, change: dict) -> None:
+        points = change["new"].value
+        if points:
+            self.show_cell(points[0])
+
+    def show_cell(self, cell: Mapping[Hashable, Any]) -> None:
+        """Show, beside the chart, the clicked cell's values along the first reduced sample
+        dim (per prompt, with texts) and ``detail``'s view of it.
+
+        Args:
+            cell: the cell's coordinates on the chart's dims, e.g. ``{"layer": 3, "head": 5}``.
+        """
+        da = self._current()
+        at = {d: v for d, v in cell.items() if d in da.dims}
+        picks = {d: v for d, v in self.view.pick.items()
+                 if d in da.dims and d not in at and not (isinstance(v, str) and v in REDUCERS)}
+        self.cell = {**at, **picks}
+        values = da.sel({**at, **picks})
+        along = next((d for d in values.dims if d in SAMPLE_DIMS), None)
+        where = ", ".join(f"{d} {v}" for d, v in at.items())
+        parts: list[widgets.Widget] = []
+        if along is not None and values.ndim == 1:
+            chart = bars(values, y=along, title=f"{where}: per {along}")
+            parts.append(alt.JupyterChart(chart, embed_options={"renderer": "svg",
+                                                                "actions": False}))
+        else:
+            text = html.escape(f"{label_from_attrs(da)} at {where}: "
+                               f"{np.asarray(values.mean().values).item():.4g}")
+            parts.append(widgets.HTML(f"<b>{text}</b>"))
+        if self.detail is not None:
+            cell_for_detail = dict(self.cell)
+            if along == "prompt" and "prompt" not in cell_for_detail:
+                cell_for_detail["prompt"] = values["prompt"].values[0].item()
+            try:
+                shown = self.detail(cell_for_detail)
+            except ValueError as err:
+                shown = widgets.HTML(f"<span style='color:#b00'>{html.escape(str(err))}</span>")
+            if isinstance(shown, alt.TopLevelMixin):
+                shown = alt.JupyterChart(shown, embed_options={"renderer": "svg",
+                                                               "actions": False})
+            parts.append(shown)
+        self._details.children = tuple(parts)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
