@@ -41,5 +41,5 @@ def test_top_level_api():
     assert set(lsc.__all__) <= public
     # Only curated names (and subpackages Python adds on import) are exposed.
     modules = {"accessor", "capture", "cli", "data", "models", "plot", "schema", "store",
-               "widgets", "aggregate", "finetune", "cluster"}
+               "widgets", "aggregate", "finetune", "cluster", "selfcheck"}
     assert public - set(lsc.__all__) <= modules

