@@ -11,11 +11,12 @@ venv: $(PY)
 
 $(PY):
 	python3 -m venv $(VENV)
-	# torch first and pinned: an unpinned resolve may pull a multi-GB CUDA build on CPU machines.
-	$(PIP) install --quiet torch==2.13.0
+	# torch first, at its locked version: an unpinned resolve may pull a multi-GB CUDA build on CPU machines.
+	$(PIP) install --quiet -c constraints.txt torch
 
-$(STAMP): $(PY) pyproject.toml
-	$(PIP) install --quiet -e ".[test,notebooks,dask]"
+# pyproject.toml declares ranges; constraints.txt holds the exact tested versions.
+$(STAMP): $(PY) pyproject.toml constraints.txt
+	$(PIP) install --quiet -c constraints.txt -e ".[test,notebooks,dask]"
 	$(VENV)/bin/lenscape install-models --all
 	touch $(STAMP)
 
