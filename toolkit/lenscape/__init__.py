@@ -10,6 +10,8 @@ from . import aggregate, cluster, data, schema
 from .capture import (ablation, activation_patching, apply_mask, attribution_patching,
                       block_masks, capture_to, direct_logit_attribution, head_gating, masked_loss, task_loss,
                       weight_change, weight_importance)
+from .capture.attention import attention_pattern
+from .capture.inspection import inspect
 from .finetune import finetune
 from .models import ArchLayout, LensModel, ModelSpec, from_hf, load
 from .plot import enable_offline, export, heatmap
@@ -30,6 +32,7 @@ __all__ = [
     "activation_patching",
     "aggregate",
     "apply_mask",
+    "attention_pattern",
     "attribution_patching",
     "block_masks",
     "capture_to",
@@ -43,6 +46,7 @@ __all__ = [
     "from_hf",
     "head_gating",
     "heatmap",
+    "inspect",
     "load",
     "masked_loss",
     "open",

@@ -21,9 +21,11 @@ import xarray as xr
 SCHEMA_VERSION = 1
 
 #: Every dim lenscape uses, in canonical order.
-DIMS: tuple[str, ...] = ("model", "seed", "prompt", "cluster", "layer", "head", "component", "pos")
+DIMS: tuple[str, ...] = ("model", "seed", "prompt", "cluster", "layer", "head", "component", "pos",
+                         "query_pos", "key_pos")
 #: Dims whose coords are integers counting from 0.
-INT_DIMS: tuple[str, ...] = ("seed", "prompt", "cluster", "layer", "head", "pos")
+INT_DIMS: tuple[str, ...] = ("seed", "prompt", "cluster", "layer", "head", "pos", "query_pos",
+                             "key_pos")
 
 BLOCK_COMPONENTS: tuple[str, ...] = ("attn", "mlp")
 WEIGHT_COMPONENTS: tuple[str, ...] = (
@@ -38,7 +40,8 @@ MODEL_COMPONENTS: tuple[str, ...] = ("embed", "lm_head", "final_norm")
 COMPONENTS: tuple[str, ...] = BLOCK_COMPONENTS + WEIGHT_COMPONENTS + MODEL_COMPONENTS
 
 #: Non-dimension coords and the dim they hang on.
-LABEL_COORDS: dict[str, str] = {"text": "prompt", "category": "prompt", "depth": "layer"}
+LABEL_COORDS: dict[str, str] = {"text": "prompt", "category": "prompt", "depth": "layer",
+                                "query_token": "query_pos", "key_token": "key_pos"}
 
 #: Provenance attrs every captured result carries.
 PROVENANCE_ATTRS: tuple[str, ...] = (

@@ -4,7 +4,9 @@ Capture methods speak in *sites*: ``("resid_pre", layer)`` is the residual strea
 block ``layer``, (batch, pos, d_model); ``("z", layer)`` is the per-head output before the
 output projection, (batch, pos, n_heads, d_head); ``("attn", layer)`` and ``("mlp", layer)``
 are the blocks' contributions to the residual stream, (batch, pos, d_model);
-``("resid_final", -1)`` is the residual stream entering the final norm, (batch, pos, d_model).
+``("resid_final", -1)`` is the residual stream entering the final norm, (batch, pos, d_model);
+``("pattern", layer)`` is the attention pattern, (batch, n_heads, query_pos, key_pos) over
+query heads (the HF model must run with ``attn_implementation="eager"`` for nnsight).
 
 A backend runs one forward pass over a ``TokenBatch`` and, at each requested site in
 forward order, optionally replaces the activation (``edit``) and keeps it (returned in
@@ -35,7 +37,7 @@ EditFn = Callable[[Site, torch.Tensor], torch.Tensor]
 #: d_model) as the residual stream entering it; earlier blocks are skipped.
 Resume = tuple[int, torch.Tensor]
 
-SITE_KINDS = ("resid_pre", "z", "attn", "mlp", "resid_final")
+SITE_KINDS = ("resid_pre", "z", "pattern", "attn", "mlp", "resid_final")
 BACKENDS = ("nnsight", "transformer_lens")
 
 
@@ -114,7 +116,8 @@ class NNsightBackend:
             return self._envoy(layout.final_norm)
         if kind == "resid_pre":
             return self._envoy(f"{layout.layers}.{layer}")
-        path = {"z": layout.o_proj, "attn": layout.attn_out, "mlp": layout.mlp_out}[kind]
+        path = {"z": layout.o_proj, "attn": layout.attn_out, "mlp": layout.mlp_out,
+                "pattern": layout.o_proj.rsplit(".", 1)[0]}[kind]
         return self._envoy(f"{layout.layers}.{layer}.{path}")
 
     def run(self, batch: TokenBatch, *, sites: Sequence[Site] = (), edit: EditFn | None = None,
@@ -150,6 +153,12 @@ class NNsightBackend:
                     if edit is not None:
                         value = edit(site, value)
                         envoy.output = (value, *output[1:])
+                elif kind == "pattern":  # attention modules return (output, weights)
+                    output = envoy.output
+                    value = output[1]
+                    if edit is not None:
+                        value = edit(site, value)
+                        envoy.output = (output[0], value, *output[2:])
                 else:
                     value = envoy.output
                     if edit is not None:
@@ -183,6 +192,7 @@ class TransformerLensBackend:
         kind, layer = site
         return {"resid_pre": f"blocks.{layer}.hook_in", "z": f"blocks.{layer}.attn.hook_z",
                 "attn": f"blocks.{layer}.hook_attn_out", "mlp": f"blocks.{layer}.hook_mlp_out",
+                "pattern": f"blocks.{layer}.attn.hook_pattern",
                 "resid_final": "ln_final.hook_in"}[kind]
 
     def run(self, batch: TokenBatch, *, sites: Sequence[Site] = (), edit: EditFn | None = None,
