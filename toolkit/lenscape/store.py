@@ -11,13 +11,37 @@ settings it is made with; ``write_part`` fills one prompt slice and then marks i
 a boolean ``_lenscape_done`` variable. zarr writes each chunk file atomically (temp file
 + rename) and parts are chunk-aligned, so a run killed at any moment leaves every part
 either done or recomputable; ``progress`` reads the settings and done flags back to resume.
+
+Nothing is lost silently:
+
+- ``save`` over an existing result writes a temporary sibling first and swaps it in only
+  when it is complete, so a failed write keeps the old result, and saving a result that is
+  lazily read from the same path (``lsc.open(path, lazy=True)``) writes its real values;
+- every zarr chunk is written, even an all-NaN one, so ``open_result`` can check that each
+  chunk file exists and decodes: a missing or unreadable chunk raises ``StoreError`` naming
+  the store and the chunk. Only the chunks of prompts a streaming capture has not finished
+  (not marked in ``_lenscape_done``) may be missing; they read as NaN, "not computed";
+- damaged metadata raises ``StoreError`` naming the path, not a raw JSON or codec error;
+- one writer per store: ``writer_lock`` holds an exclusive lock on a ``<store>.lock`` file
+  beside the store (it records the owner's pid, host and start time for the message a
+  second writer gets). The operating system releases the lock when its owner dies, so a
+  lock left by a killed run is stale and the next run takes it over.
 """
 
 from __future__ import annotations
 
+import datetime
+import errno
+import fcntl
+import itertools
 import json
 import os
+import shutil
+import socket
 import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +54,23 @@ _BOOL_ATTRS = "_lenscape_bool_attrs"
 _UNNAMED = "__xarray_dataarray_variable__"
 _DONE = "_lenscape_done"
 _SETTINGS = "_lenscape_capture"
+
+
+class StoreError(ValueError):
+    """A saved result that is damaged (missing or unreadable chunk, corrupt metadata) or
+    a store that another process is writing."""
+
+
+def as_path(path: Any, *, argument: str = "path") -> Path:
+    """``path`` as a ``Path``.
+
+    Raises:
+        TypeError: not a string or path-like object.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{argument} must be a file path (str or pathlib.Path), got {path!r} "
+                        f"({type(path).__name__}); e.g. 'results.zarr'.")
+    return Path(path)
 
 
 def _engine(path: Path) -> str:
@@ -73,40 +114,93 @@ def _as_dataset(obj: xr.DataArray | xr.Dataset, engine: str) -> xr.Dataset:
     return ds
 
 
+def _write(ds: xr.Dataset, path: Path, engine: str, mode: str) -> None:
+    if engine == "zarr":
+        ds.to_zarr(path, mode=mode, consolidated=False, write_empty_chunks=True)
+    else:
+        ds.to_netcdf(path, mode=mode, engine="netcdf4")
+
+
+def _replace(ds: xr.Dataset, path: Path, engine: str) -> None:
+    """Write ``ds`` to a temporary sibling of ``path``, then swap it in.
+
+    ``ds`` may be lazily read from ``path`` itself: it is read in full before the old
+    result is moved away. A failed write leaves the old result untouched.
+    """
+    temporary = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:8]}")
+    try:
+        _write(ds, temporary, engine, "w")
+    except BaseException:
+        if temporary.is_dir():
+            shutil.rmtree(temporary, ignore_errors=True)
+        else:
+            temporary.unlink(missing_ok=True)
+        raise
+    if path.is_dir():  # a directory cannot be renamed over: move the old one aside first
+        old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+        os.rename(path, old)
+        os.rename(temporary, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(temporary, path)
+
+
 def save(obj: xr.DataArray | xr.Dataset, path: str | Path, *, mode: str = "w") -> Path:
     """Write ``obj`` to ``path`` (``.zarr`` or ``.nc``); ``mode="w"`` overwrites.
 
+    Overwriting writes a temporary copy next to ``path`` and swaps it in when complete, so
+    ``obj`` may be lazily read from ``path`` itself and a failed write keeps the old result.
+
     Returns:
         The path written.
+
+    Raises:
+        StoreError: another process is writing ``path`` (see ``writer_lock``).
     """
-    path = Path(path)
+    path = as_path(path)
     engine = _engine(path)
     ds = _as_dataset(obj, engine)
-    if engine == "zarr":
-        ds.to_zarr(path, mode=mode, consolidated=False)
-    else:
-        ds.to_netcdf(path, mode=mode, engine="netcdf4")
+    with writer_lock(path):
+        if mode == "w" and path.exists():
+            _replace(ds, path, engine)
+        else:
+            _write(ds, path, engine, mode)
     return path
 
 
-def open_result(path: str | Path, *, lazy: bool = False) -> xr.DataArray | xr.Dataset:
-    """Open what ``save`` wrote; eager by default, ``lazy=True`` keeps it dask/lazily backed.
+def open_result(path: str | Path, *, lazy: bool = False,
+                verify: bool = True) -> xr.DataArray | xr.Dataset:
+    """Open what ``save`` (or a streaming capture) wrote.
+
+    Args:
+        lazy: keep the data dask/lazily backed instead of loading it.
+        verify: check first that every chunk of a zarr store exists and decodes
+            (``verify_store``); ``verify=False`` reads what is there (missing chunks as NaN),
+            to rescue what a damaged store still holds.
 
     Raises:
         FileNotFoundError: nothing at ``path``.
+        StoreError: a missing or unreadable chunk, or metadata that cannot be read.
     """
-    path = Path(path)
+    path = as_path(path)
     engine = _engine(path)
     if not path.exists():
         raise FileNotFoundError(f"No saved result at '{path}'; check the path (lsc.save writes "
                                 "'.zarr' directories and '.nc' files).")
+    if verify and engine == "zarr":
+        verify_store(path)
     kwargs = {"consolidated": False} if engine == "zarr" else {}
-    ds = xr.open_dataset(path, engine=engine, chunks={} if lazy else None, **kwargs)
+    try:
+        ds = xr.open_dataset(path, engine=engine, chunks={} if lazy else None, **kwargs)
+        if not lazy:
+            ds = ds.load()
+            ds.close()
+    except Exception as err:
+        raise StoreError(f"Cannot read the saved result '{path}' ({type(err).__name__}: {err}); "
+                         "the file is damaged or was not written by lsc.save: save the result "
+                         "again.") from err
     ds = ds.drop_vars([_DONE], errors="ignore")
     ds.attrs.pop(_SETTINGS, None)
-    if not lazy:
-        ds = ds.load()
-        ds.close()
     # Variable-length strings come back as objects or numpy StringDType: back to numpy unicode.
     ds = ds.assign_coords({name: (ds[name].dims, np.asarray(ds[name].values.tolist(), dtype=str))
                            for name in ds.coords if ds[name].dtype.kind in "OT"})
@@ -122,6 +216,127 @@ def open_result(path: str | Path, *, lazy: bool = False) -> xr.DataArray | xr.Da
     return ds
 
 
+def _dims_of(array: Any) -> tuple[str, ...]:
+    """The xarray dims of a zarr array (zarr v3 ``dimension_names``, v2 ``_ARRAY_DIMENSIONS``)."""
+    names = getattr(array.metadata, "dimension_names", None)
+    return tuple(names or array.attrs.get("_ARRAY_DIMENSIONS", ()))
+
+
+def verify_store(path: str | Path) -> None:
+    """Check that every chunk of the zarr store at ``path`` exists and decodes.
+
+    Chunks may only be missing where a streaming capture has not finished its prompts
+    (all of the chunk's prompts not marked in ``_lenscape_done``): those are "not
+    computed" and read as NaN. Anywhere else a missing chunk would read as NaN too, and
+    pass for "not computed" when it is lost data.
+
+    Raises:
+        StoreError: metadata that cannot be read, a missing chunk, or a chunk that does
+            not decode (truncated or overwritten file), naming the store and the chunk.
+    """
+    import zarr
+
+    path = Path(path)
+    try:
+        group = zarr.open_group(path, mode="r")
+        arrays = dict(group.arrays())
+        done = arrays[_DONE][...].astype(bool) if _DONE in arrays else None
+    except Exception as err:
+        raise StoreError(f"The metadata of the store '{path}' cannot be read ({type(err).__name__}: "
+                         f"{err}); the store is damaged: save or capture the result again.") from err
+    for name, array in arrays.items():
+        dims = _dims_of(array)
+        prompt_axis = dims.index("prompt") if done is not None and "prompt" in dims else None
+        for coords in itertools.product(*(range(n) for n in array.cdata_shape)):
+            chunk = path / array.path / array.metadata.encode_chunk_key(coords)
+            if not chunk.exists():
+                if name == _DONE:  # reads as False: those prompts are recomputed on resume
+                    continue
+                if prompt_axis is not None:
+                    size = array.chunks[prompt_axis]
+                    start = coords[prompt_axis] * size
+                    if not done[start:start + size].any():
+                        continue
+                raise StoreError(f"The store '{path}' is missing the chunk '{chunk.relative_to(path)}' "
+                                 f"of '{name}', so part of the result is lost (it would read as "
+                                 "NaN, 'not computed'); re-run the capture, or open it with "
+                                 "verify=False to read the rest.")
+            try:
+                array.get_block_selection(coords)
+            except Exception as err:
+                raise StoreError(f"The chunk '{chunk.relative_to(path)}' of '{name}' in the store "
+                                 f"'{path}' cannot be read ({type(err).__name__}: {err}); re-run "
+                                 "the capture, or open it with verify=False to read the rest.") \
+                    from err
+
+
+@contextmanager
+def writer_lock(path: str | Path) -> Iterator[None]:
+    """Hold the one-writer lock of the result at ``path`` while the block runs.
+
+    The lock is an exclusive ``flock`` on ``<path>.lock`` beside the result (inside it,
+    zarr's overwrite would delete it); the file records the owner's pid, host and start
+    time. The kernel drops the lock when its owner dies, so a lock file left by a killed
+    run is stale: the next writer takes it over. On a file system without locks a warning
+    says that nothing stops a second writer.
+
+    Raises:
+        StoreError: another process holds the lock (the message names it).
+        ValueError: the lock file cannot be created (read-only folder).
+    """
+    path = Path(path)
+    lock = path.with_name(path.name + ".lock")
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            raise ValueError(f"Cannot create the lock file '{lock}' for '{path}': "
+                             f"{err.strerror or err}; choose a writable folder.") from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _lock_owner(fd)
+            os.close(fd)
+            raise StoreError(f"'{path}' is being written by another process ({owner}); wait for "
+                             "it to finish, or write to another path. Only one process may "
+                             "write a store at a time.") from None
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
+                os.close(fd)
+                raise
+            warnings.warn(f"The file system of '{path}' does not support locks "
+                          f"({err.strerror}), so nothing stops a second process from writing "
+                          "it at the same time; run one writer only.", stacklevel=3)
+            break
+        # Its last owner may have removed the file between our open and our lock: then we
+        # hold a lock on a deleted file and must lock the file now at that path instead.
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({
+        "pid": os.getpid(), "host": socket.gethostname(),
+        "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    }).encode())
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _lock_owner(fd: int) -> str:
+    """Who holds a lock, from its file: "pid 12 on host h since ..." (or that it is unknown)."""
+    try:
+        owner = json.loads(os.pread(fd, 4096, 0).decode())
+        return f"pid {owner['pid']} on host {owner['host']}, since {owner['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its pid is not recorded yet"
+
+
 # --------------------------------------------------------------------------- streaming
 
 
@@ -131,8 +346,9 @@ def check_writable(path: str | Path) -> Path:
     Raises:
         ValueError: not a ``.zarr`` path, a missing parent folder, a path that is a file,
             or a read-only location (checked by really writing a probe file).
+        TypeError: ``path`` is not a path.
     """
-    path = Path(path)
+    path = as_path(path, argument="store")
     if path.suffix != ".zarr":
         raise ValueError(f"Streaming capture writes a zarr store; use a path ending in '.zarr', "
                          f"got '{path}'.")
@@ -170,7 +386,8 @@ def create(template: xr.DataArray | xr.Dataset, path: str | Path, *, chunk: int,
     encoding = {name: {"chunks": tuple(chunk if dim == "prompt" else size
                                        for dim, size in ds[name].sizes.items())}
                 for name in data}
-    ds.to_zarr(path, mode="w", compute=False, consolidated=False, encoding=encoding)
+    ds.to_zarr(path, mode="w", compute=False, consolidated=False, encoding=encoding,
+               write_empty_chunks=True)
 
 
 def _per_prompt_data(ds: xr.Dataset) -> list[str]:
@@ -186,9 +403,9 @@ def write_part(part: xr.DataArray | xr.Dataset, path: str | Path, *, start: int)
     region = {"prompt": slice(start, stop)}
     data = ds[_per_prompt_data(ds)].reset_coords(drop=True).drop_vars(list(ds.indexes),
                                                                       errors="ignore")
-    data.drop_attrs().to_zarr(path, region=region, consolidated=False)
+    data.drop_attrs().to_zarr(path, region=region, consolidated=False, write_empty_chunks=True)
     done = xr.Dataset({_DONE: ("prompt", np.ones(stop - start, dtype=bool))})
-    done.to_zarr(path, region=region, consolidated=False)
+    done.to_zarr(path, region=region, consolidated=False, write_empty_chunks=True)
 
 
 def progress(path: str | Path) -> tuple[dict[str, Any], np.ndarray]:
@@ -201,8 +418,9 @@ def progress(path: str | Path) -> tuple[dict[str, Any], np.ndarray]:
         with xr.open_zarr(path, consolidated=False) as ds:
             return json.loads(ds.attrs[_SETTINGS]), ds[_DONE].values.astype(bool)
     except (KeyError, OSError, ValueError, json.JSONDecodeError) as err:
-        raise ValueError(f"'{path}' exists but is not a lenscape capture store; choose another "
-                         "path or pass overwrite=True to replace it.") from err
+        raise ValueError(f"'{path}' exists but is not a lenscape capture store, or its metadata "
+                         f"is damaged ({type(err).__name__}: {err}); choose another path or "
+                         "pass overwrite=True to replace it.") from err
 
 
 def remove_partial_files(path: str | Path) -> int:

@@ -8,6 +8,11 @@ any moment is resumed by calling ``capture_to`` again with the same arguments: f
 batches are kept, unfinished ones recomputed, so the final store equals an uninterrupted
 run's. A store made by another method, model, prompt list or settings is refused.
 
+One process writes a store at a time: ``capture_to`` holds ``store.writer_lock`` from before
+it reads the store until the last batch is written, so a second writer fails at once with
+a message naming the first. A killed run's lock is released by the operating system, so
+calling ``capture_to`` again resumes it.
+
 With ``client=`` (a ``dask.distributed.Client``) batches are scored on the cluster's
 workers instead (``distributed``), writing into the same store.
 """
@@ -23,7 +28,7 @@ from tqdm.auto import tqdm
 
 from .. import store
 from ._inputs import _as_prompt_set, fingerprint
-from ._plan import PLANNERS, Plan, Result, make_plan, nan_values
+from ._plan import PLANNERS, Plan, Result, check_options, make_plan, nan_values
 
 #: Options that change how a run is cut up, not its numbers (batch_size is checked apart:
 #: the store's prompt chunks follow it).
@@ -102,11 +107,13 @@ def capture_to(path: str | Path, method: Any, model, prompts, *, client=None,
         The stored result (lazily loaded, dask-backed, when dask is installed).
 
     Raises:
-        ValueError: unknown method, bad path (not ``.zarr``, missing folder, read-only),
-            a store made with other settings, or the method's own argument errors.
+        TypeError, ValueError: unknown method, bad path (not ``.zarr``, missing folder,
+            read-only), a store made with other settings, or the method's own argument errors.
+        store.StoreError: another process is writing ``path``.
         RuntimeError: a dask worker failed; batches finished before it stay in the store.
     """
     name = _method_name(method)
+    check_options(options)
     if client is not None and model.recipe is None:
         raise ValueError("Distributed capture needs a model that workers can load themselves: "
                          "use lsc.load(...) (or models.tiny), or save this one with "
@@ -114,6 +121,15 @@ def capture_to(path: str | Path, method: Any, model, prompts, *, client=None,
                          "folder), then lsc.load(folder).")
     path = store.check_writable(path)
     settings = settings_of(name, model, prompts, options)
+    with store.writer_lock(path):
+        return _capture_locked(path, name, model, prompts, settings, client=client,
+                               overwrite=overwrite, progress=progress, options=options)
+
+
+def _capture_locked(path: Path, name: str, model, prompts, settings: dict[str, Any], *, client,
+                    overwrite: bool, progress: bool, options: dict[str, Any]) -> Result:
+    """``capture_to`` once ``path`` is locked: resume or create the store, write the batches
+    that are not done, and return the stored result."""
     resume = path.exists() and not overwrite
     done = None
     if resume:
