@@ -179,3 +179,14 @@ def test_number_helper():
         _validate.number("lambda_", -0.1, low=0)
     with pytest.raises(ValueError, match="lr must be a finite number, got inf"):
         _validate.number("lr", float("inf"))
+
+
+@pytest.mark.parametrize("option, value, error", [("steps", 0, ValueError),
+                                                  ("steps", 2.0, TypeError),
+                                                  ("batch_size", "4", TypeError),
+                                                  ("lr", "1e-4", TypeError),
+                                                  ("lr", -1.0, ValueError)])
+def test_finetune_options(tiny_llama, option, value, error):
+    with pytest.raises(error, match=f"{option} must be a "):
+        lsc.finetune(tiny_llama, ["The capital of France is Paris."], progress=False,
+                     **{option: value})

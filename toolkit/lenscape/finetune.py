@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from . import _validate
 from .models import LensModel, from_hf
 
 
@@ -23,12 +24,17 @@ def finetune(model: LensModel, prompts, *, steps: int = 200, lr: float = 1e-4,
 
     Returns:
         The tuned ``LensModel`` (named ``"<name>+finetuned"``).
+
+    Raises:
+        TypeError, ValueError: ``steps``/``batch_size`` not a positive integer, ``lr`` not a
+            number >= 0, or an empty prompt list.
     """
     texts = [p if isinstance(p, str) else p.text + p.target for p in prompts]
     if not texts:
         raise ValueError("The prompt list is empty; pass the texts to fine-tune on.")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}.")
+    _validate.positive_int("steps", steps)
+    _validate.positive_int("batch_size", batch_size)
+    _validate.number("lr", lr, low=0)
     torch.manual_seed(seed)
     hf = copy.deepcopy(model.hf).train().requires_grad_(True)
     optimizer = torch.optim.AdamW(hf.parameters(), lr=lr)
