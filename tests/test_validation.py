@@ -190,3 +190,9 @@ def test_finetune_options(tiny_llama, option, value, error):
     with pytest.raises(error, match=f"{option} must be a "):
         lsc.finetune(tiny_llama, ["The capital of France is Paris."], progress=False,
                      **{option: value})
+
+
+def test_finetune_text_longer_than_the_context(tiny_llama):
+    texts = ["The capital of France is Paris.", "and so on " * 300]
+    with pytest.raises(ValueError, match=r"Prompt 1: the text \+ target is \d+ tokens long"):
+        lsc.finetune(tiny_llama, texts, steps=1, progress=False)

@@ -27,7 +27,7 @@ def finetune(model: LensModel, prompts, *, steps: int = 200, lr: float = 1e-4,
 
     Raises:
         TypeError, ValueError: ``steps``/``batch_size`` not a positive integer, ``lr`` not a
-            number >= 0, or an empty prompt list.
+            number >= 0, an empty prompt list, or a text longer than the model's context.
     """
     texts = [p if isinstance(p, str) else p.text + p.target for p in prompts]
     if not texts:
@@ -35,6 +35,8 @@ def finetune(model: LensModel, prompts, *, steps: int = 200, lr: float = 1e-4,
     _validate.positive_int("steps", steps)
     _validate.positive_int("batch_size", batch_size)
     _validate.number("lr", lr, low=0)
+    _validate.context_lengths(model, [len(model.tokenizer(t)["input_ids"]) for t in texts],
+                              what="text + target")
     torch.manual_seed(seed)
     hf = copy.deepcopy(model.hf).train().requires_grad_(True)
     optimizer = torch.optim.AdamW(hf.parameters(), lr=lr)
