@@ -308,3 +308,28 @@ def test_update_swaps_new_data_into_the_same_chart():
     assert e._chart is chart_widget
     got = {(r["layer"], r["head"]): r["value"] for r in cells(spec(e))}
     assert got[(0, 0)] == pytest.approx(float(SIGNED[:, 0, 0].mean() * 10))
+
+
+def test_prompt_form_scores_valid_prompts_and_explains_bad_ones():
+    from lenscape.widgets import PromptForm
+
+    def run(record):
+        if len(record["text"].split()) != len((record["corrupt"] or record["text"]).split()):
+            raise ValueError("clean and corrupt differ in length; reword the corrupt text.")
+        values = SIGNED[:1] * len(record["text"])
+        return schema.make(values, dims=("prompt", "layer", "head"),
+                           coords={"text": [record["text"]]}, attrs=ATTRS, n_layers=2)
+
+    form = PromptForm(run, example={"text": "a b c", "target": " d", "corrupt": "e f g",
+                                    "distractor": " h"})
+    chart_widget, first = form.explorer._chart, form.explorer.chart
+    assert form.fields["text"].value == "a b c" and form.fields["distractor"].value == " h"
+    form.fields["corrupt"].value = "too short"
+    assert form.submit() is False
+    assert "differ in length" in form.message.value and form.explorer.chart is first
+    form.fields["corrupt"].value = ""
+    form.fields["text"].value = "one two three four"
+    assert form.record()["corrupt"] is None
+    assert form.submit() is True and form.message.value == ""
+    assert form.explorer._chart is chart_widget and form.explorer.chart is not first
+    assert form.explorer.controls["prompt"].options[-1][0] == "0: one two three four"

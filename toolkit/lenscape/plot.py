@@ -172,7 +172,7 @@ def heatmap(
         raise ValueError(f"{int(infinite.sum())} cells are +-inf, which a mask or category "
                          "map cannot show; replace them first, e.g. da.where(np.isfinite(da)) "
                          "to draw them as not computed.")
-    inside = _inside(da).values
+    inside = _inside(da)
     finite = values[np.isfinite(values) & inside] if is_float else values[inside]
     has_nan = bool((np.isnan(values) & inside).any()) if is_float else False
     has_inf = bool((infinite & inside).any())
@@ -305,15 +305,15 @@ def _panel(da: xr.DataArray, *, x: str, y: str, enc: dict[str, Any],
     return cells.properties(width=_size(da, x), height=_size(da, y))
 
 
-def _inside(da: xr.DataArray) -> xr.DataArray:
+def _inside(da: xr.DataArray) -> np.ndarray:
     """True for cells that are drawn: every float coord of the cell is finite (``_drop_outside``
-    drops the others, e.g. layers past a shallower model's depth)."""
-    inside = xr.ones_like(da, dtype=bool)
+    drops the others, e.g. layers past a shallower model's depth); shaped like ``da``."""
+    inside = np.ones(da.shape, dtype=bool)
     for name in _coord_names(da):
         coord = da[name]
-        if coord.dtype.kind == "f":
-            inside = inside & np.isfinite(coord)
-    return inside.transpose(*da.dims)
+        if coord.dtype.kind == "f" and not np.isfinite(coord.values).all():
+            inside &= np.isfinite(coord).broadcast_like(da).transpose(*da.dims).values
+    return inside
 
 
 def _header(da: xr.DataArray, dim: str) -> alt.Header:
@@ -369,8 +369,8 @@ def _columns(da: xr.DataArray) -> dict[str, list]:
     values = da.values.ravel()
     cols[_VALUE] = _jsonable(values)
     if values.dtype.kind == "f" and np.isinf(values).any():
-        cols[_INFINITE] = [None if not np.isinf(v) else "+∞" if v > 0 else "−∞"
-                           for v in values.tolist()]
+        cols[_INFINITE] = np.where(np.isinf(values), np.where(values > 0, "+∞", "−∞"),
+                                   None).tolist()
     return cols
 
 
@@ -379,7 +379,12 @@ def _jsonable(arr: np.ndarray) -> list:
     if arr.dtype == bool:
         return arr.astype(int).tolist()
     if arr.dtype.kind == "f":
-        return [v if np.isfinite(v) else None for v in arr.tolist()]
+        finite = np.isfinite(arr)
+        if finite.all():
+            return arr.tolist()
+        values = arr.astype(object)
+        values[~finite] = None
+        return values.tolist()
     if arr.dtype.kind in "iu":
         return arr.tolist()
     return [str(v) for v in arr.tolist()]
@@ -582,3 +587,59 @@ def export(chart: Any, path: str | Path, *, scale: float = 2.0) -> Path:
     else:
         raise ValueError(f"Cannot export to {path.name!r}; use a .png, .svg or .html suffix.")
     return path
+
+
+def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt.HConcatChart:
+    """Scatter of estimated vs exact prompt-mean effects, one panel per component type.
+
+    Args:
+        report: ``lsc.faithfulness(...)``'s Dataset (``exact_heads``, ``estimate_heads``,
+            ``exact_blocks``, ``estimate_blocks``, ``pearson_means``).
+        width, height: of each panel, in pixels.
+
+    Returns:
+        Panels for heads, attention blocks and MLP blocks side by side; x = exact activation
+        patching, y = estimate, one colour per estimator, the line y = x for reference, and
+        each estimator's Pearson r over prompt means in the panel title.
+    """
+    names = {"head": "heads", "attn": "attention blocks", "mlp": "MLP blocks"}
+    units = report["exact_heads"].attrs.get("units", "")
+    panels = []
+    for ctype in report["component_type"].values.tolist():
+        if ctype == "head":
+            exact, estimate = report["exact_heads"], report["estimate_heads"]
+        else:
+            exact = report["exact_blocks"].sel(component=ctype)
+            estimate = report["estimate_blocks"].sel(component=ctype)
+        rows = []
+        for label in report["estimator"].values.tolist():
+            est = estimate.sel(estimator=label)
+            for index in np.ndindex(exact.shape):
+                cell = {dim: int(exact[dim].values[i]) for dim, i in zip(exact.dims, index)}
+                rows.append({**cell, "estimator": label, "exact": float(exact.values[index]),
+                             "estimate": float(est.values[index])})
+        values = [row[key] for row in rows for key in ("exact", "estimate")]
+        low, high = min(values), max(values)
+        r_means = report["pearson_means"].sel(component_type=ctype)
+        r_text = ", ".join(f"r {float(r):.2f} ({label})"
+                           for label, r in zip(r_means["estimator"].values.tolist(), r_means.values))
+        base = alt.Chart(alt.Data(values=rows))
+        diagonal = alt.Chart(alt.Data(values=[{"exact": low, "estimate": low},
+                                              {"exact": high, "estimate": high}])).mark_line(
+            color="#999999", strokeDash=[4, 4]).encode(x="exact:Q", y="estimate:Q")
+        tooltip = [alt.Tooltip(f"{dim}:O") for dim in exact.dims] + [
+            alt.Tooltip("estimator:N"), alt.Tooltip("exact:Q", format=".3f"),
+            alt.Tooltip("estimate:Q", format=".3f")]
+        points = base.mark_circle(size=28, opacity=0.7).encode(
+            x=alt.X("exact:Q", title=f"exact patching effect ({units})",
+                    scale=alt.Scale(domain=[low, high])),
+            y=alt.Y("estimate:Q", title=f"estimate ({units})", scale=alt.Scale(domain=[low, high])),
+            color=alt.Color("estimator:N", title="estimator"), tooltip=tooltip)
+        panels.append(alt.layer(diagonal, points).properties(
+            width=width, height=height, title=alt.Title(names.get(ctype, ctype), subtitle=r_text)))
+    attrs = report.attrs
+    return alt.hconcat(*panels).properties(title=alt.Title(
+        "Can I trust the fast map? Estimate vs exact activation patching (prompt means)",
+        subtitle=f"{attrs.get('model', '')}, {attrs.get('n_prompts', '?')} prompts of "
+                 f"{attrs.get('prompt_set', '?')}, metric {attrs.get('metric', '?')}"),
+    ).configure_view(stroke=None)

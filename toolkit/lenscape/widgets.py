@@ -490,3 +490,83 @@ class Explorer:
         from IPython.display import display
 
         display(self.widget)
+
+
+#: Text boxes of ``PromptForm``: record key -> (label, placeholder).
+PROMPT_FIELDS = {
+    "text": ("clean", "The Eiffel Tower is located in the city of"),
+    "target": ("target", " Paris"),
+    "corrupt": ("corrupt", "The Colosseum is located in the city of"),
+    "distractor": ("distractor", " Rome"),
+}
+
+
+class PromptForm:
+    """Your own prompt: text boxes for a clean/corrupt pair, scored and shown in an Explorer.
+
+    ``run`` receives a record (the dict ``lsc.data.from_records`` takes) and returns the
+    result to show, e.g. ``lambda r: lsc.attribution_patching(model, [r], level="head")``.
+    Whatever it rejects (a target that is not one token, clean and corrupt texts of
+    different token lengths ...) is shown as a message under the boxes, and the previous
+    chart stays; a valid prompt redraws the same chart in place.
+
+    Args:
+        run: record -> DataArray or Dataset (the capture call).
+        example: the record scored first (a ``Prompt`` or a dict); it fills the boxes.
+        **options: passed to the ``Explorer`` (``x``, ``y``, ``detail`` ...).
+
+    Attributes:
+        fields: ``Text`` widget per record key (``text``, ``target``, ``corrupt``,
+            ``distractor``).
+        explorer: the Explorer showing the latest valid prompt's result.
+        widget: the boxes, the run button, the message and the Explorer.
+    """
+
+    def __init__(self, run: Callable[[dict[str, str | None]], Data], *, example: Any,
+                 **options: Any):
+        self.run = run
+        record = example if isinstance(example, Mapping) else dataclasses.asdict(example)
+        self.fields = {key: widgets.Text(value=record.get(key) or "", description=label,
+                                         placeholder=hint, continuous_update=False,
+                                         layout={"width": "420px" if key in ("text", "corrupt")
+                                                 else "200px"})
+                       for key, (label, hint) in PROMPT_FIELDS.items()}
+        self.button = widgets.Button(description="run", icon="play",
+                                     tooltip="score this prompt and redraw the chart")
+        self.message = widgets.HTML()
+        self.explorer = Explorer(run(self.record()), **options)
+        f = self.fields
+        self.widget = widgets.VBox([
+            widgets.HBox([f["text"], f["target"]]), widgets.HBox([f["corrupt"], f["distractor"]]),
+            widgets.HBox([self.button, self.message], layout={"align_items": "center"}),
+            self.explorer.widget])
+        self.button.on_click(lambda _: self.submit())
+
+    def record(self) -> dict[str, str | None]:
+        """The boxes as a prompt record; empty corrupt/distractor boxes are None."""
+        values = {key: box.value for key, box in self.fields.items()}
+        return {key: value if value or key in ("text", "target") else None
+                for key, value in values.items()}
+
+    def submit(self) -> bool:
+        """Score the boxes' prompt and show it; on bad input show why and keep the chart.
+
+        Returns:
+            Whether the prompt was valid and is now shown.
+        """
+        try:
+            result = self.run(self.record())
+        except (ValueError, TypeError) as err:
+            self.message.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
+            return False
+        self.message.value = ""
+        self.explorer.update(result)
+        return True
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
