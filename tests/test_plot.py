@@ -360,3 +360,18 @@ def test_token_coords_become_tick_labels():
     relabelled = heatmap(pattern, x="key_pos", y="query_pos",
                          tick_labels={"key_pos": "query_token"}).to_dict()["encoding"]
     assert relabelled["x"]["title"] == "key_pos (query_token)"
+
+
+def test_summary_is_a_few_lines_with_the_strongest_cells():
+    values = np.zeros((2, 4, 3))
+    values[:, 2, 1] = [5.0, 3.0]
+    values[0, 0, 0] = np.nan
+    da = make(values, ("prompt", "layer", "head"), n_layers=4)
+    text = repr(da.lsc.summary(top=1))
+    assert text.splitlines() == [
+        "attribution (logit diff): prompt 2 × layer 4 × head 3",
+        "method: attribution_patching · metric: logit_diff · model: tiny · backend: nnsight",
+        "min 0 · mean 0.3478 · max 5",
+        "1 cells not computed (NaN)",
+        "strongest (mean over prompt): layer 2, head 1: 4"]
+    assert plot.summary(da)._repr_html_().startswith("<div")

@@ -290,7 +290,7 @@ def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
                                               "on": "click", "clear": "dblclick"}
     click(e, layer=1, head=0)
     assert e.cell == {"layer": 1, "head": 0}
-    assert asked == [{"layer": 1, "head": 0, "prompt": 0}]
+    assert asked == [{"layer": 1, "head": 0, "prompt": 0, "text": PROMPTS[0]}]
     per_prompt_chart, shown = e._details.children
     bars = per_prompt_chart.chart.to_dict()
     assert [r["value"] for r in cells(bars)] == pytest.approx(SIGNED[:, 1, 0].tolist())
@@ -298,7 +298,7 @@ def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
     assert bars["encoding"]["y"]["axis"]["labelExpr"].startswith('["The capital of France')
     assert isinstance(shown, alt.JupyterChart)
     e.controls["prompt"].value = 2  # a picked prompt: the detail view follows it
-    assert asked[-1] == {"layer": 1, "head": 0, "prompt": 2}
+    assert asked[-1] == {"layer": 1, "head": 0, "prompt": 2, "text": PROMPTS[2]}
 
 
 def test_update_swaps_new_data_into_the_same_chart():

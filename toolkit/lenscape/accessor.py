@@ -11,7 +11,7 @@ from typing import Any
 import altair as alt
 import xarray as xr
 
-from lenscape.plot import heatmap
+from lenscape.plot import Summary, heatmap, summary
 from lenscape.widgets import Explorer
 
 
@@ -29,3 +29,7 @@ class LenscapeAccessor:
     def explore(self, **kwargs: Any) -> Explorer:
         """``lenscape.widgets.Explorer`` on this array; see there for the options."""
         return Explorer(self._da, **kwargs)
+
+    def summary(self, **kwargs: Any) -> Summary:
+        """``lenscape.plot.summary`` of this array: a few lines instead of all the numbers."""
+        return summary(self._da, **kwargs)

@@ -26,6 +26,7 @@ and bundles the JavaScript up front.
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
@@ -254,6 +255,67 @@ def bars(da: xr.DataArray, *, y: str, title: str | None = None,
                  title=alt.TitleParams(title or full, fontSize=12),
                  usermeta={"embedOptions": {"actions": actions}})
     return chart
+
+
+class Summary:
+    """A result at a glance, for notebooks: what it measures, its dims, its value range and
+    its strongest cells, instead of a screen of numbers. Built by ``summary``.
+
+    Attributes:
+        da: the array summarised.
+        lines: the summary as text lines.
+    """
+
+    def __init__(self, da: xr.DataArray, lines: list[str]):
+        self.da, self.lines = da, lines
+
+    def __repr__(self) -> str:
+        return "\n".join(self.lines)
+
+    def _repr_html_(self) -> str:
+        head, *rest = (html.escape(line) for line in self.lines)
+        return f"<div style='font-size:12px'><b>{head}</b><br>" + "<br>".join(rest) + "</div>"
+
+
+def summary(da: xr.DataArray, *, top: int = 3) -> Summary:
+    """Summarise a result: description, dims and sizes, provenance, value range, how many
+    cells are not computed (NaN) or infinite, and the ``top`` cells with the largest
+    magnitude after averaging over ``prompt`` and ``seed``.
+
+    Args:
+        da: any result DataArray, e.g. (prompt, layer, head).
+        top: how many of the strongest cells to list.
+
+    Returns:
+        A ``Summary``; it displays as a few lines in a notebook.
+    """
+    values = np.asarray(da.values, dtype=float)
+    finite = values[np.isfinite(values)]
+    sizes = " × ".join(f"{d} {n}" for d, n in da.sizes.items())
+    lines = [f"{label_from_attrs(da)}: {sizes}"]
+    keys = [k for k in ("method", "metric", "model", "backend") if k in da.attrs]
+    if keys:
+        lines.append(" · ".join(f"{k}: {da.attrs[k]}" for k in keys))
+    if finite.size:
+        lines.append(f"min {finite.min():.4g} · mean {finite.mean():.4g} · "
+                     f"max {finite.max():.4g}")
+    counts = [(int(np.isnan(values).sum()), "not computed (NaN)"),
+              (int(np.isinf(values).sum()), "infinite")]
+    lines += [f"{n} cells {what}" for n, what in counts if n]
+    pooled = [d for d in ("seed", "prompt") if d in da.dims]
+    mean = da.mean(pooled) if pooled else da
+    flat = np.abs(np.nan_to_num(np.asarray(mean.values, dtype=float), nan=0, posinf=0,
+                                neginf=0)).ravel()
+    if mean.ndim and top > 0 and flat.any():
+        best = []
+        for i in np.argsort(-flat)[:top]:
+            at = dict(zip(mean.dims, np.unravel_index(i, mean.shape)))
+            cell = mean.isel(at)
+            where = ", ".join(f"{d} {cell[d].item()}" for d in mean.dims)
+            best.append(f"{where}: {float(cell):.4g}")
+        lines.append(("strongest (mean over " + " and ".join(pooled) + "): " if pooled
+                      else "strongest: ") + "; ".join(best))
+    return Summary(da, lines)
 
 
 def _shorten(da: xr.DataArray) -> str:

@@ -42,7 +42,8 @@ from lenscape.plot import bars, enable_offline, heatmap, is_mask, label_from_att
 
 Data = xr.DataArray | xr.Dataset
 #: ``detail(cell) -> chart or widget`` for a clicked cell, e.g. ``{"layer": 3, "head": 5,
-#: "prompt": 0}`` (the axes' coordinates plus the coordinate picked for every other dim).
+#: "prompt": 0, "text": "The capital of ..."}``: the axes' coordinates, the coordinate picked
+#: for every other dim (the first prompt while prompts are pooled) and the prompt's text.
 DetailFn = Callable[[dict[Hashable, Any]], Any]
 
 
@@ -473,6 +474,9 @@ class Explorer:
             cell_for_detail = dict(self.cell)
             if along == "prompt" and "prompt" not in cell_for_detail:
                 cell_for_detail["prompt"] = values["prompt"].values[0].item()
+            if "prompt" in cell_for_detail and "text" in da.coords:
+                cell_for_detail["text"] = str(da["text"].sel(prompt=cell_for_detail["prompt"])
+                                              .values)
             try:
                 shown = self.detail(cell_for_detail)
             except ValueError as err:
