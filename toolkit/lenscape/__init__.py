@@ -18,7 +18,7 @@ from .plot import enable_offline, export, heatmap
 from .selfcheck import LayoutCheckError, check
 from .store import open_result as open
 from .store import save
-from .widgets import Explorer
+from .widgets import Explorer, PromptForm
 
 del _accessor
 
@@ -28,6 +28,7 @@ __all__ = [
     "LayoutCheckError",
     "LensModel",
     "ModelSpec",
+    "PromptForm",
     "ablation",
     "activation_patching",
     "aggregate",
