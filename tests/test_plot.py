@@ -256,7 +256,8 @@ def test_accessor_forwards_to_heatmap():
 def test_export_writes_png_svg_and_self_contained_html(tmp_path):
     chart = heatmap(signed(), x="head", y="layer")
     assert export(chart, tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "<svg" in (export(chart, tmp_path / "h.svg")).read_text()[:200]
+    svg = export(chart, tmp_path / "h.svg").read_text()
+    assert "<svg" in svg[:200] and f'font-family="{plot.SVG_FONT}"' in svg
     html = export(chart, tmp_path / "h.html").read_text()
     assert "vegaEmbed" in html and "cdn.jsdelivr" not in html and "<script src=" not in html
     with pytest.raises(ValueError, match=r"\.png, \.svg or \.html"):

@@ -54,6 +54,11 @@ NAN_LABEL = "not computed"
 LEGEND_CHARS = 24
 #: Facet panels per row when ``columns`` is not given.
 FACET_COLUMNS = 4
+#: Font of SVG exports: vl-convert measures text with the first family it has and viewers draw
+#: with the first they have, so naming a wide font that exists here keeps them in agreement
+#: (with the default "sans-serif", Chromium's DejaVu Sans overflows the space measured for a
+#: narrower font and titles are clipped).
+SVG_FONT = "DejaVu Sans, Verdana, sans-serif"
 #: Label coords drawn as tick labels of their axis by default (tokens of an attention pattern).
 TOKEN_COORDS = {"query_pos": "query_token", "key_pos": "key_token", "pos": "token"}
 
@@ -643,7 +648,7 @@ def export(chart: Any, path: str | Path, *, scale: float = 2.0) -> Path:
     if suffix == ".png":
         chart.save(path, format="png", scale_factor=scale)
     elif suffix == ".svg":
-        chart.save(path, format="svg")
+        chart.configure(font=SVG_FONT).save(path, format="svg")
     elif suffix == ".html":
         chart.save(path, format="html", inline=True)
     else:
