@@ -1,10 +1,14 @@
-"""Causal head gating on the bundled model: time, sparsity of Always vs Any, causal check.
+"""Causal head gating on the bundled model at the reference protocol: cost, convergence,
+sparsity of Always vs Any, the causal check, and agreement across thread counts.
 
-For each task (math, syntax): fit 5 seeds, report the wall time, the share of heads that
-are Always / Any facilitating and interfering (threshold 0.5), and the validation loss when
-ablating (gate 0) the top-k facilitating heads, the top-k interfering heads, or k random
-heads (mean of 5 draws). Target: 5 seeds x 2 tasks <= 15 minutes on 2 CPU cores. Writes the
-``head_gating`` section of RESULTS.md (see _report.py).
+For each task (math, syntax): fit ``--seeds`` seeds with ``lsc.head_gating`` at its defaults
+(the reference implementation's protocol: uniform start, Adam lr 1.0, batch 32, clipping 1.0,
+lambda 0.1, each stage until the gates stop moving, at most ``--max-steps`` updates), report
+the wall time, the updates per stage, the share of heads that are Always / Any facilitating
+and interfering (threshold 0.5), and ``lsc.gating_check`` on the held-out split (top-k
+facilitating off, top-k interfering off, 20 random k-head sets). With ``--threads``, the
+first task is fitted again with 1 torch thread and the share of heads whose role (threshold
+0.5, per seed) is the same is reported. Writes the ``head_gating`` section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -20,80 +24,89 @@ import lenscape as lsc
 from lenscape import aggregate
 
 
-def top_k(scores, k: int) -> list[tuple[int, int]]:
-    """(layer, head) of the k highest cells of a (layer, head) DataArray."""
-    flat = np.argsort(-scores.values, axis=None)[:k]
-    return [tuple(int(i) for i in np.unravel_index(j, scores.shape)) for j in flat]
+def role_codes(ds) -> np.ndarray:
+    """Per seed and head: 0 neither, 1 facilitating, 2 interfering, 3 both (threshold 0.5)."""
+    return ((ds["facilitation"] >= 0.5).astype(int) + 2 * (ds["interference"] >= 0.5)).values
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--max-steps", type=int, default=500)
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--val", type=int, default=48)
+    parser.add_argument("--val", type=int, default=None, help="first N held-out items")
     parser.add_argument("--train", type=int, default=None, help="first N training items")
-    args = _report.parse_args(parser, seeds=1, steps=1, val=4, train=8)
+    parser.add_argument("--tasks", default="math,syntax")
+    parser.add_argument("--threads", action="store_true",
+                        help="also refit the first task with 1 thread and compare roles")
+    args = _report.parse_args(parser, seeds=2, max_steps=2, batch_size=2, val=4, train=8)
+    torch.set_num_threads(2)
     model = lsc.load("smollm2-135m", device="cpu")
-    spec = model.spec
-    total, rows, sizes = 0.0, [], []
-    for name in ("math", "syntax"):
+    total, rows, checks, notes, per_update = 0.0, [], [], [], []
+    settings = dict(seeds=args.seeds, max_steps=args.max_steps, batch_size=args.batch_size,
+                    progress=False)
+    for name in args.tasks.split(","):
         train = lsc.data.task(name)[:args.train]
         val = lsc.data.task(name, split="validation")[:args.val]
         start = time.perf_counter()
-        ds = lsc.head_gating(model, train, seeds=args.seeds, steps=args.steps,
-                             validation=val, progress=False)
+        ds = lsc.head_gating(model, train, validation=val, **settings)
         took = time.perf_counter() - start
         total += took
-        sizes.append(f"{len(train)} {name}")
-        print(f"\n{name}: {args.seeds} seeds x {args.steps} steps/stage: {took:.0f} s; val loss "
-              f"ungated {ds.attrs['val_loss_ungated']:.3f}, stage-0 gates "
-              f"{float(ds['val_loss'].mean()):.3f}")
-        shares = []
-        for role in ("facilitation", "interference"):
-            always = float(aggregate.always(ds[role]).mean()) * 100
-            any_ = float(aggregate.any_(ds[role]).mean()) * 100
-            print(f"  {role}: Always {always:.1f}% of heads, Any {any_:.1f}%")
-            shares.append(f"{always:.1f}% / {any_:.1f}%")
-        rng = np.random.default_rng(0)
-        sets = {"none ablated": []}
-        sets[f"top-{args.k} facilitating"] = top_k(ds["facilitation"].mean("seed"), args.k)
-        sets[f"top-{args.k} interfering"] = top_k(ds["interference"].mean("seed"), args.k)
-        for draw in range(5):
-            cells = rng.choice(spec.n_layers * spec.n_heads, args.k, replace=False)
-            sets[f"random {draw}"] = [divmod(int(c), spec.n_heads) for c in cells]
-        gates = torch.ones(len(sets), spec.n_layers, spec.n_heads)
-        for i, cells in enumerate(sets.values()):
-            for layer, head in cells:
-                gates[i, layer, head] = 0
-        losses = dict(zip(sets, lsc.task_loss(model, val, gates).tolist()))
-        base = losses["none ablated"]
-        facilitating = losses[f"top-{args.k} facilitating"]
-        interfering = losses[f"top-{args.k} interfering"]
-        random_mean = np.mean([v for k, v in losses.items() if k.startswith("random")])
-        print(f"  validation loss: none ablated {base:.3f}; "
-              f"top-{args.k} facilitating ablated {facilitating:.3f}; "
-              f"top-{args.k} interfering ablated {interfering:.3f}; "
-              f"{args.k} random ablated (mean of 5) {random_mean:.3f}")
-        rows.append([*_report.stamp(), name, f"{took:.0f} s", *shares, f"{base:.3f}",
-                     f"{facilitating:.3f}", f"{interfering:.3f}", f"{random_mean:.3f}"])
-    print(f"\ntotal gating time, 2 tasks: {total:.0f} s ({total / 60:.1f} min)")
+        updates = sum(int(ds[f"steps_{s}"].sum()) for s in ("stage0", "plus", "minus"))
+        per_update.append(took / updates)
+        steps = " / ".join(f"{int(ds[f'steps_{s}'].median())} ({int(ds[f'steps_{s}'].max())})"
+                           for s in ("stage0", "plus", "minus"))
+        shares = [f"{float(aggregate.always(ds[role]).mean()) * 100:.1f}% / "
+                  f"{float(aggregate.any_(ds[role]).mean()) * 100:.1f}%"
+                  for role in ("facilitation", "interference")]
+        print(f"\n{name}: {args.seeds} seeds, {took:.0f} s, {took / updates:.1f} s per update "
+              f"per gate set; updates median (max) stage 0 / + / -: {steps}; converged "
+              f"{ds.attrs['converged']}; facilitating Always/Any {shares[0]}, interfering "
+              f"{shares[1]}")
+        rows.append([*_report.stamp(), name, f"{took:.0f} s", f"{took / updates:.1f} s", steps,
+                     "yes" if ds.attrs["converged"] else "no", *shares])
+        check = lsc.gating_check(model, ds, val, k=args.k, n_random=20)
+        verdict = lambda ok: "pass" if bool(ok) else "FAIL"  # noqa: E731
+        checks.append([*_report.stamp(), name, f"{float(check['loss_intact']):.3f}",
+                       f"{float(check['loss_facilitating_off']):.3f}",
+                       f"{float(check['loss_interfering_off']):.3f}",
+                       f"{float(check['random_p5']):.3f}", f"{float(check['random_p95']):.3f}",
+                       verdict(check["facilitating_passes"]), verdict(check["interfering_passes"])])
+        print("  check:", " | ".join(checks[-1][2:]))
+        if args.threads and not notes:
+            torch.set_num_threads(1)
+            single = lsc.head_gating(model, train, validation=val, **settings)
+            torch.set_num_threads(2)
+            same = float((role_codes(single) == role_codes(ds)).mean())
+            notes.append(f"Roles (threshold 0.5, every seed and head) that agree between 1 and "
+                         f"2 torch threads on {name}: {same:.1%} (target >= 95%).")
+            print(notes[-1])
+    full = 10 * 2 * 3 * 500 * float(np.mean(per_update)) / 3600
+    notes.append(f"At {np.mean(per_update):.1f} s per update per gate set (fit time over all "
+                 f"updates of all gate sets, validation included), the full setting, 10 seeds x 2 "
+                 f"tasks x 3 stages x up to 500 updates (the reference example's count), would "
+                 f"take up to {full:.1f} h on this machine.")
     a = ds.attrs
     intro = f"""\
-`python benchmarks/head_gating.py`: {model.name}, {args.seeds} seeds x {args.steps} Adam steps
-per stage (lambda {a['lambda_']}, lr {a['lr']}, {a['batch_size']} prompts per seed per step),
-training split of each task ({' / '.join(sizes)} items), {len(val)} validation items.
-Threshold 0.5. Ablation = gate 0 for {args.k} heads.
-
-The causal check passes when removing the top facilitating heads raises the validation loss
-far more than removing random heads, and removing the top interfering heads lowers it below
-the intact model's (both held on 2026-11-22)."""
-    columns = ["date", "machine", "task", "time", "facilitating Always / Any",
-               "interfering Always / Any", "val loss: intact", f"top-{args.k} facilitating off",
-               f"top-{args.k} interfering off", f"{args.k} random off (mean of 5)"]
-    body = (_report.table(columns, rows) + f"\n\nTotal for {args.seeds} seeds x 2 tasks: "
-            f"{total:.0f} s ({total / 60:.1f} min; target <= 15 min).")
-    _report.emit(args, _report.section("head_gating", "Head gating (issue 5)", intro, body))
+`python benchmarks/head_gating.py`: {model.name}, {args.seeds} seeds at the reference protocol
+(gates uniform in (0, 1), Adam lr {a['lr']}, batch {a['batch_size']}, gradient clipping
+{a['grad_clip']}, lambda {a['lambda_']} on logits clamped to +-{a['clip']:.0f}); a stage ends for a
+seed when its gates move less than {a['tol']} (mean absolute change) over {a['window']} updates,
+at most {a['max_steps']} updates. Held-out items: the validation split
+({'all' if args.val is None else args.val}). Threshold 0.5. Causal check: gate 0 for {args.k} heads;
+random = 20 random {args.k}-head sets; it passes when facilitating-off > random p95 and
+interfering-off < random p5 and <= intact."""
+    body = "\n\n".join([
+        _report.table(["date", "machine", "task", "time", "per update per gate set",
+                       "updates median (max): stage 0 / G+ / G-", "converged",
+                       "facilitating Always / Any", "interfering Always / Any"], rows),
+        _report.table(["date", "machine", "task", "intact", f"top-{args.k} facilitating off",
+                       f"top-{args.k} interfering off", "random p5", "random p95",
+                       "facilitating check", "interfering check"], checks),
+        f"Total for {args.seeds} seeds x {len(rows)} tasks: {total:.0f} s "
+        f"({total / 60:.1f} min; budget 20 min).", *notes])
+    _report.emit(args, _report.section("head_gating", "Head gating (issues 5, 11)", intro, body))
 
 
 if __name__ == "__main__":

@@ -50,3 +50,17 @@ def test_bad_threshold(threshold):
 def test_missing_dim():
     with pytest.raises(ValueError, match="Cannot aggregate over 'cluster'"):
         aggregate.any_(scores(), dim="cluster")
+
+
+def test_always_any_scores_are_min_and_max_and_match_thresholds():
+    da = scores()
+    low, high = aggregate.always_score(da), aggregate.any_score(da)
+    np.testing.assert_allclose(low.values, [[0.7, 0.1], [0.4, np.nan]])
+    np.testing.assert_allclose(high.values, [[0.9, 0.7], [0.9, np.nan]])
+    assert low.attrs["units"] == "score" and "Always" in low.attrs["long_name"]
+    for threshold in (0.3, 0.5, 0.75):
+        computed = da.notnull().all("seed")
+        np.testing.assert_array_equal((low >= threshold).where(computed).values,
+                                      aggregate.always(da, threshold=threshold).values)
+        np.testing.assert_array_equal((high >= threshold).where(computed).values,
+                                      aggregate.any_(da, threshold=threshold).values)

@@ -1,12 +1,21 @@
-"""Causal head gating on tiny models: shapes, determinism, the causal check, errors."""
+"""Causal head gating on tiny models: protocol, convergence, determinism, the causal check."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 import torch
 
 import lenscape as lsc
+from lenscape.capture import _fit, gating
+
+FAST = dict(seeds=2, batch_size=3, max_steps=6, window=3, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +25,7 @@ def small_task():
 
 @pytest.fixture(scope="module")
 def fitted(tiny_llama, small_task):
-    return lsc.head_gating(tiny_llama, small_task, seeds=2, steps=4, batch_size=3, progress=False)
+    return lsc.head_gating(tiny_llama, small_task, **FAST)
 
 
 def test_dataset_layout_and_scores(fitted, tiny_llama):
@@ -28,18 +37,95 @@ def test_dataset_layout_and_scores(fitted, tiny_llama):
     np.testing.assert_allclose(fitted["irrelevance"],
                                fitted["gate_plus"] * (1 - fitted["gate_minus"]), atol=1e-6)
     assert ((fitted["gate"] >= 0) & (fitted["gate"] <= 1)).all()
-    assert fitted.attrs["n_seeds"] == 2 and fitted.attrs["lambda_"] == 0.1
     for name in ("facilitation", "interference"):
         lsc.schema.validate(fitted[name])
 
 
+def test_reference_protocol_is_the_default():
+    import inspect
+
+    defaults = {name: p.default for name, p in
+                inspect.signature(lsc.head_gating).parameters.items()}
+    assert defaults["seeds"] == 10 and defaults["lr"] == 1.0 and defaults["batch_size"] == 32
+    assert defaults["grad_clip"] == 1.0 and defaults["lambda_"] == 0.1
+    assert gating.CLIP == 4.0
+
+
+def test_steps_per_stage_are_recorded(fitted):
+    for stage in gating.STAGES:
+        steps = fitted[f"steps_{stage}"]
+        assert steps.dims == ("seed",) and steps.dtype.kind == "i"
+        assert ((steps >= 1) & (steps <= 6)).all()
+        assert fitted.attrs[f"steps_{stage}"] == int(steps.max())
+    assert fitted.attrs["max_steps"] == 6 and fitted.attrs["converged"] in (0, 1)
+
+
+def test_uniform_start():
+    gates = torch.sigmoid(gating._uniform_logits(0, (200, 50)))
+    assert 0 < float(gates.min()) and float(gates.max()) < 1
+    assert abs(float(gates.mean()) - 0.5) < 0.01 and abs(float(gates.std()) - 12 ** -0.5) < 0.01
+    assert not torch.equal(gating._uniform_logits(0, (3, 3)), gating._uniform_logits(1, (3, 3)))
+
+
+def test_tolerance_decides_when_a_stage_stops(tiny_llama, small_task):
+    loose = lsc.head_gating(tiny_llama, small_task, **{**FAST, "max_steps": 9}, tol=1.0)
+    assert loose.attrs["converged"] == 1
+    np.testing.assert_array_equal(loose["steps_stage0"].values, 3)  # first check: still
+    strict = lsc.head_gating(tiny_llama, small_task, **{**FAST, "max_steps": 9}, tol=0.0)
+    assert strict.attrs["converged"] == 0
+    np.testing.assert_array_equal(strict["steps_minus"].values, 9)
+
+
+def test_clip_per_set_bounds_each_set_alone():
+    grad = torch.stack([torch.full((2, 3), 10.0), torch.full((2, 3), 0.01)])
+    clipped = _fit.clip_per_set(grad, 1.0)
+    assert float(clipped[0].norm()) == pytest.approx(1.0, rel=1e-4)
+    torch.testing.assert_close(clipped[1], grad[1])
+
+
+def test_a_still_set_stops_while_others_go_on():
+    """Set 0 sits at its optimum; set 1 is far from it: set 0 stops at the first check and
+    its parameters stay put (no Adam momentum), set 1 keeps going."""
+    target = torch.tensor([[0.0], [50.0]])
+
+    def loss_and_grad(params, active):
+        loss = ((params[active] - target[active]) ** 2).sum(1)
+        loss.sum().backward()
+        return loss.detach()
+    fit = _fit.fit_until_still(torch.zeros(2, 1), loss_and_grad, watch=lambda p: p, lr=0.5,
+                               grad_clip=None, max_steps=20, window=5, tol=1e-3)
+    assert fit.steps.tolist() == [5, 20] and fit.converged.tolist() == [True, False]
+    assert float(fit.params[0]) == 0.0 and float(fit.params[1]) > 5
+
+
 def test_same_seed_same_gates(fitted, tiny_llama, small_task):
-    again = lsc.head_gating(tiny_llama, small_task, seeds=2, steps=4, batch_size=3,
-                            progress=False)
-    np.testing.assert_array_equal(fitted["gate"].values, again["gate"].values)
-    other = lsc.head_gating(tiny_llama, small_task, seeds=[5, 6], steps=4, batch_size=3,
-                            progress=False)
+    again = lsc.head_gating(tiny_llama, small_task, **FAST)
+    np.testing.assert_array_equal(fitted["gate_minus"].values, again["gate_minus"].values)
+    other = lsc.head_gating(tiny_llama, small_task, **{**FAST, "seeds": [5, 6]})
     assert not np.allclose(fitted["gate"].values, other["gate"].values)
+
+
+FRESH = textwrap.dedent("""
+    import json, sys, torch
+    torch.set_num_threads(2)
+    import lenscape as lsc
+    from lenscape import models
+    model = models.tiny("llama", n_layers=3, seed=0, tokenizer=models.tokenizer_for("smollm2-135m"))
+    ds = lsc.head_gating(model, lsc.data.task("syntax")[:24], seeds=2, batch_size=3,
+                         max_steps=6, window=3, progress=False)
+    print(json.dumps({name: ds[name].values.tolist() for name in ("gate", "gate_plus", "gate_minus")}))
+""")
+
+
+@pytest.mark.slow
+def test_two_fresh_processes_give_identical_gates(fitted):
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True,
+                                      check=True, env=env).stdout.splitlines()[-1])
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    np.testing.assert_array_equal(np.array(runs[0]["gate_minus"], dtype=np.float32),
+                                  fitted["gate_minus"].values)
 
 
 def test_validation_loss_matches_task_loss(fitted, tiny_llama, small_task):
@@ -70,10 +156,41 @@ def test_zero_gate_equals_zeroed_head(tiny_llama, small_task):
     assert gated == pytest.approx(zeroed, rel=1e-6)
 
 
+def test_gating_check_table(fitted, tiny_llama):
+    val = lsc.data.task("syntax", split="validation")[:6]
+    check = lsc.gating_check(tiny_llama, fitted, val, k=2, n_random=20)
+    assert check["loss_random_off"].sizes == {"draw": 20}
+    top = fitted["facilitation"].mean("seed").values
+    cells = list(zip(check["facilitating_layer"].values, check["facilitating_head"].values))
+    assert top[cells[0]] == top.max() and top[cells[0]] >= top[cells[1]]
+    random_off = check["loss_random_off"].values
+    assert float(check["random_p95"]) == pytest.approx(np.percentile(random_off, 95))
+    assert bool(check["facilitating_passes"]) == (float(check["loss_facilitating_off"])
+                                                  > float(check["random_p95"]))
+    assert bool(check["passes"]) == (bool(check["facilitating_passes"])
+                                     and bool(check["interfering_passes"]))
+    gates = torch.ones(1, tiny_llama.spec.n_layers, tiny_llama.spec.n_heads)
+    for layer, head in cells:
+        gates[0, layer, head] = 0
+    assert float(lsc.task_loss(tiny_llama, val, gates)[0]) == pytest.approx(
+        float(check["loss_facilitating_off"]), rel=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n_random": 5}, "n_random >= 20"),
+    ({"k": 0}, "k must lie in"),
+])
+def test_gating_check_errors(fitted, tiny_llama, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        lsc.gating_check(tiny_llama, fitted, lsc.data.task("syntax", split="validation")[:4],
+                         **kwargs)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"seeds": 0}, "seeds must be at least 1"),
     ({"seeds": []}, "seeds must be at least 1"),
     ({"lambda_": -0.1}, "lambda_ must be >= 0"),
+    ({"window": 0}, "must be positive integers"),
 ])
 def test_bad_settings(tiny_llama, small_task, kwargs, message):
     with pytest.raises(ValueError, match=message):

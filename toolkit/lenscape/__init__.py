@@ -7,9 +7,9 @@ DataArrays -> ``save``/``open`` them -> aggregate -> draw with ``heatmap`` -> br
 
 from . import accessor as _accessor  # registers the ``da.lsc`` accessor
 from . import aggregate, cluster, data, schema
-from .capture import (ablation, activation_patching, apply_mask, attribution_patching,
-                      block_masks, capture_to, direct_logit_attribution, head_gating, masked_loss, task_loss,
-                      weight_change, weight_importance)
+from .capture import (ablation, activation_patching, apply_mask, attribution_patching, block_masks,
+                      capture_to, direct_logit_attribution, gating_check, head_gating, masked_loss,
+                      task_loss, weight_change, weight_importance)
 from .capture.attention import attention_pattern
 from .capture.inspection import inspect
 from .finetune import finetune
@@ -45,6 +45,7 @@ __all__ = [
     "export",
     "finetune",
     "from_hf",
+    "gating_check",
     "head_gating",
     "heatmap",
     "inspect",

@@ -44,6 +44,27 @@ def any_(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.Data
     return _finish(da, (da >= threshold).any(dim), dim, f">= {threshold} in any {dim}")
 
 
+def always_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
+    """Continuous "Always": the minimum along ``dim`` (a cell is as high as its weakest seed).
+
+    ``always(da, threshold=t)`` is exactly ``always_score(da) >= t``; the F4 reference draws
+    this value on a sequential scale, so Always is sparse by construction of the data.
+    """
+    _check(da, dim, 0.5)
+    name = da.attrs.get("long_name", da.name or "value")
+    return _finish(da, da.min(dim), dim, f"minimum over {dim}").assign_attrs(
+        long_name=f"{name}: Always (min over {dim})", units=da.attrs.get("units", "score"))
+
+
+def any_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
+    """Continuous "Any": the maximum along ``dim``; ``any_(da, threshold=t)`` is exactly
+    ``any_score(da) >= t``."""
+    _check(da, dim, 0.5)
+    name = da.attrs.get("long_name", da.name or "value")
+    return _finish(da, da.max(dim), dim, f"maximum over {dim}").assign_attrs(
+        long_name=f"{name}: Any (max over {dim})", units=da.attrs.get("units", "score"))
+
+
 def fraction(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
     """Fraction of values along ``dim`` with ``da >= threshold``."""
     _check(da, dim, threshold)

@@ -6,12 +6,18 @@ tokens, with a regulariser that pushes all gates open or shut:
 
     loss = NLL(targets) - lam * mean(clip(g, -4, 4))
 
-Stage 0 fits with lam = 0 from a seeded random start; from there, lam = +lambda_ gives
-G+ (gates stay open unless a head hurts) and lam = -lambda_ gives G- (gates close unless a
-head is needed). Per head: facilitation = G-, interference = 1 - G+, irrelevance =
-G+ * (1 - G-). Repeating over seeds separates robust roles from accidents of the start
-("Always" vs "Any" in ``lenscape.aggregate``). All seeds, and the two signed stages, train
-together: each gate set owns its own rows of one stacked batch.
+The protocol follows the reference implementation (github.com/andrewnam/causal_head_gating,
+``chg_trainer.py``): gates start uniform in (0, 1), Adam at learning rate 1.0 on batches of
+32 items, each gate set's gradient clipped to norm 1.0, lambda 0.1. Stage 0 fits with
+lam = 0; from its result, lam = +lambda_ gives G+ (gates stay open unless a head hurts) and
+lam = -lambda_ gives G- (gates close unless a head is needed). Instead of a fixed number of
+updates, a stage stops for a gate set when its gates stop moving (``_fit.fit_until_still``).
+Per head: facilitation = G-, interference = 1 - G+, irrelevance = G+ * (1 - G-).
+
+Repeating over seeds separates robust roles from accidents of the start ("Always" vs "Any"
+in ``lenscape.aggregate``). All seeds, and the two signed stages, train together: each gate
+set owns its own rows of one stacked batch. ``gating_check`` tests the roles causally on
+held-out items.
 
 Reference: "Causal Head Gating" (arXiv 2505.13737).
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import xarray as xr
 from tqdm.auto import tqdm
@@ -27,9 +34,11 @@ from tqdm.auto import tqdm
 from .. import schema
 from ..data import PromptSet
 from ..models import LensModel
+from ._fit import fit_until_still
 from ._inputs import _as_prompt_set
 
 CLIP = 4.0
+STAGES = ("stage0", "plus", "minus")
 
 
 def _encode(model: LensModel, prompts: PromptSet) -> list[tuple[list[int], int]]:
@@ -60,11 +69,11 @@ def _pad(items: list[tuple[list[int], int]], pad_id: int, device) -> tuple[torch
 
 
 class _Gates:
-    """Installs o_proj pre-hooks that scale each row's heads by its gate set's gates."""
+    """Installs o_proj pre-hooks that scale each row's heads by ``row_gates`` (rows, layer, head)."""
 
     def __init__(self, model: LensModel):
         self.model = model
-        self.row_gates: torch.Tensor | None = None  # (rows, layer, head)
+        self.row_gates: torch.Tensor | None = None
 
     def __enter__(self) -> _Gates:
         spec = self.model.spec
@@ -86,60 +95,93 @@ class _Gates:
             handle.remove()
 
 
-def _nll(model: LensModel, gates: _Gates, gate_values: torch.Tensor,
-         rows: list[tuple[list[int], int]]) -> torch.Tensor:
-    """Mean target NLL per gate set.
+def _row_nll(model: LensModel, gates: _Gates, row_gates: torch.Tensor,
+             rows: list[tuple[list[int], int]]) -> torch.Tensor:
+    """Mean NLL over each row's target tokens, with row ``i`` gated by ``row_gates[i]``.
 
     Args:
-        gate_values: (sets, layer, head); ``rows`` holds ``len(rows) // sets`` items per set.
+        row_gates: (rows, layer, head) gate values.
 
     Returns:
-        (sets,) mean NLL over each set's target tokens.
+        (rows,) mean NLL per row, in nats.
     """
-    sets = gate_values.shape[0]
-    per_set = len(rows) // sets
     ids, mask, predicts = _pad(rows, model.tokenizer.pad_token_id, model.device)
-    gates.row_gates = gate_values.repeat_interleave(per_set, dim=0)
+    gates.row_gates = row_gates
     logits = model.hf(input_ids=ids, attention_mask=mask, logits_to_keep=predicts).logits
     # logits_to_keep with a bool mask returns the kept positions flattened, row by row.
     next_ids = torch.roll(ids, -1, dims=1)[predicts]
     nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                                             next_ids, reduction="none")
     row_of = torch.arange(len(rows), device=model.device)[:, None].expand_as(predicts)[predicts]
-    set_of = row_of // per_set
-    totals = torch.zeros(sets, device=model.device).index_add(0, set_of, nll)
-    counts = torch.zeros(sets, device=model.device).index_add(0, set_of, torch.ones_like(nll))
-    return totals / counts
+    totals = torch.zeros(len(rows), device=model.device).index_add(0, row_of, nll)
+    return totals / predicts.sum(1)
 
 
-def _fit(model, gates, logits: torch.Tensor, signs: torch.Tensor, items, *, lambda_: float,
-         steps: int, lr: float, batch_size: int, generator: torch.Generator, bar) -> torch.Tensor:
-    """Adam on gate logits (sets, layer, head); set ``k`` uses regulariser sign ``signs[k]``."""
-    logits = logits.clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([logits], lr=lr)
-    sets = logits.shape[0]
-    for _ in range(steps):
-        picks = torch.randint(len(items), (sets, batch_size), generator=generator)
-        rows = [items[i] for i in picks.flatten().tolist()]
-        nll = _nll(model, gates, torch.sigmoid(logits), rows)
-        reg = logits.clamp(-CLIP, CLIP).mean(dim=(1, 2))
-        loss = (nll - signs * lambda_ * reg).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        bar.update()
-    return logits.detach()
+class _Batches:
+    """Per gate set, minibatches drawn by reshuffling the items every epoch (seeded)."""
+
+    def __init__(self, n_items: int, keys: list[tuple[int, ...]], batch_size: int):
+        self.n_items, self.batch_size = n_items, batch_size
+        self.rngs = [np.random.default_rng(list(key)) for key in keys]
+        self.queues: list[list[int]] = [[] for _ in keys]
+
+    def next(self, set_index: int) -> list[int]:
+        queue = self.queues[set_index]
+        while len(queue) < self.batch_size:
+            queue += self.rngs[set_index].permutation(self.n_items).tolist()
+        picked, self.queues[set_index] = queue[:self.batch_size], queue[self.batch_size:]
+        return picked
+
+
+def _stage(model: LensModel, gates: _Gates, start: torch.Tensor, signs: torch.Tensor, items,
+           batches: _Batches, *, lambda_: float, lr: float, grad_clip: float, max_steps: int,
+           window: int, tol: float, rows_per_pass: int, bar):
+    """Fit stacked gate logits (sets, layer, head) until each set's gates stop moving.
+
+    Set ``k`` uses regulariser ``-signs[k] * lambda_ * mean(clip(g_k))`` and its own batches.
+    Rows go through the model ``rows_per_pass`` at a time, backward after each pass.
+    """
+    sets_per_pass = max(1, rows_per_pass // batches.batch_size)
+
+    def loss_and_grad(logits: torch.Tensor, active: list[int]) -> torch.Tensor:
+        losses = []
+        picks = {k: batches.next(k) for k in active}
+        for first in range(0, len(active), sets_per_pass):
+            chunk = active[first:first + sets_per_pass]
+            rows = [items[i] for k in chunk for i in picks[k]]
+            part = logits[chunk]
+            row_gates = torch.sigmoid(part).repeat_interleave(batches.batch_size, dim=0)
+            nll = _row_nll(model, gates, row_gates, rows).view(len(chunk), -1).mean(1)
+            reg = part.clamp(-CLIP, CLIP).mean(dim=(1, 2))
+            loss = nll - signs[chunk].to(nll.device) * lambda_ * reg
+            loss.sum().backward()
+            losses.append(loss.detach().cpu())
+        return torch.cat(losses)
+
+    return fit_until_still(start, loss_and_grad, watch=torch.sigmoid, lr=lr, grad_clip=grad_clip,
+                           max_steps=max_steps, window=window, tol=tol, on_step=bar.update)
 
 
 @torch.no_grad()
 def _validation_loss(model, gates, gate_values: torch.Tensor, items, batch_size: int) -> torch.Tensor:
-    """(sets,) mean target NLL over all validation items, for each gate set."""
-    total = torch.zeros(gate_values.shape[0], device=model.device)
+    """(sets,) mean over validation items of the per-item target NLL, for each gate set."""
+    sets = gate_values.shape[0]
+    total = torch.zeros(sets, device=model.device)
     for start in range(0, len(items), batch_size):
         chunk = items[start:start + batch_size]
-        nll = _nll(model, gates, gate_values, chunk * gate_values.shape[0])
-        total += nll * len(chunk)
+        nll = _row_nll(model, gates, gate_values.repeat_interleave(len(chunk), dim=0),
+                       chunk * sets)
+        total += nll.view(sets, len(chunk)).sum(1)
     return total / len(items)
+
+
+def _check_gates(model: LensModel, gates) -> torch.Tensor:
+    spec = model.spec
+    gates = torch.ones(1, spec.n_layers, spec.n_heads) if gates is None else torch.as_tensor(gates)
+    if gates.dim() != 3 or tuple(gates.shape[1:]) != (spec.n_layers, spec.n_heads):
+        raise ValueError(f"gates must have shape (sets, {spec.n_layers}, {spec.n_heads}), "
+                         f"got {tuple(gates.shape)}.")
+    return gates.float().to(model.device)
 
 
 def task_loss(model: LensModel, prompts, gates: torch.Tensor | None = None, *,
@@ -151,79 +193,98 @@ def task_loss(model: LensModel, prompts, gates: torch.Tensor | None = None, *,
             it); default: one set of all-ones (the unmodified model).
 
     Returns:
-        (sets,) mean NLL per gate set, in nats.
+        (sets,) mean over prompts of each prompt's mean NLL on its target tokens, in nats.
     """
-    spec = model.spec
-    gates = torch.ones(1, spec.n_layers, spec.n_heads) if gates is None else torch.as_tensor(gates)
-    if gates.dim() != 3 or tuple(gates.shape[1:]) != (spec.n_layers, spec.n_heads):
-        raise ValueError(f"gates must have shape (sets, {spec.n_layers}, {spec.n_heads}), "
-                         f"got {tuple(gates.shape)}.")
+    gates = _check_gates(model, gates)
     items = _encode(model, _as_prompt_set(prompts))
     with _Gates(model) as hooks:
-        return _validation_loss(model, hooks, gates.float().to(model.device), items,
-                                batch_size).cpu()
+        return _validation_loss(model, hooks, gates, items, batch_size).cpu()
 
 
-def head_gating(model: LensModel, task, *, seeds: int | Sequence[int] = 5,
-                lambda_: float = 0.1, steps: int = 60, lr: float = 0.2, batch_size: int = 4,
-                validation=None, progress: bool = True) -> xr.Dataset:
-    """Fit causal head gates on a task and score every head's role.
+def _uniform_logits(seed: int, shape: tuple[int, int]) -> torch.Tensor:
+    """Gate logits whose gates are uniform in (0, 1), drawn from ``seed``."""
+    u = torch.rand(shape, generator=torch.Generator().manual_seed(seed)).clamp(1e-6, 1 - 1e-6)
+    return torch.logit(u)
+
+
+def head_gating(model: LensModel, task, *, seeds: int | Sequence[int] = 10,
+                lambda_: float = 0.1, lr: float = 1.0, batch_size: int = 32,
+                grad_clip: float = 1.0, max_steps: int = 500, window: int = 20,
+                tol: float = 0.01, rows_per_pass: int = 64, validation=None,
+                progress: bool = True) -> xr.Dataset:
+    """Fit causal head gates on a task at the reference protocol and score every head's role.
 
     Args:
         model: a ``LensModel``.
         task: prompts whose ``target`` is the answer (one or more tokens), e.g.
             ``lsc.data.task("math")``; the loss is on target tokens only.
-        seeds: number of seeds (0..n-1) or an explicit list; each seed draws its own random
-            start and minibatches.
-        lambda_: regulariser strength (>= 0).
-        steps: Adam steps per stage (stage 0, then the +/- stages together).
-        lr: Adam learning rate on gate logits.
-        batch_size: prompts per gate set per step.
-        validation: prompts for the validation loss (default: the task itself).
+        seeds: number of seeds (0..n-1) or an explicit list; each seed draws its own uniform
+            start and its own minibatches.
+        lambda_: regulariser strength (>= 0) on gate logits clamped to +-4.
+        lr: Adam learning rate on gate logits (reference: 1.0).
+        batch_size: items per gate set per update (reference: 32).
+        grad_clip: maximum gradient norm of each gate set (reference: 1.0).
+        max_steps: most updates per stage (the reference example runs 500).
+        window: convergence is checked every ``window`` updates ...
+        tol: ... and a gate set's stage ends when the mean absolute change of its gates
+            over the last window is below ``tol``.
+        rows_per_pass: rows per forward/backward pass (memory bound; results do not depend
+            on it beyond float rounding).
+        validation: held-out prompts for the validation loss (default: the task itself).
         progress: show a progress bar.
 
     Returns:
         Dataset over (seed, layer, head) with ``facilitation``, ``interference``,
-        ``irrelevance``, the gates ``gate`` (stage 0), ``gate_plus``, ``gate_minus``, and
-        ``val_loss``/``val_loss_plus``/``val_loss_minus`` over (seed,); settings and the
-        ungated validation loss in attrs.
+        ``irrelevance``, the gates ``gate`` (stage 0), ``gate_plus``, ``gate_minus``;
+        over (seed,): ``val_loss``/``val_loss_plus``/``val_loss_minus`` and the updates
+        used ``steps_stage0``/``steps_plus``/``steps_minus``; settings, the ungated
+        validation loss, the most updates per stage (``steps_stage0``, ``steps_plus``,
+        ``steps_minus``) and whether every set converged (``converged``) in attrs.
     """
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     if len(seed_list) < 1:
         raise ValueError(f"seeds must be at least 1 (got {seeds!r}); Always/Any need >= 2.")
     if lambda_ < 0:
         raise ValueError(f"lambda_ must be >= 0 (got {lambda_}); its sign is set per stage.")
-    if steps < 1 or batch_size < 1:
-        raise ValueError("steps and batch_size must be positive integers.")
+    if min(max_steps, batch_size, window, rows_per_pass) < 1:
+        raise ValueError("max_steps, batch_size, window and rows_per_pass must be positive "
+                         "integers.")
     prompts = _as_prompt_set(task)
     if len(prompts) == 0:
         raise ValueError("The task has no prompts; use lsc.data.task('math') or pass prompts.")
     items = _encode(model, prompts)
     val_items = items if validation is None else _encode(model, _as_prompt_set(validation))
     spec = model.spec
-    starts = torch.stack([torch.randn(spec.n_layers, spec.n_heads,
-                                      generator=torch.Generator().manual_seed(s))
-                          for s in seed_list]).to(model.device)
-    generator = torch.Generator().manual_seed(seed_list[0])
     n = len(seed_list)
-    bar = tqdm(total=2 * steps, disable=not progress, desc=f"head gating ({n} seeds)")
+    starts = torch.stack([_uniform_logits(s, (spec.n_layers, spec.n_heads))
+                          for s in seed_list]).to(model.device)
+    settings = dict(lambda_=lambda_, lr=lr, grad_clip=grad_clip, max_steps=max_steps,
+                    window=window, tol=tol, rows_per_pass=rows_per_pass)
+    bar = tqdm(total=3 * max_steps, disable=not progress, desc=f"head gating ({n} seeds)")
     with _Gates(model) as gates:
-        base = _fit(model, gates, starts, torch.zeros(n, device=model.device), items,
-                    lambda_=lambda_, steps=steps, lr=lr, batch_size=batch_size,
-                    generator=generator, bar=bar)
-        signs = torch.tensor([1.0] * n + [-1.0] * n, device=model.device)
-        signed = _fit(model, gates, base.repeat(2, 1, 1), signs, items, lambda_=lambda_,
-                      steps=steps, lr=lr, batch_size=batch_size, generator=generator, bar=bar)
-        all_gates = torch.sigmoid(torch.cat([base, signed]))
-        val = _validation_loss(model, gates, torch.cat([all_gates, torch.ones_like(base[:1])]),
+        base = _stage(model, gates, starts, torch.zeros(n), items,
+                      _Batches(len(items), [(s, 0) for s in seed_list], batch_size),
+                      bar=bar, **settings)
+        signed_batches = _Batches(len(items), [(s, 1) for s in seed_list]
+                                  + [(s, 2) for s in seed_list], batch_size)
+        signed = _stage(model, gates, base.params.repeat(2, 1, 1),
+                        torch.tensor([1.0] * n + [-1.0] * n), items, signed_batches,
+                        bar=bar, **settings)
+        all_gates = torch.sigmoid(torch.cat([base.params, signed.params]))
+        val = _validation_loss(model, gates, torch.cat([all_gates, torch.ones_like(base.params[:1])]),
                                val_items, batch_size)
     bar.close()
     g0, g_plus, g_minus = all_gates[:n], all_gates[n:2 * n], all_gates[2 * n:]
     attrs = {"method": "head_gating", "metric": "loss", "model": model.name, "backend": "torch",
              "dtype": str(model.dtype).removeprefix("torch."), "architecture": spec.architecture,
              "prompt_set": prompts.name, "n_prompts": len(prompts), "n_seeds": n,
-             "lambda_": float(lambda_), "steps": steps, "lr": lr, "batch_size": batch_size,
-             "clip": CLIP, "val_loss_ungated": float(val[-1])}
+             "lambda_": float(lambda_), "lr": float(lr), "batch_size": batch_size,
+             "grad_clip": float(grad_clip), "clip": CLIP, "max_steps": max_steps,
+             "window": window, "tol": float(tol), "init": "gates uniform in (0, 1)",
+             "steps_stage0": int(base.steps.max()), "steps_plus": int(signed.steps[:n].max()),
+             "steps_minus": int(signed.steps[n:].max()),
+             "converged": int(base.converged.all() and signed.converged.all()),
+             "val_loss_ungated": float(val[-1])}
     coords = {"seed": seed_list}
 
     def score(values, long_name, units="gate"):
@@ -231,9 +292,9 @@ def head_gating(model: LensModel, task, *, seeds: int | Sequence[int] = 5,
                            attrs={**attrs, "long_name": long_name, "units": units},
                            n_layers=spec.n_layers)
 
-    def loss(values, long_name):
+    def per_seed(values, long_name, units):
         return schema.make(values, dims=("seed",), coords=coords,
-                           attrs={**attrs, "long_name": long_name, "units": "nats"})
+                           attrs={**attrs, "long_name": long_name, "units": units})
     data = {
         "facilitation": score(g_minus, "Facilitation (G-)", "score"),
         "interference": score(1 - g_plus, "Interference (1 - G+)", "score"),
@@ -241,8 +302,89 @@ def head_gating(model: LensModel, task, *, seeds: int | Sequence[int] = 5,
         "gate": score(g0, "Gate, stage 0 (lambda = 0)"),
         "gate_plus": score(g_plus, "Gate G+ (+lambda)"),
         "gate_minus": score(g_minus, "Gate G- (-lambda)"),
-        "val_loss": loss(val[:n], "Validation loss, stage-0 gates"),
-        "val_loss_plus": loss(val[n:2 * n], "Validation loss, G+"),
-        "val_loss_minus": loss(val[2 * n:3 * n], "Validation loss, G-"),
+        "val_loss": per_seed(val[:n], "Validation loss, stage-0 gates", "nats"),
+        "val_loss_plus": per_seed(val[n:2 * n], "Validation loss, G+", "nats"),
+        "val_loss_minus": per_seed(val[2 * n:3 * n], "Validation loss, G-", "nats"),
+        "steps_stage0": per_seed(base.steps.numpy(), "Updates, stage 0", "steps"),
+        "steps_plus": per_seed(signed.steps[:n].numpy(), "Updates, G+ stage", "steps"),
+        "steps_minus": per_seed(signed.steps[n:].numpy(), "Updates, G- stage", "steps"),
+        "movement_stage0": per_seed(base.movement, "Gate movement, last window, stage 0", "gate"),
+        "movement_plus": per_seed(signed.movement[:n], "Gate movement, last window, G+", "gate"),
+        "movement_minus": per_seed(signed.movement[n:], "Gate movement, last window, G-", "gate"),
     }
     return xr.Dataset(data, attrs=attrs)
+
+
+def _top_cells(scores: np.ndarray, k: int) -> np.ndarray:
+    """Flat (layer * n_heads + head) indices of the k largest cells of (layer, head) scores."""
+    return np.argsort(-scores, axis=None, kind="stable")[:k]
+
+
+def gating_check(model: LensModel, gating: xr.Dataset, validation, *, k: int = 10,
+                 n_random: int = 20, seed: int = 0, batch_size: int = 8) -> xr.Dataset:
+    """Causal check of head-gating roles on held-out items.
+
+    Switches off (gate 0) the ``k`` heads with the highest seed-mean facilitation, the ``k``
+    with the highest seed-mean interference, and ``n_random`` random sets of ``k`` heads, and
+    measures the task loss of ``validation`` each time. The check passes when removing the
+    facilitating heads costs more than the random sets' 95th percentile, and removing the
+    interfering heads costs less than their 5th percentile and no more than the intact model.
+
+    Args:
+        model: the model the gates were fitted on.
+        gating: a ``head_gating`` result.
+        validation: held-out prompts (never the training items).
+        k: heads switched off per set.
+        n_random: random k-head sets (at least 20 for meaningful percentiles).
+        seed: seeds the random sets.
+        batch_size: validation items per forward pass.
+
+    Returns:
+        Dataset: scalars ``loss_intact``, ``loss_facilitating_off``, ``loss_interfering_off``,
+        ``random_p5``, ``random_p95``, ``facilitating_passes``, ``interfering_passes``,
+        ``passes``; ``loss_random_off`` over ``draw``; the switched-off heads as
+        ``facilitating_layer/_head`` and ``interfering_layer/_head`` over ``rank``.
+    """
+    spec = model.spec
+    n_cells = spec.n_layers * spec.n_heads
+    if not 1 <= k < n_cells:
+        raise ValueError(f"k must lie in [1, {n_cells - 1}] (heads of {model.name}), got {k}.")
+    if n_random < 20:
+        raise ValueError(f"n_random={n_random} random sets give no usable 5th/95th percentile; "
+                         "use n_random >= 20.")
+    if gating["facilitation"].sizes.get("layer") != spec.n_layers or \
+            gating["facilitation"].sizes.get("head") != spec.n_heads:
+        raise ValueError(f"The gating result has {dict(gating['facilitation'].sizes)}; "
+                         f"{model.name} has {spec.n_layers} layers x {spec.n_heads} heads. "
+                         "Check it with the model it was fitted on.")
+    facilitating = _top_cells(gating["facilitation"].mean("seed").values, k)
+    interfering = _top_cells(gating["interference"].mean("seed").values, k)
+    rng = np.random.default_rng(seed)
+    random_sets = [rng.choice(n_cells, k, replace=False) for _ in range(n_random)]
+    gates = torch.ones(3 + n_random, n_cells)
+    for row, cells in enumerate([facilitating, interfering, *random_sets], start=1):
+        gates[row, torch.as_tensor(cells)] = 0
+    losses = task_loss(model, validation, gates.view(-1, spec.n_layers, spec.n_heads),
+                       batch_size=batch_size).numpy()
+    intact, fac_off, int_off, random_off = losses[0], losses[1], losses[2], losses[3:]
+    p5, p95 = np.percentile(random_off, [5, 95])
+    fac_pass = bool(fac_off > p95)
+    int_pass = bool(int_off < p5 and int_off <= intact)
+    attrs = {"method": "gating_check", "model": model.name, "k": k, "n_random": n_random,
+             "seed": seed, "n_validation": len(_as_prompt_set(validation)),
+             "prompt_set": gating.attrs.get("prompt_set", ""), "units": "nats",
+             "criterion": "facilitating off > random p95; interfering off < random p5 and "
+                          "<= intact"}
+    rank = np.arange(k)
+    return xr.Dataset({
+        "loss_intact": float(intact), "loss_facilitating_off": float(fac_off),
+        "loss_interfering_off": float(int_off), "random_p5": float(p5),
+        "random_p95": float(p95),
+        "loss_random_off": (("draw",), random_off),
+        "facilitating_passes": fac_pass, "interfering_passes": int_pass,
+        "passes": fac_pass and int_pass,
+        "facilitating_layer": (("rank",), facilitating // spec.n_heads),
+        "facilitating_head": (("rank",), facilitating % spec.n_heads),
+        "interfering_layer": (("rank",), interfering // spec.n_heads),
+        "interfering_head": (("rank",), interfering % spec.n_heads),
+    }, coords={"draw": np.arange(n_random), "rank": rank}, attrs=attrs)
