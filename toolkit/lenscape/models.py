@@ -295,6 +295,8 @@ def tiny(architecture: str = "llama", *, n_layers: int = 2, seed: int = 0,
         raise ValueError(f"Unknown tiny architecture '{architecture}'; choose from {sorted(configs)}.")
     torch.manual_seed(seed)
     hf_model = transformers.AutoModelForCausalLM.from_config(configs[architecture]())
+    # As a saved checkpoint's config says; TransformerLens picks its adapter by this name.
+    hf_model.config.architectures = [type(hf_model).__name__]
     model = from_hf(hf_model, tokenizer, name=f"tiny-{architecture}", device="cpu", check=check)
     model.recipe = functools.partial(tiny, architecture, n_layers=n_layers, seed=seed,
                                      tokenizer=tokenizer, check=False)
