@@ -5,8 +5,10 @@ from __future__ import annotations
 import collections
 
 import pytest
+import torch
 
 import lenscape as lsc
+from lenscape.capture import metrics
 from lenscape.data import Prompt
 
 
@@ -63,3 +65,39 @@ def test_tasks_split_and_answers(name, kinds):
         p = next(p for p in everything if p.category == "addition")
         a, b = p.text.splitlines()[-1].rstrip(" =").split(" + ")
         assert int(p.target) == int(a) + int(b)
+
+
+def test_ioi_pairs_swap_the_subject():
+    ioi = lsc.data.prompts("ioi")
+    assert len(ioi) == 60 and len(set(ioi.categories)) == 5
+    assert len(set(ioi.texts)) == len(ioi)
+    for p in ioi:
+        clean_words, corrupt_words = p.text.split(), p.corrupt.split()
+        changed = [i for i, (a, b) in enumerate(zip(clean_words, corrupt_words)) if a != b]
+        assert len(changed) == 1  # only the subject of the second clause
+        assert p.target.strip() in p.text and p.distractor.strip() in p.text
+        assert corrupt_words[changed[0]].rstrip(".,") == p.target.strip()
+        assert clean_words[changed[0]].rstrip(".,") == p.distractor.strip()
+
+
+@pytest.mark.slow
+def test_ioi_pairs_tokenize_and_the_model_answers_both_sides(smol):
+    ioi = lsc.data.prompts("ioi")
+    tokenizer = smol.tokenizer
+    for i, p in enumerate(ioi):
+        for answer in (p.target, p.distractor):
+            assert len(tokenizer(answer, add_special_tokens=False)["input_ids"]) == 1, (i, answer)
+        assert len(tokenizer(p.text)["input_ids"]) == len(tokenizer(p.corrupt)["input_ids"]), i
+    # Each pair's logit difference has the right sign on the clean side and flips on the
+    # corrupt side for most prompts (the templates were chosen so it does for all tried).
+    correct = 0
+    for p in ioi:
+        ids = {side: tokenizer(text, return_tensors="pt") for side, text in
+               (("clean", p.text), ("corrupt", p.corrupt))}
+        target = torch.tensor([tokenizer(p.target, add_special_tokens=False)["input_ids"][0]])
+        distractor = torch.tensor([tokenizer(p.distractor, add_special_tokens=False)["input_ids"][0]])
+        with torch.no_grad():
+            diffs = [float(metrics.compute("logit_diff", smol.hf(**ids[side]).logits[:, -1],
+                                           target, distractor)) for side in ("clean", "corrupt")]
+        correct += diffs[0] > 0 and diffs[1] < 0
+    assert correct >= 57, correct

@@ -7,14 +7,16 @@ DataArrays -> ``save``/``open`` them -> aggregate -> draw with ``heatmap`` -> br
 
 from . import accessor as _accessor  # registers the ``da.lsc`` accessor
 from . import aggregate, cluster, data, schema
-from .capture import (ablation, activation_patching, apply_mask, attribution_patching, block_masks,
-                      capture_to, direct_logit_attribution, gating_check, head_gating, masked_loss,
-                      task_loss, weight_change, weight_importance)
+from .capture import (ablation, activation_patching, apply_mask, attribution_patching,
+                      block_masks, capture_to, direct_logit_attribution, gating_check,
+                      head_gating, mask_comparison, masked_loss, task_loss, weight_change,
+                      weight_grid, weight_importance)
 from .capture.attention import attention_pattern
+from .capture.faithfulness import faithfulness
 from .capture.inspection import inspect
 from .finetune import finetune
 from .models import ArchLayout, LensModel, ModelSpec, from_hf, load
-from .plot import enable_offline, export, heatmap
+from .plot import agreement, enable_offline, export, heatmap
 from .selfcheck import LayoutCheckError, check
 from .store import open_result as open
 from .store import save
@@ -32,6 +34,7 @@ __all__ = [
     "ablation",
     "activation_patching",
     "aggregate",
+    "agreement",
     "apply_mask",
     "attention_pattern",
     "attribution_patching",
@@ -43,6 +46,7 @@ __all__ = [
     "direct_logit_attribution",
     "enable_offline",
     "export",
+    "faithfulness",
     "finetune",
     "from_hf",
     "gating_check",
@@ -50,11 +54,13 @@ __all__ = [
     "heatmap",
     "inspect",
     "load",
+    "mask_comparison",
     "masked_loss",
     "open",
     "save",
     "schema",
     "task_loss",
     "weight_change",
+    "weight_grid",
     "weight_importance",
 ]

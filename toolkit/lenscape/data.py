@@ -222,6 +222,36 @@ def _factual() -> PromptSet:
                       for text, target, corrupt, distractor, category in _FACTUAL), "factual")
 
 
+# Indirect-object identification (IOI; Wang et al. 2022, arXiv 2211.00593): "When Mary and
+# John went to the store, John gave a book to" -> " Mary". The corrupt text swaps the
+# subject of the second clause to the other name ("..., Mary gave a book to" -> " John"),
+# so clean and corrupt differ in one token and their answers are each other's distractor.
+# Templates are the ones SmolLM2-135M answers right on both sides for every name pair
+# tried (others, e.g. "Friends A and B found a key...", it gets wrong; tests/test_data.py).
+_IOI_TEMPLATES: dict[str, str] = {
+    "store": "When {A} and {B} went to the store, {S} gave a book to",
+    "park": "When {A} and {B} went to the park, {S} gave a ball to",
+    "market": "After {A} and {B} went to the market, {S} handed a bag to",
+    "cafe": "Then, {A} and {B} had lunch at the cafe. {S} gave a drink to",
+    "museum": "Yesterday {A} and {B} visited the museum, and {S} gave a ticket to",
+}
+#: Names that are one token with a leading space in the SmolLM2 tokenizer.
+_IOI_NAMES = ("Mary", "John", "Tom", "James", "Anna", "Sarah", "David", "Emma", "Paul", "Kate",
+              "Mark", "Lisa", "Peter", "Alice", "Jack", "Laura", "Michael", "Susan", "Daniel",
+              "Rachel")
+
+
+def _ioi(pairs_per_template: int = 12, seed: int = 0) -> PromptSet:
+    rng = random.Random(seed)
+    items = []
+    for category, template in _IOI_TEMPLATES.items():
+        for _ in range(pairs_per_template):
+            a, b = rng.sample(_IOI_NAMES, 2)
+            items.append(Prompt(template.format(A=a, B=b, S=b), f" {a}",
+                                template.format(A=a, B=b, S=a), f" {b}", category))
+    return PromptSet(items, "ioi")
+
+
 def _mixed() -> PromptSet:
     from ._corpus import mixed_items
 
@@ -229,11 +259,14 @@ def _mixed() -> PromptSet:
 
 
 #: Built-in prompt sets by name; each maker returns a fresh ``PromptSet``.
-PROMPT_SETS: dict[str, Callable[[], PromptSet]] = {"factual": _factual, "mixed": _mixed}
+PROMPT_SETS: dict[str, Callable[[], PromptSet]] = {"factual": _factual, "ioi": _ioi,
+                                                   "mixed": _mixed}
 
 
 def prompts(name: str = "factual") -> PromptSet:
-    """A built-in prompt set: ``"factual"`` (clean/corrupt factual-recall pairs) or
+    """A built-in prompt set: ``"factual"`` (85 clean/corrupt factual-recall pairs),
+    ``"ioi"`` (60 indirect-object pairs from 5 templates: clean answer = the indirect object,
+    corrupt = the subject swapped, so its answer is the other name) or
     ``"mixed"`` (320 short texts of 8 kinds: narrative, arithmetic, code, dialogue, facts,
     lists, instructions, to-dos; empty targets, for clustering and block masks)."""
     if name not in PROMPT_SETS:
