@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,8 +24,9 @@ from lenscape.store import StoreError
 N_PROMPTS, BATCH = 6, 2
 
 #: A capture of the tiny Llama (as the ``tiny_llama`` fixture builds it) into argv[1].
-#: With argv[2], it stops before its second batch until the file argv[2] exists, holding
-#: the store's lock with one batch written.
+#: argv[2] ("hold:FILE" or "start:FILE"): stop before the second batch until FILE exists,
+#: holding the store's lock with one batch written; or start only once FILE exists (so
+#: imports overlap with the first writer's run).
 WRITER = textwrap.dedent(f"""
     import pathlib, sys, time
     import lenscape as lsc
@@ -34,8 +36,12 @@ WRITER = textwrap.dedent(f"""
     model = models.tiny("llama", n_layers=3, seed=0,
                         tokenizer=models.tokenizer_for("smollm2-135m"))
     prompts = lsc.data.prompts("factual")[:{N_PROMPTS}]
-    if len(sys.argv) > 2:
-        gate, write_batch = pathlib.Path(sys.argv[2]), streaming.write_batch
+    mode, _, file = sys.argv[2].partition(":")
+    file = pathlib.Path(file)
+    while mode == "start" and not file.exists():
+        time.sleep(0.05)
+    if mode == "hold":
+        gate, write_batch = file, streaming.write_batch
 
         def gated(plan, number, path, step=lambda *_: None):
             while number == 1 and not gate.exists():
@@ -76,21 +82,21 @@ def _wait_until_gated(child, path):
     pytest.fail("the first writer did not get to its second batch in 300 s")
 
 
-def _start(path, gate):
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(gate)],
+def _start(path, mode, file):
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"{mode}:{file}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_second_writer_fails_fast_and_first_finishes(tiny_llama, factual, tmp_path):
-    path, gate = tmp_path / "r.zarr", tmp_path / "go"
-    first = _start(path, gate)
+    path, gate, start = tmp_path / "r.zarr", tmp_path / "go", tmp_path / "start"
+    first, second = _start(path, "hold", gate), _start(path, "start", start)
     try:
         owner = _wait_until_gated(first, path)
         assert owner["host"] == socket.gethostname()
-        second = subprocess.run([sys.executable, "-c", WRITER, str(path)], capture_output=True,
-                                text=True, timeout=300)
-        assert second.returncode == 3, second.stderr[-2000:]
-        seconds, message = second.stdout.split(maxsplit=2)[1:]
+        start.touch()
+        stdout, stderr = second.communicate(timeout=300)
+        assert second.returncode == 3, stderr[-2000:]
+        seconds, message = stdout.split(maxsplit=2)[1:]
         assert float(seconds) < 5, f"the second writer took {seconds} s to fail"
         assert f"'{path}' is being written by another process (pid {first.pid} on host " \
                f"{socket.gethostname()}, since " in message
@@ -98,16 +104,17 @@ def test_second_writer_fails_fast_and_first_finishes(tiny_llama, factual, tmp_pa
         gate.touch()
         assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
     finally:
-        if first.poll() is None:
-            first.kill()
+        for child in (first, second):
+            if child.poll() is None:
+                child.kill()
     assert not _lock_file(path).exists()
     alone = _capture(tiny_llama, factual, tmp_path / "alone.zarr")
     xr.testing.assert_identical(lsc.open(path), alone.compute())
 
 
 def test_writer_killed_holding_the_lock_is_resumed(tiny_llama, factual, tmp_path):
-    path, gate = tmp_path / "r.zarr", tmp_path / "go"
-    first = _start(path, gate)
+    path = tmp_path / "r.zarr"
+    first = _start(path, "hold", tmp_path / "never")
     try:
         _wait_until_gated(first, path)
         os.kill(first.pid, signal.SIGKILL)
@@ -127,7 +134,8 @@ def test_lock_held_in_this_process_refuses_other_writers(tiny_llama, factual, tm
     path = tmp_path / "r.zarr"
     scores = _capture(tiny_llama, factual, path).compute()
     with store.writer_lock(path):
-        with pytest.raises(StoreError, match=rf"'{path}' is being written by another process "
+        with pytest.raises(StoreError, match=rf"'{re.escape(str(path))}' is being written by "
+                                             r"another process "
                                              rf"\(pid {os.getpid()} on host "):
             _capture(tiny_llama, factual, path)
         with pytest.raises(StoreError, match="is being written by another process"):

@@ -45,7 +45,8 @@ def test_numpy_integer_options_are_accepted(tiny_llama, factual):
 
 @pytest.mark.parametrize("batch_size", ["8", 8.0])
 def test_batch_size_of_wrong_type(tiny_llama, factual, batch_size):
-    with pytest.raises(TypeError, match=rf"batch_size must be a positive integer.*got {batch_size!r}"):
+    with pytest.raises(TypeError,
+                       match=rf"batch_size must be a positive integer.*got {batch_size!r}"):
         lsc.direct_logit_attribution(tiny_llama, factual[:1], batch_size=batch_size,
                                      progress=False)
 

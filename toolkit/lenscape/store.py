@@ -242,8 +242,9 @@ def verify_store(path: str | Path) -> None:
         arrays = dict(group.arrays())
         done = arrays[_DONE][...].astype(bool) if _DONE in arrays else None
     except Exception as err:
-        raise StoreError(f"The metadata of the store '{path}' cannot be read ({type(err).__name__}: "
-                         f"{err}); the store is damaged: save or capture the result again.") from err
+        raise StoreError(f"The metadata of the store '{path}' cannot be read "
+                         f"({type(err).__name__}: {err}); the store is damaged: save or capture "
+                         "the result again.") from err
     for name, array in arrays.items():
         dims = _dims_of(array)
         prompt_axis = dims.index("prompt") if done is not None and "prompt" in dims else None
@@ -257,8 +258,8 @@ def verify_store(path: str | Path) -> None:
                     start = coords[prompt_axis] * size
                     if not done[start:start + size].any():
                         continue
-                raise StoreError(f"The store '{path}' is missing the chunk '{chunk.relative_to(path)}' "
-                                 f"of '{name}', so part of the result is lost (it would read as "
+                raise StoreError(f"The store '{path}' is missing the chunk "
+                                 f"'{chunk.relative_to(path)}' of '{name}', so part of the result is lost (it would read as "
                                  "NaN, 'not computed'); re-run the capture, or open it with "
                                  "verify=False to read the rest.")
             try:

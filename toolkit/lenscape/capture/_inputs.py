@@ -3,8 +3,8 @@
 ``prepare`` turns user input (a ``PromptSet``, Prompts or dicts) into an ``Inputs``:
 checked prompts plus, per prompt, clean (and corrupt) token ids and the target and
 distractor token ids. The options shared by all methods (``batch_size``, ``metric`` ...)
-are checked before, in ``_plan.check_options``. ``Inputs.batches`` pads prompt batches on either side; positions
-count real tokens only, so results do not depend on padding.
+are checked before, in ``_plan.check_options``. ``Inputs.batches`` pads prompt batches on
+either side; positions count real tokens only, so results do not depend on padding.
 """
 
 from __future__ import annotations
