@@ -144,7 +144,12 @@ def _convert_gguf(bundle: Bundled, package: Path, target: Path) -> Path:
         hf.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         # rename is atomic: an interrupted conversion never leaves a half-written cache.
-        staging.rename(target)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+            # Another process finished the same conversion first: use its copy.
     return target
 
 
