@@ -1,19 +1,19 @@
-"""Per-cluster block masks on the bundled model: time for F1, learned vs random masks.
+"""Per-cluster block masks (IG-Pruning) on the bundled models: routed vs global vs random on
+held-out texts, and the time it takes.
 
-Clusters the built-in mixed corpus (all-MiniLM-L6-v2 embeddings, k-means, K=8), learns one
-mask per cluster at the default settings, then for each cluster compares the loss on that
-cluster's texts with its learned mask against random masks skipping the same number of
-blocks (mean of 5). Target: F1 for one model <= 10 minutes on 2 CPU cores. Writes the
-``block_masks`` section of RESULTS.md (see _report.py).
+For each model: split the mixed corpus (25% of each kind held out, never clustered or
+trained on), cluster the rest (all-MiniLM-L6-v2, k-means K=8), and run
+``lsc.mask_comparison``: one stacked fit learns a mask per cluster and a global mask for every
+target sparsity until the keep probabilities stop moving; each held-out text is routed to
+its nearest centroid. Reports the held-out perplexity relative to the unmasked model per
+strategy and sparsity, and routed vs global per cluster at sparsity 0.3. Target: <= 10
+minutes per model. Writes the ``block_masks`` section of RESULTS.md (see _report.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-
-import numpy as np
-import torch
 
 import _report
 import lenscape as lsc
@@ -22,63 +22,65 @@ from lenscape import cluster
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--sparsities", default="0.1,0.2,0.3,0.4,0.5")
+    parser.add_argument("--max-steps", type=int, default=300)
+    parser.add_argument("--loss", default="nll", choices=("nll", "kl"))
     parser.add_argument("--texts", type=int, default=None,
                         help="use N texts spread evenly over the corpus")
-    args = _report.parse_args(parser, k=2, steps=2, texts=16)
-    model = lsc.load(args.model, device="cpu")
+    args = _report.parse_args(parser, k=2, max_steps=2, texts=32, sparsities="0.3",
+                              models="smollm2-135m")
+    sparsities = [float(s) for s in args.sparsities.split(",")]
     prompts = lsc.data.prompts("mixed")
     if args.texts:
         prompts = prompts[::max(1, len(prompts) // args.texts)][:args.texts]
-    start = time.perf_counter()
-    clusters = cluster.kmeans(cluster.embed(prompts), args.k, prompts=prompts)
-    kw = {} if args.steps is None else {"steps": args.steps}
-    masks = lsc.block_masks(model, prompts, clusters=clusters, progress=False, **kw)
-    took = time.perf_counter() - start
-    a = masks.attrs
-    print(f"{model.name}: K={args.k}, {a['steps']} steps, target sparsity "
-          f"{a['target_sparsity']}: clustering + masks {took:.0f} s")
-    rng = np.random.default_rng(0)
-    print("cluster | main kind | kept blocks | loss, no mask | learned mask | random masks "
-          "(mean of 5)")
-    wins, rows = 0, []
-    for c in range(clusters.k):
-        members = clusters.members(prompts, c)
-        learned = masks["mask"].sel(cluster=c).values.astype(np.float32)
-        kept = int(learned.sum())
-        randoms = np.zeros((5, *learned.shape), dtype=np.float32)
-        for r in range(5):
-            randoms[r].flat[rng.choice(learned.size, kept, replace=False)] = 1
-        sets = np.concatenate([np.ones_like(learned)[None], learned[None], randoms])
-        losses = lsc.masked_loss(model, members, torch.as_tensor(sets)).numpy()
-        kind = max(set(members.categories), key=members.categories.count)
-        wins += losses[1] < losses[2:].mean()
-        print(f"{c} | {kind} | {kept}/{learned.size} | {losses[0]:.3f} | {losses[1]:.3f} | "
-              f"{losses[2:].mean():.3f}")
-        rows.append([c, f"{kind} ({members.categories.count(kind)}/{len(members)})",
-                     f"{kept}/{learned.size}", f"{losses[0]:.3f}", f"{losses[1]:.3f}",
-                     f"{losses[2:].mean():.3f}"])
-    print(f"learned mask beats random masks in {wins}/{clusters.k} clusters")
-    n_kinds = len(set(prompts.categories))
+    train, held_out = cluster.split(prompts, held_out=0.25, seed=0)
+    clusters = cluster.kmeans(cluster.embed(train), args.k, prompts=train)
+    summary, ratios, per_cluster = [], [], []
+    shown = 0.3 if 0.3 in sparsities else sparsities[0]
+    for name in args.models.split(","):
+        model = lsc.load(name, device="cpu")
+        start = time.perf_counter()
+        result = lsc.mask_comparison(model, train, held_out, clusters=clusters,
+                                     sparsities=sparsities, loss=args.loss,
+                                     max_steps=args.max_steps, progress=False)
+        took = time.perf_counter() - start
+        a = result.attrs
+        print(f"{name}: {took:.0f} s, {a['steps']} updates, converged {a['converged']}, "
+              f"unmasked held-out NLL {a['loss_unmasked']:.3f}")
+        summary.append([*_report.stamp(), name, f"{took:.0f} s", str(a["steps"]),
+                        "yes" if a["converged"] else "no", f"{a['loss_unmasked']:.3f}"])
+        for strategy in result["strategy"].values:
+            values = result["ppl_ratio"].sel(strategy=strategy).values
+            print(f"  {strategy}: " + ", ".join(f"{s:g}: {v:.2f}" for s, v in zip(sparsities, values)))
+            ratios.append([name, str(strategy), *(f"{v:.2f}" for v in values)])
+        for c in range(args.k):
+            routed = float(result["loss_routed"].sel(target_sparsity=shown, cluster=c))
+            global_ = float(result["loss_global"].sel(target_sparsity=shown, cluster=c))
+            kinds = clusters.members(train, c).categories
+            kind = max(set(kinds), key=kinds.count)
+            per_cluster.append([name, c, kind, int(result["n_held_out"].sel(cluster=c)),
+                                f"{routed:.3f}", f"{global_:.3f}",
+                                "routed" if routed < global_ else "global"])
     intro = f"""\
-`python benchmarks/block_masks.py`: {model.name}, the mixed corpus ({len(prompts)} texts,
-{n_kinds} kinds), all-MiniLM-L6-v2 embeddings, k-means K={args.k}, target sparsity
-{a['target_sparsity']}, {a['steps']} Adam steps, lr {a['lr']}, {a['batch_size']} texts per cluster
-per step. Loss = mean next-token NLL over each cluster's own texts; random = masks keeping the
-same number of blocks, mean of 5. "main kind" counts the cluster's texts of its most common kind.
-
-Masks keep the top (1 - sparsity) share of blocks ranked by gate logit. An earlier run that
-thresholded gates at 0.5 instead kept only 49-56 of 60 blocks (sparsity 7-18% for a 30%
-target); it is what made us rank."""
-    summary = _report.table(
-        ["date", "machine", "F1 for one model (clustering + masks)", "learned beats random"],
-        [[*_report.stamp(), f"{took:.0f} s (target <= 10 min)", f"{wins} / {clusters.k} clusters"]])
-    per_cluster = _report.table(["cluster", "main kind", "kept blocks", "no mask", "learned mask",
-                                 "random masks (mean of 5)"], rows)
-    _report.emit(args, _report.section("block_masks", "Block masks (issue 4)", intro,
-                                       f"{summary}\n\n{per_cluster}"))
+`python benchmarks/block_masks.py`: the mixed corpus ({len(prompts)} texts), {len(held_out)} held
+out (25% of each kind; never clustered or trained on), {len(train)} clustered with
+all-MiniLM-L6-v2 + k-means K={args.k}. `lsc.mask_comparison` with loss {args.loss}: one stacked fit
+of a mask per cluster plus a global mask per sparsity ({args.sparsities}), each until its keep
+probabilities move less than 0.005 over 20 updates, at most {args.max_steps} updates. Score:
+held-out perplexity / unmasked perplexity (routed = each text with its nearest cluster's mask;
+random = 3 random masks with as many kept blocks, averaged). Target: <= 10 min per model."""
+    body = "\n\n".join([
+        _report.table(["date", "machine", "model", "time", "updates", "converged",
+                       "unmasked held-out NLL"], summary),
+        "Held-out perplexity ratio by target sparsity:",
+        _report.table(["model", "strategy", *[f"{s:g}" for s in sparsities]], ratios),
+        f"Routed vs global at sparsity {shown}, per cluster (mean held-out NLL of the texts "
+        "routed to it):",
+        _report.table(["model", "cluster", "main kind", "held-out texts", "routed", "global",
+                       "better"], per_cluster)])
+    _report.emit(args, _report.section("block_masks", "Block masks (issues 4, 11)", intro, body))
 
 
 if __name__ == "__main__":

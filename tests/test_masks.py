@@ -1,4 +1,5 @@
-"""Clustering and per-cluster block masks on tiny models."""
+"""Clustering, per-cluster block masks, routing and the routed/global/random comparison
+on tiny models."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import xarray as xr
 
 import lenscape as lsc
 from lenscape import cluster
-from lenscape.capture.masks import apply_mask, block_masks, masked_loss
+from lenscape.capture import masks as masks_module
+from lenscape.capture.masks import apply_mask, block_masks, mask_comparison, masked_loss
+
+FAST = dict(max_steps=3, window=3, lr=0.5, batch_size=2, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +26,11 @@ def clusters(mixed):
     return cluster.kmeans(cluster.embed(mixed), 4, prompts=mixed)
 
 
+@pytest.fixture(scope="module")
+def learned(tiny_llama, mixed, clusters):
+    return block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=0.5, **FAST)
+
+
 def test_embed_and_kmeans(mixed, clusters):
     emb = cluster.embed(mixed)
     assert emb.shape == (32, 384)
@@ -29,6 +38,7 @@ def test_embed_and_kmeans(mixed, clusters):
     assert clusters.labels.dims == ("prompt",) and "category" in clusters.labels.coords
     assert sorted(set(clusters.labels.values)) == [0, 1, 2, 3]
     np.testing.assert_array_equal(clusters.assign(emb), clusters.labels.values)
+    np.testing.assert_array_equal(clusters.route(mixed.texts), clusters.labels.values)
 
 
 def test_kmeans_errors(mixed):
@@ -39,15 +49,57 @@ def test_kmeans_errors(mixed):
         cluster.kmeans(np.repeat(emb[:1], 4, axis=0), 2)
 
 
-def test_masks_are_deterministic_and_shaped(tiny_llama, mixed, clusters):
-    kw = dict(clusters=clusters, steps=3, target_sparsity=0.5, lr=0.5, progress=False)
-    a, b = block_masks(tiny_llama, mixed, **kw), block_masks(tiny_llama, mixed, **kw)
-    assert a["mask"].dims == ("cluster", "layer", "component")
-    assert a["mask"].shape == (4, tiny_llama.spec.n_layers, 2) and a["mask"].dtype == bool
-    np.testing.assert_array_equal(a["keep_prob"].values, b["keep_prob"].values)
-    np.testing.assert_array_equal(a["mask"].sum(("layer", "component")).values, 3)  # 50% of 6
-    c = block_masks(tiny_llama, mixed, **{**kw, "seed": 1})
-    assert not np.array_equal(a["keep_prob"].values, c["keep_prob"].values)
+def test_split_holds_out_each_kind(mixed):
+    train, held_out = cluster.split(mixed, held_out=0.25, seed=0)
+    assert len(train) == 24 and len(held_out) == 8
+    assert not set(train.texts) & set(held_out.texts)
+    assert sorted(held_out.categories) == sorted(set(mixed.categories))  # one of each kind
+    assert cluster.split(mixed, seed=1)[1].texts != held_out.texts
+    with pytest.raises(ValueError, match=r"held_out must lie in \(0, 1\)"):
+        cluster.split(mixed, held_out=1.0)
+
+
+def test_masks_are_deterministic_and_shaped(tiny_llama, mixed, clusters, learned):
+    again = block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=0.5, **FAST)
+    assert learned["mask"].dims == ("cluster", "layer", "component")
+    assert learned["mask"].shape == (4, tiny_llama.spec.n_layers, 2)
+    assert learned["mask"].dtype == bool
+    np.testing.assert_array_equal(learned["keep_prob"].values, again["keep_prob"].values)
+    np.testing.assert_array_equal(learned["mask"].sum(("layer", "component")).values, 3)
+    assert learned["steps"].dims == ("cluster",) and int(learned["steps"].max()) <= 3
+    other = block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=0.5,
+                        **{**FAST, "seed": 1})
+    assert not np.array_equal(learned["keep_prob"].values, other["keep_prob"].values)
+
+
+def test_sparsities_train_together(tiny_llama, mixed, clusters):
+    both = block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=[1 / 6, 0.5],
+                       **FAST)
+    assert both["mask"].dims == ("target_sparsity", "cluster", "layer", "component")
+    kept = both["mask"].sum(("layer", "component"))
+    np.testing.assert_array_equal(kept.sel(target_sparsity=0.5).values, 3)
+    np.testing.assert_array_equal(kept.sel(target_sparsity=1 / 6).values, 5)
+
+
+def test_tolerance_stops_the_fit(tiny_llama, mixed, clusters):
+    loose = block_masks(tiny_llama, mixed, clusters=clusters, **{**FAST, "max_steps": 9},
+                        tol=1.0)
+    assert loose.attrs["converged"] == 1
+    np.testing.assert_array_equal(loose["steps"].values, 3)
+
+
+def test_kl_to_the_unmasked_model(tiny_llama, mixed, clusters):
+    items = masks_module._encode(tiny_llama, mixed[:3])
+    spec = tiny_llama.spec
+    current = {"scale": torch.ones(3, spec.n_layers, 2)}
+    with masks_module._scaled_blocks(tiny_llama, lambda: current["scale"]):
+        same = masks_module._row_loss(tiny_llama, items, current, loss="kl")
+        current["scale"] = torch.zeros(3, spec.n_layers, 2)
+        skipped = masks_module._row_loss(tiny_llama, items, current, loss="kl")
+    torch.testing.assert_close(same, torch.zeros(3), atol=1e-5, rtol=0)
+    assert (skipped > 1e-4).all()  # a random tiny model predicts near-uniformly
+    kl = block_masks(tiny_llama, mixed, clusters=clusters, loss="kl", **FAST)
+    assert kl.attrs["loss"] == "kl" and kl["mask"].shape == (4, spec.n_layers, 2)
 
 
 def test_skipping_a_block_removes_exactly_its_output(tiny_model, mixed):
@@ -70,13 +122,66 @@ def test_skipping_a_block_removes_exactly_its_output(tiny_model, mixed):
     assert masked_loss(tiny_model, mixed[:4], da.values[None]).item() != pytest.approx(full.item())
 
 
-def test_mask_errors(tiny_llama, mixed, clusters):
+def test_routing_runs_each_input_with_its_clusters_mask(tiny_llama, mixed, clusters, learned):
+    texts = [mixed[i].text for i in (0, 9, 18, 27)]
+    routes = clusters.route(texts)
+    batch = tiny_llama.tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad(), apply_mask(tiny_llama, learned, clusters=clusters):
+        routed = tiny_llama.hf(**batch).logits
+    for row, c in enumerate(routes):
+        with torch.no_grad(), apply_mask(tiny_llama, learned["mask"].sel(cluster=int(c))):
+            alone = tiny_llama.hf(**batch).logits[row]
+        torch.testing.assert_close(routed[row], alone, atol=1e-5, rtol=1e-5)
+    assert len(set(routes.tolist())) > 1  # the batch really mixes clusters
+
+
+def test_comparison_on_held_out_texts(tiny_llama, mixed):
+    train, held_out = cluster.split(mixed, held_out=0.25)
+    clusters = cluster.kmeans(cluster.embed(train), 3, prompts=train)
+    result = mask_comparison(tiny_llama, train, held_out, clusters=clusters,
+                             sparsities=[1 / 6, 0.5], n_random=2, max_steps=2, window=2,
+                             train_batch_size=2, progress=False)
+    assert result["ppl_ratio"].dims == ("strategy", "target_sparsity")
+    assert list(result["strategy"].values) == ["routed", "global", "random"]
+    assert result["routed_mask"].attrs["model"] == tiny_llama.name
+    assert (result["ppl_ratio"] > 0).all()
+    assert int(result["n_held_out"].sum()) == len(held_out)
+    kept = result["routed_mask"].sum(("layer", "component"))
+    np.testing.assert_array_equal(kept.sel(target_sparsity=0.5).values, 3)
+    # the routed ratio is the routed masks' held-out loss, recomputed by hand
+    routes = clusters.route(held_out)
+    masks = torch.as_tensor(result["routed_mask"].sel(target_sparsity=0.5).values).float()
+    by_text = [float(masked_loss(tiny_llama, held_out[i:i + 1], masks[c][None]))
+               for i, c in enumerate(routes)]
+    expected = np.exp(np.mean(by_text) - result.attrs["loss_unmasked"])
+    assert float(result["ppl_ratio"].sel(strategy="routed", target_sparsity=0.5)) == \
+        pytest.approx(expected, rel=1e-4)
+
+
+def test_bad_inputs_name_the_fix(tiny_llama, tokenizer, mixed, clusters, learned):
     with pytest.raises(ValueError, match=r"target_sparsity must lie in \(0, 1\)"):
         block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=1.0, progress=False)
+    with pytest.raises(ValueError, match=r"target_sparsity must lie in \(0, 1\)"):
+        mask_comparison(tiny_llama, mixed, mixed[:8], clusters=clusters, sparsities=[0.3, 0])
     with pytest.raises(ValueError, match="pass the prompts that were clustered"):
         block_masks(tiny_llama, mixed[:5], clusters=clusters, progress=False)
-    bad = xr.DataArray(np.ones((7, 2)), dims=("layer", "component"),
-                       coords={"component": ["attn", "mlp"]})
-    with pytest.raises(ValueError, match="needs 3 layers"):
-        with apply_mask(tiny_llama, bad):
+    with pytest.raises(ValueError, match="held-out texts for 4 clusters"):
+        mask_comparison(tiny_llama, mixed, mixed[:3], clusters=clusters)
+    no_centroids = cluster.Clustering(clusters.labels, np.zeros((0, 384), np.float32))
+    with pytest.raises(ValueError, match="Clustering with centroids"):
+        block_masks(tiny_llama, mixed, clusters=no_centroids, progress=False)
+    with pytest.raises(ValueError, match="Clustering with centroids"):
+        with apply_mask(tiny_llama, learned, clusters=clusters.labels):
+            pass
+    foreign = learned["mask"].sel(cluster=0).assign_attrs(model="smollm2-135m")
+    with pytest.raises(ValueError, match="learned on 'smollm2-135m'"):
+        with apply_mask(tiny_llama, foreign):
+            pass
+    deeper = lsc.models.tiny("llama", n_layers=4, seed=0, tokenizer=tokenizer)
+    deeper.name = tiny_llama.name
+    with pytest.raises(ValueError, match="needs 4 layers"):
+        with apply_mask(deeper, learned["mask"].sel(cluster=0)):
+            pass
+    with pytest.raises(ValueError, match="Pick one cluster"):
+        with apply_mask(tiny_llama, learned):
             pass

@@ -41,7 +41,6 @@ def test_gpt2_qkv_split(tokenizer):
 
 def test_importance_matches_hand_autograd(tiny_llama, factual):
     prompts = factual[:3]
-    ds = lsc.weight_importance(tiny_llama, prompts, batch_size=3, progress=False)
     hf, tok = tiny_llama.hf, tiny_llama.tokenizer
     weight = hf.model.layers[1].mlp.down_proj.weight
     weight.requires_grad_(True)
@@ -49,17 +48,65 @@ def test_importance_matches_hand_autograd(tiny_llama, factual):
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     (grad,) = torch.autograd.grad(hf(**batch, labels=labels).loss, [weight])
     weight.requires_grad_(False)
-    expected = float((weight * grad).abs().mean())
-    got = float(ds["per_layer"].sel(layer=1, component="down_proj"))
-    assert got == pytest.approx(expected, rel=1e-4)
+    entries = (weight * grad).abs()
+    kw = dict(batch_size=3, progress=False)
+    cell = dict(layer=1, component="down_proj")
+    total = lsc.weight_importance(tiny_llama, prompts, **kw)  # default: sum over entries
+    assert total.attrs["aggregation"] == "sum"
+    assert float(total["per_layer"].sel(cell)) == pytest.approx(float(entries.sum()), rel=1e-4)
+    mean = lsc.weight_importance(tiny_llama, prompts, aggregation="mean", **kw)
+    assert float(mean["per_layer"].sel(cell)) == pytest.approx(float(entries.mean()), rel=1e-4)
     assert not any(p.requires_grad for p in hf.parameters())  # frozen again
-    fisher = lsc.weight_importance(tiny_llama, prompts, kind="fisher", batch_size=3, progress=False)
-    assert float(fisher["per_layer"].sel(layer=1, component="down_proj")) == pytest.approx(
-        float(grad.pow(2).mean()), rel=1e-4)
-    normed = lsc.weight_importance(tiny_llama, prompts, batch_size=3, normalize=True,
-                                   progress=False)
+    share = lsc.weight_importance(tiny_llama, prompts, aggregation="share", **kw)
+    whole = sum(float(np.nansum(total[v].values)) for v in total.data_vars)
+    assert float(share["per_layer"].sel(cell)) == pytest.approx(
+        float(entries.sum()) / whole, rel=1e-4)
+    fisher = lsc.weight_importance(tiny_llama, prompts, kind="fisher", aggregation="mean", **kw)
+    assert float(fisher["per_layer"].sel(cell)) == pytest.approx(float(grad.pow(2).mean()),
+                                                                 rel=1e-4)
+    normed = lsc.weight_importance(tiny_llama, prompts, normalize=True, **kw)
     values = np.concatenate([normed[v].values.ravel() for v in normed.data_vars])
     assert np.nanmin(values) == 0 and np.nanmax(values) == 1
+
+
+def test_sum_and_mean_rank_tensors_differently(tiny_llama, factual):
+    """The per-entry mean favours small tensors: a norm weight ranks higher under the mean
+    than under the sum, relative to the largest MLP matrix."""
+    kw = dict(batch_size=3, progress=False)
+    ranks = {}
+    for aggregation in ("sum", "mean"):
+        cells = lsc.weight_importance(tiny_llama, factual[:3], aggregation=aggregation,
+                                      **kw)["per_layer"].sel(layer=1)
+        ranks[aggregation] = float(cells.sel(component="input_layernorm")
+                                   / cells.sel(component="down_proj"))
+    assert ranks["mean"] > 10 * ranks["sum"]
+
+
+def _data_rows(spec: dict) -> int:
+    """Number of inline data rows in a chart spec (Altair gathers them under ``datasets``)."""
+    return sum(len(rows) for rows in spec.get("datasets", {}).values())
+
+
+def test_weight_grid_draws_only_what_each_model_has(tokenizer, factual):
+    maps = {name: lsc.weight_importance(models.tiny(arch, n_layers=n, tokenizer=tokenizer),
+                                        factual[:2], progress=False)
+            for name, arch, n in (("llama", "llama", 3), ("qwen3", "qwen3", 2))}
+    grid = lsc.weight_grid(maps)
+    assert grid.dims == ("model", "layer", "component") and grid.sizes["layer"] == 3
+    assert list(grid["component"].values)[-1] == "lm_head"
+    drawn = grid["drawn"].notnull()
+    for name in maps:
+        values = grid.sel(model=name).where(drawn.sel(model=name))
+        assert float(values.min()) == 0 and float(values.max()) == 1
+    assert not bool(drawn.sel(model="llama", component="q_norm").any())  # llama has none
+    assert bool(drawn.sel(model="qwen3", component="q_norm", layer=[0, 1]).all())
+    assert not bool(drawn.sel(model="qwen3", layer=2).any())  # past the shallower model
+    lm_head = drawn.sel(component="lm_head")
+    assert lm_head.sel(model="llama").values.tolist() == [False, False, True]
+    chart = lsc.heatmap(grid, x="component", y="layer", facet_col="model", independent=True)
+    assert _data_rows(chart.to_dict()) == int(drawn.sum())
+    with pytest.raises(ValueError, match="No weight maps"):
+        lsc.weight_grid({})
 
 
 def test_tied_embeddings_reported_once(smol):
@@ -85,6 +132,8 @@ def test_normalize_and_combine():
 def test_errors(tiny_llama, tokenizer, factual):
     with pytest.raises(ValueError, match="Unknown importance kind"):
         lsc.weight_importance(tiny_llama, factual[:1], kind="taylor", progress=False)
+    with pytest.raises(ValueError, match="Unknown aggregation"):
+        lsc.weight_importance(tiny_llama, factual[:1], aggregation="max", progress=False)
     with pytest.raises(ValueError, match="prompt list is empty"):
         lsc.weight_importance(tiny_llama, [], progress=False)
     with pytest.raises(ValueError, match="Unknown change kind"):

@@ -3,7 +3,9 @@
 ``embed`` mean-pools the last hidden state of the bundled sentence encoder
 (all-MiniLM-L6-v2, ``encoder="minilm"``) or of a ``LensModel``'s own final layer, and
 L2-normalises. ``kmeans`` returns a ``Clustering``: labels as a DataArray over ``prompt``
-(with ``text``/``category`` coords) and the centroids, so new prompts can be assigned.
+(with ``text``/``category`` coords), the centroids and the encoder, so new prompts can be
+routed to their nearest cluster (``Clustering.route``). ``split`` holds texts out of both
+clustering and training, for judging routed masks on inputs they never saw.
 """
 
 from __future__ import annotations
@@ -66,10 +68,13 @@ class Clustering:
     Attributes:
         labels: DataArray (prompt,) of cluster ids, with ``text``/``category`` coords.
         centroids: (cluster, d) array.
+        encoder: what embedded the prompts (``"minilm"`` or a ``LensModel``), used by
+            ``route`` to embed new inputs the same way.
     """
 
     labels: xr.DataArray
     centroids: np.ndarray
+    encoder: Any = "minilm"
 
     @property
     def k(self) -> int:
@@ -80,15 +85,27 @@ class Clustering:
         distances = ((np.asarray(embeddings)[:, None] - self.centroids[None]) ** 2).sum(-1)
         return distances.argmin(1)
 
+    def route(self, prompts: Any) -> np.ndarray:
+        """Embed new prompts (a ``PromptSet`` or strings) with this clustering's encoder and
+        return each one's nearest cluster, (n,) ints."""
+        return self.assign(embed(prompts, self.encoder))
+
     def members(self, prompts: PromptSet, cluster: int) -> PromptSet:
         """The prompts of one cluster."""
         return PromptSet([p for p, c in zip(prompts, self.labels.values) if c == cluster],
                          name=f"{prompts.name}:cluster{cluster}")
 
 
-def kmeans(embeddings: np.ndarray, k: int, *, seed: int = 0, prompts: PromptSet | None = None
-           ) -> Clustering:
+def kmeans(embeddings: np.ndarray, k: int, *, seed: int = 0, prompts: PromptSet | None = None,
+           encoder: str | LensModel = "minilm") -> Clustering:
     """k-means (scikit-learn, 10 restarts) of (prompt, d) embeddings into ``k`` clusters.
+
+    Args:
+        embeddings: (prompt, d) from ``embed``.
+        k: number of clusters.
+        seed: seeds k-means.
+        prompts: the embedded prompts, to label the result with their texts and kinds.
+        encoder: the encoder ``embed`` used, so ``Clustering.route`` embeds new inputs alike.
 
     Raises:
         ValueError: k < 1, k larger than the number of prompts, or a cluster left empty.
@@ -109,4 +126,26 @@ def kmeans(embeddings: np.ndarray, k: int, *, seed: int = 0, prompts: PromptSet 
         coords.update(text=("prompt", prompts.texts), category=("prompt", prompts.categories))
     labels = xr.DataArray(fit.labels_.astype(np.int64), dims=("prompt",), coords=coords,
                           attrs={"long_name": "cluster", "k": k, "seed": seed})
-    return Clustering(labels, fit.cluster_centers_.astype(np.float32))
+    return Clustering(labels, fit.cluster_centers_.astype(np.float32), encoder)
+
+
+def split(prompts: PromptSet, *, held_out: float = 0.25, seed: int = 0
+          ) -> tuple[PromptSet, PromptSet]:
+    """Split prompts into (train, held_out) by a seeded shuffle, keeping each kind's share.
+
+    The held-out part is for judging masks on unseen inputs: never cluster or train on it.
+
+    Args:
+        held_out: share of each ``category`` held out, in (0, 1).
+        seed: seeds the shuffle.
+    """
+    if not 0 < held_out < 1:
+        raise ValueError(f"held_out must lie in (0, 1), got {held_out}; e.g. 0.25.")
+    rng = np.random.default_rng(seed)
+    categories = np.asarray(prompts.categories)
+    chosen = np.zeros(len(prompts), dtype=bool)
+    for category in dict.fromkeys(categories):
+        members = np.flatnonzero(categories == category)
+        chosen[rng.permutation(members)[:int(round(held_out * len(members)))]] = True
+    return (PromptSet([p for p, c in zip(prompts, chosen) if not c], name=f"{prompts.name}:train"),
+            PromptSet([p for p, c in zip(prompts, chosen) if c], name=f"{prompts.name}:held_out"))

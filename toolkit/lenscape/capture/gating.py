@@ -260,7 +260,7 @@ def head_gating(model: LensModel, task, *, seeds: int | Sequence[int] = 10,
                           for s in seed_list]).to(model.device)
     settings = dict(lambda_=lambda_, lr=lr, grad_clip=grad_clip, max_steps=max_steps,
                     window=window, tol=tol, rows_per_pass=rows_per_pass)
-    bar = tqdm(total=3 * max_steps, disable=not progress, desc=f"head gating ({n} seeds)")
+    bar = tqdm(total=2 * max_steps, disable=not progress, desc=f"head gating ({n} seeds)")
     with _Gates(model) as gates:
         base = _stage(model, gates, starts, torch.zeros(n), items,
                       _Batches(len(items), [(s, 0) for s in seed_list], batch_size),

@@ -1,21 +1,30 @@
 """Per-cluster block masks: which attention and MLP blocks can each kind of input skip?
 
-Every cluster gets one hard-concrete gate per block (2 x n_layers: attention and MLP;
-Louizos et al. 2018, as in IG-Pruning, arXiv 2511.02213). A gate scales the block's
-contribution to the residual stream, so a gate of 0 skips the block and the residual passes
-through. With the model frozen, gate parameters are fitted to
+Follows IG-Pruning (arXiv 2511.02213, github.com/ictnlp/IG-Pruning): texts are embedded with
+a sentence encoder and k-means clustered (``lenscape.cluster``); every cluster gets one
+hard-concrete gate per block (2 x n_layers: attention and MLP; Louizos et al. 2018). A gate
+scales the block's contribution to the residual stream, so a gate of 0 skips the block and
+the residual passes through. With the model frozen, gate parameters are fitted to
 
-    loss = NLL(next token, whole text) + penalty * (expected share of open gates - keep)^2
+    loss = L(text) + penalty * (expected share of open gates - keep)^2
 
-where keep = 1 - target_sparsity. All clusters train in one stacked batch: each row uses its
-own cluster's gates. The final mask keeps the round((1 - target_sparsity) x 2L) blocks with
-the largest gate logits, so every cluster meets the target exactly.
+where keep = 1 - target_sparsity and L is the next-token NLL or, with ``loss="kl"``, the KL
+divergence from the unmasked model's next-token distribution (distillation). Every cluster
+and every target sparsity trains in one stacked batch (each row uses its own set's gates),
+until the keep probabilities stop moving. The final mask keeps the
+round((1 - target_sparsity) x 2L) blocks with the largest gate logits, so every mask meets
+its target exactly.
+
+At inference, ``apply_mask(model, masks, clusters=...)`` embeds each new input, routes it to
+its nearest centroid and runs it with that cluster's mask. ``mask_comparison`` tests
+IG-Pruning's claim on held-out texts: routed per-cluster masks vs one global mask learned on
+all texts vs random masks, at equal sparsity.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -26,9 +35,12 @@ from .. import schema
 from ..cluster import Clustering
 from ..data import PromptSet
 from ..models import LensModel
+from ._fit import fit_until_still
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete temperature and stretch
 COMPONENTS = schema.BLOCK_COMPONENTS  # ("attn", "mlp")
+LOSSES = ("nll", "kl")
+STRATEGIES = ("routed", "global", "random")
 
 
 def _block_paths(model: LensModel) -> dict[str, str]:
@@ -57,47 +69,285 @@ def _scaled_blocks(model: LensModel, row_scale) -> Iterator[None]:
             handle.remove()
 
 
-def _check_mask(model: LensModel, mask: xr.DataArray) -> torch.Tensor:
-    """(layer, component) mask -> (layer, 2) float tensor, with clear shape errors."""
-    spec = model.spec
-    if set(mask.dims) != {"layer", "component"}:
-        raise ValueError(f"The mask has dims {mask.dims}; apply_mask needs (layer, component). "
-                         "Pick one cluster first, e.g. masks['mask'].sel(cluster=0).")
-    if mask.sizes["layer"] != spec.n_layers or list(mask["component"].values) != list(COMPONENTS):
-        raise ValueError(f"The mask has {mask.sizes['layer']} layers and components "
-                         f"{list(mask['component'].values)}; {model.name} needs "
-                         f"{spec.n_layers} layers and {list(COMPONENTS)}.")
-    return torch.as_tensor(mask.transpose("layer", "component").values.astype(np.float32))
+def _check_model(model: LensModel, masks: xr.DataArray | xr.Dataset) -> None:
+    """A mask learned on another model cannot be applied: say which one it came from."""
+    origin = masks.attrs.get("model")
+    if origin is not None and origin != model.name:
+        raise ValueError(f"The masks were learned on {origin!r}, not {model.name!r}; learn "
+                         f"masks for this model with lsc.block_masks({model.name!r} model, ...).")
+    if masks.sizes.get("layer") != model.spec.n_layers or \
+            list(masks["component"].values) != list(COMPONENTS):
+        raise ValueError(f"The mask has {masks.sizes.get('layer')} layers and components "
+                         f"{list(masks['component'].values)}; {model.name} needs "
+                         f"{model.spec.n_layers} layers and {list(COMPONENTS)}: it was learned "
+                         "on another model; learn masks for this one with lsc.block_masks.")
+
+
+def _as_mask_array(masks: xr.DataArray | xr.Dataset) -> xr.DataArray:
+    return masks["mask"] if isinstance(masks, xr.Dataset) else masks
+
+
+def _check_clusters(clusters) -> Clustering:
+    if not isinstance(clusters, Clustering) or clusters.centroids is None or \
+            len(clusters.centroids) == 0:
+        raise ValueError(f"clusters must be a Clustering with centroids (from "
+                         f"lenscape.cluster.kmeans), got {type(clusters).__name__}; routing "
+                         "needs the centroids to find each input's nearest cluster.")
+    return clusters
+
+
+def _row_texts(model: LensModel, input_ids: torch.Tensor, attention_mask) -> list[str]:
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    return [model.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+            for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
 
 
 @contextlib.contextmanager
-def apply_mask(model: LensModel, mask: xr.DataArray) -> Iterator[LensModel]:
-    """Run ``model`` with the blocks where ``mask`` is 0/False skipped (residual passes).
+def apply_mask(model: LensModel, masks: xr.DataArray | xr.Dataset, *,
+               clusters: Clustering | None = None) -> Iterator[LensModel]:
+    """Run ``model`` with blocks skipped (residual passes) where the mask is 0/False.
 
     Args:
-        mask: (layer, component) binary DataArray, e.g. ``masks["mask"].sel(cluster=3)``.
+        masks: one (layer, component) binary mask, e.g. ``masks["mask"].sel(cluster=3)``;
+            with ``clusters``, the per-cluster masks (cluster, layer, component) or the
+            ``block_masks`` Dataset.
+        clusters: route every input: each row of a forward pass that starts a text (more
+            than one new token) is decoded, embedded with the clustering's encoder and run
+            with its nearest cluster's mask; generation steps keep their row's mask.
+
+    Raises:
+        ValueError: a mask from another model, a per-cluster mask without ``clusters`` (or
+            the reverse), or clusters without centroids.
     """
-    scale = _check_mask(model, mask).to(model.device)[None]
-    with _scaled_blocks(model, lambda: scale):
-        yield model
+    mask = _as_mask_array(masks)
+    _check_model(model, mask)
+    if clusters is None:
+        if set(mask.dims) != {"layer", "component"}:
+            raise ValueError(f"The mask has dims {mask.dims}; apply_mask needs (layer, "
+                             "component). Pick one cluster, e.g. masks['mask'].sel(cluster=0), "
+                             "or route inputs with apply_mask(model, masks, clusters=clusters).")
+        scale = torch.as_tensor(mask.transpose("layer", "component").values.astype(np.float32)
+                                ).to(model.device)[None]
+        with _scaled_blocks(model, lambda: scale):
+            yield model
+        return
+    clusters = _check_clusters(clusters)
+    if "cluster" not in mask.dims or mask.sizes["cluster"] != clusters.k:
+        raise ValueError(f"Routing needs one mask per cluster ({clusters.k}); the mask has dims "
+                         f"{dict(mask.sizes)}. Pass the block_masks result learned with these "
+                         "clusters.")
+    per_cluster = torch.as_tensor(mask.transpose("cluster", "layer", "component").values
+                                  .astype(np.float32)).to(model.device)
+    current: dict[str, torch.Tensor] = {}
+
+    def route(module, args, kwargs):
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is not None and (input_ids.shape[1] > 1 or "scale" not in current):
+            texts = _row_texts(model, input_ids, kwargs.get("attention_mask"))
+            current["clusters"] = torch.as_tensor(clusters.route(texts))
+            current["scale"] = per_cluster[current["clusters"].to(model.device)]
+    handle = model.hf.register_forward_pre_hook(route, with_kwargs=True)
+    try:
+        with _scaled_blocks(model, lambda: current["scale"]):
+            yield model
+    finally:
+        handle.remove()
 
 
 def _encode(model: LensModel, prompts: PromptSet) -> list[list[int]]:
     return [model.tokenizer(p.text + p.target)["input_ids"] for p in prompts]
 
 
-def _nll_per_row(model: LensModel, rows: list[list[int]]) -> torch.Tensor:
-    """Mean next-token NLL of each row (rows,) (right padding, real tokens only)."""
+def _pad(model: LensModel, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), model.tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, seq in enumerate(rows):
         ids[i, :len(seq)], mask[i, :len(seq)] = torch.tensor(seq), 1
-    ids, mask = ids.to(model.device), mask.to(model.device)
-    logits = model.hf(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    return ids.to(model.device), mask.to(model.device)
+
+
+def _row_loss(model: LensModel, rows: list[list[int]], current: dict, *, loss: str = "nll"
+              ) -> torch.Tensor:
+    """Mean next-token loss of each row (rows,) under ``current["scale"]`` (real tokens only).
+
+    ``loss="nll"``: negative log-likelihood of the text; ``"kl"``: KL(unmasked || masked)
+    of the next-token distributions (the unmasked pass runs without gradients).
+    """
+    ids, mask = _pad(model, rows)
+    logp = torch.log_softmax(model.hf(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1)
+    if loss == "nll":
+        per_token = -logp.gather(-1, ids[:, 1:, None])[..., 0]
+    else:
+        scale = current["scale"]
+        current["scale"] = torch.ones_like(scale)
+        with torch.no_grad():
+            teacher = torch.log_softmax(
+                model.hf(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1)
+        current["scale"] = scale
+        per_token = (teacher.exp() * (teacher - logp)).sum(-1)
     weight = mask[:, 1:].float()
-    return (nll * weight).sum(1) / weight.sum(1)
+    return (per_token * weight).sum(1) / weight.sum(1)
+
+
+def _open_prob(log_alpha: torch.Tensor) -> torch.Tensor:
+    """Probability that a hard-concrete gate is non-zero."""
+    return torch.sigmoid(log_alpha - BETA * np.log(-GAMMA / ZETA))
+
+
+def _fit_masks(model: LensModel, items: list[list[int]], groups: list[np.ndarray],
+               sparsities: Sequence[float], *, loss: str, lr: float, penalty: float,
+               max_steps: int, window: int, tol: float, seed: int, batch_size: int,
+               rows_per_pass: int, progress: bool):
+    """Fit gate logits for every (sparsity, group) pair in one stacked run.
+
+    Args:
+        items: token ids per text; groups: per group, the indices of its texts.
+
+    Returns:
+        ``Fit`` whose params are (sparsity * group, layer, component) gate logits.
+    """
+    spec, n_groups = model.spec, len(groups)
+    sets = len(sparsities) * n_groups
+    keep = torch.tensor([1 - s for s in sparsities]).repeat_interleave(n_groups).to(model.device)
+    rng = np.random.default_rng(seed)
+    noise = torch.Generator().manual_seed(seed)
+    current: dict[str, torch.Tensor] = {}
+    sets_per_pass = max(1, rows_per_pass // batch_size)
+    bar = tqdm(total=max_steps, disable=not progress,
+               desc=f"block masks ({n_groups} groups x {len(sparsities)} sparsities)")
+
+    def loss_and_grad(log_alpha: torch.Tensor, active: list[int]) -> torch.Tensor:
+        u = torch.rand(log_alpha.shape, generator=noise).clamp(1e-6, 1 - 1e-6)
+        losses = []
+        for first in range(0, len(active), sets_per_pass):
+            chunk = active[first:first + sets_per_pass]
+            rows = [items[i] for k in chunk
+                    for i in rng.choice(groups[k % n_groups], batch_size)]
+            s = torch.sigmoid((u[chunk].log() - (1 - u[chunk]).log()
+                               + log_alpha[chunk].cpu()) / BETA)
+            gates = (s * (ZETA - GAMMA) + GAMMA).clamp(0, 1).to(model.device)
+            current["scale"] = gates.repeat_interleave(batch_size, dim=0)
+            text_loss = _row_loss(model, rows, current, loss=loss).view(len(chunk), -1).mean(1)
+            sparsity_term = (_open_prob(log_alpha[chunk]).mean(dim=(1, 2)) - keep[chunk]) ** 2
+            total = text_loss + penalty * sparsity_term
+            total.sum().backward()
+            losses.append(total.detach().cpu())
+        return torch.cat(losses)
+
+    start = torch.full((sets, spec.n_layers, 2), 2.0, device=model.device)
+    with _scaled_blocks(model, lambda: current["scale"]):
+        fit = fit_until_still(start, loss_and_grad, watch=_open_prob, lr=lr, grad_clip=None,
+                              max_steps=max_steps, window=window, tol=tol, on_step=bar.update)
+    bar.close()
+    return fit
+
+
+def _binary_masks(log_alpha: torch.Tensor, keep: float) -> torch.Tensor:
+    """(sets, layer, 2) logits -> bool masks keeping exactly round(keep * 2L) blocks each."""
+    sets, n_layers, _ = log_alpha.shape
+    n_keep = int(round(keep * 2 * n_layers))
+    order = log_alpha.cpu().reshape(sets, -1).argsort(dim=1, descending=True)
+    kept = torch.zeros(sets, 2 * n_layers, dtype=torch.bool)
+    kept.scatter_(1, order[:, :n_keep], True)
+    return kept.view(sets, n_layers, 2)
+
+
+def _check_sparsities(target_sparsity) -> list[float]:
+    values = [target_sparsity] if np.isscalar(target_sparsity) else list(target_sparsity)
+    bad = [s for s in values if not 0 < s < 1]
+    if not values or bad:
+        raise ValueError(f"target_sparsity must lie in (0, 1), got {target_sparsity}; "
+                         "e.g. 0.3 (skip 30% of blocks) or [0.1, 0.3, 0.5].")
+    return [float(s) for s in values]
+
+
+def _members(clusters: Clustering, n_prompts: int) -> list[np.ndarray]:
+    labels = clusters.labels.values
+    if len(labels) != n_prompts:
+        raise ValueError(f"The clustering has {len(labels)} prompts but {n_prompts} were "
+                         "given; pass the prompts that were clustered.")
+    members = [np.flatnonzero(labels == c) for c in range(clusters.k)]
+    empty = [c for c, m in enumerate(members) if len(m) == 0]
+    if empty:
+        raise ValueError(f"Cluster(s) {empty} have no prompts; re-cluster with a smaller k.")
+    return members
+
+
+def block_masks(model: LensModel, prompts: PromptSet, *, clusters: Clustering,
+                target_sparsity: float | Sequence[float] = 0.3, loss: str = "nll",
+                max_steps: int = 300, window: int = 20, tol: float = 0.005, lr: float = 0.25,
+                penalty: float = 10.0, seed: int = 0, batch_size: int = 4,
+                rows_per_pass: int = 32, progress: bool = True) -> xr.Dataset:
+    """Learn one block mask per cluster (and per target sparsity), to convergence.
+
+    Args:
+        model: a ``LensModel`` (frozen).
+        prompts: the texts that were clustered (same order as ``clusters.labels``); keep
+            held-out texts out of both (``lenscape.cluster.split``).
+        clusters: from ``lenscape.cluster.kmeans``.
+        target_sparsity: share of the 2 x n_layers blocks to skip, in (0, 1); a list trains
+            every sparsity in the same stacked batch and adds a ``target_sparsity`` dim.
+        loss: ``"nll"`` (next-token NLL) or ``"kl"`` (distil the unmasked model).
+        max_steps: most Adam updates; a (cluster, sparsity) set stops earlier once its keep
+            probabilities move less than ``tol`` (mean absolute change) over ``window`` updates.
+        lr: Adam learning rate; penalty: weight of the sparsity term.
+        seed: seeds gate noise and minibatches (same seed -> same masks).
+        batch_size: texts per cluster per update; rows_per_pass: rows per forward pass.
+
+    Returns:
+        Dataset over ([target_sparsity,] cluster, layer, component): ``mask`` (bool, True =
+        kept) and ``keep_prob`` (probability that the gate is open); ``steps`` over
+        ([target_sparsity,] cluster); settings in attrs.
+    """
+    sparsities = _check_sparsities(target_sparsity)
+    if loss not in LOSSES:
+        raise ValueError(f"Unknown loss {loss!r}; choose one of {list(LOSSES)}.")
+    clusters = _check_clusters(clusters)
+    members = _members(clusters, len(prompts))
+    fit = _fit_masks(model, _encode(model, prompts), members, sparsities, loss=loss, lr=lr,
+                     penalty=penalty, max_steps=max_steps, window=window, tol=tol, seed=seed,
+                     batch_size=batch_size, rows_per_pass=rows_per_pass, progress=progress)
+    spec, k = model.spec, clusters.k
+    attrs = {"method": "block_masks", "metric": loss, "model": model.name, "backend": "torch",
+             "dtype": str(model.dtype).removeprefix("torch."), "architecture": spec.architecture,
+             "prompt_set": prompts.name, "n_prompts": len(prompts), "k": k, "loss": loss,
+             "max_steps": max_steps, "window": window, "tol": tol, "lr": lr,
+             "penalty": penalty, "seed": seed, "batch_size": batch_size,
+             "steps": int(fit.steps.max()), "converged": int(fit.converged.all())}
+    parts = []
+    for i, sparsity in enumerate(sparsities):
+        rows = slice(i * k, (i + 1) * k)
+        part_attrs = {**attrs, "target_sparsity": sparsity}
+        dims, coords = ("cluster", "layer", "component"), {"component": list(COMPONENTS)}
+        mask = schema.make(_binary_masks(fit.params[rows], 1 - sparsity).numpy(), dims=dims,
+                           coords=coords, attrs={**part_attrs, "long_name": "Block kept",
+                                                 "units": "bool"}, n_layers=spec.n_layers)
+        prob = schema.make(_open_prob(fit.params[rows]).cpu().numpy(), dims=dims, coords=coords,
+                           attrs={**part_attrs, "long_name": "Probability the gate is open",
+                                  "units": "probability"}, n_layers=spec.n_layers)
+        steps = schema.make(fit.steps[rows].numpy(), dims=("cluster",),
+                            attrs={**part_attrs, "long_name": "Adam updates", "units": "steps"})
+        parts.append(xr.Dataset({"mask": mask, "keep_prob": prob, "steps": steps},
+                                attrs=part_attrs))
+    if np.isscalar(target_sparsity):
+        return parts[0]
+    return xr.concat(parts, dim="target_sparsity", combine_attrs="drop_conflicts"
+                     ).assign_coords(target_sparsity=sparsities)
+
+
+@torch.no_grad()
+def _losses_per_row(model: LensModel, items: list[list[int]], row_masks: torch.Tensor,
+                    batch_size: int) -> torch.Tensor:
+    """Mean NLL of ``items[i]`` under ``row_masks[i]`` (rows, layer, 2) -> (rows,)."""
+    current: dict[str, torch.Tensor] = {}
+    out = []
+    with _scaled_blocks(model, lambda: current["scale"]):
+        for start in range(0, len(items), batch_size):
+            current["scale"] = row_masks[start:start + batch_size].to(model.device)
+            out.append(_row_loss(model, items[start:start + batch_size], current).cpu())
+    return torch.cat(out)
 
 
 @torch.no_grad()
@@ -105,93 +355,110 @@ def masked_loss(model: LensModel, prompts: PromptSet, masks: torch.Tensor | xr.D
                 batch_size: int = 16) -> torch.Tensor:
     """Mean NLL of ``prompts`` under each of several masks (sets, layer, component) -> (sets,)."""
     if isinstance(masks, xr.DataArray):
+        _check_model(model, masks)
         masks = torch.as_tensor(masks.transpose(..., "layer", "component").values)
     masks = torch.as_tensor(masks, dtype=torch.float32).reshape(-1, model.spec.n_layers, 2)
     items = _encode(model, prompts)
-    totals = torch.zeros(len(masks))
-    current: dict[str, torch.Tensor] = {}
-    with _scaled_blocks(model, lambda: current["scale"]):
-        for s, mask in enumerate(masks):
-            for start in range(0, len(items), batch_size):
-                chunk = items[start:start + batch_size]
-                current["scale"] = mask.to(model.device)[None].expand(len(chunk), -1, -1)
-                totals[s] += _nll_per_row(model, chunk).sum().cpu()
-    return totals / len(items)
+    rows = masks.repeat_interleave(len(items), dim=0)
+    losses = _losses_per_row(model, items * len(masks), rows, batch_size)
+    return losses.view(len(masks), len(items)).mean(1)
 
 
-def block_masks(model: LensModel, prompts: PromptSet, *, clusters: Clustering,
-                target_sparsity: float = 0.3, steps: int = 100, lr: float = 0.25,
-                penalty: float = 10.0, seed: int = 0, batch_size: int = 2,
-                progress: bool = True) -> xr.Dataset:
-    """Learn one block mask per cluster.
+def mask_comparison(model: LensModel, train: PromptSet, held_out: PromptSet, *,
+                    clusters: Clustering, sparsities: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5),
+                    n_random: int = 3, loss: str = "nll", seed: int = 0,
+                    batch_size: int = 16, progress: bool = True, **fit_options) -> xr.Dataset:
+    """IG-Pruning's claim on held-out texts: routed per-cluster masks vs one global mask vs
+    random masks, at equal sparsity.
+
+    One stacked fit learns, for every sparsity, a mask per cluster (on its training texts)
+    and a global mask (on all training texts). Each held-out text is routed to its nearest
+    centroid. The score is the held-out perplexity relative to the unmasked model,
+    exp(mean masked NLL - mean unmasked NLL), over all held-out texts.
 
     Args:
-        model: a ``LensModel`` (frozen).
-        prompts: the texts that were clustered (same order as ``clusters.labels``).
-        clusters: from ``lenscape.cluster.kmeans``.
-        target_sparsity: share of the 2 x n_layers blocks to skip, in (0, 1).
-        steps: Adam steps; lr: its learning rate; penalty: weight of the sparsity term.
-        seed: seeds gate noise and minibatches (same seed -> same masks).
-        batch_size: texts per cluster per step.
+        train: the clustered texts (same order as ``clusters.labels``).
+        held_out: texts never used for clustering or training (``lenscape.cluster.split``).
+        clusters: from ``lenscape.cluster.kmeans`` on ``train``.
+        sparsities: target sparsities, each in (0, 1).
+        n_random: random masks per sparsity (same number of kept blocks), averaged.
+        loss: training loss, ``"nll"`` or ``"kl"``.
+        fit_options: passed to the fit (``max_steps``, ``window``, ``tol``, ``lr``,
+            ``penalty``, ``batch_size`` is the evaluation batch; use ``train_batch_size``).
 
     Returns:
-        Dataset over (cluster, layer, component): ``mask`` (bool, True = kept) and
-        ``keep_prob`` (probability that the gate is open); settings in attrs.
+        Dataset: ``ppl_ratio`` (strategy, target_sparsity) with strategies routed, global,
+        random; ``loss_routed``/``loss_global`` (target_sparsity, cluster) mean held-out NLL
+        of the texts routed to each cluster and ``n_held_out`` (cluster,); the masks
+        ``routed_mask`` (target_sparsity, cluster, layer, component) and ``global_mask``
+        (target_sparsity, layer, component); the unmasked held-out NLL in attrs.
     """
-    if not 0 < target_sparsity < 1:
-        raise ValueError(f"target_sparsity must lie in (0, 1), got {target_sparsity}.")
-    labels = clusters.labels.values
-    if len(labels) != len(prompts):
-        raise ValueError(f"The clustering has {len(labels)} prompts but {len(prompts)} were "
-                         "given; pass the prompts that were clustered.")
-    items = _encode(model, prompts)
-    members = [np.flatnonzero(labels == c) for c in range(clusters.k)]
-    empty = [c for c, m in enumerate(members) if len(m) == 0]
-    if empty:
-        raise ValueError(f"Cluster(s) {empty} have no prompts; re-cluster with a smaller k.")
-    spec, k = model.spec, clusters.k
-    generator = torch.Generator().manual_seed(seed)
-    log_alpha = torch.full((k, spec.n_layers, 2), 2.0, device=model.device, requires_grad=True)
-    optimizer = torch.optim.Adam([log_alpha], lr=lr)
-    keep = 1 - target_sparsity
-    current: dict[str, torch.Tensor] = {}
-    bar = tqdm(total=steps, disable=not progress, desc=f"block masks ({k} clusters)")
-    with _scaled_blocks(model, lambda: current["scale"]):
-        for _ in range(steps):
-            picks = [m[torch.randint(len(m), (batch_size,), generator=generator).numpy()]
-                     for m in members]
-            rows = [items[i] for pick in picks for i in pick]
-            u = torch.rand(k, spec.n_layers, 2, generator=generator).clamp(1e-6, 1 - 1e-6)
-            s = torch.sigmoid((u.log() - (1 - u).log() + log_alpha.cpu()) / BETA)
-            gates = (s * (ZETA - GAMMA) + GAMMA).clamp(0, 1).to(model.device)
-            current["scale"] = gates.repeat_interleave(batch_size, dim=0)
-            open_prob = torch.sigmoid(log_alpha - BETA * np.log(-GAMMA / ZETA))
-            sparsity_term = (open_prob.mean(dim=(1, 2)) - keep) ** 2
-            nll = _nll_per_row(model, rows).view(k, batch_size).mean(1)
-            loss = (nll + penalty * sparsity_term).sum()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            bar.update()
-    bar.close()
-    with torch.no_grad():
-        keep_prob = torch.sigmoid(log_alpha - BETA * np.log(-GAMMA / ZETA)).cpu()
-    attrs = {"method": "block_masks", "metric": "loss", "model": model.name, "backend": "torch",
-             "dtype": str(model.dtype).removeprefix("torch."), "architecture": spec.architecture,
-             "prompt_set": prompts.name, "n_prompts": len(prompts), "k": k,
-             "target_sparsity": float(target_sparsity), "steps": steps, "lr": lr,
-             "penalty": penalty, "seed": seed, "batch_size": batch_size}
-    dims, coords = ("cluster", "layer", "component"), {"component": list(COMPONENTS)}
-    # Keep exactly round(keep * 2L) blocks per cluster, ranked by gate logit (thresholding the
-    # clamped gates at 0.5 kept about 85% of blocks for a 70% target: many saturate at 1).
-    n_keep = int(round(keep * 2 * spec.n_layers))
-    order = log_alpha.detach().cpu().reshape(k, -1).argsort(dim=1, descending=True)
-    kept = torch.zeros(k, 2 * spec.n_layers, dtype=torch.bool)
-    kept.scatter_(1, order[:, :n_keep], True)
-    mask = schema.make(kept.view(k, spec.n_layers, 2).numpy(), dims=dims, coords=coords,
-                       attrs={**attrs, "long_name": "Block kept", "units": "bool"},
-                       n_layers=spec.n_layers)
-    prob = schema.make(keep_prob.numpy(), dims=dims, coords=coords,
-                       attrs={**attrs, "long_name": "Probability the gate is open",
-                              "units": "probability"}, n_layers=spec.n_layers)
-    return xr.Dataset({"mask": mask, "keep_prob": prob}, attrs=attrs)
+    sparsities = _check_sparsities(sparsities)
+    clusters = _check_clusters(clusters)
+    if len(held_out) < clusters.k:
+        raise ValueError(f"{len(held_out)} held-out texts for {clusters.k} clusters: hold out "
+                         "at least one text per cluster, e.g. lenscape.cluster.split(prompts, "
+                         "held_out=0.25).")
+    members = _members(clusters, len(train))
+    groups = members + [np.arange(len(train))]
+    options = dict(lr=0.25, penalty=10.0, max_steps=300, window=20, tol=0.005,
+                   rows_per_pass=32, batch_size=4)
+    options.update({("batch_size" if k == "train_batch_size" else k): v
+                    for k, v in fit_options.items()})
+    fit = _fit_masks(model, _encode(model, train), groups, sparsities, loss=loss, seed=seed,
+                     progress=progress, **options)
+    k, n_layers = clusters.k, model.spec.n_layers
+    routes = torch.as_tensor(clusters.route(held_out))
+    items = _encode(model, held_out)
+    base = _losses_per_row(model, items, torch.ones(len(items), n_layers, 2), batch_size)
+    rng = np.random.default_rng(seed)
+    ratio = np.zeros((len(STRATEGIES), len(sparsities)))
+    by_cluster = np.full((2, len(sparsities), k), np.nan)
+    routed_masks, global_masks = [], []
+    for i, sparsity in enumerate(sparsities):
+        masks = _binary_masks(fit.params[i * (k + 1):(i + 1) * (k + 1)], 1 - sparsity).float()
+        routed_masks.append(masks[:k])
+        global_masks.append(masks[k])
+        n_keep = int(masks[0].sum())
+        randoms = torch.zeros(n_random, n_layers * 2)
+        for r in range(n_random):
+            randoms[r, rng.choice(n_layers * 2, n_keep, replace=False)] = 1
+        row_sets = [masks[:k][routes], masks[k].expand(len(items), -1, -1),
+                    *[randoms[r].view(n_layers, 2).expand(len(items), -1, -1)
+                      for r in range(n_random)]]
+        losses = _losses_per_row(model, items * len(row_sets), torch.cat(row_sets),
+                                 batch_size).view(len(row_sets), len(items))
+        ratio[0, i] = float(torch.exp(losses[0].mean() - base.mean()))
+        ratio[1, i] = float(torch.exp(losses[1].mean() - base.mean()))
+        ratio[2, i] = float(torch.exp(losses[2:].mean(1) - base.mean()).mean())
+        for c in range(k):
+            rows = routes == c
+            if rows.any():
+                by_cluster[0, i, c] = float(losses[0][rows].mean())
+                by_cluster[1, i, c] = float(losses[1][rows].mean())
+    attrs = {"method": "mask_comparison", "model": model.name, "k": k, "loss": loss,
+             "n_train": len(train), "n_held_out": len(held_out), "n_random": n_random,
+             "seed": seed, "loss_unmasked": float(base.mean()),
+             "steps": int(fit.steps.max()), "converged": int(fit.converged.all()),
+             **{f"fit_{name}": value for name, value in options.items()}}
+    coords = {"strategy": list(STRATEGIES), "target_sparsity": sparsities,
+              "cluster": np.arange(k), "layer": np.arange(n_layers),
+              "component": list(COMPONENTS)}
+    return xr.Dataset({
+        "ppl_ratio": (("strategy", "target_sparsity"), ratio,
+                      {"long_name": "Held-out perplexity / unmasked perplexity",
+                       "units": "ratio"}),
+        "loss_routed": (("target_sparsity", "cluster"), by_cluster[0],
+                        {"long_name": "Held-out NLL, routed mask", "units": "nats"}),
+        "loss_global": (("target_sparsity", "cluster"), by_cluster[1],
+                        {"long_name": "Held-out NLL, global mask", "units": "nats"}),
+        "n_held_out": (("cluster",), np.bincount(routes.numpy(), minlength=k)),
+        "routed_mask": (("target_sparsity", "cluster", "layer", "component"),
+                        torch.stack(routed_masks).bool().numpy(),
+                        {"long_name": "Block kept, per-cluster mask", "units": "bool",
+                         "model": model.name}),
+        "global_mask": (("target_sparsity", "layer", "component"),
+                        torch.stack(global_masks).bool().numpy(),
+                        {"long_name": "Block kept, global mask", "units": "bool",
+                         "model": model.name}),
+    }, coords=coords, attrs=attrs)

@@ -28,6 +28,9 @@ from .. import schema
 from ..models import LensModel
 
 IMPORTANCE_KINDS = ("grad_x_weight", "fisher")
+#: How a tensor's per-entry scores become one cell: their sum (the tensor's total
+#: contribution), that sum as a share of the whole model's, or their mean (per entry).
+AGGREGATIONS = ("sum", "share", "mean")
 CHANGE_KINDS = ("relative", "fraction_changed")
 
 
@@ -97,16 +100,21 @@ def min_max(ds: xr.Dataset) -> xr.Dataset:
 
 
 def weight_importance(model: LensModel, prompts, *, kind: str = "grad_x_weight",
-                      batch_size: int = 8, normalize: bool = False,
+                      aggregation: str = "sum", batch_size: int = 8, normalize: bool = False,
                       progress: bool = True) -> xr.Dataset:
     """Per-tensor importance from gradients of the language-model loss.
 
-    The loss is the mean next-token NLL over each prompt's text + target (every token).
-    "grad_x_weight": mean over entries of |w * dL/dw|; "fisher": mean of (dL/dw)^2; both
-    averaged over batches.
+    The loss is the mean next-token NLL over each prompt's text + target (every token). Per
+    entry, "grad_x_weight" scores |w * dL/dw| and "fisher" scores (dL/dw)^2, averaged over
+    batches. ``aggregation`` turns a tensor's entries into one cell: "sum" compares tensors
+    by their total contribution (what the F2 reference shows: big MLP matrices high, norms
+    near 0), "share" divides that by the model's total over all tensors, and "mean" is the
+    per-entry average, which favours small tensors (norm weights rank highest).
 
     Args:
         prompts: a ``PromptSet``, Prompts or plain strings.
+        kind: per-entry score, one of ``IMPORTANCE_KINDS``.
+        aggregation: one of ``AGGREGATIONS``.
         normalize: min-max scale the whole map into [0, 1].
 
     Returns:
@@ -115,6 +123,8 @@ def weight_importance(model: LensModel, prompts, *, kind: str = "grad_x_weight",
     model = _model(model)
     if kind not in IMPORTANCE_KINDS:
         raise ValueError(f"Unknown importance kind {kind!r}; choose one of {list(IMPORTANCE_KINDS)}.")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"Unknown aggregation {aggregation!r}; choose one of {list(AGGREGATIONS)}.")
     texts = [p if isinstance(p, str) else p.text + p.target for p in prompts]
     if not texts:
         raise ValueError("The prompt list is empty; pass at least one prompt.")
@@ -136,17 +146,82 @@ def weight_importance(model: LensModel, prompts, *, kind: str = "grad_x_weight",
             for layer, comp, param, cols in tensors:
                 grad = _view(param.grad, cols).float()
                 weight = _view(param, cols).detach().float()
-                score = (weight * grad).abs().mean() if kind == "grad_x_weight" else grad.pow(2).mean()
-                totals[layer, comp] += float(score)
+                entries = (weight * grad).abs() if kind == "grad_x_weight" else grad.pow(2)
+                totals[layer, comp] += float(entries.mean() if aggregation == "mean"
+                                             else entries.sum())
             n_batches += 1
     finally:
         model.hf.zero_grad(set_to_none=True)
         model.hf.requires_grad_(False)
-    long_name = "Importance mean |w dL/dw|" if kind == "grad_x_weight" else "Fisher mean (dL/dw)^2"
-    ds = _to_dataset(model, {k: v / n_batches for k, v in totals.items()}, {
-        "long_name": long_name, "units": "loss units", "method": "weight_importance",
-        "metric": "loss", "kind": kind, "n_prompts": len(texts), "batch_size": batch_size})
+    values = {key: value / n_batches for key, value in totals.items()}
+    if aggregation == "share":
+        whole = sum(values.values())
+        values = {key: value / whole for key, value in values.items()}
+    score = "|w dL/dw|" if kind == "grad_x_weight" else "(dL/dw)^2"
+    long_name, units = {
+        "sum": (f"Importance, sum of {score}", "loss units"),
+        "share": (f"Importance, share of the model's total {score}", "share"),
+        "mean": (f"Importance, mean {score} per entry", "loss units"),
+    }[aggregation]
+    ds = _to_dataset(model, values, {
+        "long_name": long_name, "units": units, "method": "weight_importance",
+        "metric": "loss", "kind": kind, "aggregation": aggregation, "n_prompts": len(texts),
+        "batch_size": batch_size})
     return min_max(ds) if normalize else ds
+
+
+def weight_grid(maps: dict[str, xr.Dataset]) -> xr.DataArray:
+    """The F2 picture: several models' weight maps in one (model, layer, component) grid.
+
+    Columns are the per-layer tensors of any model, then ``lm_head`` as one model-level
+    cell at each model's last layer (with tied embeddings, the shared embedding matrix,
+    which is the unembedding too). Each model is min-max scaled over its drawn cells, so the
+    cells span one shared [0, 1] scale. Cells a model does not have (a component of another
+    architecture, layers past its depth, the rows of the ``lm_head`` column other than the
+    last) carry a NaN ``drawn`` coord, which ``lenscape.heatmap`` leaves out instead of
+    drawing them as missing data.
+
+    Args:
+        maps: model name -> ``weight_importance`` or ``weight_change`` result (unscaled).
+
+    Returns:
+        DataArray (model, layer, component) in [0, 1] with coords ``depth`` (model, layer)
+        and ``drawn`` (model, layer, component): 1.0 where a cell is drawn, else NaN.
+    """
+    if not maps:
+        raise ValueError("No weight maps to draw; pass {model name: weight_importance(...)}.")
+    layer_components = [c for c in schema.WEIGHT_COMPONENTS
+                        if any(c in ds["per_layer"].dropna("component", how="all")["component"]
+                               for ds in maps.values())]
+    components = layer_components + ["lm_head"]
+    n_layers = max(ds.sizes["layer"] for ds in maps.values())
+    values = np.full((len(maps), n_layers, len(components)), np.nan)
+    drawn = np.full_like(values, np.nan)
+    depth = np.full((len(maps), n_layers), np.nan)
+    for m, ds in enumerate(maps.values()):
+        per_layer = ds["per_layer"]
+        own = [c for c in layer_components if c in per_layer["component"].values
+               and bool(per_layer.sel(component=c).notnull().any())]
+        layers = per_layer.sizes["layer"]
+        for c in own:
+            values[m, :layers, components.index(c)] = per_layer.sel(component=c).values
+        head = ds["model_level"].sel(component="lm_head")
+        head = head if bool(head.notnull()) else ds["model_level"].sel(component="embed")
+        values[m, layers - 1, -1] = float(head)
+        drawn[m, :layers, [components.index(c) for c in own]] = 1.0
+        drawn[m, layers - 1, -1] = 1.0
+        values[m] = np.where(np.isnan(drawn[m]), np.nan, values[m])
+        lo, hi = np.nanmin(values[m]), np.nanmax(values[m])
+        values[m] = (values[m] - lo) / (hi - lo if hi > lo else 1.0)
+        depth[m, :layers] = np.arange(layers) / max(layers - 1, 1)
+    first = next(iter(maps.values()))["per_layer"]
+    attrs = {**first.attrs, "model": ", ".join(maps), "normalization": "min-max per model",
+             "units": "relative (0-1)",
+             "long_name": first.attrs.get("long_name", "value") + " (min-max per model)"}
+    return xr.DataArray(values, dims=("model", "layer", "component"), coords={
+        "model": list(maps), "layer": np.arange(n_layers), "component": components,
+        "depth": (("model", "layer"), depth), "drawn": (("model", "layer", "component"), drawn),
+    }, attrs=attrs)
 
 
 @torch.no_grad()
