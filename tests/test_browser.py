@@ -1,11 +1,18 @@
 """The Explorer in a real browser: Voila serves a notebook, Chromium (Debian's) clicks it.
 
 Checks what the spec tests cannot: the chart draws from bundled JavaScript (no request
-leaves 127.0.0.1), a person's dropdown choice and toggle click redraw it in place, and the
-page logs no JavaScript errors.
+leaves 127.0.0.1, and there is no actions menu whose links would), a person's dropdown
+choice and toggle click redraw it in place, a click on a heatmap cell brings the cell's
+per-prompt values and the head's attention pattern beside the chart (click-to-detail time
+measured in the page, median <= 200 ms), a typed custom prompt redraws the chart and a bad
+one is explained with the chart kept, and the page logs no JavaScript errors. Screenshots
+go to ``$LENSCAPE_ARTIFACTS`` (default ``out/test-artifacts``) with the measured times.
 """
 
+import contextlib
+import json
 import os
+import statistics
 import re
 import signal
 import socket
@@ -36,7 +43,46 @@ scores = schema.make(values, dims=("cluster", "layer", "head"), n_layers=6, attr
     model="synthetic", backend="none", dtype="float64"))
 Explorer(scores, x="head", y="layer")
 """
+#: A tiny random model scored by attribution patching, with the detail view and the prompt
+#: form of the quickstart: the real data path, fast enough for a test.
+TEACHING_NOTEBOOK = """\
+import lenscape as lsc
+from lenscape import models
+
+model = models.tiny("llama", n_layers=3, seed=0)
+prompts = lsc.data.prompts("factual")[:3]
+
+
+def head_pattern(cell):
+    pattern = lsc.attention_pattern(model, cell["text"], layer=cell["layer"], head=cell["head"])
+    return lsc.heatmap(pattern, x="key_pos", y="query_pos",
+                       title=f"Attention of layer {cell['layer']}, head {cell['head']}")
+
+
+form = lsc.PromptForm(lambda record: lsc.attribution_patching(model, [record], level="head",
+                                                              progress=False),
+                      example=prompts[0], detail=head_pattern)
+form
+"""
 CHART = ".vega-embed svg.marks"
+ROOT = Path(__file__).resolve().parents[1]
+#: Click-to-detail target, median over the clicks in the page.
+DETAIL_TARGET_MS = 200.0
+#: Resolves, after the next click anywhere, with the ms until a chart title starting with
+#: ``text`` is in the page (a MutationObserver: no polling delay in the number).
+WAIT_FOR_TITLE = """(text) => {
+  window.__detailMs = new Promise((resolve) => {
+    let start = null;
+    document.addEventListener("click", () => { start = performance.now(); },
+                              {capture: true, once: true});
+    const found = () => [...document.querySelectorAll(".vega-embed text")]
+        .some((node) => node.textContent.startsWith(text));
+    const observer = new MutationObserver(() => {
+      if (start !== null && found()) { observer.disconnect(); resolve(performance.now() - start); }
+    });
+    observer.observe(document.body, {subtree: true, childList: true, characterData: true});
+  });
+}"""
 #: Voila's own page template links Font Awesome CSS from a CDN (its bundle also carries the
 #: fonts, so the page works without them); every other outside request is a failure.
 VOILA_TEMPLATE_CDN = "https://cdn.jsdelivr.net/npm/@fortawesome/fontawesome-free@"
@@ -59,10 +105,32 @@ def _free_port() -> int:
 
 
 @pytest.fixture
+def artifacts():
+    """Folder for screenshots and timings kept after the test."""
+    folder = Path(os.environ.get("LENSCAPE_ARTIFACTS", ROOT / "out" / "test-artifacts"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
 def voila_url(tmp_path):
     """Serve a small synthetic-Explorer notebook with Voila; stop it afterwards."""
+    with _voila(tmp_path, NOTEBOOK) as url:
+        yield url
+
+
+@pytest.fixture
+def teaching_url(tmp_path):
+    """Serve the tiny-model teaching notebook (prompt form, Explorer, attention detail)."""
+    with _voila(tmp_path, TEACHING_NOTEBOOK) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _voila(tmp_path, source):
+    """Voila serving a one-cell notebook on 127.0.0.1 until the block ends."""
     notebook = tmp_path / "explorer.ipynb"
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(NOTEBOOK)])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nbformat.write(nb, notebook)
@@ -102,35 +170,41 @@ def voila_url(tmp_path):
         log.close()
 
 
-def test_explorer_redraws_in_the_browser_offline(chromium, voila_url, tmp_path):
+def _open(browser, url, errors, outside):
+    """A page on ``url`` that records JavaScript errors and blocks (and records) every
+    request not to 127.0.0.1."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+
+    def console(msg):
+        if msg.type == "error" and not msg.location.get("url", "").startswith(VOILA_TEMPLATE_CDN):
+            errors.append(msg.text)
+
+    def local_only(route):  # the page must work with no internet
+        if urlparse(route.request.url).hostname in ("127.0.0.1", "localhost"):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.on("console", console)
+    page.on("pageerror", lambda err: errors.append(f"pageerror: {err}"))
+    page.route("**/*", local_only)
+    page.goto(url, timeout=120_000)
+    return page
+
+
+def test_explorer_redraws_in_the_browser_offline(chromium, voila_url, artifacts):
     from playwright.sync_api import expect, sync_playwright
 
     errors, outside = [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1000})
-            def console(msg):
-                if msg.type == "error" and not msg.location.get("url", "").startswith(
-                        VOILA_TEMPLATE_CDN):
-                    errors.append(msg.text)
-
-            page.on("console", console)
-            page.on("pageerror", lambda err: errors.append(f"pageerror: {err}"))
-
-            def local_only(route):  # the page must work with no internet
-                if urlparse(route.request.url).hostname in ("127.0.0.1", "localhost"):
-                    route.continue_()
-                else:
-                    outside.append(route.request.url)
-                    route.abort()
-
-            page.route("**/*", local_only)
-            page.goto(voila_url, timeout=120_000)
+            page = _open(browser, voila_url, errors, outside)
             chart = page.locator(CHART)
             expect(chart).to_be_visible(timeout=120_000)
             title = chart.locator("text", has_text="attribution ·")
-            expect(title).to_have_text("attribution · mean over cluster", timeout=10_000)
+            expect(title).to_have_text("attribution · cluster = 0", timeout=10_000)
             before = chart.inner_html()
 
             dropdown = page.get_by_label("cluster", exact=True)
@@ -144,9 +218,76 @@ def test_explorer_redraws_in_the_browser_offline(chromium, voila_url, tmp_path):
             expect(x_axis).to_have_attribute("aria-label", re.compile("^X-axis titled 'layer'"),
                                              timeout=20_000)
             assert page.locator(".vega-embed").count() == 1  # redrawn in place, never stacked
-            page.screenshot(path=tmp_path / "explorer.png", full_page=True)
+            assert page.locator(".vega-actions").count() == 0  # no menu, no Vega Editor link
+            page.screenshot(path=artifacts / "explorer.png", full_page=True)
         finally:
             browser.close()
-    assert (tmp_path / "explorer.png").stat().st_size > 0
+    assert (artifacts / "explorer.png").stat().st_size > 0
     assert [u for u in outside if not u.startswith(VOILA_TEMPLATE_CDN)] == [], outside
     assert errors == [], f"JavaScript errors: {errors}"
+
+
+def test_click_detail_attention_and_custom_prompt_in_the_browser(chromium, teaching_url,
+                                                                  artifacts):
+    from playwright.sync_api import expect, sync_playwright
+
+    errors, outside = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = _open(browser, teaching_url, errors, outside)
+            chart = page.locator(CHART).first
+            expect(chart).to_be_visible(timeout=120_000)
+            assert page.locator(".vega-actions").count() == 0  # no menu, no Vega Editor link
+
+            times = []
+            for layer, head in [(0, 0), (1, 1), (2, 2), (0, 3), (1, 0), (2, 1), (0, 2)]:
+                title = f"Attention of layer {layer}, head {head}"
+                page.mouse.move(5, 5)  # away from the chart: the last tooltip hides
+                expect(page.locator("#vg-tooltip-element.visible")).to_have_count(0)
+                page.evaluate(WAIT_FOR_TITLE, title)
+                chart.locator(f"[aria-label^='head: {head}; layer: {layer};']").click()
+                expect(page.locator(".vega-embed text", has_text=title)).to_be_visible(
+                    timeout=30_000)
+                # one prompt: its value beside the chart (several: a bar per prompt)
+                expect(page.get_by_text(re.compile(f" at layer {layer}, head {head}: "))
+                       ).to_be_visible(timeout=5_000)
+                times.append(page.evaluate("window.__detailMs"))
+            page.screenshot(path=artifacts / "click_detail.png", full_page=True)
+            pattern = page.locator(".vega-embed", has=page.locator(
+                "text", has_text="Attention of layer"))
+            expect(pattern.locator("[aria-label^='Y-axis titled']")).to_have_attribute(
+                "aria-label", re.compile("^Y-axis titled 'query_pos \\(query_token\\)'"))
+
+            before = chart.inner_html()
+            page.get_by_label("clean", exact=True).fill("The capital of Spain is the city of")
+            page.get_by_label("target", exact=True).fill(" Madrid")
+            page.get_by_label("corrupt", exact=True).fill("The capital of Italy")
+            page.get_by_label("distractor", exact=True).fill(" Rome")
+            page.get_by_label("distractor", exact=True).press("Tab")
+            page.get_by_role("button", name="run").click()
+            expect(page.get_by_text("differ in length")).to_be_visible(timeout=30_000)
+            assert chart.inner_html() == before  # a bad prompt keeps the chart
+            page.screenshot(path=artifacts / "custom_prompt_refused.png", full_page=True)
+
+            page.get_by_label("corrupt", exact=True).fill("The capital of Italy is the city of")
+            page.get_by_label("corrupt", exact=True).press("Tab")
+            page.get_by_role("button", name="run").click()
+            expect(page.get_by_text("differ in length")).to_be_hidden(timeout=30_000)
+            expect(page.get_by_label("prompt", exact=True)).to_contain_text(
+                "The capital of Spain", timeout=30_000)
+            page.wait_for_function(
+                "(before) => document.querySelector('.vega-embed svg.marks').innerHTML !== before",
+                arg=before, timeout=30_000)
+            assert page.locator(CHART).count() == 1  # redrawn in place; old details cleared
+            page.screenshot(path=artifacts / "custom_prompt.png", full_page=True)
+        finally:
+            browser.close()
+    median = statistics.median(times)
+    (artifacts / "click_to_detail.json").write_text(json.dumps(
+        {"clicks_ms": times, "median_ms": median, "target_ms": DETAIL_TARGET_MS}, indent=1))
+    print(f"click-to-detail: median {median:.0f} ms over {len(times)} clicks "
+          f"({', '.join(f'{t:.0f}' for t in times)} ms)")
+    assert outside == [] or all(u.startswith(VOILA_TEMPLATE_CDN) for u in outside), outside
+    assert errors == [], f"JavaScript errors: {errors}"
+    assert median <= DETAIL_TARGET_MS, f"click-to-detail median {median:.0f} ms"

@@ -299,6 +299,8 @@ def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
     assert isinstance(shown, alt.JupyterChart)
     e.controls["prompt"].value = 2  # a picked prompt: the detail view follows it
     assert asked[-1] == {"layer": 1, "head": 0, "prompt": 2, "text": PROMPTS[2]}
+    text, again = e._details.children
+    assert "at layer 1, head 0: " in text.value and again is shown  # swapped in place
 
 
 def test_update_swaps_new_data_into_the_same_chart():

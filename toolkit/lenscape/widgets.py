@@ -314,6 +314,8 @@ class Explorer:
         self._chart = alt.JupyterChart(chart, embed_options={"renderer": "svg",
                                                              "actions": False})
         self._details = widgets.VBox(layout={"min_width": "260px"})
+        self._detail_charts: dict[str, alt.JupyterChart] = {}
+        self._cell_text, self._cell_error = widgets.HTML(), widgets.HTML()
         dim_row = [c[str(d)] for d in self._others]
         top = [c[k] for k in ("variable", "facet", "swap") if k in c]
         self.widget = widgets.VBox([
@@ -463,13 +465,13 @@ class Explorer:
         where = ", ".join(f"{d} {v}" for d, v in at.items())
         parts: list[widgets.Widget] = []
         if along is not None and values.ndim == 1:
-            chart = bars(values, y=along, title=f"{where}: per {along}")
-            parts.append(alt.JupyterChart(chart, embed_options={"renderer": "svg",
-                                                                "actions": False}))
+            parts.append(self._detail_chart("bars", bars(values, y=along,
+                                                         title=f"{where}: per {along}")))
         else:
             text = html.escape(f"{label_from_attrs(da)} at {where}: "
                                f"{np.asarray(values.mean().values).item():.4g}")
-            parts.append(widgets.HTML(f"<b>{text}</b>"))
+            self._cell_text.value = f"<b>{text}</b>"
+            parts.append(self._cell_text)
         if self.detail is not None:
             cell_for_detail = dict(self.cell)
             if along == "prompt" and "prompt" not in cell_for_detail:
@@ -480,12 +482,23 @@ class Explorer:
             try:
                 shown = self.detail(cell_for_detail)
             except ValueError as err:
-                shown = widgets.HTML(f"<span style='color:#b00'>{html.escape(str(err))}</span>")
+                self._cell_error.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
+                shown = self._cell_error
             if isinstance(shown, alt.TopLevelMixin):
-                shown = alt.JupyterChart(shown, embed_options={"renderer": "svg",
-                                                               "actions": False})
+                shown = self._detail_chart("detail", shown)
             parts.append(shown)
         self._details.children = tuple(parts)
+
+    def _detail_chart(self, slot: str, chart: alt.TopLevelMixin) -> alt.JupyterChart:
+        """The details' chart widget for ``slot`` ("bars" or "detail"): created on the first
+        click, its chart swapped in place afterwards (a new widget costs the browser far more)."""
+        widget = self._detail_charts.get(slot)
+        if widget is None:
+            widget = self._detail_charts[slot] = alt.JupyterChart(
+                chart, embed_options={"renderer": "svg", "actions": False})
+        else:
+            widget.chart = chart
+        return widget
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
