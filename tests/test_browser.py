@@ -46,8 +46,14 @@ Explorer(scores, x="head", y="layer")
 #: A tiny random model scored by attribution patching, with the detail view and the prompt
 #: form of the quickstart: the real data path, fast enough for a test.
 TEACHING_NOTEBOOK = """\
+import torch
+
 import lenscape as lsc
 from lenscape import models
+
+# A tiny model gains nothing from threads, and on a busy machine two threads wait on each
+# other (25 ms vs 50-300 ms per pattern): the timing is of lenscape's click path.
+torch.set_num_threads(1)
 
 model = models.tiny("llama", n_layers=3, seed=0)
 prompts = lsc.data.prompts("factual")[:3]
