@@ -593,8 +593,8 @@ def _subtitle(da: xr.DataArray, *, has_nan: bool, has_inf: bool,
     """Subtitle lines: what the colour shows (when the legend title is short or the title is
     not the description), provenance (model, method, metric), a ``note`` attr, and what
     grey and dark marked cells mean, each only when such a cell is drawn."""
-    keys = [k for k in ("model", "method", "metric")
-            if k in da.attrs and k not in da.dims and k not in da.coords]  # a coord says more
+    keys = [k for k in ("model", "method", "metric") if k in da.attrs and k not in da.dims
+            and k not in da.coords and da.attrs[k] not in ("", "none")]  # a coord says more
     lines = [f"colour: {colour}"] if colour else []
     if keys:
         lines.append(" · ".join(f"{k}: {da.attrs[k]}" for k in keys))
@@ -678,6 +678,7 @@ def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt
         else:
             exact = report["exact_blocks"].sel(component=ctype)
             estimate = report["estimate_blocks"].sel(component=ctype)
+        exact, estimate = exact.mean("prompt"), estimate.mean("prompt")
         rows = []
         for label in report["estimator"].values.tolist():
             est = estimate.sel(estimator=label)
