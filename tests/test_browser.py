@@ -297,3 +297,35 @@ def test_click_detail_attention_and_custom_prompt_in_the_browser(chromium, teach
     assert outside == [] or all(u.startswith(VOILA_TEMPLATE_CDN) for u in outside), outside
     assert errors == [], f"JavaScript errors: {errors}"
     assert median <= DETAIL_TARGET_MS, f"click-to-detail median {median:.0f} ms"
+
+
+def test_exported_html_has_no_actions_menu_unless_asked(chromium, tmp_path, artifacts):
+    from playwright.sync_api import expect, sync_playwright
+
+    import numpy as np
+
+    from lenscape import plot, schema
+
+    scores = schema.make(np.random.default_rng(0).normal(size=(4, 3)), dims=("layer", "head"),
+                         attrs=dict(long_name="attribution", units="logit diff",
+                                    method="synthetic", metric="logit_diff", model="synthetic",
+                                    backend="none", dtype="float64"))
+    pages = {}
+    for actions in (False, True):
+        pages[actions] = plot.export(plot.heatmap(scores, x="head", y="layer", actions=actions),
+                                     tmp_path / f"actions_{actions}.html")
+    outside = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(
+                "file://") else (outside.append(route.request.url), route.abort()))
+            for actions, path in pages.items():
+                page.goto(path.as_uri())
+                expect(page.locator(CHART)).to_be_visible(timeout=30_000)
+                assert page.locator(".vega-actions").count() == int(actions)
+            page.screenshot(path=artifacts / "exported_html.png")
+        finally:
+            browser.close()
+    assert outside == []  # self-contained: nothing fetched, not even fonts
