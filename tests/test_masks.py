@@ -3,6 +3,11 @@ on tiny models."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -70,6 +75,31 @@ def test_masks_are_deterministic_and_shaped(tiny_llama, mixed, clusters, learned
     other = block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=0.5,
                         **{**FAST, "seed": 1})
     assert not np.array_equal(learned["keep_prob"].values, other["keep_prob"].values)
+
+
+FRESH = textwrap.dedent("""
+    import json, torch
+    torch.set_num_threads(2)
+    import lenscape as lsc
+    from lenscape import cluster, models
+    model = models.tiny("llama", n_layers=3, seed=0, tokenizer=models.tokenizer_for("smollm2-135m"))
+    texts = lsc.data.prompts("mixed")[::10]
+    clusters = cluster.kmeans(cluster.embed(texts), 4, prompts=texts)
+    ds = lsc.block_masks(model, texts, clusters=clusters, target_sparsity=0.5, max_steps=3,
+                         window=3, lr=0.5, batch_size=2, progress=False)
+    print(json.dumps({"keep_prob": ds["keep_prob"].values.tolist(),
+                      "mask": ds["mask"].values.tolist()}))
+""")
+
+
+@pytest.mark.slow
+def test_two_fresh_processes_give_identical_masks(learned):
+    runs = [json.loads(subprocess.run([sys.executable, "-c", FRESH], capture_output=True,
+                                      text=True, check=True).stdout.splitlines()[-1])
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    np.testing.assert_array_equal(np.array(runs[0]["keep_prob"], dtype=np.float32),
+                                  learned["keep_prob"].values)
 
 
 def test_sparsities_train_together(tiny_llama, mixed, clusters):

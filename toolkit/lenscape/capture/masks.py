@@ -74,7 +74,7 @@ def _check_model(model: LensModel, masks: xr.DataArray | xr.Dataset) -> None:
     origin = masks.attrs.get("model")
     if origin is not None and origin != model.name:
         raise ValueError(f"The masks were learned on {origin!r}, not {model.name!r}; learn "
-                         f"masks for this model with lsc.block_masks({model.name!r} model, ...).")
+                         "masks for this model with lsc.block_masks(model, ...).")
     if masks.sizes.get("layer") != model.spec.n_layers or \
             list(masks["component"].values) != list(COMPONENTS):
         raise ValueError(f"The mask has {masks.sizes.get('layer')} layers and components "
