@@ -82,7 +82,7 @@ def test_results_file_holds_every_script_section():
     text = (Path(run_all.HERE) / "RESULTS.md").read_text()
     found = run_all.parse_sections(text)
     assert set(found) <= set(run_all.scripts())
-    for name in ("capture_overhead", "attribution_vs_exact", "head_gating", "block_masks",
+    for name in ("capture_overhead", "faithfulness", "head_gating", "block_masks",
                  "weight_maps", "redraw"):
         assert "| date | machine |" in found[name]
 

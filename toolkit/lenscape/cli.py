@@ -27,9 +27,6 @@ def _install(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    import numpy as np
-    import xarray as xr
-
     import lenscape as lsc
 
     out = Path(args.out)
@@ -39,13 +36,11 @@ def _demo(args: argparse.Namespace) -> None:
     prompts = lsc.data.prompts("factual")
     prompts = prompts[:args.prompts] if args.prompts > 0 else prompts
     print(f"{model}\n{len(prompts)} factual prompts")
-    attribution = lsc.attribution_patching(model, prompts, level="head")
-    exact = lsc.activation_patching(model, prompts, level="head")
-    results = xr.Dataset({"attribution_patching": attribution, "activation_patching": exact})
-    results.attrs = {"model": model.name, "prompt_set": prompts.name}
-    r = float(np.corrcoef(attribution.values.ravel(), exact.values.ravel())[0, 1])
+    # Exact activation patching of every head and block, and the two gradient estimates.
+    report = lsc.faithfulness(model, prompts, estimators=("atp", "ig"))
     store = out / "demo.zarr"
-    lsc.save(results, store)
+    lsc.save(report, store)
+    exact = report["exact_heads"]
     chart = lsc.heatmap(exact.mean("prompt"), x="head", y="layer",
                         title=f"Activation patching, {model.name}: mean over {len(prompts)} prompts")
     paths = [store]
@@ -56,7 +51,12 @@ def _demo(args: argparse.Namespace) -> None:
     if args.picture:
         README_PICTURE.parent.mkdir(parents=True, exist_ok=True)
         paths.append(lsc.export(chart, README_PICTURE))
-    print(f"Pearson r(attribution patching, activation patching) over heads x prompts: {r:.3f}")
+    paths.append(lsc.export(lsc.agreement(report), out / "faithfulness.png"))
+    print("Can I trust the fast map? Agreement with exact activation patching per component "
+          "type (Pearson r over prompt x component cells, top-10 overlap), and cost:")
+    table = report[["pearson_cells", "top_overlap"]].to_dataframe().unstack("component_type")
+    table["seconds"] = report["seconds"].to_series()
+    print(table.round(3).to_string())
     print(f"done in {time.perf_counter() - start:.0f} s; wrote:")
     for path in paths:
         print(f"  {path}")
@@ -82,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
     install.add_argument("--all", action="store_true", help="include optional models (Gemma)")
     install.set_defaults(func=_install)
     demo = sub.add_parser("demo", formatter_class=formatter,
-                          help="attribution vs exact activation patching on the factual set",
+                          help="exact activation patching vs gradient estimates on the factual set",
                           description="Score every head with attribution patching and exact "
                                       "activation patching; write a zarr store, PNG and HTML.")
     demo.add_argument("--out", default="out", help="output folder")

@@ -74,7 +74,9 @@ def planner(name: str):
 
 #: Options shared by the per-prompt methods -> what None does (None: None is not allowed).
 COUNT_OPTIONS = {"batch_size": "pick one from free memory",
-                 "variants_per_pass": "as many as fit in memory"}
+                 "variants_per_pass": "as many as fit in memory",
+                 "refine": "measure every component exactly",
+                 "steps": "the estimator's default"}
 #: Options shared by the per-prompt methods -> their allowed values.
 CHOICE_OPTIONS = {"metric": metrics.METRICS, "backend": BACKENDS, "padding_side": PADDING_SIDES}
 

@@ -108,9 +108,9 @@ def faithfulness(model, prompts, *, estimators: Sequence[str] = ("atp", "ig"),
         - (estimator,): ``seconds``, ``forward_passes`` and ``backward_passes`` per batch,
           ``cost_vs_atp`` (seconds / the "atp" estimator's seconds, NaN without it),
           ``speedup_vs_exact`` (exact head + block seconds / seconds);
-        - prompt means for scatter plots: ``exact_heads`` (layer, head), ``estimate_heads``
-          (estimator, layer, head), ``exact_blocks`` (layer, component), ``estimate_blocks``
-          (estimator, layer, component);
+        - the maps compared: ``exact_heads`` (prompt, layer, head), ``estimate_heads``
+          (estimator, prompt, layer, head), ``exact_blocks`` (prompt, layer, component),
+          ``estimate_blocks`` (estimator, prompt, layer, component);
         - attrs: model, metric, prompt set and fingerprint, backend, top_k, exact seconds.
     """
     labels = list(dict.fromkeys(str(label) for label in estimators))
@@ -130,7 +130,7 @@ def faithfulness(model, prompts, *, estimators: Sequence[str] = ("atp", "ig"),
 
     stats: dict[str, list[list[float]]] = {}
     costs: dict[str, list[float]] = {"seconds": [], "forward_passes": [], "backward_passes": []}
-    head_means, block_means = [], []
+    head_maps, block_maps = [], []
     for label in labels:
         name, steps = parsed[label]
         start = time.perf_counter()
@@ -139,8 +139,8 @@ def faithfulness(model, prompts, *, estimators: Sequence[str] = ("atp", "ig"),
         costs["seconds"].append(time.perf_counter() - start)
         costs["forward_passes"].append(1 + steps)  # one clean pass, one per path point
         costs["backward_passes"].append(steps)
-        head_means.append(estimate["heads"].mean("prompt", keep_attrs=True))
-        block_means.append(estimate["blocks"].mean("prompt", keep_attrs=True))
+        head_maps.append(estimate["heads"])
+        block_maps.append(estimate["blocks"])
         for ctype, estimate_type in _by_type(estimate["heads"], estimate["blocks"]).items():
             for stat, value in agreement(exact_types[ctype], estimate_type, top_k=top_k).items():
                 stats.setdefault(stat, []).append(value)
@@ -154,10 +154,9 @@ def faithfulness(model, prompts, *, estimators: Sequence[str] = ("atp", "ig"),
     data["cost_vs_atp"] = (("estimator",), seconds / seconds[labels.index("atp")]
                            if "atp" in labels else np.full(len(labels), np.nan))
     data["speedup_vs_exact"] = (("estimator",), sum(exact_seconds.values()) / seconds)
-    data["exact_heads"] = exact["head"].mean("prompt", keep_attrs=True)
-    data["exact_blocks"] = exact["block"].mean("prompt", keep_attrs=True)
-    data["estimate_heads"] = xr.concat(head_means, dim="estimator")
-    data["estimate_blocks"] = xr.concat(block_means, dim="estimator")
+    data["exact_heads"], data["exact_blocks"] = exact["head"], exact["block"]
+    data["estimate_heads"] = xr.concat(head_maps, dim="estimator", combine_attrs="drop_conflicts")
+    data["estimate_blocks"] = xr.concat(block_maps, dim="estimator", combine_attrs="drop_conflicts")
     first = exact["head"]
     return xr.Dataset(data, coords={"estimator": labels, "component_type": list(COMPONENT_TYPES)},
                       attrs={

@@ -42,6 +42,7 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
+from .. import _validate
 from . import memory, metrics
 from ._backend import Site, TokenBatch, get_backend
 from ._inputs import Batch, Inputs, prepare
@@ -230,9 +231,7 @@ def _check_estimator(estimator: str, steps: int | None) -> int:
         raise ValueError(f"Unknown estimator {estimator!r}; choose one of {list(ESTIMATORS)}.")
     if steps is None:
         return 1 if estimator == "atp" else DEFAULT_IG_STEPS
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"steps must be a positive integer (integration points of "
-                         f"estimator='ig'), got {steps!r}.")
+    steps = _validate.positive_int("steps", steps)
     if estimator == "atp" and steps != 1:
         raise ValueError(f"estimator='atp' takes the gradient at one point; steps={steps} "
                          "needs estimator='ig' (or leave steps=None).")
@@ -263,7 +262,8 @@ def _refined_columns(inputs: Inputs, estimate: Callable[[Batch], torch.Tensor], 
     """Positions (in ``components(inputs)``) of the ``k`` components whose prompt-mean
     estimate is largest in absolute value, in component order."""
     n_components = len(components(inputs))
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= n_components:
+    k = _validate.positive_int("refine", k)
+    if k > n_components:
         raise ValueError(f"refine must be an integer from 1 to {n_components} (the number of "
                          f"components at level={inputs.level!r}), got {k!r}; None measures all.")
     total = torch.zeros(n_components, dtype=torch.float64)
