@@ -335,3 +335,17 @@ def test_prompt_form_scores_valid_prompts_and_explains_bad_ones():
     assert form.submit() is True and form.message.value == ""
     assert form.explorer._chart is chart_widget and form.explorer.chart is not first
     assert form.explorer.controls["prompt"].options[-1][0] == "0: one two three four"
+
+
+def test_switching_to_a_mask_variable_turns_binarize_off():
+    scores = per_prompt(SIGNED)
+    ds = xr.Dataset({"score": scores, "kept": (scores > 0).assign_attrs(long_name="kept",
+                                                                        units="bool")})
+    e = Explorer(ds)
+    e.controls["binarize"].value = True
+    assert e.controls["prompt"].value == "share"
+    e.controls["variable"].value = "kept"
+    assert not e.controls["binarize"].value and e.controls["binarize"].disabled
+    assert e._message.value == "" and spec(e)["title"]["text"] == "share of prompts where kept"
+    e.controls["variable"].value = "score"
+    assert e.controls["prompt"].value == "mean" and not e.controls["binarize"].disabled

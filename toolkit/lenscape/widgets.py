@@ -396,6 +396,8 @@ class Explorer:
             return
         self._busy = True
         try:
+            if change["owner"] is self.controls.get("variable") and is_mask(self._current()):
+                self.controls["binarize"].value = False  # a mask is shown as it is
             if change["owner"] in (self.controls.get("variable"), self.controls["binarize"]):
                 self._set_dim_options()
             self._sync()
