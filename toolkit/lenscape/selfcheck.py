@@ -13,7 +13,8 @@ activations:
   outputs equals the residual stream leaving it (so the embedding plus every block's
   contributions equals the final residual stream);
 - ``logits``: the final norm and the unembedding (with final logit soft-capping where the
-  family has it) of the final residual stream equal the model's logits.
+  family has it) of the final residual stream equal the model's logits (at the last
+  position).
 
 Each mismatch is relative: max |computed - model| / max |model| over the probe's
 positions. ``TOLERANCES`` holds the limit per dtype: float rounding of one extra sum or
@@ -65,7 +66,8 @@ def _capture(model: LensModel, input_ids: torch.Tensor) -> tuple[dict, torch.Ten
 
     Returns:
         (acts, logits): acts maps ("resid_pre" | "z" | "attn" | "mlp", layer) and
-        ("resid_final", -1) to (pos, ...) tensors of the single probe row; logits (pos, vocab).
+        ("resid_final", -1) to (pos, ...) tensors of the single probe row; logits (1, vocab)
+        at the last position.
     """
     layout, acts, handles = model.spec.layout, {}, []
 
@@ -103,7 +105,9 @@ def _capture(model: LensModel, input_ids: torch.Tensor) -> tuple[dict, torch.Ten
         handles.append(module(layout.final_norm).register_forward_pre_hook(
             keep_input(("resid_final", -1)), with_kwargs=True))
         with torch.no_grad():
-            logits = model.hf(input_ids=input_ids).logits[0]
+            # Logits at the last position only: the unembedding of every position would
+            # cost as much as the rest of the pass on big-vocabulary models.
+            logits = model.hf(input_ids=input_ids, logits_to_keep=1).logits[0]
     finally:
         for handle in handles:
             handle.remove()
@@ -142,7 +146,9 @@ def _final_logits(model: LensModel, resid: torch.Tensor) -> torch.Tensor:
     else:
         normed = x * _rms_scale(x, norm) * _norm_weight(norm, layout.norm_offset)
     unembed = model.hf.get_submodule(layout.unembed)
-    logits = normed @ unembed.weight.float().T
+    # In the weights' own dtype, as the model does: no float32 copy of the (vocab, d_model)
+    # matrix per check.
+    logits = (normed.to(unembed.weight.dtype) @ unembed.weight.T).float()
     if getattr(unembed, "bias", None) is not None:
         logits = logits + unembed.bias.float()
     cap = getattr(model.hf.config, "final_logit_softcapping", None)
@@ -164,7 +170,7 @@ def _residuals(model: LensModel, acts: dict, logits: torch.Tensor) -> dict[str, 
         residual[layer] = (_mismatch(sum(p.float() for p in parts), after)
                            if all(p.shape == after.shape for p in parts) else math.inf)
     resid_final = acts[("resid_final", -1)]
-    final = (_mismatch(_final_logits(model, resid_final), logits)
+    final = (_mismatch(_final_logits(model, resid_final[-1:]), logits)
              if resid_final.shape[-1] == spec.d_model else math.inf)
     return {"heads": heads, "residual": residual, "logits": final}
 
