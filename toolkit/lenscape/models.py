@@ -173,7 +173,8 @@ def _refuse_custom_code(name_or_path: str, config: dict[str, Any]) -> None:
         raise ValueError(
             f"'{name_or_path}' ships its own model code (config.json auto_map: {classes}), "
             "which lenscape neither runs nor silently replaces by a stock class; pass "
-            "lsc.load(..., trust_remote_code=True) if you trust that code.")
+            "lsc.load(..., trust_remote_code=True) if you trust that code, or load the model "
+            "with transformers yourself and wrap it with lsc.from_hf(hf_model, tokenizer).")
 
 
 def _load_tokenizer(name_or_path: str, folder: str, trust_remote_code: bool) -> Any:
