@@ -288,6 +288,8 @@ def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
     e = Explorer(scores, detail=detail)
     assert spec(e)["params"][0]["select"] == {"type": "point", "fields": ["layer", "head"],
                                               "on": "click", "clear": "dblclick"}
+    stroke = spec(e)["encoding"]["stroke"]  # the clicked cell is outlined, no other
+    assert stroke["condition"] == {"param": "cell", "value": "#000000", "empty": False}
     click(e, layer=1, head=0)
     assert e.cell == {"layer": 1, "head": 0}
     assert asked == [{"layer": 1, "head": 0, "prompt": 0, "text": PROMPTS[0]}]

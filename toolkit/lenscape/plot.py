@@ -232,8 +232,9 @@ def heatmap(
                             header=_header(da, name)),
             columns=1 if facet_row else columns or FACET_COLUMNS)
     heading = title or da.attrs.get("long_name") or (str(da.name) if da.name is not None else None)
+    described = (heading or "").startswith(da.attrs.get("long_name") or full)
     subtitle = _subtitle(da, has_nan=has_nan, has_inf=has_inf,
-                         colour=full if legend != full or (title and title != full) else None)
+                         colour=None if described else full)  # the title may not say it
     if heading or subtitle:
         chart = chart.properties(title=alt.TitleParams(heading or "", subtitle=subtitle or alt.Undefined))
     chart = chart.properties(usermeta={"embedOptions": {"actions": actions}})

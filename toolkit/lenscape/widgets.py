@@ -214,10 +214,12 @@ def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, alt.To
     name = _name(da)
     title = f"{name} · {da.attrs['reduction']}" if "reduction" in da.attrs else name
     chart = heatmap(da, x=x, y=y, facet_col=facet, **{"title": title, **options})
-    if isinstance(chart, alt.Chart):  # a click on a cell selects its coordinates
-        fields = [str(d) for d in da.dims]
-        chart = chart.add_params(alt.selection_point(name="cell", fields=fields, on="click",
-                                                     clear="dblclick"))
+    if isinstance(chart, alt.Chart):  # a click selects a cell's coordinates and outlines it
+        cell = alt.selection_point(name="cell", fields=[str(d) for d in da.dims], on="click",
+                                   clear="dblclick")
+        chart = chart.add_params(cell).encode(
+            stroke=alt.condition(cell, alt.value("#000000"), alt.value(None), empty=False),
+            strokeWidth=alt.value(2))
     return da, chart
 
 
