@@ -37,6 +37,7 @@ import altair as alt
 import ipywidgets as widgets
 import numpy as np
 import xarray as xr
+from altair.utils.schemapi import debug_mode
 
 from lenscape.plot import bars, enable_offline, heatmap, is_mask, label_from_attrs
 
@@ -215,11 +216,13 @@ def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, alt.To
     title = f"{name} · {da.attrs['reduction']}" if "reduction" in da.attrs else name
     chart = heatmap(da, x=x, y=y, facet_col=facet, **{"title": title, **options})
     if isinstance(chart, alt.Chart):  # a click selects a cell's coordinates and outlines it
-        cell = alt.selection_point(name="cell", fields=[str(d) for d in da.dims], on="click",
-                                   clear="dblclick")
-        chart = chart.add_params(cell).encode(
-            stroke=alt.condition(cell, alt.value("#000000"), alt.value(None), empty=False),
-            strokeWidth=alt.value(2))
+        with debug_mode(False):  # checked whole by to_dict, as in heatmap
+            cell = alt.selection_point(name="cell", fields=[str(d) for d in da.dims],
+                                       on="click", clear="dblclick")
+            chart = chart.add_params(cell).encode(  # channel objects: no dict conversion
+                alt.StrokeValue(None, condition={"param": "cell", "value": "#000000",
+                                                 "empty": False}),
+                alt.StrokeWidthValue(2))
     return da, chart
 
 
