@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--sparsities", default="0.1,0.2,0.3,0.4,0.5")
     parser.add_argument("--max-steps", type=int, default=300)
     parser.add_argument("--loss", default="nll", choices=("nll", "kl"))
+    parser.add_argument("--note", default="",
+                        help="a sentence about this run (e.g. machine shared, settings reduced)")
     parser.add_argument("--texts", type=int, default=None,
                         help="use N texts spread evenly over the corpus")
     args = _report.parse_args(parser, k=2, max_steps=2, texts=32, sparsities="0.3",
@@ -79,7 +81,7 @@ random = 3 random masks with as many kept blocks, averaged). Target: <= 10 min p
         f"Routed vs global at sparsity {shown}, per cluster (mean held-out NLL of the texts "
         "routed to it):",
         _report.table(["model", "cluster", "main kind", "held-out texts", "routed", "global",
-                       "better"], per_cluster)])
+                       "better"], per_cluster), *([args.note] if args.note else [])])
     _report.emit(args, _report.section("block_masks", "Block masks (issues 4, 11)", intro, body))
 
 

@@ -38,6 +38,8 @@ def main() -> None:
     parser.add_argument("--val", type=int, default=None, help="first N held-out items")
     parser.add_argument("--train", type=int, default=None, help="first N training items")
     parser.add_argument("--tasks", default="math,syntax")
+    parser.add_argument("--note", default="",
+                        help="a sentence about this run (e.g. machine shared, settings reduced)")
     parser.add_argument("--threads", action="store_true",
                         help="also refit the first task with 1 thread and compare roles")
     args = _report.parse_args(parser, seeds=2, max_steps=2, batch_size=2, val=4, train=8)
@@ -105,7 +107,8 @@ interfering-off < random p5 and <= intact."""
                        f"top-{args.k} interfering off", "random p5", "random p95",
                        "facilitating check", "interfering check"], checks),
         f"Total for {args.seeds} seeds x {len(rows)} tasks: {total:.0f} s "
-        f"({total / 60:.1f} min; budget 20 min).", *notes])
+        f"({total / 60:.1f} min; budget 20 min).", *notes,
+        *([args.note] if args.note else [])])
     _report.emit(args, _report.section("head_gating", "Head gating (issues 5, 11)", intro, body))
 
 
