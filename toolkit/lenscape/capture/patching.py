@@ -55,6 +55,8 @@ ESTIMATORS = ("atp", "ig")
 #: Integration points of ``estimator="ig"`` when ``steps`` is not given (benchmarks/RESULTS.md,
 #: section faithfulness, shows what further steps buy).
 DEFAULT_IG_STEPS = 8
+#: Where integrated gradients interpolates: the residual stream entering block 0.
+INPUT_SITE: Site = ("resid_pre", 0)
 Variant = tuple[Site, "int | None"]
 
 
@@ -183,7 +185,6 @@ def _gradient_effects(runner, metric: str, batch: Batch, sites: list[Site], *,
     Returns:
         site -> (batch, pos, [head,] d) float32 products, not yet summed over positions.
     """
-    start = ("resid_pre", 0)
     grad_sums: dict[Site, torch.Tensor] = {}
     deltas: dict[Site, torch.Tensor] = {}
     for k in range(steps):
@@ -191,8 +192,9 @@ def _gradient_effects(runner, metric: str, batch: Batch, sites: list[Site], *,
         edit = None
         if k > 0:
             def edit(site: Site, value: torch.Tensor, alpha=alpha) -> torch.Tensor:
-                return value + alpha * (clean_input - value) if site == start else value
-        run = runner.run(base, sites=[start, *sites] if k > 0 else sites, edit=edit, grad=True)
+                return value + alpha * (clean_input - value) if site == INPUT_SITE else value
+        run = runner.run(base, sites=[INPUT_SITE, *sites] if k > 0 else sites, edit=edit,
+                         grad=True)
         value = metrics.compute(metric, run.logits, batch.target, batch.distractor)
         metrics.check_finite(value, batch.index, metric)
         grads = torch.autograd.grad(value.sum(), [run.acts[site] for site in sites])
@@ -243,14 +245,14 @@ def _patching_estimator(inputs: Inputs, variants: list[Variant], *, estimator: s
     """``estimate(batch)`` -> (rows, len(variants)): gradient estimate of activation patching."""
     runner = get_backend(inputs.model, inputs.backend)
     sites = _sites(variants)
-    start = ("resid_pre", 0)
 
     def estimate(batch: Batch) -> torch.Tensor:
         with torch.no_grad():
-            clean = runner.run(batch.clean, sites=[start, *sites] if steps > 1 else sites).acts
+            clean = runner.run(batch.clean,
+                               sites=[INPUT_SITE, *sites] if steps > 1 else sites).acts
         products = _gradient_effects(runner, inputs.metric, batch, sites, base=batch.corrupt,
                                      goal=lambda site, act: clean[site], steps=steps,
-                                     clean_input=clean.get(start))
+                                     clean_input=clean.get(INPUT_SITE))
         mask = batch.corrupt.attention_mask.float()
         return metrics.check_finite(_component_columns(products, variants, mask).cpu(),
                                     batch.index, inputs.metric)
