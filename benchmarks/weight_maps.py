@@ -38,6 +38,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--note", default="",
+                        help="a sentence about this run (e.g. machine shared)")
     args = _report.parse_args(parser, steps=1, prompts=2)
     prompts = lsc.data.prompts("factual")[:args.prompts]
     batch_size = min(8, len(prompts))
@@ -95,6 +97,7 @@ included; both bundled models tie lm_head to embed, reported as embed)."""
     body = (_report.table(columns, [row]) + "\n\nMost important tensors (F2), by aggregation:\n\n"
             + _report.table(["model", "aggregation", "top 3 tensors",
                              "top 3 components (mean over layers)"], tops))
+            + (f"\n\n{args.note}" if args.note else ""))
     _report.emit(args, _report.section("weight_maps", "Weight maps (issue 6)", intro, body))
 
 
