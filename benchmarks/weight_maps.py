@@ -96,7 +96,7 @@ included; both bundled models tie lm_head to embed, reported as embed)."""
            f"{float(rel.min()):.4f}..{float(rel.max()):.4f}", f"{changed:.0%}"]
     body = (_report.table(columns, [row]) + "\n\nMost important tensors (F2), by aggregation:\n\n"
             + _report.table(["model", "aggregation", "top 3 tensors",
-                             "top 3 components (mean over layers)"], tops))
+                             "top 3 components (mean over layers)"], tops)
             + (f"\n\n{args.note}" if args.note else ""))
     _report.emit(args, _report.section("weight_maps", "Weight maps (issue 6)", intro, body))
 
