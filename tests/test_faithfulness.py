@@ -133,7 +133,7 @@ def test_faithfulness_report_matches_plain_computation(tiny_llama, pairs):
     same_sign = np.mean(np.sign(mlp_exact) == np.sign(mlp_atp))
     assert report["sign_agreement"].sel(estimator="atp", component_type="mlp") == pytest.approx(
         same_sign)
-    xr.testing.assert_identical(report["exact_blocks"], exact)
+    xr.testing.assert_identical(report["exact_blocks"].rename(None), exact)
     assert (report["forward_passes"].values == [2, 3]).all()
     assert (report["backward_passes"].values == [1, 2]).all()
     assert report["cost_vs_atp"].sel(estimator="atp") == 1.0

@@ -97,7 +97,8 @@ def faithfulness(model, prompts, *, estimators: Sequence[str] = ("atp", "ig"),
     Args:
         model: a ``LensModel``.
         prompts: clean/corrupt pairs (e.g. ``lsc.data.prompts("factual")`` or ``("ioi")``).
-        estimators: labels "atp", "ig" (``DEFAULT_IG_STEPS`` steps) or "ig:N".
+        estimators: "atp", "ig" (``DEFAULT_IG_STEPS`` steps) or "ig:N"; the report labels
+            them "atp" and "ig:N".
         top_k: size of the top sets compared by ``top_overlap``.
         metric, batch_size, backend, progress: as in ``lsc.activation_patching``.
 
@@ -113,10 +114,14 @@ def faithfulness(model, prompts, *, estimators: Sequence[str] = ("atp", "ig"),
           ``estimate_blocks`` (estimator, prompt, layer, component);
         - attrs: model, metric, prompt set and fingerprint, backend, top_k, exact seconds.
     """
-    labels = list(dict.fromkeys(str(label) for label in estimators))
+    # Labels name the step count ("ig" -> "ig:2"), so a report says what it measured.
+    parsed = {}
+    for given in estimators:
+        name, steps = parse_estimator(given)
+        parsed[name if name == "atp" else f"{name}:{steps}"] = (name, steps)
+    labels = list(parsed)
     if not labels:
         raise ValueError("estimators is empty; pass e.g. ('atp', 'ig').")
-    parsed = {label: parse_estimator(label) for label in labels}
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}.")
     options = dict(metric=metric, batch_size=batch_size, backend=backend, progress=progress)
