@@ -56,3 +56,20 @@ def factual():
     import lenscape as lsc
 
     return lsc.data.prompts("factual")
+
+
+@pytest.fixture(scope="session")
+def fresh_runs():
+    """``fresh_runs(code)`` runs ``code`` in two fresh Python processes and returns the JSON
+    each printed on its last line: for checks that a result does not depend on the process."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def run(code: str) -> list:
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        return [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                          text=True, check=True, env=env).stdout.splitlines()[-1])
+                for _ in range(2)]
+    return run

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -118,11 +114,8 @@ FRESH = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_two_fresh_processes_give_identical_gates(fitted):
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    runs = [json.loads(subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True,
-                                      check=True, env=env).stdout.splitlines()[-1])
-            for _ in range(2)]
+def test_two_fresh_processes_give_identical_gates(fitted, fresh_runs):
+    runs = fresh_runs(FRESH)
     assert runs[0] == runs[1]
     np.testing.assert_array_equal(np.array(runs[0]["gate_minus"], dtype=np.float32),
                                   fitted["gate_minus"].values)

@@ -3,9 +3,6 @@ on tiny models."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -93,10 +90,8 @@ FRESH = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_two_fresh_processes_give_identical_masks(learned):
-    runs = [json.loads(subprocess.run([sys.executable, "-c", FRESH], capture_output=True,
-                                      text=True, check=True).stdout.splitlines()[-1])
-            for _ in range(2)]
+def test_two_fresh_processes_give_identical_masks(learned, fresh_runs):
+    runs = fresh_runs(FRESH)
     assert runs[0] == runs[1]
     np.testing.assert_array_equal(np.array(runs[0]["keep_prob"], dtype=np.float32),
                                   learned["keep_prob"].values)
