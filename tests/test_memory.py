@@ -36,8 +36,9 @@ def test_auto_sizes_give_the_same_numbers(tiny_llama, factual, monkeypatch):
 
 
 def test_bad_batch_size(tiny_llama, factual):
-    for bad in (0, -2, 2.5, True):
-        with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+    # Out of range -> ValueError; not an integer at all -> TypeError (lenscape._validate).
+    for bad, error in ((0, ValueError), (-2, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="batch_size must be a positive integer"):
             lsc.ablation(tiny_llama, factual[:2], batch_size=bad, progress=False)
 
 
