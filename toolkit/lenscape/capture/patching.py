@@ -190,13 +190,10 @@ def _gradient_effects(runner, metric: str, batch: Batch, sites: list[Site], *,
     grad_sums: dict[Site, torch.Tensor] = {}
     deltas: dict[Site, torch.Tensor] = {}
     for k in range(steps):
-        alpha = k / steps
-        edit = None
-        if k > 0:
-            def edit(site: Site, value: torch.Tensor, alpha=alpha) -> torch.Tensor:
-                return value + alpha * (clean_input - value) if site == INPUT_SITE else value
-        run = runner.run(base, sites=[INPUT_SITE, *sites] if k > 0 else sites, edit=edit,
-                         grad=True)
+        def interpolate(site: Site, value: torch.Tensor, alpha=k / steps) -> torch.Tensor:
+            return value + alpha * (clean_input - value) if site == INPUT_SITE else value
+        run = runner.run(base, sites=[INPUT_SITE, *sites] if k > 0 else sites,
+                         edit=interpolate if k > 0 else None, grad=True)
         value = metrics.compute(metric, run.logits, batch.target, batch.distractor)
         metrics.check_finite(value, batch.index, metric)
         grads = torch.autograd.grad(value.sum(), [run.acts[site] for site in sites])
