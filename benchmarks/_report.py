@@ -28,8 +28,18 @@ import platform
 from datetime import date
 from pathlib import Path
 
-PACKAGES = ("torch", "transformers", "nnsight", "transformer-lens", "xarray", "zarr", "dask",
-            "distributed", "altair", "lenscape")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "nnsight",
+    "transformer-lens",
+    "xarray",
+    "zarr",
+    "dask",
+    "distributed",
+    "altair",
+    "lenscape",
+)
 
 
 def _cpu_model() -> str:
@@ -81,8 +91,12 @@ def machine_info() -> dict:
     machine = f"{_cpu_model()}, {cores} cores, {ram_text} RAM" + (f", GPU {gpu}" if gpu else "")
     short = f"{cores}-core CPU, {ram_text}" + (f", {gpu}" if gpu else "")
     versions = {"python": platform.python_version(), **{p: _version(p) for p in PACKAGES}}
-    return {"date": date.today().isoformat(), "machine": machine, "short": short,
-            "versions": versions}
+    return {
+        "date": date.today().isoformat(),
+        "machine": machine,
+        "short": short,
+        "versions": versions,
+    }
 
 
 def stamp() -> list[str]:
@@ -130,10 +144,17 @@ def section(name: str, title: str, intro: str, body: str) -> str:
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--quick`` (tiny sizes, a smoke check) and ``--markdown PATH`` (write the section)."""
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes: checks the script runs, numbers mean nothing")
-    parser.add_argument("--markdown", metavar="PATH", default=None,
-                        help="also write this script's RESULTS.md section to PATH")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes: checks the script runs, numbers mean nothing",
+    )
+    parser.add_argument(
+        "--markdown",
+        metavar="PATH",
+        default=None,
+        help="also write this script's RESULTS.md section to PATH",
+    )
 
 
 def parse_args(parser: argparse.ArgumentParser, **quick) -> argparse.Namespace:

@@ -16,9 +16,9 @@ import argparse
 import tempfile
 import time
 
+import _report
 import numpy as np
 
-import _report
 import lenscape as lsc
 
 
@@ -30,34 +30,83 @@ def main() -> None:
     args = _report.parse_args(parser, model="tiny", prompts=32)
     from distributed import Client, LocalCluster
 
-    model = (lsc.models.tiny("llama", n_layers=4) if args.model == "tiny" else
-             lsc.load(args.model, device="cpu"))
+    model = (
+        lsc.models.tiny("llama", n_layers=4)
+        if args.model == "tiny"
+        else lsc.load(args.model, device="cpu")
+    )
     factual = lsc.data.prompts("factual")
-    prompts = lsc.data.PromptSet([factual[i % len(factual)] for i in range(args.prompts)],
-                                 name=f"factual-x{args.prompts}")
+    prompts = lsc.data.PromptSet(
+        [factual[i % len(factual)] for i in range(args.prompts)], name=f"factual-x{args.prompts}"
+    )
     start = time.perf_counter()
     single = lsc.attribution_patching(model, prompts, batch_size=8, progress=False)
     t_single = time.perf_counter() - start
-    rows = [[*_report.stamp(), model.name, args.prompts, "one process", f"{t_single:.1f} s",
-             "1.00", "-"]]
+    rows = [
+        [
+            *_report.stamp(),
+            model.name,
+            args.prompts,
+            "one process",
+            f"{t_single:.1f} s",
+            "1.00",
+            "-",
+        ]
+    ]
     print(f"one process: {t_single:.1f} s")
-    with (tempfile.TemporaryDirectory() as tmp,
-          LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                       dashboard_address=None) as cluster, Client(cluster) as client):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalCluster(
+            n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         for label in ("cold (workers load the model)", "warm"):
             start = time.perf_counter()
-            result = lsc.attribution_patching(model, prompts, batch_size=8, progress=False,
-                                              store=f"{tmp}/{label[:4]}.zarr", client=client)
+            result = lsc.attribution_patching(
+                model,
+                prompts,
+                batch_size=8,
+                progress=False,
+                store=f"{tmp}/{label[:4]}.zarr",
+                client=client,
+            )
             took = time.perf_counter() - start
             diff = float(np.abs(result.values - single.values).max())
             print(f"{args.workers} workers, {label}: {took:.1f} s, max |diff| {diff:.1e}")
-            rows.append([*_report.stamp(), model.name, args.prompts,
-                         f"LocalCluster, {args.workers} workers x 1 thread, {label}",
-                         f"{took:.1f} s", f"{took / t_single:.2f}", f"{diff:.1e}"])
-    body = _report.table(["date", "machine", "model", "prompts", "run", "wall time",
-                          "time / one process", "max abs diff vs one process"], rows)
-    _report.emit(args, _report.section("dask_cluster", "Distributed capture on dask (issue 7)",
-                                       __doc__.split("\n\n", 1)[1], body))
+            rows.append(
+                [
+                    *_report.stamp(),
+                    model.name,
+                    args.prompts,
+                    f"LocalCluster, {args.workers} workers x 1 thread, {label}",
+                    f"{took:.1f} s",
+                    f"{took / t_single:.2f}",
+                    f"{diff:.1e}",
+                ]
+            )
+    body = _report.table(
+        [
+            "date",
+            "machine",
+            "model",
+            "prompts",
+            "run",
+            "wall time",
+            "time / one process",
+            "max abs diff vs one process",
+        ],
+        rows,
+    )
+    _report.emit(
+        args,
+        _report.section(
+            "dask_cluster",
+            "Distributed capture on dask (issue 7)",
+            __doc__.split("\n\n", 1)[1],
+            body,
+        ),
+    )
 
 
 if __name__ == "__main__":

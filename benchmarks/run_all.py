@@ -25,14 +25,18 @@ import _report
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
-SECTION = re.compile(r"^<!-- bench:(?P<name>[\w.-]+) -->$.*?^<!-- /bench:(?P=name) -->$",
-                     re.MULTILINE | re.DOTALL)
+SECTION = re.compile(
+    r"^<!-- bench:(?P<name>[\w.-]+) -->$.*?^<!-- /bench:(?P=name) -->$", re.MULTILINE | re.DOTALL
+)
 
 
 def scripts() -> dict[str, Path]:
     """Benchmark scripts beside this file, by stem, in name order."""
-    return {path.stem: path for path in sorted(HERE.glob("*.py"))
-            if not path.name.startswith("_") and path.name != Path(__file__).name}
+    return {
+        path.stem: path
+        for path in sorted(HERE.glob("*.py"))
+        if not path.name.startswith("_") and path.name != Path(__file__).name
+    }
 
 
 def parse_sections(text: str) -> dict[str, str]:
@@ -93,12 +97,17 @@ def run(script: Path, quick: bool) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     available = scripts()
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=None,
-                        help=f"comma-separated script names, of: {', '.join(available)}")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes, smoke check only; RESULTS.md is not written")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only", default=None, help=f"comma-separated script names, of: {', '.join(available)}"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, smoke check only; RESULTS.md is not written",
+    )
     args = parser.parse_args(argv)
     names = list(available) if args.only is None else args.only.split(",")
     unknown = sorted(set(names) - set(available))

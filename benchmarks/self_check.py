@@ -16,9 +16,9 @@ import os
 import statistics
 import time
 
+import _report
 import torch
 
-import _report
 import lenscape as lsc
 from lenscape.selfcheck import PROBE_TEXT
 
@@ -51,19 +51,39 @@ def main() -> None:
                 model.hf(input_ids=ids)
 
         # Interleaved rounds, so both see the same load from other processes.
-        check_ms, forward_ms = map(statistics.median, zip(*(
-            (_median_ms(lambda: lsc.check(model), 3), _median_ms(forward, 3))
-            for _ in range(args.repeats))))
+        check_ms, forward_ms = map(
+            statistics.median,
+            zip(
+                *(
+                    (_median_ms(lambda: lsc.check(model), 3), _median_ms(forward, 3))
+                    for _ in range(args.repeats)
+                ),
+                strict=True,
+            ),
+        )
         busy = os.getloadavg()[0]
         worst = lsc.check(model)
         mismatch = max(float(worst[name].max()) for name in ("heads", "residual", "logits"))
-        print(f"{args.model} {dtype}: check {check_ms:.0f} ms, plain forward {forward_ms:.0f} ms "
-              f"(medians of {args.repeats} rounds), load without check {load_ms:.0f} ms, "
-              f"load average {busy:.1f}; "
-              f"largest mismatch {mismatch:.1e} (tolerance {worst.attrs['tolerance']:g})")
-        rows.append([*_report.stamp(), args.model, dtype, ids.shape[1], f"{check_ms:.0f} ms",
-                     f"{forward_ms:.0f} ms", f"{check_ms / forward_ms:.2f}x", f"{busy:.1f}",
-                     f"{load_ms:.0f} ms", f"{mismatch:.1e} / {worst.attrs['tolerance']:g}"])
+        print(
+            f"{args.model} {dtype}: check {check_ms:.0f} ms, plain forward {forward_ms:.0f} ms "
+            f"(medians of {args.repeats} rounds), load without check {load_ms:.0f} ms, "
+            f"load average {busy:.1f}; "
+            f"largest mismatch {mismatch:.1e} (tolerance {worst.attrs['tolerance']:g})"
+        )
+        rows.append(
+            [
+                *_report.stamp(),
+                args.model,
+                dtype,
+                ids.shape[1],
+                f"{check_ms:.0f} ms",
+                f"{forward_ms:.0f} ms",
+                f"{check_ms / forward_ms:.2f}x",
+                f"{busy:.1f}",
+                f"{load_ms:.0f} ms",
+                f"{mismatch:.1e} / {worst.attrs['tolerance']:g}",
+            ]
+        )
     intro = f"""\
 `python benchmarks/self_check.py`: what the layout self-check adds to `lsc.load` (it runs
 on every load unless `check=False`). `check`: `lsc.check(model)`, one hooked forward pass
@@ -75,11 +95,30 @@ converted cache, once. `load avg`: the machine's 1-minute load average (2 cores)
 run: other processes slow both timings alike, so the ratio is the stabler number.
 `mismatch`: the largest relative mismatch of the three identities against the dtype's
 tolerance."""
-    _report.emit(args, _report.section("self_check", "Layout self-check on load", intro,
-                                       _report.table(["date", "machine", "model", "dtype",
-                                                      "probe tokens", "check", "forward",
-                                                      "check / forward", "load avg", "load",
-                                                      "mismatch / tolerance"], rows)))
+    _report.emit(
+        args,
+        _report.section(
+            "self_check",
+            "Layout self-check on load",
+            intro,
+            _report.table(
+                [
+                    "date",
+                    "machine",
+                    "model",
+                    "dtype",
+                    "probe tokens",
+                    "check",
+                    "forward",
+                    "check / forward",
+                    "load avg",
+                    "load",
+                    "mismatch / tolerance",
+                ],
+                rows,
+            ),
+        ),
+    )
 
 
 if __name__ == "__main__":

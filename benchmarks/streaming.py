@@ -40,8 +40,12 @@ print(json.dumps({"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss 
 def measure(n: int, model: str, streaming: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/r.zarr" if streaming else "-"
-        out = subprocess.run([sys.executable, "-c", CHILD, str(n), model, path],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(n), model, path],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -55,20 +59,37 @@ def main() -> None:
     results = {}
     for n, streaming in runs:
         results[n, streaming] = r = measure(n, args.model, streaming)
-        print(f"{n} prompts, {'streaming' if streaming else 'in memory'}: peak RSS "
-              f"{r['rss_mib']:.0f} MiB, capture {r['seconds']:.1f} s")
+        print(
+            f"{n} prompts, {'streaming' if streaming else 'in memory'}: peak RSS "
+            f"{r['rss_mib']:.0f} MiB, capture {r['seconds']:.1f} s"
+        )
     small, large = results[args.small, True], results[args.large, True]
     growth = large["rss_mib"] / small["rss_mib"] - 1
     print(f"peak RSS growth {args.small} -> {args.large} prompts (streaming): {growth:+.1%}")
-    rows = [[*_report.stamp(), args.model, n, "zarr store" if streaming else "in memory",
-             f"{results[n, streaming]['rss_mib']:.0f} MiB",
-             f"{results[n, streaming]['seconds']:.1f} s"] for n, streaming in runs]
-    body = _report.table(["date", "machine", "model", "prompts", "results go to",
-                          "peak RSS", "capture time"], rows)
-    body += (f"\n\nPeak RSS growth from {args.small} to {args.large} prompts with streaming: "
-             f"**{growth:+.1%}** (target < +10%).")
-    _report.emit(args, _report.section("streaming", "Streaming capture memory (issue 7)",
-                                       __doc__.split("\n\n", 1)[1], body))
+    rows = [
+        [
+            *_report.stamp(),
+            args.model,
+            n,
+            "zarr store" if streaming else "in memory",
+            f"{results[n, streaming]['rss_mib']:.0f} MiB",
+            f"{results[n, streaming]['seconds']:.1f} s",
+        ]
+        for n, streaming in runs
+    ]
+    body = _report.table(
+        ["date", "machine", "model", "prompts", "results go to", "peak RSS", "capture time"], rows
+    )
+    body += (
+        f"\n\nPeak RSS growth from {args.small} to {args.large} prompts with streaming: "
+        f"**{growth:+.1%}** (target < +10%)."
+    )
+    _report.emit(
+        args,
+        _report.section(
+            "streaming", "Streaming capture memory (issue 7)", __doc__.split("\n\n", 1)[1], body
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import argparse
 import time
 
 import _report
+
 import lenscape as lsc
 
 MODELS = ("smollm2-135m", "gemma3-270m")
@@ -21,10 +22,14 @@ AGGREGATIONS = ("sum", "mean")
 def top_tensors(ds, n: int = 3) -> str:
     """The n highest cells of a weight map: per-layer tensors and model-level ones."""
     cells = ds["per_layer"].stack(cell=("layer", "component")).dropna("cell")
-    ranked = [(float(v), f"L{layer} {component}") for (layer, component), v
-              in zip(cells["cell"].values, cells.values)]
+    ranked = [
+        (float(v), f"L{layer} {component}")
+        for (layer, component), v in zip(cells["cell"].values, cells.values, strict=True)
+    ]
     level = ds["model_level"].dropna("component")
-    ranked += [(float(v), str(c)) for c, v in zip(level["component"].values, level.values)]
+    ranked += [
+        (float(v), str(c)) for c, v in zip(level["component"].values, level.values, strict=True)
+    ]
     return ", ".join(f"{name} ({value:.2f})" for value, name in sorted(ranked, reverse=True)[:n])
 
 
@@ -38,10 +43,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--note", default="",
-                        help="a sentence about this run (e.g. machine shared)")
+    parser.add_argument(
+        "--note", default="", help="a sentence about this run (e.g. machine shared)"
+    )
     args = _report.parse_args(parser, steps=1, prompts=2)
-    prompts = lsc.data.prompts("factual")[:args.prompts]
+    prompts = lsc.data.prompts("factual")[: args.prompts]
     batch_size = min(8, len(prompts))
     total, times, tops = 0.0, [], []
     smol = None
@@ -50,15 +56,23 @@ def main() -> None:
         smol = smol or model
         for aggregation in AGGREGATIONS:
             start = time.perf_counter()
-            ds = lsc.weight_importance(model, prompts, batch_size=batch_size, normalize=True,
-                                       aggregation=aggregation, progress=False)
+            ds = lsc.weight_importance(
+                model,
+                prompts,
+                batch_size=batch_size,
+                normalize=True,
+                aggregation=aggregation,
+                progress=False,
+            )
             took = time.perf_counter() - start
             if aggregation == "sum":
                 total += took
                 times.append(f"{took:.1f} s")
             cells, columns = top_tensors(ds), top_columns(ds)
-            print(f"F2 {name} ({aggregation}): {took:.1f} s; top tensors {cells}; "
-                  f"top components (mean over layers) {columns}")
+            print(
+                f"F2 {name} ({aggregation}): {took:.1f} s; top tensors {cells}; "
+                f"top components (mean over layers) {columns}"
+            )
             tops.append([name, aggregation, cells, columns])
     print(f"F2 both models: {total:.1f} s")
     start = time.perf_counter()
@@ -71,9 +85,11 @@ def main() -> None:
     took = time.perf_counter() - start
     rel = relative["per_layer"]
     changed = float(fraction["per_layer"].mean())
-    print(f"F3 relative + fraction changed: {took:.1f} s; relative change range "
-          f"{float(rel.min()):.4f}..{float(rel.max()):.4f}; mean fraction changed "
-          f"{changed:.3f}")
+    print(
+        f"F3 relative + fraction changed: {took:.1f} s; relative change range "
+        f"{float(rel.min()):.4f}..{float(rel.max()):.4f}; mean fraction changed "
+        f"{changed:.3f}"
+    )
     intro = f"""\
 `python benchmarks/weight_maps.py`: F2 = `weight_importance(normalize=True)` (sum of
 |w dL/dw| over each tensor's entries, the notebook's default; the timing column) on {len(prompts)}
@@ -89,15 +105,34 @@ the projections sat near 0 after min-max scaling, the opposite of the F2 referen
 over entries compares tensors by their total contribution. The table below gives each
 model's top 3 under both aggregations, min-max scaled per model (model-level tensors
 included; both bundled models tie lm_head to embed, reported as embed)."""
-    columns = ["date", "machine", "F2 SmolLM2-135M", "F2 Gemma-3-270M",
-               "F2 both (target <= 3 min)", f"fine-tune {args.steps} steps",
-               "F3 (target <= 30 s)", "relative change", "entries changed"]
-    row = [*_report.stamp(), *times, f"{total:.1f} s", f"{tune_took:.0f} s", f"{took:.1f} s",
-           f"{float(rel.min()):.4f}..{float(rel.max()):.4f}", f"{changed:.0%}"]
-    body = (_report.table(columns, [row]) + "\n\nMost important tensors (F2), by aggregation:\n\n"
-            + _report.table(["model", "aggregation", "top 3 tensors",
-                             "top 3 components (mean over layers)"], tops)
-            + (f"\n\n{args.note}" if args.note else ""))
+    columns = [
+        "date",
+        "machine",
+        "F2 SmolLM2-135M",
+        "F2 Gemma-3-270M",
+        "F2 both (target <= 3 min)",
+        f"fine-tune {args.steps} steps",
+        "F3 (target <= 30 s)",
+        "relative change",
+        "entries changed",
+    ]
+    row = [
+        *_report.stamp(),
+        *times,
+        f"{total:.1f} s",
+        f"{tune_took:.0f} s",
+        f"{took:.1f} s",
+        f"{float(rel.min()):.4f}..{float(rel.max()):.4f}",
+        f"{changed:.0%}",
+    ]
+    body = (
+        _report.table(columns, [row])
+        + "\n\nMost important tensors (F2), by aggregation:\n\n"
+        + _report.table(
+            ["model", "aggregation", "top 3 tensors", "top 3 components (mean over layers)"], tops
+        )
+        + (f"\n\n{args.note}" if args.note else "")
+    )
     _report.emit(args, _report.section("weight_maps", "Weight maps (issue 6)", intro, body))
 
 

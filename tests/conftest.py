@@ -69,7 +69,17 @@ def fresh_runs():
 
     def run(code: str) -> list:
         env = {**os.environ, "PYTHONHASHSEED": "0"}
-        return [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
-                                          text=True, check=True, env=env).stdout.splitlines()[-1])
-                for _ in range(2)]
+        return [
+            json.loads(
+                subprocess.run(
+                    [sys.executable, "-c", code],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    env=env,
+                ).stdout.splitlines()[-1]
+            )
+            for _ in range(2)
+        ]
+
     return run

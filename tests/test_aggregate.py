@@ -7,14 +7,21 @@ import pytest
 
 from lenscape import aggregate, schema
 
-ATTRS = {"long_name": "Facilitation", "units": "score", "method": "head_gating", "metric": "loss",
-         "model": "tiny", "backend": "torch", "dtype": "float32"}
+ATTRS = {
+    "long_name": "Facilitation",
+    "units": "score",
+    "method": "head_gating",
+    "metric": "loss",
+    "model": "tiny",
+    "backend": "torch",
+    "dtype": "float32",
+}
 
 
 def scores():
-    values = np.array([[[0.9, 0.2], [0.6, 0.1]],
-                       [[0.8, 0.7], [0.4, 0.1]],
-                       [[0.7, 0.1], [0.9, np.nan]]])  # (seed 3, layer 2, head 2)
+    values = np.array(
+        [[[0.9, 0.2], [0.6, 0.1]], [[0.8, 0.7], [0.4, 0.1]], [[0.7, 0.1], [0.9, np.nan]]]
+    )  # (seed 3, layer 2, head 2)
     return schema.make(values, dims=("seed", "layer", "head"), attrs=ATTRS, n_layers=2)
 
 
@@ -60,7 +67,11 @@ def test_always_any_scores_are_min_and_max_and_match_thresholds():
     assert low.attrs["units"] == "score" and "Always" in low.attrs["long_name"]
     for threshold in (0.3, 0.5, 0.75):
         computed = da.notnull().all("seed")
-        np.testing.assert_array_equal((low >= threshold).where(computed).values,
-                                      aggregate.always(da, threshold=threshold).values)
-        np.testing.assert_array_equal((high >= threshold).where(computed).values,
-                                      aggregate.any_(da, threshold=threshold).values)
+        np.testing.assert_array_equal(
+            (low >= threshold).where(computed).values,
+            aggregate.always(da, threshold=threshold).values,
+        )
+        np.testing.assert_array_equal(
+            (high >= threshold).where(computed).values,
+            aggregate.any_(da, threshold=threshold).values,
+        )

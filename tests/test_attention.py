@@ -67,11 +67,14 @@ def test_the_heatmap_labels_ticks_with_tokens(tiny_gqa):
     assert spec["encoding"]["color"]["scale"]["scheme"] == "viridis"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"layer": 5}, r"layer=5 is not a layer.*0\.\.1"),
-    ({"layer": 0, "head": 4}, r"head=4 is not a query head.*0\.\.3"),
-    ({"layer": 0, "backend": "tl"}, "Unknown backend 'tl'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"layer": 5}, r"layer=5 is not a layer.*0\.\.1"),
+        ({"layer": 0, "head": 4}, r"head=4 is not a query head.*0\.\.3"),
+        ({"layer": 0, "backend": "tl"}, "Unknown backend 'tl'"),
+    ],
+)
 def test_bad_layers_heads_and_backends_are_named(tiny_gqa, kwargs, message):
     with pytest.raises(ValueError, match=message):
         attention_pattern(tiny_gqa, TEXT, **kwargs)

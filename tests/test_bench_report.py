@@ -9,13 +9,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import _report  # noqa: E402
-import run_all  # noqa: E402
+import _report
+import run_all
 
 
 def test_table_layout():
-    text = _report.table(["date", "machine", "time"], [["2026-01-01", "2-core CPU", "1.5 s"],
-                                                       ["2026-01-02", "GPU", 3]])
+    text = _report.table(
+        ["date", "machine", "time"],
+        [["2026-01-01", "2-core CPU", "1.5 s"], ["2026-01-02", "GPU", 3]],
+    )
     assert text.splitlines() == [
         "| date | machine | time |",
         "| --- | --- | --- |",
@@ -52,8 +54,9 @@ def section(name: str, value: str) -> str:
 
 
 def test_merge_replaces_keeps_and_sorts():
-    old = run_all.render(_report.machine_info(), {"b": section("b", "old b"),
-                                                  "c": section("c", "old c")})
+    old = run_all.render(
+        _report.machine_info(), {"b": section("b", "old b"), "c": section("c", "old c")}
+    )
     merged = run_all.merge_sections(old, {"b": section("b", "new b"), "a": section("a", "new a")})
     assert list(merged) == ["a", "b", "c"]
     assert "new b" in merged["b"] and "old b" not in merged["b"]
@@ -82,8 +85,14 @@ def test_results_file_holds_every_script_section():
     text = (Path(run_all.HERE) / "RESULTS.md").read_text()
     found = run_all.parse_sections(text)
     assert set(found) <= set(run_all.scripts())
-    for name in ("capture_overhead", "faithfulness", "head_gating", "block_masks",
-                 "weight_maps", "redraw"):
+    for name in (
+        "capture_overhead",
+        "faithfulness",
+        "head_gating",
+        "block_masks",
+        "weight_maps",
+        "redraw",
+    ):
         assert "| date | machine |" in found[name]
 
 

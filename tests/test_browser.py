@@ -12,10 +12,10 @@ go to ``$LENSCAPE_ARTIFACTS`` (default ``out/test-artifacts``) with the measured
 import contextlib
 import json
 import os
-import statistics
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -30,8 +30,15 @@ import lenscape
 pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 NOTEBOOK = """\
 import numpy as np
 from lenscape import schema
@@ -137,22 +144,40 @@ def _voila(tmp_path, source):
     """Voila serving a one-cell notebook on 127.0.0.1 until the block ends."""
     notebook = tmp_path / "explorer.ipynb"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nbformat.write(nb, notebook)
     port = _free_port()
     source = str(Path(lenscape.__file__).parents[1])  # the kernel imports this same lenscape
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [source, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([source, *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     log_path = tmp_path / "voila.log"
     log = open(log_path, "w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "voila", str(notebook), "--no-browser", "--Voila.ip=127.0.0.1",
-         f"--Voila.port={port}", "--Voila.port_retries=0",
-         # Notebook 7's lab extension fails to load inside Voila (a module-federation error
-         # unrelated to lenscape) and adds nothing to a dashboard.
-         "--VoilaConfiguration.extension_denylist=@jupyter-notebook/lab-extension"],
-        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "voila",
+            str(notebook),
+            "--no-browser",
+            "--Voila.ip=127.0.0.1",
+            f"--Voila.port={port}",
+            "--Voila.port_retries=0",
+            # Notebook 7's lab extension fails to load inside Voila (a module-federation error
+            # unrelated to lenscape) and adds nothing to a dashboard.
+            "--VoilaConfiguration.extension_denylist=@jupyter-notebook/lab-extension",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 60
@@ -221,8 +246,9 @@ def test_explorer_redraws_in_the_browser_offline(chromium, voila_url, artifacts)
             x_axis = chart.locator("[aria-label^='X-axis titled']")
             expect(x_axis).to_have_attribute("aria-label", re.compile("^X-axis titled 'head'"))
             page.get_by_role("button", name="swap axes").click()
-            expect(x_axis).to_have_attribute("aria-label", re.compile("^X-axis titled 'layer'"),
-                                             timeout=20_000)
+            expect(x_axis).to_have_attribute(
+                "aria-label", re.compile("^X-axis titled 'layer'"), timeout=20_000
+            )
             assert page.locator(".vega-embed").count() == 1  # redrawn in place, never stacked
             assert page.locator(".vega-actions").count() == 0  # no menu, no Vega Editor link
             page.screenshot(path=artifacts / "explorer.png", full_page=True)
@@ -233,8 +259,7 @@ def test_explorer_redraws_in_the_browser_offline(chromium, voila_url, artifacts)
     assert errors == [], f"JavaScript errors: {errors}"
 
 
-def test_click_detail_attention_and_custom_prompt_in_the_browser(chromium, teaching_url,
-                                                                  artifacts):
+def test_click_detail_attention_and_custom_prompt_in_the_browser(chromium, teaching_url, artifacts):
     from playwright.sync_api import expect, sync_playwright
 
     errors, outside = [], []
@@ -254,16 +279,20 @@ def test_click_detail_attention_and_custom_prompt_in_the_browser(chromium, teach
                 page.evaluate(WAIT_FOR_TITLE, title)
                 chart.locator(f"[aria-label^='head: {head}; layer: {layer};']").click()
                 expect(page.locator(".vega-embed text", has_text=title)).to_be_visible(
-                    timeout=30_000)
+                    timeout=30_000
+                )
                 # one prompt: its value beside the chart (several: a bar per prompt)
-                expect(page.get_by_text(re.compile(f" at layer {layer}, head {head}: "))
-                       ).to_be_visible(timeout=5_000)
+                expect(
+                    page.get_by_text(re.compile(f" at layer {layer}, head {head}: "))
+                ).to_be_visible(timeout=5_000)
                 times.append(page.evaluate("window.__detailMs"))
             page.screenshot(path=artifacts / "click_detail.png", full_page=True)
-            pattern = page.locator(".vega-embed", has=page.locator(
-                "text", has_text="Attention of layer"))
+            pattern = page.locator(
+                ".vega-embed", has=page.locator("text", has_text="Attention of layer")
+            )
             expect(pattern.locator("[aria-label^='Y-axis titled']")).to_have_attribute(
-                "aria-label", re.compile("^Y-axis titled 'query_pos \\(query_token\\)'"))
+                "aria-label", re.compile("^Y-axis titled 'query_pos \\(query_token\\)'")
+            )
 
             before = chart.inner_html()
             page.get_by_label("clean", exact=True).fill("The capital of Spain is the city of")
@@ -281,46 +310,70 @@ def test_click_detail_attention_and_custom_prompt_in_the_browser(chromium, teach
             page.get_by_role("button", name="run").click()
             expect(page.get_by_text("differ in length")).to_be_hidden(timeout=30_000)
             expect(page.get_by_label("prompt", exact=True)).to_contain_text(
-                "The capital of Spain", timeout=30_000)
+                "The capital of Spain", timeout=30_000
+            )
             page.wait_for_function(
                 "(before) => document.querySelector('.vega-embed svg.marks').innerHTML !== before",
-                arg=before, timeout=30_000)
+                arg=before,
+                timeout=30_000,
+            )
             assert page.locator(CHART).count() == 1  # redrawn in place; old details cleared
             page.screenshot(path=artifacts / "custom_prompt.png", full_page=True)
         finally:
             browser.close()
     median = statistics.median(times)
-    (artifacts / "click_to_detail.json").write_text(json.dumps(
-        {"clicks_ms": times, "median_ms": median, "target_ms": DETAIL_TARGET_MS}, indent=1))
-    print(f"click-to-detail: median {median:.0f} ms over {len(times)} clicks "
-          f"({', '.join(f'{t:.0f}' for t in times)} ms)")
+    (artifacts / "click_to_detail.json").write_text(
+        json.dumps(
+            {"clicks_ms": times, "median_ms": median, "target_ms": DETAIL_TARGET_MS}, indent=1
+        )
+    )
+    print(
+        f"click-to-detail: median {median:.0f} ms over {len(times)} clicks "
+        f"({', '.join(f'{t:.0f}' for t in times)} ms)"
+    )
     assert outside == [] or all(u.startswith(VOILA_TEMPLATE_CDN) for u in outside), outside
     assert errors == [], f"JavaScript errors: {errors}"
     assert median <= DETAIL_TARGET_MS, f"click-to-detail median {median:.0f} ms"
 
 
 def test_exported_html_has_no_actions_menu_unless_asked(chromium, tmp_path, artifacts):
-    from playwright.sync_api import expect, sync_playwright
-
     import numpy as np
+    from playwright.sync_api import expect, sync_playwright
 
     from lenscape import plot, schema
 
-    scores = schema.make(np.random.default_rng(0).normal(size=(4, 3)), dims=("layer", "head"),
-                         attrs=dict(long_name="attribution", units="logit diff",
-                                    method="synthetic", metric="logit_diff", model="synthetic",
-                                    backend="none", dtype="float64"))
+    scores = schema.make(
+        np.random.default_rng(0).normal(size=(4, 3)),
+        dims=("layer", "head"),
+        attrs=dict(
+            long_name="attribution",
+            units="logit diff",
+            method="synthetic",
+            metric="logit_diff",
+            model="synthetic",
+            backend="none",
+            dtype="float64",
+        ),
+    )
     pages = {}
     for actions in (False, True):
-        pages[actions] = plot.export(plot.heatmap(scores, x="head", y="layer", actions=actions),
-                                     tmp_path / f"actions_{actions}.html")
+        pages[actions] = plot.export(
+            plot.heatmap(scores, x="head", y="layer", actions=actions),
+            tmp_path / f"actions_{actions}.html",
+        )
     outside = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(
-                "file://") else (outside.append(route.request.url), route.abort()))
+            page.route(
+                "**/*",
+                lambda route: (
+                    route.continue_()
+                    if route.request.url.startswith("file://")
+                    else (outside.append(route.request.url), route.abort())
+                ),
+            )
             for actions, path in pages.items():
                 page.goto(path.as_uri())
                 expect(page.locator(CHART)).to_be_visible(timeout=30_000)

@@ -40,8 +40,10 @@ def logit_diff(model, text, target, distractor, hooks=()):
     ids = torch.tensor([tok(text)["input_ids"]])
     t = tok(target, add_special_tokens=False)["input_ids"][0]
     d = tok(distractor, add_special_tokens=False)["input_ids"][0]
-    handles = [module.register_forward_pre_hook(fn) if pre else module.register_forward_hook(fn)
-               for module, fn, pre in hooks]
+    handles = [
+        module.register_forward_pre_hook(fn) if pre else module.register_forward_hook(fn)
+        for module, fn, pre in hooks
+    ]
     try:
         with torch.no_grad():
             logits = model.hf(ids).logits[0, -1].double()
@@ -57,8 +59,9 @@ def head_replacer(model, head, value):
 
     def hook(module, args):
         z = args[0].clone()
-        z[..., head * d_head:(head + 1) * d_head] = value(z)
+        z[..., head * d_head : (head + 1) * d_head] = value(z)
         return (z, *args[1:])
+
     return hook
 
 
@@ -71,8 +74,16 @@ def reference_zero_ablation(model, prompts, layers=None):
         for li, layer in enumerate(layers):
             for head in range(spec.n_heads):
                 hook = head_replacer(model, head, lambda z: 0.0)
-                out[i, li, head] = logit_diff(model, p.text, p.target, p.distractor,
-                                              [(o_proj_module(model, layer), hook, True)]) - base
+                out[i, li, head] = (
+                    logit_diff(
+                        model,
+                        p.text,
+                        p.target,
+                        p.distractor,
+                        [(o_proj_module(model, layer), hook, True)],
+                    )
+                    - base
+                )
     return out
 
 
@@ -83,17 +94,29 @@ def reference_activation_patching(model, prompts):
         clean_z = {}
         hooks = []
         for layer in range(spec.n_layers):
+
             def save(module, args, layer=layer):
                 clean_z[layer] = args[0].clone()
+
             hooks.append((o_proj_module(model, layer), save, True))
         logit_diff(model, p.text, p.target, p.distractor, hooks)
         base = logit_diff(model, p.corrupt, p.target, p.distractor)
         for layer in range(spec.n_layers):
             for head in range(spec.n_heads):
                 sl = slice(head * d_head, (head + 1) * d_head)
-                hook = head_replacer(model, head, lambda z, layer=layer, sl=sl: clean_z[layer][..., sl])
-                out[i, layer, head] = logit_diff(model, p.corrupt, p.target, p.distractor,
-                                                 [(o_proj_module(model, layer), hook, True)]) - base
+                hook = head_replacer(
+                    model, head, lambda z, layer=layer, sl=sl: clean_z[layer][..., sl]
+                )
+                out[i, layer, head] = (
+                    logit_diff(
+                        model,
+                        p.corrupt,
+                        p.target,
+                        p.distractor,
+                        [(o_proj_module(model, layer), hook, True)],
+                    )
+                    - base
+                )
     return out
 
 
@@ -102,12 +125,14 @@ def reference_activation_patching(model, prompts):
 
 def test_zero_ablation_matches_plain_hooks(tiny_model, factual):
     prompts = factual[:5]
-    scores = lsc.ablation(tiny_model, prompts, level="head", kind="zero", batch_size=3,
-                          progress=False)
+    scores = lsc.ablation(
+        tiny_model, prompts, level="head", kind="zero", batch_size=3, progress=False
+    )
     assert scores.dims == ("prompt", "layer", "head")
     assert scores.shape == (5, tiny_model.spec.n_layers, tiny_model.spec.n_heads)
-    np.testing.assert_allclose(scores.values, reference_zero_ablation(tiny_model, prompts),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        scores.values, reference_zero_ablation(tiny_model, prompts), atol=1e-5
+    )
     assert scores.attrs["method"] == "zero_ablation"
     lsc.schema.validate(scores)
 
@@ -122,24 +147,29 @@ def test_exact_sweep_reruns_only_the_blocks_after_the_edit(tiny_llama, factual, 
     runner = get_backend(model, backend)
     blocks = runner.bridge.blocks if backend == "transformer_lens" else model.hf.model.layers
     calls = [0] * model.spec.n_layers
-    handles = [block.mlp.register_forward_hook(
-        lambda *args, layer=layer: calls.__setitem__(layer, calls[layer] + 1))
-        for layer, block in enumerate(blocks)]
+    handles = [
+        block.mlp.register_forward_hook(
+            lambda *args, layer=layer: calls.__setitem__(layer, calls[layer] + 1)
+        )
+        for layer, block in enumerate(blocks)
+    ]
     try:
         scores = lsc.ablation(model, factual[:2], batch_size=2, backend=backend, progress=False)
     finally:
         for handle in handles:
             handle.remove()
     assert calls == [1 + layer + 1 for layer in range(model.spec.n_layers)]
-    np.testing.assert_allclose(scores.values, reference_zero_ablation(model, factual[:2]),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        scores.values, reference_zero_ablation(model, factual[:2]), atol=1e-5
+    )
 
 
 def test_activation_patching_matches_plain_hooks(tiny_model, factual):
     prompts = factual[:4]
     scores = lsc.activation_patching(tiny_model, prompts, batch_size=4, progress=False)
-    np.testing.assert_allclose(scores.values, reference_activation_patching(tiny_model, prompts),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        scores.values, reference_activation_patching(tiny_model, prompts), atol=1e-5
+    )
 
 
 def test_mean_ablation_matches_plain_hooks(tiny_llama, factual):
@@ -151,8 +181,10 @@ def test_mean_ablation_matches_plain_hooks(tiny_llama, factual):
     for p in prompts:
         hooks = []
         for layer in range(spec.n_layers):
+
             def acc(module, args, layer=layer):
                 sums[layer] = sums.get(layer, 0) + args[0][0].double().sum(0)
+
             hooks.append((o_proj_module(model, layer), acc, True))
         logit_diff(model, p.text, p.target, p.distractor, hooks)
         count += len(model.tokenizer(p.text)["input_ids"])
@@ -164,9 +196,16 @@ def test_mean_ablation_matches_plain_hooks(tiny_llama, factual):
             for head in range(spec.n_heads):
                 sl = slice(head * spec.d_head, (head + 1) * spec.d_head)
                 hook = head_replacer(model, head, lambda z, m=mean, sl=sl: m[sl])
-                expected[i, layer, head] = logit_diff(
-                    model, p.text, p.target, p.distractor,
-                    [(o_proj_module(model, layer), hook, True)]) - base
+                expected[i, layer, head] = (
+                    logit_diff(
+                        model,
+                        p.text,
+                        p.target,
+                        p.distractor,
+                        [(o_proj_module(model, layer), hook, True)],
+                    )
+                    - base
+                )
     scores = lsc.ablation(model, prompts, kind="mean", batch_size=2, progress=False)
     np.testing.assert_allclose(scores.values, expected, atol=1e-5)
 
@@ -181,12 +220,17 @@ def test_block_ablation_matches_plain_hooks(tiny_model, factual):
         if isinstance(output, tuple):
             return (torch.zeros_like(output[0]), *output[1:])
         return torch.zeros_like(output)
+
     for i, p in enumerate(prompts):
         base = logit_diff(tiny_model, p.text, p.target, p.distractor)
         for layer in range(tiny_model.spec.n_layers):
             for c, module in enumerate(block_outputs(tiny_model, layer)):
-                expected = logit_diff(tiny_model, p.text, p.target, p.distractor,
-                                      [(module, zero_output, False)]) - base
+                expected = (
+                    logit_diff(
+                        tiny_model, p.text, p.target, p.distractor, [(module, zero_output, False)]
+                    )
+                    - base
+                )
                 assert scores.values[i, layer, c] == pytest.approx(expected, abs=1e-5)
 
 
@@ -195,8 +239,12 @@ def test_block_ablation_matches_plain_hooks(tiny_model, factual):
 
 def test_attribution_patching_is_the_first_order_effect(tokenizer, factual):
     """Finite difference along (clean - corrupt) of one head equals the attribution (float64)."""
-    model = models.from_hf(models.tiny("llama", n_layers=2, seed=1, tokenizer=tokenizer).hf,
-                           tokenizer, dtype=torch.float64, device="cpu")
+    model = models.from_hf(
+        models.tiny("llama", n_layers=2, seed=1, tokenizer=tokenizer).hf,
+        tokenizer,
+        dtype=torch.float64,
+        device="cpu",
+    )
     p = factual[0]
     scores = lsc.attribution_patching(model, [p], progress=False)
     eps = 1e-3  # HF norms compute in float32 even in a float64 model: smaller eps is noise
@@ -205,12 +253,17 @@ def test_attribution_patching_is_the_first_order_effect(tokenizer, factual):
 
         def save(module, args):
             clean_z["z"] = args[0].clone()
-        logit_diff(model, p.text, p.target, p.distractor, [(o_proj_module(model, layer), save, True)])
+
+        logit_diff(
+            model, p.text, p.target, p.distractor, [(o_proj_module(model, layer), save, True)]
+        )
         sl = slice(head * model.spec.d_head, (head + 1) * model.spec.d_head)
-        hook = head_replacer(model, head,
-                             lambda z: z[..., sl] + eps * (clean_z["z"][..., sl] - z[..., sl]))
-        moved = logit_diff(model, p.corrupt, p.target, p.distractor,
-                           [(o_proj_module(model, layer), hook, True)])
+        hook = head_replacer(
+            model, head, lambda z: z[..., sl] + eps * (clean_z["z"][..., sl] - z[..., sl])
+        )
+        moved = logit_diff(
+            model, p.corrupt, p.target, p.distractor, [(o_proj_module(model, layer), hook, True)]
+        )
         base = logit_diff(model, p.corrupt, p.target, p.distractor)
         assert (moved - base) / eps == pytest.approx(float(scores[0, layer, head]), rel=2e-3)
 
@@ -229,8 +282,9 @@ def test_dla_adds_up_to_the_logit_difference(tiny_llama, factual):
     model, prompts = tiny_llama, factual[:4]
     blocks = lsc.direct_logit_attribution(model, prompts, level="block", progress=False)
     heads = lsc.direct_logit_attribution(model, prompts, level="head", progress=False)
-    np.testing.assert_allclose(heads.sum("head").values, blocks.sel(component="attn").values,
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        heads.sum("head").values, blocks.sel(component="attn").values, atol=1e-4
+    )
     hf, final = model.hf, model.hf.model.norm
     for i, p in enumerate(prompts):
         ids = torch.tensor([model.tokenizer(p.text)["input_ids"]])
@@ -238,6 +292,7 @@ def test_dla_adds_up_to_the_logit_difference(tiny_llama, factual):
 
         def keep(module, args):
             seen["resid"] = args[0][0, -1].clone()
+
         handle = final.register_forward_pre_hook(keep)
         with torch.no_grad():
             out = hf(ids, output_hidden_states=True)
@@ -250,7 +305,8 @@ def test_dla_adds_up_to_the_logit_difference(tiny_llama, factual):
         embed_term = float((embedding * scale * final.weight * direction).sum())
         logits = out.logits[0, -1]
         assert float(blocks[i].sum()) + embed_term == pytest.approx(
-            float(logits[t] - logits[d]), abs=1e-4)
+            float(logits[t] - logits[d]), abs=1e-4
+        )
 
 
 # ----------------------------------------------------------------------------- invariances
@@ -265,12 +321,15 @@ def test_padding_invariance(tiny_model, factual, side):
     for method in (lsc.ablation, lsc.attribution_patching, lsc.direct_logit_attribution):
         one = method(tiny_model, prompts, batch_size=1, progress=False)
         batched = method(tiny_model, prompts, batch_size=4, padding_side=side, progress=False)
-        np.testing.assert_allclose(batched.values, one.values, atol=1e-5,
-                                   err_msg=f"{method.__name__} {side}")
+        np.testing.assert_allclose(
+            batched.values, one.values, atol=1e-5, err_msg=f"{method.__name__} {side}"
+        )
 
 
-@pytest.mark.parametrize("method", ["ablation", "activation_patching", "attribution_patching",
-                                    "direct_logit_attribution"])
+@pytest.mark.parametrize(
+    "method",
+    ["ablation", "activation_patching", "attribution_patching", "direct_logit_attribution"],
+)
 @pytest.mark.parametrize("level", ["head", "block"])
 def test_backends_agree(tiny_model, factual, method, level):
     fn = getattr(lsc, method)
@@ -286,8 +345,12 @@ def test_public_methods_and_their_planners_share_defaults():
 
     from lenscape.capture._plan import PLANNERS
 
-    assert set(PLANNERS) == {"ablation", "activation_patching", "attribution_patching",
-                             "direct_logit_attribution"}
+    assert set(PLANNERS) == {
+        "ablation",
+        "activation_patching",
+        "attribution_patching",
+        "direct_logit_attribution",
+    }
     for name, planner in PLANNERS.items():
         public = inspect.signature(getattr(lsc, name)).parameters
         for option, param in inspect.signature(planner).parameters.items():

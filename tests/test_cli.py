@@ -23,8 +23,12 @@ def test_version(capsys):
 
 
 def test_the_installed_command_runs():
-    out = subprocess.run([sys.executable, "-m", "lenscape.cli", "--version"], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "lenscape.cli", "--version"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert out.startswith("lenscape ")
 
 
@@ -42,8 +46,11 @@ def test_every_option_has_help_and_shows_its_default(command):
         assert action.help, f"{command} {action.dest} has no help text"
     text = sub.format_help()
     for action in sub._actions:
-        if action.option_strings and action.default not in (None, argparse.SUPPRESS) \
-                and not isinstance(action, argparse._HelpAction):
+        if (
+            action.option_strings
+            and action.default not in (None, argparse.SUPPRESS)
+            and not isinstance(action, argparse._HelpAction)
+        ):
             assert f"(default: {action.default})" in " ".join(text.split())
 
 
@@ -52,8 +59,9 @@ def test_make_lab_passes_allow_root_only_as_root():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    dry = subprocess.run(["make", "-n", "-o", "install", "lab"], cwd=root, check=True,
-                         capture_output=True, text=True).stdout
+    dry = subprocess.run(
+        ["make", "-n", "-o", "install", "lab"], cwd=root, check=True, capture_output=True, text=True
+    ).stdout
     (command,) = [line for line in dry.splitlines() if "jupyter lab" in line]
     assert ("--allow-root" in command) == (os.geteuid() == 0)
 
@@ -63,4 +71,6 @@ def test_make_demo_refreshes_the_readme_picture():
 
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     assert "lenscape demo --out out --picture" in makefile
-    assert str(cli.README_PICTURE) in (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert (
+        str(cli.README_PICTURE) in (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    )

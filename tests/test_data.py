@@ -31,8 +31,9 @@ def test_factual_pairs_tokenize_as_required(tokenizer, factual):
 
 
 def test_prompt_set_slicing_and_records():
-    ps = lsc.data.from_records([{"text": "a", "target": " b"}, Prompt("c", " d", category="x")],
-                               name="mine")
+    ps = lsc.data.from_records(
+        [{"text": "a", "target": " b"}, Prompt("c", " d", category="x")], name="mine"
+    )
     assert ps.name == "mine" and ps[1:].texts == ["c"] and ps.categories == ["", "x"]
     with pytest.raises(ValueError, match="'text' and 'target'"):
         lsc.data.from_records([{"text": "a"}])
@@ -49,16 +50,21 @@ def test_unknown_set_and_task():
         lsc.data.task("math", split="test")
 
 
-@pytest.mark.parametrize("name, kinds", [("math", {"addition", "subtraction", "multiplication"}),
-                                         ("syntax", {"plural", "past_tense", "agreement",
-                                                     "question"})])
+@pytest.mark.parametrize(
+    "name, kinds",
+    [
+        ("math", {"addition", "subtraction", "multiplication"}),
+        ("syntax", {"plural", "past_tense", "agreement", "question"}),
+    ],
+)
 def test_tasks_split_and_answers(name, kinds):
     train, val = lsc.data.task(name), lsc.data.task(name, split="validation")
     everything = lsc.data.task(name, split="all")
     assert len(everything) >= 300 and set(everything.categories) == kinds
     assert len(train) + len(val) == len(everything)
-    assert not set(zip(train.texts, (p.target for p in train))) & set(
-        zip(val.texts, (p.target for p in val)))
+    assert not set(zip(train.texts, (p.target for p in train), strict=True)) & set(
+        zip(val.texts, (p.target for p in val), strict=True)
+    )
     for p in everything:
         assert p.target.strip() and p.target.startswith(" ")
     if name == "math":
@@ -73,7 +79,9 @@ def test_ioi_pairs_swap_the_subject():
     assert len(set(ioi.texts)) == len(ioi)
     for p in ioi:
         clean_words, corrupt_words = p.text.split(), p.corrupt.split()
-        changed = [i for i, (a, b) in enumerate(zip(clean_words, corrupt_words)) if a != b]
+        changed = [
+            i for i, (a, b) in enumerate(zip(clean_words, corrupt_words, strict=True)) if a != b
+        ]
         assert len(changed) == 1  # only the subject of the second clause
         assert p.target.strip() in p.text and p.distractor.strip() in p.text
         assert corrupt_words[changed[0]].rstrip(".,") == p.target.strip()
@@ -92,12 +100,22 @@ def test_ioi_pairs_tokenize_and_the_model_answers_both_sides(smol):
     # corrupt side for most prompts (the templates were chosen so it does for all tried).
     correct = 0
     for p in ioi:
-        ids = {side: tokenizer(text, return_tensors="pt") for side, text in
-               (("clean", p.text), ("corrupt", p.corrupt))}
+        ids = {
+            side: tokenizer(text, return_tensors="pt")
+            for side, text in (("clean", p.text), ("corrupt", p.corrupt))
+        }
         target = torch.tensor([tokenizer(p.target, add_special_tokens=False)["input_ids"][0]])
-        distractor = torch.tensor([tokenizer(p.distractor, add_special_tokens=False)["input_ids"][0]])
+        distractor = torch.tensor(
+            [tokenizer(p.distractor, add_special_tokens=False)["input_ids"][0]]
+        )
         with torch.no_grad():
-            diffs = [float(metrics.compute("logit_diff", smol.hf(**ids[side]).logits[:, -1],
-                                           target, distractor)) for side in ("clean", "corrupt")]
+            diffs = [
+                float(
+                    metrics.compute(
+                        "logit_diff", smol.hf(**ids[side]).logits[:, -1], target, distractor
+                    )
+                )
+                for side in ("clean", "corrupt")
+            ]
         correct += diffs[0] > 0 and diffs[1] < 0
     assert correct >= 57, correct

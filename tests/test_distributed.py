@@ -19,25 +19,32 @@ distributed = pytest.importorskip("distributed", reason="needs the dask extra")
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, \
-            distributed.Client(cluster) as dask_client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as dask_client,
+    ):
         yield dask_client
 
 
 def test_tiny_model_on_two_workers_equals_one_process(client, tiny_llama, factual, tmp_path):
     prompts = factual[:20]
-    for method, options in [(lsc.ablation, {"kind": "mean"}),
-                            (lsc.attribution_patching, {"level": "all"})]:
+    for method, options in [
+        (lsc.ablation, {"kind": "mean"}),
+        (lsc.attribution_patching, {"level": "all"}),
+    ]:
         expected = method(tiny_llama, prompts, batch_size=3, progress=False, **options)
         path = tmp_path / f"{method.__name__}.zarr"
-        got = method(tiny_llama, prompts, batch_size=3, store=path, client=client,
-                     progress=False, **options)
+        got = method(
+            tiny_llama, prompts, batch_size=3, store=path, client=client, progress=False, **options
+        )
         assert got.chunks is not None  # one lazily opened, dask-backed result
         xr.testing.assert_identical(got.compute(), expected)
     # both workers took part: each loaded the model through the plugin
-    loaded = client.run(lambda: sorted(__import__("lenscape.capture.distributed",
-                                                  fromlist=["_MODELS"])._MODELS))
+    loaded = client.run(
+        lambda: sorted(__import__("lenscape.capture.distributed", fromlist=["_MODELS"])._MODELS)
+    )
     assert len(loaded) == 2 and all(keys for keys in loaded.values())
 
 
@@ -45,8 +52,15 @@ def test_tiny_model_on_two_workers_equals_one_process(client, tiny_llama, factua
 def test_bundled_model_on_two_workers_equals_one_process(client, smol, factual, tmp_path):
     prompts = factual[:16]
     expected = lsc.attribution_patching(smol, prompts, batch_size=4, progress=False)
-    got = lsc.capture_to(tmp_path / "smol.zarr", "attribution_patching", smol, prompts,
-                         batch_size=4, client=client, progress=False)
+    got = lsc.capture_to(
+        tmp_path / "smol.zarr",
+        "attribution_patching",
+        smol,
+        prompts,
+        batch_size=4,
+        client=client,
+        progress=False,
+    )
     xr.testing.assert_identical(got.compute(), expected)
 
 
@@ -59,15 +73,19 @@ def poisoned_tiny(token: int, tokenizer):
     return model
 
 
-def test_failing_worker_surfaces_its_error_and_keeps_finished_batches(client, tokenizer,
-                                                                     factual, tmp_path):
+def test_failing_worker_surfaces_its_error_and_keeps_finished_batches(
+    client, tokenizer, factual, tmp_path
+):
     prompts = factual[:12]
     ids = [set(tokenizer(p.text)["input_ids"]) for p in prompts]
     token = next(iter(ids[-1] - set().union(*ids[:-1])))  # only in the last prompt
     model = poisoned_tiny(token, tokenizer)
     path = tmp_path / "failing.zarr"
-    with pytest.raises(RuntimeError, match=r"dask worker failed.*metric 'logit_diff' is not "
-                                           r"finite \(NaN/inf\) for prompt\(s\) \[11\].*resume"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"dask worker failed.*metric 'logit_diff' is not "
+        r"finite \(NaN/inf\) for prompt\(s\) \[11\].*resume",
+    ):
         lsc.ablation(model, prompts, batch_size=2, store=path, client=client, progress=False)
     done = store.progress(path)[1]
     assert not done[-2:].any() and done.any()
@@ -81,6 +99,5 @@ def test_failing_worker_surfaces_its_error_and_keeps_finished_batches(client, to
 def test_model_without_recipe_is_refused(client, tiny_llama, factual, tmp_path):
     wrapped = models.from_hf(tiny_llama.hf, tiny_llama.tokenizer)
     with pytest.raises(ValueError, match="workers can load themselves"):
-        lsc.ablation(wrapped, factual[:2], store=tmp_path / "r.zarr", client=client,
-                     progress=False)
+        lsc.ablation(wrapped, factual[:2], store=tmp_path / "r.zarr", client=client, progress=False)
     assert not (tmp_path / "r.zarr").exists()  # refused before anything was written

@@ -40,12 +40,14 @@ def logit_diff(model, prompt, module=None, hook=None, pre=False):
     """Logit difference at the last token of one unpadded prompt, with one optional hook."""
     tok = model.tokenizer
     ids = torch.tensor([tok(prompt.text)["input_ids"]])
-    target, distractor = (tok(t, add_special_tokens=False)["input_ids"][0]
-                          for t in (prompt.target, prompt.distractor))
+    target, distractor = (
+        tok(t, add_special_tokens=False)["input_ids"][0] for t in (prompt.target, prompt.distractor)
+    )
     handle = None
     if module is not None:
-        handle = (module.register_forward_pre_hook(hook) if pre
-                  else module.register_forward_hook(hook))
+        handle = (
+            module.register_forward_pre_hook(hook) if pre else module.register_forward_hook(hook)
+        )
     try:
         with torch.no_grad():
             logits = model.hf(ids).logits[0, -1].double()
@@ -78,12 +80,16 @@ def test_head_ablation_matches_a_hand_hook(family, prompts):
         base = logit_diff(family, prompt)
         for layer in range(family.spec.n_layers):
             for head in range(family.spec.n_heads):
+
                 def zero_head(module, args, head=head):
                     z = args[0].clone()
-                    z[..., head * d_head:(head + 1) * d_head] = 0
+                    z[..., head * d_head : (head + 1) * d_head] = 0
                     return (z, *args[1:])
-                expected = logit_diff(family, prompt, hand_o_proj(family, layer), zero_head,
-                                      pre=True) - base
+
+                expected = (
+                    logit_diff(family, prompt, hand_o_proj(family, layer), zero_head, pre=True)
+                    - base
+                )
                 assert float(scores[i, layer, head]) == pytest.approx(expected, abs=1e-5)
 
 
@@ -94,6 +100,7 @@ def test_block_ablation_matches_a_hand_hook(family, prompts):
         if isinstance(output, tuple):
             return (torch.zeros_like(output[0]), *output[1:])
         return torch.zeros_like(output)
+
     for i, prompt in enumerate(prompts):
         base = logit_diff(family, prompt)
         for layer in range(family.spec.n_layers):
@@ -113,8 +120,9 @@ def test_patching_and_logit_attribution(family, prompts):
     # which belongs to no head).
     bias = hand_o_proj(family, 0).bias
     if bias is None:
-        np.testing.assert_allclose(heads.sum("head").values, blocks.sel(component="attn").values,
-                                   atol=1e-5)
+        np.testing.assert_allclose(
+            heads.sum("head").values, blocks.sel(component="attn").values, atol=1e-5
+        )
 
 
 def test_learned_and_weight_methods(family, prompts):
@@ -122,10 +130,10 @@ def test_learned_and_weight_methods(family, prompts):
     gates = lsc.head_gating(family, task, seeds=1, max_steps=2, batch_size=3, progress=False)
     assert gates["facilitation"].sizes["head"] == family.spec.n_heads
     texts = lsc.data.prompts("mixed")[::40]
-    clusters = cluster.kmeans(np.random.default_rng(0).normal(size=(len(texts), 8)), 2,
-                              prompts=texts)
-    masks = lsc.block_masks(family, texts, clusters=clusters, max_steps=2,
-                            progress=False)
+    clusters = cluster.kmeans(
+        np.random.default_rng(0).normal(size=(len(texts), 8)), 2, prompts=texts
+    )
+    masks = lsc.block_masks(family, texts, clusters=clusters, max_steps=2, progress=False)
     assert masks["mask"].sizes == {"cluster": 2, "layer": 2, "component": 2}
     importance = lsc.weight_importance(family, prompts, batch_size=2, progress=False)
     per_layer = importance["per_layer"].dropna("component", how="all")
@@ -134,8 +142,7 @@ def test_learned_and_weight_methods(family, prompts):
     assert float(lsc.weight_change(family, family)["per_layer"].max()) == 0
 
 
-TL_METHODS = ("ablation", "activation_patching", "attribution_patching",
-              "direct_logit_attribution")
+TL_METHODS = ("ablation", "activation_patching", "attribution_patching", "direct_logit_attribution")
 
 
 @pytest.mark.parametrize("level", ["head", "block"])
@@ -150,9 +157,11 @@ def test_backends_agree(family, prompts, level):
 def test_a_family_without_a_layout_says_how_to_add_one(tokenizer):
     import transformers
 
-    config = transformers.FalconConfig(vocab_size=len(tokenizer), hidden_size=64,
-                                       num_hidden_layers=1, num_attention_heads=4)
+    config = transformers.FalconConfig(
+        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=1, num_attention_heads=4
+    )
     hf = transformers.AutoModelForCausalLM.from_config(config)
-    with pytest.raises(ValueError, match="Unsupported architecture 'falcon'.*"
-                                         "layout=lsc.ArchLayout.*self-check"):
+    with pytest.raises(
+        ValueError, match="Unsupported architecture 'falcon'.*layout=lsc.ArchLayout.*self-check"
+    ):
         models.from_hf(hf, tokenizer)

@@ -30,8 +30,9 @@ def test_dataset_layout_and_scores(fitted, tiny_llama):
     assert fitted["facilitation"].shape == (2, spec.n_layers, spec.n_heads)
     np.testing.assert_allclose(fitted["facilitation"], fitted["gate_minus"])
     np.testing.assert_allclose(fitted["interference"], 1 - fitted["gate_plus"])
-    np.testing.assert_allclose(fitted["irrelevance"],
-                               fitted["gate_plus"] * (1 - fitted["gate_minus"]), atol=1e-6)
+    np.testing.assert_allclose(
+        fitted["irrelevance"], fitted["gate_plus"] * (1 - fitted["gate_minus"]), atol=1e-6
+    )
     assert ((fitted["gate"] >= 0) & (fitted["gate"] <= 1)).all()
     for name in ("facilitation", "interference"):
         lsc.schema.validate(fitted[name])
@@ -40,8 +41,9 @@ def test_dataset_layout_and_scores(fitted, tiny_llama):
 def test_reference_protocol_is_the_default():
     import inspect
 
-    defaults = {name: p.default for name, p in
-                inspect.signature(lsc.head_gating).parameters.items()}
+    defaults = {
+        name: p.default for name, p in inspect.signature(lsc.head_gating).parameters.items()
+    }
     assert defaults["seeds"] == 10 and defaults["lr"] == 1.0 and defaults["batch_size"] == 32
     assert defaults["grad_clip"] == 1.0 and defaults["lambda_"] == 0.1
     assert gating.CLIP == 4.0
@@ -58,8 +60,8 @@ def test_steps_per_stage_are_recorded(fitted):
 
 def test_uniform_start():
     gates = torch.sigmoid(gating._uniform_logits(0, (200, 50)))
-    assert 0 < float(gates.min()) and float(gates.max()) < 1
-    assert abs(float(gates.mean()) - 0.5) < 0.01 and abs(float(gates.std()) - 12 ** -0.5) < 0.01
+    assert float(gates.min()) > 0 and float(gates.max()) < 1
+    assert abs(float(gates.mean()) - 0.5) < 0.01 and abs(float(gates.std()) - 12**-0.5) < 0.01
     assert not torch.equal(gating._uniform_logits(0, (3, 3)), gating._uniform_logits(1, (3, 3)))
 
 
@@ -88,8 +90,17 @@ def test_a_still_set_stops_while_others_go_on():
         loss = ((params[active] - target[active]) ** 2).sum(1)
         loss.sum().backward()
         return loss.detach()
-    fit = _fit.fit_until_still(torch.zeros(2, 1), loss_and_grad, watch=lambda p: p, lr=0.5,
-                               grad_clip=None, max_steps=20, window=5, tol=1e-3)
+
+    fit = _fit.fit_until_still(
+        torch.zeros(2, 1),
+        loss_and_grad,
+        watch=lambda p: p,
+        lr=0.5,
+        grad_clip=None,
+        max_steps=20,
+        window=5,
+        tol=1e-3,
+    )
     assert fit.steps.tolist() == [5, 20] and fit.converged.tolist() == [True, False]
     assert float(fit.params[0]) == 0.0 and float(fit.params[1]) > 5
 
@@ -117,8 +128,9 @@ FRESH = textwrap.dedent("""
 def test_two_fresh_processes_give_identical_gates(fitted, fresh_runs):
     runs = fresh_runs(FRESH)
     assert runs[0] == runs[1]
-    np.testing.assert_array_equal(np.array(runs[0]["gate_minus"], dtype=np.float32),
-                                  fitted["gate_minus"].values)
+    np.testing.assert_array_equal(
+        np.array(runs[0]["gate_minus"], dtype=np.float32), fitted["gate_minus"].values
+    )
 
 
 def test_validation_loss_matches_task_loss(fitted, tiny_llama, small_task):
@@ -139,8 +151,9 @@ def test_zero_gate_equals_zeroed_head(tiny_llama, small_task):
 
     def zero(module, args):
         z = args[0].clone()
-        z[..., 2 * spec.d_head:3 * spec.d_head] = 0
+        z[..., 2 * spec.d_head : 3 * spec.d_head] = 0
         return (z,)
+
     handle = o_proj.register_forward_pre_hook(zero)
     try:
         zeroed = float(lsc.task_loss(tiny_llama, small_task[:4])[0])
@@ -154,37 +167,49 @@ def test_gating_check_table(fitted, tiny_llama):
     check = lsc.gating_check(tiny_llama, fitted, val, k=2, n_random=20)
     assert check["loss_random_off"].sizes == {"draw": 20}
     top = fitted["facilitation"].mean("seed").values
-    cells = list(zip(check["facilitating_layer"].values, check["facilitating_head"].values))
+    cells = list(
+        zip(check["facilitating_layer"].values, check["facilitating_head"].values, strict=True)
+    )
     assert top[cells[0]] == top.max() and top[cells[0]] >= top[cells[1]]
     random_off = check["loss_random_off"].values
     assert float(check["random_p95"]) == pytest.approx(np.percentile(random_off, 95))
-    assert bool(check["facilitating_passes"]) == (float(check["loss_facilitating_off"])
-                                                  > float(check["random_p95"]))
-    assert bool(check["passes"]) == (bool(check["facilitating_passes"])
-                                     and bool(check["interfering_passes"]))
+    assert bool(check["facilitating_passes"]) == (
+        float(check["loss_facilitating_off"]) > float(check["random_p95"])
+    )
+    assert bool(check["passes"]) == (
+        bool(check["facilitating_passes"]) and bool(check["interfering_passes"])
+    )
     gates = torch.ones(1, tiny_llama.spec.n_layers, tiny_llama.spec.n_heads)
     for layer, head in cells:
         gates[0, layer, head] = 0
     assert float(lsc.task_loss(tiny_llama, val, gates)[0]) == pytest.approx(
-        float(check["loss_facilitating_off"]), rel=1e-5)
+        float(check["loss_facilitating_off"]), rel=1e-5
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"n_random": 5}, "n_random >= 20"),
-    ({"k": 0}, "k must lie in"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"n_random": 5}, "n_random >= 20"),
+        ({"k": 0}, "k must lie in"),
+    ],
+)
 def test_gating_check_errors(fitted, tiny_llama, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        lsc.gating_check(tiny_llama, fitted, lsc.data.task("syntax", split="validation")[:4],
-                         **kwargs)
+        lsc.gating_check(
+            tiny_llama, fitted, lsc.data.task("syntax", split="validation")[:4], **kwargs
+        )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"seeds": 0}, "seeds must be at least 1"),
-    ({"seeds": []}, "seeds must be at least 1"),
-    ({"lambda_": -0.1}, "lambda_ must be >= 0"),
-    ({"window": 0}, "must be positive integers"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"seeds": 0}, "seeds must be at least 1"),
+        ({"seeds": []}, "seeds must be at least 1"),
+        ({"lambda_": -0.1}, "lambda_ must be >= 0"),
+        ({"window": 0}, "must be positive integers"),
+    ],
+)
 def test_bad_settings(tiny_llama, small_task, kwargs, message):
     with pytest.raises(ValueError, match=message):
         lsc.head_gating(tiny_llama, small_task, progress=False, **kwargs)

@@ -30,7 +30,8 @@ def test_inspect_tabulates_top_tokens_and_metrics(tiny_llama, prompts):
     target, distractor = tok(" Paris")["input_ids"][0], tok(" Rome")["input_ids"][0]
     assert float(ds["target_prob"][0]) == pytest.approx(float(probs[target]), rel=1e-4)
     assert float(ds["clean_metric"][0]) == pytest.approx(
-        float(logits[target] - logits[distractor]), abs=1e-4)
+        float(logits[target] - logits[distractor]), abs=1e-4
+    )
     assert (np.diff(ds["corrupt_prob"].values, axis=1) <= 0).all()
     assert ds.attrs["metric"] == "logit_diff" and ds.attrs["units"] == metrics.UNITS["logit_diff"]
 
@@ -46,11 +47,13 @@ def test_inspect_shows_as_a_compact_table(tiny_llama, prompts):
 
 
 def test_prompts_without_corrupt_texts_show_the_clean_side_only(tiny_llama):
-    report = lsc.inspect(tiny_llama, [{"text": "The capital of France is", "target": " Paris"}],
-                         metric="logprob")
+    report = lsc.inspect(
+        tiny_llama, [{"text": "The capital of France is", "target": " Paris"}], metric="logprob"
+    )
     assert "corrupt_token" not in report.data and "corrupt" not in report.to_dataframe()
     assert float(report.data["clean_metric"][0]) == pytest.approx(
-        np.log(float(report.data["target_prob"][0])), abs=1e-4)
+        np.log(float(report.data["target_prob"][0])), abs=1e-4
+    )
 
 
 def test_bad_options_are_named(tiny_llama, prompts):

@@ -69,8 +69,9 @@ def test_masks_are_deterministic_and_shaped(tiny_llama, mixed, clusters, learned
     np.testing.assert_array_equal(learned["keep_prob"].values, again["keep_prob"].values)
     np.testing.assert_array_equal(learned["mask"].sum(("layer", "component")).values, 3)
     assert learned["steps"].dims == ("cluster",) and int(learned["steps"].max()) <= 3
-    other = block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=0.5,
-                        **{**FAST, "seed": 1})
+    other = block_masks(
+        tiny_llama, mixed, clusters=clusters, target_sparsity=0.5, **{**FAST, "seed": 1}
+    )
     assert not np.array_equal(learned["keep_prob"].values, other["keep_prob"].values)
 
 
@@ -93,13 +94,13 @@ FRESH = textwrap.dedent("""
 def test_two_fresh_processes_give_identical_masks(learned, fresh_runs):
     runs = fresh_runs(FRESH)
     assert runs[0] == runs[1]
-    np.testing.assert_array_equal(np.array(runs[0]["keep_prob"], dtype=np.float32),
-                                  learned["keep_prob"].values)
+    np.testing.assert_array_equal(
+        np.array(runs[0]["keep_prob"], dtype=np.float32), learned["keep_prob"].values
+    )
 
 
 def test_sparsities_train_together(tiny_llama, mixed, clusters):
-    both = block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=[1 / 6, 0.5],
-                       **FAST)
+    both = block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=[1 / 6, 0.5], **FAST)
     assert both["mask"].dims == ("target_sparsity", "cluster", "layer", "component")
     kept = both["mask"].sum(("layer", "component"))
     np.testing.assert_array_equal(kept.sel(target_sparsity=0.5).values, 3)
@@ -107,8 +108,7 @@ def test_sparsities_train_together(tiny_llama, mixed, clusters):
 
 
 def test_tolerance_stops_the_fit(tiny_llama, mixed, clusters):
-    loose = block_masks(tiny_llama, mixed, clusters=clusters, **{**FAST, "max_steps": 9},
-                        tol=1.0)
+    loose = block_masks(tiny_llama, mixed, clusters=clusters, **{**FAST, "max_steps": 9}, tol=1.0)
     assert loose.attrs["converged"] == 1
     np.testing.assert_array_equal(loose["steps"].values, 3)
 
@@ -131,13 +131,19 @@ def test_skipping_a_block_removes_exactly_its_output(tiny_model, mixed):
     spec = tiny_model.spec
     mask = np.ones((spec.n_layers, 2), dtype=bool)
     mask[1, 1] = False  # skip the MLP of layer 1
-    da = xr.DataArray(mask, dims=("layer", "component"),
-                      coords={"layer": np.arange(spec.n_layers), "component": ["attn", "mlp"]})
+    da = xr.DataArray(
+        mask,
+        dims=("layer", "component"),
+        coords={"layer": np.arange(spec.n_layers), "component": ["attn", "mlp"]},
+    )
     ids = tiny_model.tokenizer(mixed[0].text, return_tensors="pt")
     with torch.no_grad(), apply_mask(tiny_model, da):
         masked = tiny_model.hf(**ids).logits
-    module = (tiny_model.hf.transformer.h[1].mlp if spec.architecture == "gpt2"
-              else tiny_model.hf.model.layers[1].mlp)
+    module = (
+        tiny_model.hf.transformer.h[1].mlp
+        if spec.architecture == "gpt2"
+        else tiny_model.hf.model.layers[1].mlp
+    )
     handle = module.register_forward_hook(lambda m, a, out: torch.zeros_like(out))
     with torch.no_grad():
         zeroed = tiny_model.hf(**ids).logits
@@ -163,9 +169,18 @@ def test_routing_runs_each_input_with_its_clusters_mask(tiny_llama, mixed, clust
 def test_comparison_on_held_out_texts(tiny_llama, mixed):
     train, held_out = cluster.split(mixed, held_out=0.25)
     clusters = cluster.kmeans(cluster.embed(train), 3, prompts=train)
-    result = mask_comparison(tiny_llama, train, held_out, clusters=clusters,
-                             sparsities=[1 / 6, 0.5], n_random=2, max_steps=2, window=2,
-                             train_batch_size=2, progress=False)
+    result = mask_comparison(
+        tiny_llama,
+        train,
+        held_out,
+        clusters=clusters,
+        sparsities=[1 / 6, 0.5],
+        n_random=2,
+        max_steps=2,
+        window=2,
+        train_batch_size=2,
+        progress=False,
+    )
     assert result["ppl_ratio"].dims == ("strategy", "target_sparsity")
     assert list(result["strategy"].values) == ["routed", "global", "random"]
     assert result["routed_mask"].attrs["model"] == tiny_llama.name
@@ -176,11 +191,14 @@ def test_comparison_on_held_out_texts(tiny_llama, mixed):
     # the routed ratio is the routed masks' held-out loss, recomputed by hand
     routes = clusters.route(held_out)
     masks = torch.as_tensor(result["routed_mask"].sel(target_sparsity=0.5).values).float()
-    by_text = [float(masked_loss(tiny_llama, held_out[i:i + 1], masks[c][None]))
-               for i, c in enumerate(routes)]
+    by_text = [
+        float(masked_loss(tiny_llama, held_out[i : i + 1], masks[c][None]))
+        for i, c in enumerate(routes)
+    ]
     expected = np.exp(np.mean(by_text) - result.attrs["loss_unmasked"])
-    assert float(result["ppl_ratio"].sel(strategy="routed", target_sparsity=0.5)) == \
-        pytest.approx(expected, rel=1e-4)
+    assert float(result["ppl_ratio"].sel(strategy="routed", target_sparsity=0.5)) == pytest.approx(
+        expected, rel=1e-4
+    )
 
 
 def test_bad_inputs_name_the_fix(tiny_llama, tokenizer, mixed, clusters, learned):
@@ -207,6 +225,5 @@ def test_bad_inputs_name_the_fix(tiny_llama, tokenizer, mixed, clusters, learned
     with pytest.raises(ValueError, match="needs 4 layers"):
         with apply_mask(deeper, learned["mask"].sel(cluster=0)):
             pass
-    with pytest.raises(ValueError, match="Pick one cluster"):
-        with apply_mask(tiny_llama, learned):
-            pass
+    with pytest.raises(ValueError, match="Pick one cluster"), apply_mask(tiny_llama, learned):
+        pass

@@ -46,8 +46,12 @@ def test_bad_batch_size(tiny_llama, factual):
 def test_low_precision_runs_track_float32(tokenizer, factual, dtype):
     prompts = factual[:4]
     full = models.tiny("llama", n_layers=2, tokenizer=tokenizer)
-    low = models.from_hf(models.tiny("llama", n_layers=2, tokenizer=tokenizer).hf, tokenizer,
-                         dtype=dtype, device="cpu")
+    low = models.from_hf(
+        models.tiny("llama", n_layers=2, tokenizer=tokenizer).hf,
+        tokenizer,
+        dtype=dtype,
+        device="cpu",
+    )
     for method in (lsc.attribution_patching, lsc.ablation):
         a = method(full, prompts, progress=False)
         b = method(low, prompts, progress=False)

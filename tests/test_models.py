@@ -15,14 +15,18 @@ import lenscape as lsc
 from lenscape import models
 
 
-@pytest.mark.parametrize("arch, heads, kv", [("llama", 4, 2), ("qwen3", 4, 2), ("mistral", 4, 2),
-                                             ("qwen2", 4, 2), ("gpt2", 4, 4)])
+@pytest.mark.parametrize(
+    "arch, heads, kv",
+    [("llama", 4, 2), ("qwen3", 4, 2), ("mistral", 4, 2), ("qwen2", 4, 2), ("gpt2", 4, 4)],
+)
 def test_tiny_specs(tokenizer, arch, heads, kv):
     model = models.tiny(arch, n_layers=2, tokenizer=tokenizer)
     spec = model.spec
     assert (spec.n_layers, spec.n_heads, spec.n_kv_heads) == (2, heads, kv)
-    assert spec.n_heads * spec.d_head == model.module(spec.layout.o_proj, 0).weight.shape[
-        0 if arch == "gpt2" else 1]
+    assert (
+        spec.n_heads * spec.d_head
+        == model.module(spec.layout.o_proj, 0).weight.shape[0 if arch == "gpt2" else 1]
+    )
     for component, path in spec.layout.weights.items():
         assert component in lsc.schema.COMPONENTS
         model.hf.get_parameter(f"{spec.layout.layers}.0.{path}")
@@ -43,7 +47,9 @@ def test_load_local_folder(tmp_path, tokenizer, factual):
     assert again.spec == model.spec
     np.testing.assert_allclose(
         lsc.ablation(again, factual[:2], progress=False).values,
-        lsc.ablation(model, factual[:2], progress=False).values, atol=1e-6)
+        lsc.ablation(model, factual[:2], progress=False).values,
+        atol=1e-6,
+    )
 
 
 def test_unknown_bundled_name_is_a_lookup_error():
@@ -62,8 +68,13 @@ def test_missing_local_folder():
 
 
 def test_unsupported_architecture(tokenizer):
-    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
-                                     num_attention_heads=2, intermediate_size=64)
+    config = transformers.BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
     hf = transformers.BertForMaskedLM(config)
     with pytest.raises(ValueError, match="Unsupported architecture 'bert'.*gpt2.*llama.*layout="):
         models.from_hf(hf, tokenizer)
@@ -88,8 +99,14 @@ def test_bad_dtype():
 @pytest.mark.slow
 def test_bundled_model_spec_and_answer(smol):
     spec = smol.spec
-    assert (spec.architecture, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head,
-            spec.d_model) == ("llama", 30, 9, 3, 64, 576)
+    assert (
+        spec.architecture,
+        spec.n_layers,
+        spec.n_heads,
+        spec.n_kv_heads,
+        spec.d_head,
+        spec.d_model,
+    ) == ("llama", 30, 9, 3, 64, 576)
     assert spec.tied_embeddings
     ids = smol.tokenizer("The capital of France is the city of", return_tensors="pt")
     with torch.no_grad():
@@ -120,12 +137,15 @@ def test_check_returns_small_residuals(tiny_model):
         assert float(result[name].max()) < 1e-5, name
 
 
-@pytest.mark.parametrize("changes, identity, where", [
-    ({"o_proj": "self_attn.q_proj"}, "heads", "at layer 0"),
-    ({"mlp_out": "post_attention_layernorm"}, "residual", "at layer 0"),
-    ({"unembed": "model.embed_tokens"}, "logits", "at the output"),
-    ({"layer_norm": True}, "logits", "at the output"),
-])
+@pytest.mark.parametrize(
+    "changes, identity, where",
+    [
+        ({"o_proj": "self_attn.q_proj"}, "heads", "at layer 0"),
+        ({"mlp_out": "post_attention_layernorm"}, "residual", "at layer 0"),
+        ({"unembed": "model.embed_tokens"}, "logits", "at the output"),
+        ({"layer_norm": True}, "logits", "at the output"),
+    ],
+)
 def test_check_catches_a_wrong_layout(tiny_llama, changes, identity, where):
     with pytest.raises(lsc.LayoutCheckError, match=f"'{identity}'.* is off by .*{where}"):
         rewired(tiny_llama, **changes)
@@ -167,9 +187,15 @@ def test_layout_argument_for_an_unknown_family(tokenizer):
     with pytest.raises(ValueError, match="Unsupported architecture 'my_llama'.*layout="):
         models.from_hf(hf, tokenizer)
     assert models.from_hf(hf, tokenizer, layout="llama").spec.architecture == "my_llama"
-    custom = lsc.ArchLayout(layers="model.layers", o_proj="self_attn.o_proj",
-                            attn_out="self_attn", mlp_out="mlp", final_norm="model.norm",
-                            embed="model.embed_tokens", unembed="lm_head")
+    custom = lsc.ArchLayout(
+        layers="model.layers",
+        o_proj="self_attn.o_proj",
+        attn_out="self_attn",
+        mlp_out="mlp",
+        final_norm="model.norm",
+        embed="model.embed_tokens",
+        unembed="lm_head",
+    )
     assert models.from_hf(hf, tokenizer, layout=custom).spec.layout == custom
     with pytest.raises(ValueError, match="layout='llama2' is not a known family"):
         models.from_hf(hf, tokenizer, layout="llama2")
@@ -227,8 +253,11 @@ def with_custom_code(source, target):
 def test_custom_code_is_refused_with_how_to_allow_it(saved_llama, tmp_path):
     folder = with_custom_code(saved_llama, tmp_path / "custom")
     # transformers alone would load this as a stock LlamaForCausalLM without a word.
-    with pytest.raises(ValueError, match="auto_map: AutoModelForCausalLM -> "
-                                         "modeling_custom.CustomLlama.*trust_remote_code=True"):
+    with pytest.raises(
+        ValueError,
+        match="auto_map: AutoModelForCausalLM -> "
+        "modeling_custom.CustomLlama.*trust_remote_code=True",
+    ):
         lsc.load(str(folder), device="cpu")
 
 
@@ -246,9 +275,12 @@ def test_flags_must_be_bool(saved_llama, argument):
 
 
 def test_missing_tokenizer_names_the_files(saved_llama, tmp_path):
-    weights_only = copy_folder(saved_llama, tmp_path / "weights",
-                               skip=("tokenizer.json", "tokenizer_config.json"))
-    with pytest.raises(LookupError, match="no tokenizer: none of tokenizer.json, "
-                                          "tokenizer.model, vocab.json \\+ merges.txt") as err:
+    weights_only = copy_folder(
+        saved_llama, tmp_path / "weights", skip=("tokenizer.json", "tokenizer_config.json")
+    )
+    with pytest.raises(
+        LookupError,
+        match="no tokenizer: none of tokenizer.json, tokenizer.model, vocab.json \\+ merges.txt",
+    ) as err:
         lsc.load(str(weights_only), device="cpu")
     assert "install" not in str(err.value) and "lsc.from_hf" in str(err.value)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -16,15 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def normalize(requirement: str) -> str:
-    name, _, rest = re.match(r"([A-Za-z0-9_.\-]+)(.*)", requirement.strip()).groups() + ("",)
+    name, _, rest = (*re.match(r"([A-Za-z0-9_.\-]+)(.*)", requirement.strip()).groups(), "")
     return re.sub(r"[-_.]+", "-", name).lower() + rest.replace(" ", "")
 
 
 def declared() -> list[str]:
     """pyproject.toml's requirements: dependencies and every extra."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return list(project["dependencies"]) + [r for extra in project["optional-dependencies"].values()
-                                            for r in extra]
+    return list(project["dependencies"]) + [
+        r for extra in project["optional-dependencies"].values() for r in extra
+    ]
 
 
 def locked() -> dict[str, str]:
@@ -40,7 +41,7 @@ def locked() -> dict[str, str]:
 def test_environment_yml_matches_pyproject():
     lines = (ROOT / "environment.yml").read_text().splitlines()
     start = lines.index("  - pip:")
-    pip = [line.split("- ", 1)[1] for line in lines[start + 1:] if line.startswith("      - ")]
+    pip = [line.split("- ", 1)[1] for line in lines[start + 1 :] if line.startswith("      - ")]
     # The conda recipe installs the same ranges at the same locked versions as make.
     assert pip[0] == "-c constraints.txt"
     assert sorted(map(normalize, pip[1:])) == sorted(map(normalize, declared()))
@@ -82,6 +83,19 @@ def test_top_level_api():
     public = {name for name in dir(lsc) if not name.startswith("_")}
     assert set(lsc.__all__) <= public
     # Only curated names (and subpackages Python adds on import) are exposed.
-    modules = {"accessor", "capture", "cli", "data", "models", "plot", "schema", "store",
-               "widgets", "aggregate", "finetune", "cluster", "selfcheck"}
+    modules = {
+        "accessor",
+        "capture",
+        "cli",
+        "data",
+        "models",
+        "plot",
+        "schema",
+        "store",
+        "widgets",
+        "aggregate",
+        "finetune",
+        "cluster",
+        "selfcheck",
+    }
     assert public - set(lsc.__all__) <= modules

@@ -14,13 +14,19 @@ import lenscape.accessor  # noqa: F401  (registers da.lsc)
 from lenscape import plot, schema
 from lenscape.plot import export, heatmap
 
-ATTRS = dict(long_name="attribution", units="logit diff", method="attribution_patching",
-             metric="logit_diff", model="tiny", backend="nnsight", dtype="float32")
+ATTRS = dict(
+    long_name="attribution",
+    units="logit diff",
+    method="attribution_patching",
+    metric="logit_diff",
+    model="tiny",
+    backend="nnsight",
+    dtype="float32",
+)
 
 
 def make(values, dims, n_layers=None, **coords):
-    return schema.make(np.asarray(values), dims=dims, coords=coords, attrs=ATTRS,
-                       n_layers=n_layers)
+    return schema.make(np.asarray(values), dims=dims, coords=coords, attrs=ATTRS, n_layers=n_layers)
 
 
 def signed(n_layers=4, n_heads=3, seed=0):
@@ -63,7 +69,9 @@ def test_center_forces_a_diverging_scale_that_spans_only_the_data():
     assert scale["domainMid"] == pytest.approx(1 / 7)
     assert scale["domain"] == pytest.approx([0.11, 0.17])
     change = make(np.linspace(0.001, 0.02, 12).reshape(4, 3), ("layer", "head"))
-    scale = heatmap(change, x="head", y="layer", center=0.003).to_dict()["encoding"]["color"]["scale"]
+    scale = heatmap(change, x="head", y="layer", center=0.003).to_dict()["encoding"]["color"][
+        "scale"
+    ]
     assert scale["domain"][0] == pytest.approx(0.001)  # a relative change never goes negative
 
 
@@ -71,9 +79,11 @@ def _bool_units(values):
     return make(values, ("layer", "head")).assign_attrs(units="bool")
 
 
-@pytest.mark.parametrize("build", [lambda: make(np.eye(4, 3, dtype=bool), ("layer", "head")),
-                                   lambda: _bool_units(np.eye(4, 3))],
-                         ids=["bool dtype", "float with units bool"])
+@pytest.mark.parametrize(
+    "build",
+    [lambda: make(np.eye(4, 3, dtype=bool), ("layer", "head")), lambda: _bool_units(np.eye(4, 3))],
+    ids=["bool dtype", "float with units bool"],
+)
 def test_binary_masks_get_two_named_colours(build):
     spec = heatmap(build(), x="head", y="layer").to_dict()
     color = spec["encoding"]["color"]
@@ -113,8 +123,9 @@ def test_color_option_sets_scheme_or_range():
 def test_facets_share_one_colour_domain():
     a, b = signed(seed=1), signed(seed=2) * 3
     da = xr.concat([a, b], dim=pd.Index(["small", "large"], name="model"))
-    da = da.expand_dims(component=["attn", "mlp"], axis=-1).transpose("model", "layer", "head",
-                                                                      "component")
+    da = da.expand_dims(component=["attn", "mlp"], axis=-1).transpose(
+        "model", "layer", "head", "component"
+    )
     spec = heatmap(da.isel(head=0), x="component", y="layer", facet_col="model").to_dict()
     assert spec["facet"]["field"] == "model" and spec["columns"] == plot.FACET_COLUMNS
     assert spec["facet"]["sort"] == ["small", "large"]
@@ -138,8 +149,9 @@ def test_many_facets_wrap_into_rows_and_integer_headers_name_their_dim():
     assert heatmap(da, x="head", y="layer", facet_col="prompt").to_dict()["columns"] == 4
     stacked = heatmap(da, x="head", y="layer", facet_row="prompt").to_dict()
     assert stacked["columns"] == 1
-    grid = heatmap(da, x="head", y="layer", facet_col="prompt", columns=5,
-                   independent=True).to_dict()
+    grid = heatmap(
+        da, x="head", y="layer", facet_col="prompt", columns=5, independent=True
+    ).to_dict()
     assert grid["columns"] == 5 and grid["concat"][0]["title"] == "prompt 0"
     with pytest.raises(ValueError, match="columns must be a positive integer"):
         heatmap(da, x="head", y="layer", facet_col="prompt", columns=0)
@@ -180,16 +192,23 @@ def test_independent_gives_each_panel_its_own_axes():
 
 def test_tooltips_show_every_coordinate_and_the_value():
     values = np.random.default_rng(0).normal(size=(2, 2, 3, 2))
-    da = make(values, ("seed", "prompt", "layer", "head"), n_layers=3,
-              text=["The capital of France is", "2 + 2 ="], category=["fact", "math"])
+    da = make(
+        values,
+        ("seed", "prompt", "layer", "head"),
+        n_layers=3,
+        text=["The capital of France is", "2 + 2 ="],
+        category=["fact", "math"],
+    )
     spec = heatmap(da.sel(seed=1).mean("head"), x="prompt", y="layer").to_dict()
     fields = [t["field"] for t in spec["encoding"]["tooltip"]]
     assert fields == ["prompt", "layer", "text", "category", "depth", "seed", "value"]
     assert spec["encoding"]["tooltip"][-1]["title"] == "attribution (logit diff)"
     cell = rows(spec)[0]
     assert cell["text"] == "The capital of France is" and cell["seed"] == 1
-    assert heatmap(signed(), x="head", y="layer", tooltip=False).to_dict()["encoding"].get(
-        "tooltip") is None
+    assert (
+        heatmap(signed(), x="head", y="layer", tooltip=False).to_dict()["encoding"].get("tooltip")
+        is None
+    )
 
 
 def test_nan_is_drawn_grey_never_as_zero():
@@ -201,8 +220,10 @@ def test_nan_is_drawn_grey_never_as_zero():
     assert spec["mark"]["invalid"] == "show"
     assert spec["config"]["scale"]["invalid"]["color"]["value"] == plot.NAN_COLOR
     assert "grey: not computed" in spec["title"]["subtitle"]
-    assert not any("grey" in line for line in heatmap(signed(), x="head", y="layer").to_dict()[
-        "title"]["subtitle"])
+    assert not any(
+        "grey" in line
+        for line in heatmap(signed(), x="head", y="layer").to_dict()["title"]["subtitle"]
+    )
     padded = heatmap(_two_depths(), x="head", y="depth", facet_col="model").to_dict()
     assert not any("grey" in line for line in padded["title"]["subtitle"])  # padding is not drawn
     mask = _bool_units(np.eye(4, 3))
@@ -215,8 +236,9 @@ def test_nan_is_drawn_grey_never_as_zero():
 def test_grids_above_altairs_row_limit_work_without_lifting_it_globally(monkeypatch):
     values = np.random.default_rng(0).normal(size=(2, 16, 36, 32))
     da = make(values, ("model", "cluster", "layer", "head"), n_layers=36, model=["a", "b"])
-    spec = heatmap(da.isel(cluster=slice(0, 8)), x="head", y="layer", facet_col="model",
-                   facet_row="cluster").to_dict()
+    spec = heatmap(
+        da.isel(cluster=slice(0, 8)), x="head", y="layer", facet_col="model", facet_row="cluster"
+    ).to_dict()
     assert len(rows(spec)) == 2 * 8 * 36 * 32 > 5000
     with pytest.raises(alt.MaxRowsError):  # Altair's own guard is untouched
         alt.Chart(pd.DataFrame({"a": range(6000)})).mark_point().to_dict()
@@ -249,8 +271,9 @@ def test_titles_come_from_attrs_or_the_title_option():
 
 def test_accessor_forwards_to_heatmap():
     da = signed()
-    assert da.lsc.heatmap(x="head", y="layer").to_dict() == heatmap(da, x="head",
-                                                                    y="layer").to_dict()
+    assert (
+        da.lsc.heatmap(x="head", y="layer").to_dict() == heatmap(da, x="head", y="layer").to_dict()
+    )
 
 
 def test_export_writes_png_svg_and_self_contained_html(tmp_path):
@@ -273,23 +296,35 @@ def test_enable_offline_switches_renderer_and_bundles_javascript():
 @pytest.mark.parametrize("module", ["plot", "widgets", "accessor"])
 def test_views_never_import_torch(module):
     source = (Path(plot.__file__).parent / f"{module}.py").read_text()
-    imported = {a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import)
-                for a in n.names}
-    imported |= {n.module or "" for n in ast.walk(ast.parse(source))
-                 if isinstance(n, ast.ImportFrom)}
-    assert not any(m.split(".")[0] == "torch" or "capture" in m or "models" in m
-                   for m in imported)
+    imported = {
+        a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names
+    }
+    imported |= {
+        n.module or "" for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)
+    }
+    assert not any(m.split(".")[0] == "torch" or "capture" in m or "models" in m for m in imported)
 
 
 def test_categories_draw_role_codes_with_named_colours():
     from lenscape import aggregate
 
-    codes = schema.make(np.array([[0, 1], [2, 3]]), dims=("layer", "head"),
-                        attrs={"long_name": "Head role", "units": "role", "method": "m",
-                               "metric": "loss", "model": "tiny", "backend": "torch",
-                               "dtype": "float32"}, n_layers=2)
-    spec = heatmap(codes, x="head", y="layer", categories=aggregate.ROLES,
-                       color=list(plot.ROLE_COLORS)).to_dict()
+    codes = schema.make(
+        np.array([[0, 1], [2, 3]]),
+        dims=("layer", "head"),
+        attrs={
+            "long_name": "Head role",
+            "units": "role",
+            "method": "m",
+            "metric": "loss",
+            "model": "tiny",
+            "backend": "torch",
+            "dtype": "float32",
+        },
+        n_layers=2,
+    )
+    spec = heatmap(
+        codes, x="head", y="layer", categories=aggregate.ROLES, color=list(plot.ROLE_COLORS)
+    ).to_dict()
     color = spec["encoding"]["color"]
     assert color["scale"]["domain"] == list(aggregate.ROLES)
     assert color["scale"]["range"] == list(plot.ROLE_COLORS)
@@ -328,12 +363,14 @@ def test_infinities_are_marked_distinctly_and_the_spec_stays_json():
 
 
 def test_long_descriptions_move_from_the_legend_to_the_subtitle():
-    da = signed().assign_attrs(long_name="change in logit difference (target - distractor)",
-                               units="logits")
+    da = signed().assign_attrs(
+        long_name="change in logit difference (target - distractor)", units="logits"
+    )
     spec = heatmap(da, x="head", y="layer", title="Heads").to_dict()
     assert spec["encoding"]["color"]["title"] == "logits"
     assert spec["title"]["subtitle"][0] == (
-        "colour: change in logit difference (target - distractor) (logits)")
+        "colour: change in logit difference (target - distractor) (logits)"
+    )
     assert spec["encoding"]["tooltip"][-1]["title"].startswith("change in logit difference")
     short = heatmap(signed(), x="head", y="layer").to_dict()
     assert short["encoding"]["color"]["title"] == "attribution (logit diff)"
@@ -342,24 +379,31 @@ def test_long_descriptions_move_from_the_legend_to_the_subtitle():
 
 def test_charts_have_no_actions_menu_unless_asked():
     assert heatmap(signed(), x="head", y="layer").to_dict()["usermeta"] == {
-        "embedOptions": {"actions": False}}
+        "embedOptions": {"actions": False}
+    }
     spec = heatmap(signed(), x="head", y="layer", actions=True).to_dict()
     assert spec["usermeta"]["embedOptions"]["actions"] is True
 
 
 def test_token_coords_become_tick_labels():
-    pattern = xr.DataArray(np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None],
-                           dims=("query_pos", "key_pos"),
-                           coords={"query_pos": [0, 1, 2], "key_pos": [0, 1, 2],
-                                   "query_token": ("query_pos", ["The", " cat", " sat"]),
-                                   "key_token": ("key_pos", ["The", " cat", " sat"])},
-                           attrs={"long_name": "attention", "units": "probability"})
+    pattern = xr.DataArray(
+        np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None],
+        dims=("query_pos", "key_pos"),
+        coords={
+            "query_pos": [0, 1, 2],
+            "key_pos": [0, 1, 2],
+            "query_token": ("query_pos", ["The", " cat", " sat"]),
+            "key_token": ("key_pos", ["The", " cat", " sat"]),
+        },
+        attrs={"long_name": "attention", "units": "probability"},
+    )
     enc = heatmap(pattern, x="key_pos", y="query_pos").to_dict()["encoding"]
     expr = enc["x"]["axis"]["labelExpr"]
     assert expr == '["The", " cat", " sat"][indexof([0, 1, 2], datum.value)]'
     assert enc["y"]["title"] == "query_pos (query_token)"
-    relabelled = heatmap(pattern, x="key_pos", y="query_pos",
-                         tick_labels={"key_pos": "query_token"}).to_dict()["encoding"]
+    relabelled = heatmap(
+        pattern, x="key_pos", y="query_pos", tick_labels={"key_pos": "query_token"}
+    ).to_dict()["encoding"]
     assert relabelled["x"]["title"] == "key_pos (query_token)"
 
 
@@ -374,5 +418,6 @@ def test_summary_is_a_few_lines_with_the_strongest_cells():
         "method: attribution_patching · metric: logit_diff · model: tiny · backend: nnsight",
         "min 0 · mean 0.3478 · max 5",
         "1 cells not computed (NaN)",
-        "strongest (mean over prompt): layer 2, head 1: 4"]
+        "strongest (mean over prompt): layer 2, head 1: 4",
+    ]
     assert plot.summary(da)._repr_html_().startswith("<div")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_capture import reference_zero_ablation
 
 import lenscape as lsc
-from test_capture import reference_zero_ablation
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +30,9 @@ def test_zero_ablation_of_every_head_matches_plain_hooks(smol64, few):
     assert np.abs(expected).max() > 0.1  # the check is not vacuous
 
 
-@pytest.mark.parametrize("method", ["attribution_patching", "direct_logit_attribution",
-                                    "activation_patching"])
+@pytest.mark.parametrize(
+    "method", ["attribution_patching", "direct_logit_attribution", "activation_patching"]
+)
 def test_backends_agree_on_bundled_model(smol, few, method):
     fn = getattr(lsc, method)
     level = "block" if method == "activation_patching" else "head"  # keeps CI time down
@@ -42,10 +43,11 @@ def test_backends_agree_on_bundled_model(smol, few, method):
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_invariance_on_bundled_model(smol64, few, side):
-    for method, level in [(lsc.attribution_patching, "head"), (lsc.ablation, "block"),
-                          (lsc.direct_logit_attribution, "head")]:
+    for method, level in [
+        (lsc.attribution_patching, "head"),
+        (lsc.ablation, "block"),
+        (lsc.direct_logit_attribution, "head"),
+    ]:
         one = method(smol64, few, level=level, batch_size=1, progress=False)
-        batched = method(smol64, few, level=level, batch_size=4, padding_side=side,
-                         progress=False)
-        np.testing.assert_allclose(batched.values, one.values, atol=1e-5,
-                                   err_msg=method.__name__)
+        batched = method(smol64, few, level=level, batch_size=4, padding_side=side, progress=False)
+        np.testing.assert_allclose(batched.values, one.values, atol=1e-5, err_msg=method.__name__)

@@ -8,13 +8,25 @@ import xarray as xr
 
 from lenscape import schema
 
-ATTRS = {"long_name": "score", "units": "logits", "method": "m", "metric": "logit_diff",
-         "model": "tiny", "backend": "nnsight", "dtype": "float32"}
+ATTRS = {
+    "long_name": "score",
+    "units": "logits",
+    "method": "m",
+    "metric": "logit_diff",
+    "model": "tiny",
+    "backend": "nnsight",
+    "dtype": "float32",
+}
 
 
 def make(**kw):
-    return schema.make(np.zeros((2, 3, 4)), dims=("prompt", "layer", "head"),
-                       coords={"text": ["a", "b"], "category": ["x", "y"]}, attrs=ATTRS, **kw)
+    return schema.make(
+        np.zeros((2, 3, 4)),
+        dims=("prompt", "layer", "head"),
+        coords={"text": ["a", "b"], "category": ["x", "y"]},
+        attrs=ATTRS,
+        **kw,
+    )
 
 
 def test_make_adds_coords_attrs_and_depth():

@@ -9,19 +9,35 @@ import xarray as xr
 import lenscape as lsc
 from lenscape import schema
 
-ATTRS = {"long_name": "Change in logit difference", "units": "logits", "method": "ablation",
-         "metric": "logit_diff", "model": "tiny", "backend": "nnsight", "dtype": "float32",
-         "normalized": True, "tied": False, "lambda_": 0.1, "n_seeds": 5}
+ATTRS = {
+    "long_name": "Change in logit difference",
+    "units": "logits",
+    "method": "ablation",
+    "metric": "logit_diff",
+    "model": "tiny",
+    "backend": "nnsight",
+    "dtype": "float32",
+    "normalized": True,
+    "tied": False,
+    "lambda_": 0.1,
+    "n_seeds": 5,
+}
 
 
 def result(dtype=np.float32):
     values = np.arange(2 * 3 * 2, dtype=dtype).reshape(2, 3, 2) / 7
     values[0, 1, 1] = np.nan
-    return schema.make(values, dims=("prompt", "layer", "component"),
-                       coords={"component": ["attn", "mlp"], "text": ["The capital of France is",
-                                                                      "Été à Zürich"],
-                               "category": ["capital", "landmark"]},
-                       attrs=ATTRS, n_layers=3)
+    return schema.make(
+        values,
+        dims=("prompt", "layer", "component"),
+        coords={
+            "component": ["attn", "mlp"],
+            "text": ["The capital of France is", "Été à Zürich"],
+            "category": ["capital", "landmark"],
+        },
+        attrs=ATTRS,
+        n_layers=3,
+    )
 
 
 def assert_same(a, b):

@@ -19,13 +19,21 @@ from lenscape.store import StoreError
 def result(n_prompts: int = 4) -> xr.DataArray:
     """(prompt, layer, head) scores chunked 2 prompts at a time: zarr writes 2+ chunks."""
     values = np.arange(n_prompts * 3 * 2, dtype=np.float32).reshape(n_prompts, 3, 2) / 7
-    da = schema.make(values, dims=("prompt", "layer", "head"),
-                     coords={"text": [f"text {i}" for i in range(n_prompts)],
-                             "category": ["a"] * n_prompts},
-                     attrs={"long_name": "score", "units": "logits", "method": "ablation",
-                            "metric": "logit_diff", "model": "tiny", "backend": "nnsight",
-                            "dtype": "float32"},
-                     n_layers=3)
+    da = schema.make(
+        values,
+        dims=("prompt", "layer", "head"),
+        coords={"text": [f"text {i}" for i in range(n_prompts)], "category": ["a"] * n_prompts},
+        attrs={
+            "long_name": "score",
+            "units": "logits",
+            "method": "ablation",
+            "metric": "logit_diff",
+            "model": "tiny",
+            "backend": "nnsight",
+            "dtype": "float32",
+        },
+        n_layers=3,
+    )
     return da.copy(data=dask.array.from_array(values, chunks=(2, 3, 2)))
 
 
@@ -52,6 +60,7 @@ def test_failed_overwrite_keeps_the_old_result(tmp_path):
 
     def explode(block):
         raise RuntimeError("boom while computing")
+
     failing = result().copy(data=dask.array.map_blocks(explode, result().data, dtype=np.float32))
     with pytest.raises(RuntimeError, match="boom"):
         lsc.save(failing, path)
@@ -74,8 +83,11 @@ def test_all_nan_chunk_is_written_and_opens(tmp_path):
 def test_missing_chunk_is_an_error_naming_store_and_chunk(tmp_path, lazy):
     path = lsc.save(result(), tmp_path / "r.zarr")
     chunk_file(path).unlink()
-    with pytest.raises(StoreError, match=rf"'{re.escape(str(path))}' is missing the chunk "
-                                         r"'__xarray_dataarray_variable__/c/1/0/0'"):
+    with pytest.raises(
+        StoreError,
+        match=rf"'{re.escape(str(path))}' is missing the chunk "
+        r"'__xarray_dataarray_variable__/c/1/0/0'",
+    ):
         lsc.open(path, lazy=lazy)
     rescued = lsc.open(path, verify=False)
     np.testing.assert_array_equal(rescued.values[:2], result().values[:2])
@@ -93,10 +105,13 @@ def test_truncated_chunk_is_an_error_naming_it(tmp_path):
     path = lsc.save(result(), tmp_path / "r.zarr")
     chunk = chunk_file(path)
     chunk.write_bytes(chunk.read_bytes()[:5])
-    with pytest.raises(StoreError, match=r"chunk '__xarray_dataarray_variable__/c/1/0/0' of "
-                                         r"'__xarray_dataarray_variable__' in the store "
-                                         rf"'{re.escape(str(path))}' "
-                                         "cannot be read"):
+    with pytest.raises(
+        StoreError,
+        match=r"chunk '__xarray_dataarray_variable__/c/1/0/0' of "
+        r"'__xarray_dataarray_variable__' in the store "
+        rf"'{re.escape(str(path))}' "
+        "cannot be read",
+    ):
         lsc.open(path, lazy=True)
 
 
@@ -104,8 +119,9 @@ def test_truncated_chunk_is_an_error_naming_it(tmp_path):
 def test_corrupt_metadata_is_an_error_naming_the_path(tmp_path, metadata):
     path = lsc.save(result(), tmp_path / "r.zarr")
     (path / metadata).write_text('{"zarr_format": 3, "node_type": ')
-    with pytest.raises(StoreError,
-                       match=rf"metadata of the store '{re.escape(str(path))}' cannot be read"):
+    with pytest.raises(
+        StoreError, match=rf"metadata of the store '{re.escape(str(path))}' cannot be read"
+    ):
         lsc.open(path)
     with pytest.raises(StoreError, match=rf"Cannot read the saved result '{re.escape(str(path))}'"):
         lsc.open(path, verify=False)
@@ -141,8 +157,9 @@ def test_unfinished_capture_opens_with_not_computed_nan(tmp_path):
 def test_missing_chunk_of_finished_prompts_is_an_error(tmp_path):
     path = _half_captured(tmp_path)
     chunk_file(path, key="c/0/0/0").unlink()
-    with pytest.raises(StoreError,
-                       match="missing the chunk '__xarray_dataarray_variable__/c/0/0/0'"):
+    with pytest.raises(
+        StoreError, match="missing the chunk '__xarray_dataarray_variable__/c/0/0/0'"
+    ):
         lsc.open(path)
 
 

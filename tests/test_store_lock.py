@@ -59,8 +59,9 @@ WRITER = textwrap.dedent(f"""
 
 
 def _capture(model, factual, path):
-    return lsc.capture_to(path, "ablation", model, factual[:N_PROMPTS], batch_size=BATCH,
-                          progress=False)
+    return lsc.capture_to(
+        path, "ablation", model, factual[:N_PROMPTS], batch_size=BATCH, progress=False
+    )
 
 
 def _lock_file(path):
@@ -83,8 +84,12 @@ def _wait_until_gated(child, path):
 
 
 def _start(path, mode, file):
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"{mode}:{file}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), f"{mode}:{file}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_second_writer_fails_fast_and_first_finishes(tiny_llama, factual, tmp_path):
@@ -98,8 +103,10 @@ def test_second_writer_fails_fast_and_first_finishes(tiny_llama, factual, tmp_pa
         assert second.returncode == 3, stderr[-2000:]
         seconds, message = stdout.split(maxsplit=2)[1:]
         assert float(seconds) < 5, f"the second writer took {seconds} s to fail"
-        assert f"'{path}' is being written by another process (pid {first.pid} on host " \
-               f"{socket.gethostname()}, since " in message
+        assert (
+            f"'{path}' is being written by another process (pid {first.pid} on host "
+            f"{socket.gethostname()}, since " in message
+        )
         assert "wait for it to finish, or write to another path" in message
         gate.touch()
         assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
@@ -134,9 +141,12 @@ def test_lock_held_in_this_process_refuses_other_writers(tiny_llama, factual, tm
     path = tmp_path / "r.zarr"
     scores = _capture(tiny_llama, factual, path).compute()
     with store.writer_lock(path):
-        with pytest.raises(StoreError, match=rf"'{re.escape(str(path))}' is being written by "
-                                             r"another process "
-                                             rf"\(pid {os.getpid()} on host "):
+        with pytest.raises(
+            StoreError,
+            match=rf"'{re.escape(str(path))}' is being written by "
+            r"another process "
+            rf"\(pid {os.getpid()} on host ",
+        ):
             _capture(tiny_llama, factual, path)
         with pytest.raises(StoreError, match="is being written by another process"):
             lsc.save(scores, path)
@@ -148,8 +158,11 @@ def test_stale_lock_file_of_a_dead_process_is_taken_over(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     path = tmp_path / "r.nc"
-    _lock_file(path).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(),
-                                            "since": "2026-01-01 00:00:00 UTC"}))
+    _lock_file(path).write_text(
+        json.dumps(
+            {"pid": dead.pid, "host": socket.gethostname(), "since": "2026-01-01 00:00:00 UTC"}
+        )
+    )
     scores = xr.DataArray([1.0, 2.0], dims=("layer",), coords={"layer": [0, 1]})
     lsc.save(scores, path)
     xr.testing.assert_identical(lsc.open(path), scores)
@@ -159,6 +172,7 @@ def test_stale_lock_file_of_a_dead_process_is_taken_over(tmp_path):
 def test_file_system_without_locks_warns(tmp_path, monkeypatch):
     def no_locks(fd, operation):
         raise OSError(errno.ENOLCK, "No locks available")
+
     monkeypatch.setattr(store.fcntl, "flock", no_locks)
     scores = xr.DataArray([1.0, 2.0], dims=("layer",), coords={"layer": [0, 1]})
     with pytest.warns(UserWarning, match="does not support locks.*run one writer only"):

@@ -18,24 +18,29 @@ import lenscape as lsc
 from lenscape import store
 
 
-@pytest.mark.parametrize("method, options", [
-    ("ablation", {"kind": "zero"}),
-    ("ablation", {"kind": "mean", "level": "block"}),
-    ("activation_patching", {}),
-    ("attribution_patching", {"level": "all"}),
-    ("direct_logit_attribution", {}),
-])
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("ablation", {"kind": "zero"}),
+        ("ablation", {"kind": "mean", "level": "block"}),
+        ("activation_patching", {}),
+        ("attribution_patching", {"level": "all"}),
+        ("direct_logit_attribution", {}),
+    ],
+)
 def test_streamed_equals_in_memory(tiny_llama, factual, tmp_path, method, options):
     prompts = factual[:7]  # 3 batches of 3, the last one short
     fn = getattr(lsc, method)
     expected = fn(tiny_llama, prompts, batch_size=3, progress=False, **options)
-    streamed = fn(tiny_llama, prompts, batch_size=3, store=tmp_path / "r.zarr", progress=False,
-                  **options)
+    streamed = fn(
+        tiny_llama, prompts, batch_size=3, store=tmp_path / "r.zarr", progress=False, **options
+    )
     assert streamed.chunks is not None  # lazily opened, dask-backed
     xr.testing.assert_identical(streamed.compute(), expected)
     # lsc.capture_to is the same thing, by function or by name
-    again = lsc.capture_to(tmp_path / "r2.zarr", fn, tiny_llama, prompts, batch_size=3,
-                           progress=False, **options)
+    again = lsc.capture_to(
+        tmp_path / "r2.zarr", fn, tiny_llama, prompts, batch_size=3, progress=False, **options
+    )
     xr.testing.assert_identical(again.compute(), expected)
 
 
@@ -51,18 +56,21 @@ def test_resume_skips_finished_batches_and_keeps_them(tiny_llama, factual, tmp_p
             raise KeyboardInterrupt  # the user stops the run during batch 2
         written.append(number)
         return real_write(plan, number, *args, **kwargs)
+
     monkeypatch.setattr(streaming, "write_batch", failing_write)
     with pytest.raises(KeyboardInterrupt):
         lsc.capture_to(path, "ablation", tiny_llama, prompts, batch_size=2, progress=False)
     partial = lsc.open(path)  # not computed yet: NaN, never 0
     assert np.isfinite(partial.values[:4]).all() and np.isnan(partial.values[4:]).all()
     written.clear()
-    monkeypatch.setattr(streaming, "write_batch", lambda *a, **k: (written.append(a[1]),
-                                                                    real_write(*a, **k)))
+    monkeypatch.setattr(
+        streaming, "write_batch", lambda *a, **k: (written.append(a[1]), real_write(*a, **k))
+    )
     result = lsc.capture_to(path, "ablation", tiny_llama, prompts, progress=False)
     assert written == [2, 3]  # batch size taken from the store; batches 0 and 1 kept
-    xr.testing.assert_identical(result.compute(),
-                                lsc.ablation(tiny_llama, prompts, batch_size=2, progress=False))
+    xr.testing.assert_identical(
+        result.compute(), lsc.ablation(tiny_llama, prompts, batch_size=2, progress=False)
+    )
 
 
 def test_store_made_by_another_capture_is_refused(tiny_llama, factual, tmp_path, tokenizer):
@@ -80,17 +88,32 @@ def test_store_made_by_another_capture_is_refused(tiny_llama, factual, tmp_path,
         args = dict(method="ablation", model=tiny_llama, prompts=factual[:4], batch_size=2)
         args.update(change)
         with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-            lsc.capture_to(path, args.pop("method"), args.pop("model"), args.pop("prompts"),
-                           progress=False, **args)
+            lsc.capture_to(
+                path,
+                args.pop("method"),
+                args.pop("model"),
+                args.pop("prompts"),
+                progress=False,
+                **args,
+            )
     # overwrite=True starts over with the new settings
-    fresh = lsc.capture_to(path, "ablation", tiny_llama, factual[:4], metric="logprob",
-                           batch_size=2, overwrite=True, progress=False)
+    fresh = lsc.capture_to(
+        path,
+        "ablation",
+        tiny_llama,
+        factual[:4],
+        metric="logprob",
+        batch_size=2,
+        overwrite=True,
+        progress=False,
+    )
     assert fresh.attrs["metric"] == "logprob"
 
 
 def test_unusable_store_paths(tiny_llama, factual, tmp_path):
     def capture(path):
         return lsc.capture_to(path, "ablation", tiny_llama, factual[:2], progress=False)
+
     with pytest.raises(ValueError, match="does not exist"):
         capture(tmp_path / "missing" / "r.zarr")
     with pytest.raises(ValueError, match="ending in '.zarr'"):
@@ -125,11 +148,11 @@ def test_read_only_location(tiny_llama, factual, tmp_path):
         pytest.fail("could not make a read-only folder (chattr +i failed)")
     try:
         with pytest.raises(ValueError, match="read-only"):
-            lsc.capture_to(folder / "new.zarr", "ablation", tiny_llama, factual[:2],
-                           progress=False)
+            lsc.capture_to(folder / "new.zarr", "ablation", tiny_llama, factual[:2], progress=False)
         with pytest.raises(ValueError, match="read-only"):
-            lsc.capture_to(folder / "done.zarr", "ablation", tiny_llama, factual[:2],
-                           progress=False)
+            lsc.capture_to(
+                folder / "done.zarr", "ablation", tiny_llama, factual[:2], progress=False
+            )
     finally:
         for path in (folder / "done.zarr", folder):
             if os.geteuid() == 0:
@@ -169,10 +192,12 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(smol, factual, tmp_pat
             child.kill()
     done = store.progress(path)[1]
     assert 2 <= done.sum() < len(prompts), f"killed with {done.sum()} prompts done"
-    resumed = lsc.capture_to(path, "activation_patching", smol, prompts, batch_size=2,
-                             progress=False).compute()
-    uninterrupted = lsc.capture_to(tmp_path / "whole.zarr", "activation_patching", smol,
-                                   prompts, batch_size=2, progress=False).compute()
+    resumed = lsc.capture_to(
+        path, "activation_patching", smol, prompts, batch_size=2, progress=False
+    ).compute()
+    uninterrupted = lsc.capture_to(
+        tmp_path / "whole.zarr", "activation_patching", smol, prompts, batch_size=2, progress=False
+    ).compute()
     xr.testing.assert_identical(resumed, uninterrupted)
     assert np.isfinite(resumed.values).all()
     assert not list(path.rglob("*.partial"))

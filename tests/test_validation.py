@@ -11,20 +11,23 @@ import lenscape as lsc
 from lenscape import _validate, aggregate, models
 from lenscape.data import Prompt, from_records
 
-PARIS = {"text": "The capital of France is the city of", "target": " Paris",
-         "distractor": " Rome"}
+PARIS = {"text": "The capital of France is the city of", "target": " Paris", "distractor": " Rome"}
 
 
 # ------------------------------------------------------------------ shared options
 
 
 @pytest.mark.parametrize("method", [lsc.ablation, lsc.activation_patching])
-@pytest.mark.parametrize("value, error", [(-1, ValueError), (0, ValueError),
-                                          (2.5, TypeError), ("4", TypeError),
-                                          (True, TypeError)])
+@pytest.mark.parametrize(
+    "value, error",
+    [(-1, ValueError), (0, ValueError), (2.5, TypeError), ("4", TypeError), (True, TypeError)],
+)
 def test_bad_variants_per_pass(tiny_llama, factual, method, value, error):
-    with pytest.raises(error, match=rf"variants_per_pass must be a positive integer or None.*"
-                                    rf"got {value!r}"):
+    with pytest.raises(
+        error,
+        match=rf"variants_per_pass must be a positive integer or None.*"
+        rf"got {value!r}",
+    ):
         method(tiny_llama, factual[:2], variants_per_pass=value, progress=False)
 
 
@@ -36,19 +39,23 @@ def test_bad_variants_per_pass_touches_no_store(tiny_llama, factual, tmp_path):
 
 
 def test_numpy_integer_options_are_accepted(tiny_llama, factual):
-    plain = lsc.ablation(tiny_llama, factual[:2], variants_per_pass=2, batch_size=2,
-                         progress=False)
-    numpy = lsc.ablation(tiny_llama, factual[:2], variants_per_pass=np.int64(2),
-                         batch_size=np.int32(2), progress=False)
+    plain = lsc.ablation(tiny_llama, factual[:2], variants_per_pass=2, batch_size=2, progress=False)
+    numpy = lsc.ablation(
+        tiny_llama,
+        factual[:2],
+        variants_per_pass=np.int64(2),
+        batch_size=np.int32(2),
+        progress=False,
+    )
     xr.testing.assert_allclose(plain, numpy)
 
 
 @pytest.mark.parametrize("batch_size", ["8", 8.0])
 def test_batch_size_of_wrong_type(tiny_llama, factual, batch_size):
-    with pytest.raises(TypeError,
-                       match=rf"batch_size must be a positive integer.*got {batch_size!r}"):
-        lsc.direct_logit_attribution(tiny_llama, factual[:1], batch_size=batch_size,
-                                     progress=False)
+    with pytest.raises(
+        TypeError, match=rf"batch_size must be a positive integer.*got {batch_size!r}"
+    ):
+        lsc.direct_logit_attribution(tiny_llama, factual[:1], batch_size=batch_size, progress=False)
 
 
 @pytest.mark.parametrize("option", ["metric", "backend", "padding_side"])
@@ -59,8 +66,14 @@ def test_choice_of_wrong_type(tiny_llama, factual, option):
 
 def test_capture_to_checks_options_before_the_store(tiny_llama, factual, tmp_path):
     with pytest.raises(TypeError, match="variants_per_pass must be a positive integer"):
-        lsc.capture_to(tmp_path / "r.zarr", "ablation", tiny_llama, factual[:2],
-                       variants_per_pass=1.5, progress=False)
+        lsc.capture_to(
+            tmp_path / "r.zarr",
+            "ablation",
+            tiny_llama,
+            factual[:2],
+            variants_per_pass=1.5,
+            progress=False,
+        )
     with pytest.raises(TypeError, match="store must be a file path"):
         lsc.capture_to(3, "ablation", tiny_llama, factual[:2], progress=False)
     assert not list(tmp_path.iterdir())
@@ -91,8 +104,10 @@ def test_empty_target_or_distractor(tiny_llama, field):
         lsc.ablation(tiny_llama, [prompt], progress=False)
 
 
-@pytest.mark.parametrize("field, value", [("text", 7), ("target", 5), ("target", None),
-                                          ("corrupt", 1.0), ("category", None)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("text", 7), ("target", 5), ("target", None), ("corrupt", 1.0), ("category", None)],
+)
 def test_field_of_wrong_type_names_the_field(field, value):
     with pytest.raises(TypeError, match=f"Prompt {field} must be a string"):
         Prompt(**{**PARIS, field: value})
@@ -105,11 +120,13 @@ def test_non_string_target_through_a_method_blames_the_target(tiny_llama):
         lsc.ablation(tiny_llama, [{**PARIS, "target": 5}], progress=False)
 
 
-@pytest.mark.parametrize("prompts", [PARIS, Prompt(**PARIS), 5],
-                         ids=["dict", "Prompt", "int"])
+@pytest.mark.parametrize("prompts", [PARIS, Prompt(**PARIS), 5], ids=["dict", "Prompt", "int"])
 def test_one_prompt_instead_of_a_list(tiny_llama, prompts):
-    with pytest.raises(TypeError, match="prompts must be a PromptSet or a list of Prompts or "
-                                        r"dicts.*\[prompt\]"):
+    with pytest.raises(
+        TypeError,
+        match="prompts must be a PromptSet or a list of Prompts or "
+        r"dicts.*\[prompt\]",
+    ):
         lsc.attribution_patching(tiny_llama, prompts, progress=False)
 
 
@@ -126,8 +143,11 @@ def test_prompt_longer_than_the_context(tokenizer, architecture):
     assert limit == 256
     long_text = "The capital of France is" + " and so on" * limit
     prompts = [PARIS, {**PARIS, "text": long_text}]
-    with pytest.raises(ValueError, match=rf"Prompt 1: the text is \d+ tokens long, more than "
-                                         rf"the {limit} positions"):
+    with pytest.raises(
+        ValueError,
+        match=rf"Prompt 1: the text is \d+ tokens long, more than "
+        rf"the {limit} positions",
+    ):
         lsc.ablation(model, prompts, progress=False)
 
 
@@ -145,14 +165,24 @@ def test_prompt_at_the_context_limit_runs(tiny_llama, tokenizer):
 
 
 def _seeds() -> xr.DataArray:
-    return xr.DataArray(np.linspace(0, 1, 12).reshape(3, 2, 2), dims=("seed", "layer", "head"),
-                        coords={"seed": [0, 1, 2], "layer": [0, 1], "head": [0, 1]})
+    return xr.DataArray(
+        np.linspace(0, 1, 12).reshape(3, 2, 2),
+        dims=("seed", "layer", "head"),
+        coords={"seed": [0, 1, 2], "layer": [0, 1], "head": [0, 1]},
+    )
 
 
 @pytest.mark.parametrize("function", [aggregate.always, aggregate.any_, aggregate.fraction])
-@pytest.mark.parametrize("threshold, error", [("0.5", TypeError), (None, TypeError),
-                                              (True, TypeError), (float("nan"), ValueError),
-                                              (2, ValueError)])
+@pytest.mark.parametrize(
+    "threshold, error",
+    [
+        ("0.5", TypeError),
+        (None, TypeError),
+        (True, TypeError),
+        (float("nan"), ValueError),
+        (2, ValueError),
+    ],
+)
 def test_bad_threshold(function, threshold, error):
     with pytest.raises(error, match=r"threshold must be a (finite )?number in \[0, 1\]"):
         function(_seeds(), threshold=threshold)
@@ -160,8 +190,9 @@ def test_bad_threshold(function, threshold, error):
 
 def test_integer_and_numpy_thresholds_work():
     assert aggregate.always(_seeds(), threshold=1).sum() == 0
-    xr.testing.assert_identical(aggregate.any_(_seeds(), threshold=np.float32(0.5)),
-                                aggregate.any_(_seeds(), threshold=0.5))
+    xr.testing.assert_identical(
+        aggregate.any_(_seeds(), threshold=np.float32(0.5)), aggregate.any_(_seeds(), threshold=0.5)
+    )
 
 
 # ------------------------------------------------------------------ the helpers themselves
@@ -182,15 +213,21 @@ def test_number_helper():
         _validate.number("lr", float("inf"))
 
 
-@pytest.mark.parametrize("option, value, error", [("steps", 0, ValueError),
-                                                  ("steps", 2.0, TypeError),
-                                                  ("batch_size", "4", TypeError),
-                                                  ("lr", "1e-4", TypeError),
-                                                  ("lr", -1.0, ValueError)])
+@pytest.mark.parametrize(
+    "option, value, error",
+    [
+        ("steps", 0, ValueError),
+        ("steps", 2.0, TypeError),
+        ("batch_size", "4", TypeError),
+        ("lr", "1e-4", TypeError),
+        ("lr", -1.0, ValueError),
+    ],
+)
 def test_finetune_options(tiny_llama, option, value, error):
     with pytest.raises(error, match=f"{option} must be a "):
-        lsc.finetune(tiny_llama, ["The capital of France is Paris."], progress=False,
-                     **{option: value})
+        lsc.finetune(
+            tiny_llama, ["The capital of France is Paris."], progress=False, **{option: value}
+        )
 
 
 def test_finetune_text_longer_than_the_context(tiny_llama):

@@ -60,10 +60,12 @@ def test_importance_matches_hand_autograd(tiny_llama, factual):
     share = lsc.weight_importance(tiny_llama, prompts, aggregation="share", **kw)
     whole = sum(float(np.nansum(total[v].values)) for v in total.data_vars)
     assert float(share["per_layer"].sel(cell)) == pytest.approx(
-        float(entries.sum()) / whole, rel=1e-4)
+        float(entries.sum()) / whole, rel=1e-4
+    )
     fisher = lsc.weight_importance(tiny_llama, prompts, kind="fisher", aggregation="mean", **kw)
-    assert float(fisher["per_layer"].sel(cell)) == pytest.approx(float(grad.pow(2).mean()),
-                                                                 rel=1e-4)
+    assert float(fisher["per_layer"].sel(cell)) == pytest.approx(
+        float(grad.pow(2).mean()), rel=1e-4
+    )
     normed = lsc.weight_importance(tiny_llama, prompts, normalize=True, **kw)
     values = np.concatenate([normed[v].values.ravel() for v in normed.data_vars])
     assert np.nanmin(values) == 0 and np.nanmax(values) == 1
@@ -75,10 +77,12 @@ def test_sum_and_mean_rank_tensors_differently(tiny_llama, factual):
     kw = dict(batch_size=3, progress=False)
     ranks = {}
     for aggregation in ("sum", "mean"):
-        cells = lsc.weight_importance(tiny_llama, factual[:3], aggregation=aggregation,
-                                      **kw)["per_layer"].sel(layer=1)
-        ranks[aggregation] = float(cells.sel(component="input_layernorm")
-                                   / cells.sel(component="down_proj"))
+        cells = lsc.weight_importance(tiny_llama, factual[:3], aggregation=aggregation, **kw)[
+            "per_layer"
+        ].sel(layer=1)
+        ranks[aggregation] = float(
+            cells.sel(component="input_layernorm") / cells.sel(component="down_proj")
+        )
     assert ranks["mean"] > 10 * ranks["sum"]
 
 
@@ -88,9 +92,12 @@ def _data_rows(spec: dict) -> int:
 
 
 def test_weight_grid_draws_only_what_each_model_has(tokenizer, factual):
-    maps = {name: lsc.weight_importance(models.tiny(arch, n_layers=n, tokenizer=tokenizer),
-                                        factual[:2], progress=False)
-            for name, arch, n in (("llama", "llama", 3), ("qwen3", "qwen3", 2))}
+    maps = {
+        name: lsc.weight_importance(
+            models.tiny(arch, n_layers=n, tokenizer=tokenizer), factual[:2], progress=False
+        )
+        for name, arch, n in (("llama", "llama", 3), ("qwen3", "qwen3", 2))
+    }
     grid = lsc.weight_grid(maps)
     assert grid.dims == ("model", "layer", "component") and grid.sizes["layer"] == 3
     assert list(grid["component"].values)[-1] == "lm_head"
@@ -111,14 +118,22 @@ def test_weight_grid_draws_only_what_each_model_has(tokenizer, factual):
 
 def test_tied_embeddings_reported_once(smol):
     ds = lsc.weight_change(smol, smol)
-    assert ds.attrs["tied_embeddings"] and np.isnan(float(ds["model_level"].sel(component="lm_head")))
+    assert ds.attrs["tied_embeddings"] and np.isnan(
+        float(ds["model_level"].sel(component="lm_head"))
+    )
     assert float(ds["model_level"].sel(component="embed")) == 0
 
 
 def test_normalize_and_combine():
-    a = xr.DataArray(np.arange(6.0).reshape(3, 2) + 1, dims=("layer", "component"),
-                     coords={"layer": [0, 1, 2], "component": ["q_proj", "k_proj"],
-                             "depth": ("layer", [0, 0.5, 1])})
+    a = xr.DataArray(
+        np.arange(6.0).reshape(3, 2) + 1,
+        dims=("layer", "component"),
+        coords={
+            "layer": [0, 1, 2],
+            "component": ["q_proj", "k_proj"],
+            "depth": ("layer", [0, 0.5, 1]),
+        },
+    )
     b = a.isel(layer=[0, 1]).assign_coords(depth=("layer", [0, 1.0]))
     np.testing.assert_allclose(aggregate.normalize(a).sum("component").values, 1)
     both = aggregate.combine_models({"a": a, "b": b})
@@ -150,8 +165,9 @@ def test_errors(tiny_llama, tokenizer, factual):
 
 def test_finetune_copies_and_is_deterministic(tiny_llama, factual, tmp_path):
     before = tiny_llama.hf.lm_head.weight.clone()
-    a = lsc.finetune(tiny_llama, factual[:8], steps=2, batch_size=2, lr=1e-3, progress=False,
-                     out_dir=tmp_path)
+    a = lsc.finetune(
+        tiny_llama, factual[:8], steps=2, batch_size=2, lr=1e-3, progress=False, out_dir=tmp_path
+    )
     b = lsc.finetune(tiny_llama, factual[:8], steps=2, batch_size=2, lr=1e-3, progress=False)
     assert torch.equal(tiny_llama.hf.lm_head.weight, before)
     assert torch.equal(a.hf.lm_head.weight, b.hf.lm_head.weight)

@@ -11,16 +11,28 @@ from lenscape import schema
 from lenscape.plot import export
 from lenscape.widgets import Explorer, View, reduce, render
 
-ATTRS = dict(long_name="attribution", units="logit diff", method="attribution_patching",
-             metric="logit_diff", model="tiny", backend="nnsight", dtype="float32")
+ATTRS = dict(
+    long_name="attribution",
+    units="logit diff",
+    method="attribution_patching",
+    metric="logit_diff",
+    model="tiny",
+    backend="nnsight",
+    dtype="float32",
+)
 
 
 @pytest.fixture
 def scores():
     """(model 2, cluster 3, layer 5, head 4), signed."""
     values = np.random.default_rng(0).normal(size=(2, 3, 5, 4))
-    return schema.make(values, dims=("model", "cluster", "layer", "head"), attrs=ATTRS,
-                       coords={"model": ["small", "large"]}, n_layers=5)
+    return schema.make(
+        values,
+        dims=("model", "cluster", "layer", "head"),
+        attrs=ATTRS,
+        coords={"model": ["small", "large"]},
+        n_layers=5,
+    )
 
 
 def spec(explorer):
@@ -50,8 +62,13 @@ def test_threshold_binarizes_before_reducing_like_always_and_any():
     assert anywhere.values.tolist() == [[1.0, 1.0, 0.0]]
     assert always.attrs["units"] == "bool" and always.attrs["long_name"] == "attribution >= 0.5"
     nothing = da.where(da["head"] != 2)  # head 2 never computed: stays NaN, never 0
-    for how, threshold in [("mean", None), ("max", None), ("any", 0.5), ("all", 0.5),
-                           ("share", 0.5)]:
+    for how, threshold in [
+        ("mean", None),
+        ("max", None),
+        ("any", 0.5),
+        ("all", 0.5),
+        ("share", 0.5),
+    ]:
         out = reduce(nothing, View(x="head", y="layer", pick={"seed": how}, threshold=threshold))
         assert np.isnan(out.values[0, 2]) and not np.isnan(out.values[0, 0])
 
@@ -117,8 +134,14 @@ def test_one_chart_widget_is_updated_in_place_and_displayed_once(scores, monkeyp
     charts = [w for w in _walk(e.widget) if isinstance(w, alt.JupyterChart)]
     assert len(charts) == 1 and not any(isinstance(w, widgets.Output) for w in _walk(e.widget))
     before = charts[0].spec
-    for name, value in [("cluster", 1), ("model", "large"), ("swap", True), ("facet", "cluster"),
-                        ("binarize", True), ("cluster", "share")]:
+    for name, value in [
+        ("cluster", 1),
+        ("model", "large"),
+        ("swap", True),
+        ("facet", "cluster"),
+        ("binarize", True),
+        ("cluster", "share"),
+    ]:
         e.controls[name].value = value
     assert [w for w in _walk(e.widget) if isinstance(w, alt.JupyterChart)] == charts
     assert charts[0].spec != before and charts[0].chart is e.chart
@@ -157,14 +180,22 @@ def test_explore_accessor_and_export_of_an_explorer(scores, tmp_path):
     assert export(e, tmp_path / "e.svg").read_text().lstrip().startswith("<svg")
 
 
-PROMPTS = ["The capital of France is the city of", "In Spain, most people speak",
-           "The Colosseum is located in the city of"]
+PROMPTS = [
+    "The capital of France is the city of",
+    "In Spain, most people speak",
+    "The Colosseum is located in the city of",
+]
 
 
 def per_prompt(values, **attrs):
     """(prompt 3, layer 2, head 2) with prompt texts."""
-    return schema.make(np.asarray(values), dims=("prompt", "layer", "head"),
-                       coords={"text": PROMPTS}, attrs={**ATTRS, **attrs}, n_layers=2)
+    return schema.make(
+        np.asarray(values),
+        dims=("prompt", "layer", "head"),
+        coords={"text": PROMPTS},
+        attrs={**ATTRS, **attrs},
+        n_layers=2,
+    )
 
 
 SIGNED = np.random.default_rng(1).normal(size=(3, 2, 2))
@@ -174,24 +205,64 @@ ZERO_ONE = (SIGNED > 0).astype(float)
 @pytest.mark.parametrize(
     "data, view, title, legend, kind, domain",
     [
-        (per_prompt(SIGNED), View("head", "layer", {"prompt": "mean"}),
-         "attribution · mean over prompt", "attribution (logit diff)", "quantitative", None),
-        (per_prompt(SIGNED), View("head", "layer", {"prompt": "any"}, threshold=0.5),
-         "attribution >= 0.5 · any over prompt", "attribution >= 0.5", "nominal",
-         [">= 0.5", "< 0.5"]),
-        (per_prompt(SIGNED), View("head", "layer", {"prompt": "share"}, threshold=0.5),
-         "share of prompts with attribution >= 0.5", "share of prompts", "quantitative", None),
-        (per_prompt(SIGNED > 0).assign_attrs(long_name="kept", units="bool"),
-         View("head", "layer", {"prompt": "all"}), "kept · all over prompt", "kept", "nominal",
-         ["kept", "skipped"]),
-        (per_prompt(SIGNED > 0).assign_attrs(long_name="kept", units="bool"),
-         View("head", "layer", {"prompt": "share"}), "share of prompts where kept",
-         "share of prompts", "quantitative", None),
-        (per_prompt(ZERO_ONE, units="relative"), View("head", "layer", {"prompt": 0}),
-         "attribution · prompt = 0", "attribution (relative)", "quantitative", None),
+        (
+            per_prompt(SIGNED),
+            View("head", "layer", {"prompt": "mean"}),
+            "attribution · mean over prompt",
+            "attribution (logit diff)",
+            "quantitative",
+            None,
+        ),
+        (
+            per_prompt(SIGNED),
+            View("head", "layer", {"prompt": "any"}, threshold=0.5),
+            "attribution >= 0.5 · any over prompt",
+            "attribution >= 0.5",
+            "nominal",
+            [">= 0.5", "< 0.5"],
+        ),
+        (
+            per_prompt(SIGNED),
+            View("head", "layer", {"prompt": "share"}, threshold=0.5),
+            "share of prompts with attribution >= 0.5",
+            "share of prompts",
+            "quantitative",
+            None,
+        ),
+        (
+            per_prompt(SIGNED > 0).assign_attrs(long_name="kept", units="bool"),
+            View("head", "layer", {"prompt": "all"}),
+            "kept · all over prompt",
+            "kept",
+            "nominal",
+            ["kept", "skipped"],
+        ),
+        (
+            per_prompt(SIGNED > 0).assign_attrs(long_name="kept", units="bool"),
+            View("head", "layer", {"prompt": "share"}),
+            "share of prompts where kept",
+            "share of prompts",
+            "quantitative",
+            None,
+        ),
+        (
+            per_prompt(ZERO_ONE, units="relative"),
+            View("head", "layer", {"prompt": 0}),
+            "attribution · prompt = 0",
+            "attribution (relative)",
+            "quantitative",
+            None,
+        ),
     ],
-    ids=["scores mean", "binarize any", "binarize share", "mask all", "mask share",
-         "0-1 floats stay scores"])
+    ids=[
+        "scores mean",
+        "binarize any",
+        "binarize share",
+        "mask all",
+        "mask share",
+        "0-1 floats stay scores",
+    ],
+)
 def test_each_combination_is_labelled_for_what_it_is(data, view, title, legend, kind, domain):
     array, chart = render(data, view)
     enc = chart.to_dict()["encoding"]
@@ -200,11 +271,10 @@ def test_each_combination_is_labelled_for_what_it_is(data, view, title, legend, 
     if domain:
         assert enc["color"]["scale"]["domain"] == domain
     else:
-        assert enc["color"]["scale"]["scheme"] in ("viridis", {"name": "redblue",
-                                                               "extent": [1, 0]})
+        assert enc["color"]["scale"]["scheme"] in ("viridis", {"name": "redblue", "extent": [1, 0]})
     if "share" in title:
         assert enc["color"]["scale"]["scheme"] == "viridis"  # a share is never "kept/skipped"
-        assert 0 <= array.min() and array.max() <= 1
+        assert array.min() >= 0 and array.max() <= 1
 
 
 def test_reducers_that_do_not_fit_the_data_are_refused_with_the_fix():
@@ -230,12 +300,18 @@ def test_a_threshold_outside_the_data_gets_a_visible_note():
 
 def test_defaults_never_average_dims_that_must_not_be_averaged():
     values = np.random.default_rng(0).random((2, 3, 4, 2, 3)) > 0.5
-    masks = xr.DataArray(values, dims=("target_sparsity", "prompt", "cluster", "layer",
-                                       "component"),
-                         coords={"target_sparsity": [0.3, 0.5], "prompt": [0, 1, 2],
-                                 "cluster": [0, 1, 2, 3], "layer": [0, 1],
-                                 "component": ["attn", "mlp", "q_proj"]},
-                         attrs={"long_name": "Block kept", "units": "bool"})
+    masks = xr.DataArray(
+        values,
+        dims=("target_sparsity", "prompt", "cluster", "layer", "component"),
+        coords={
+            "target_sparsity": [0.3, 0.5],
+            "prompt": [0, 1, 2],
+            "cluster": [0, 1, 2, 3],
+            "layer": [0, 1],
+            "component": ["attn", "mlp", "q_proj"],
+        },
+        attrs={"long_name": "Block kept", "units": "bool"},
+    )
     e = Explorer(masks, x="layer", y="cluster")
     c = e.controls
     assert c["target_sparsity"].value == 0.3 and c["component"].value == "attn"
@@ -244,7 +320,8 @@ def test_defaults_never_average_dims_that_must_not_be_averaged():
     assert [v for _, v in c["prompt"].options][:3] == ["share", "any", "all"]
     assert c["binarize"].disabled
     assert spec(e)["title"]["text"] == (
-        "share of prompts where Block kept · target_sparsity = 0.3, component = attn")
+        "share of prompts where Block kept · target_sparsity = 0.3, component = attn"
+    )
     c["prompt"].value = "all"
     assert spec(e)["encoding"]["color"]["scale"]["domain"][:2] == ["kept", "skipped"]
 
@@ -273,8 +350,7 @@ def test_prompt_control_shows_full_texts():
 
 def click(explorer, **cell):
     """What a click does in the browser: Vega sets the ``cell`` selection's signal."""
-    explorer._chart._vl_selections = {"cell": {"value": {"vlPoint": {"or": [cell]}},
-                                               "store": []}}
+    explorer._chart._vl_selections = {"cell": {"value": {"vlPoint": {"or": [cell]}}, "store": []}}
 
 
 def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
@@ -286,8 +362,12 @@ def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
         return alt.Chart({"values": [{"a": 1}]}).mark_point()
 
     e = Explorer(scores, detail=detail)
-    assert spec(e)["params"][0]["select"] == {"type": "point", "fields": ["layer", "head"],
-                                              "on": "click", "clear": "dblclick"}
+    assert spec(e)["params"][0]["select"] == {
+        "type": "point",
+        "fields": ["layer", "head"],
+        "on": "click",
+        "clear": "dblclick",
+    }
     stroke = spec(e)["encoding"]["stroke"]  # the clicked cell is outlined, no other
     assert stroke["condition"] == {"param": "cell", "value": "#000000", "empty": False}
     click(e, layer=1, head=0)
@@ -321,11 +401,17 @@ def test_prompt_form_scores_valid_prompts_and_explains_bad_ones():
         if len(record["text"].split()) != len((record["corrupt"] or record["text"]).split()):
             raise ValueError("clean and corrupt differ in length; reword the corrupt text.")
         values = SIGNED[:1] * len(record["text"])
-        return schema.make(values, dims=("prompt", "layer", "head"),
-                           coords={"text": [record["text"]]}, attrs=ATTRS, n_layers=2)
+        return schema.make(
+            values,
+            dims=("prompt", "layer", "head"),
+            coords={"text": [record["text"]]},
+            attrs=ATTRS,
+            n_layers=2,
+        )
 
-    form = PromptForm(run, example={"text": "a b c", "target": " d", "corrupt": "e f g",
-                                    "distractor": " h"})
+    form = PromptForm(
+        run, example={"text": "a b c", "target": " d", "corrupt": "e f g", "distractor": " h"}
+    )
     chart_widget, first = form.explorer._chart, form.explorer.chart
     assert form.fields["text"].value == "a b c" and form.fields["distractor"].value == " h"
     form.fields["corrupt"].value = "too short"
@@ -341,8 +427,9 @@ def test_prompt_form_scores_valid_prompts_and_explains_bad_ones():
 
 def test_switching_to_a_mask_variable_turns_binarize_off():
     scores = per_prompt(SIGNED)
-    ds = xr.Dataset({"score": scores, "kept": (scores > 0).assign_attrs(long_name="kept",
-                                                                        units="bool")})
+    ds = xr.Dataset(
+        {"score": scores, "kept": (scores > 0).assign_attrs(long_name="kept", units="bool")}
+    )
     e = Explorer(ds)
     e.controls["binarize"].value = True
     assert e.controls["prompt"].value == "share"

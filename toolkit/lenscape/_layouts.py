@@ -63,59 +63,101 @@ def _without(weights: dict[str, str], *components: str) -> dict[str, str]:
 
 _MLP = ("gate_proj", "up_proj", "down_proj")
 _LLAMA_WEIGHTS = {
-    "q_proj": "self_attn.q_proj.weight", "k_proj": "self_attn.k_proj.weight",
-    "v_proj": "self_attn.v_proj.weight", "o_proj": "self_attn.o_proj.weight",
-    "gate_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight",
+    "q_proj": "self_attn.q_proj.weight",
+    "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight",
+    "o_proj": "self_attn.o_proj.weight",
+    "gate_proj": "mlp.gate_proj.weight",
+    "up_proj": "mlp.up_proj.weight",
     "down_proj": "mlp.down_proj.weight",
     "input_layernorm": "input_layernorm.weight",
     "post_attention_layernorm": "post_attention_layernorm.weight",
 }
 _QK_NORMS = {"q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
 _LLAMA = ArchLayout(
-    layers="model.layers", o_proj="self_attn.o_proj", attn_out="self_attn", mlp_out="mlp",
-    final_norm="model.norm", embed="model.embed_tokens", unembed="lm_head",
+    layers="model.layers",
+    o_proj="self_attn.o_proj",
+    attn_out="self_attn",
+    mlp_out="mlp",
+    final_norm="model.norm",
+    embed="model.embed_tokens",
+    unembed="lm_head",
     weights=_LLAMA_WEIGHTS,
 )
 _QWEN3 = replace(_LLAMA, weights={**_LLAMA_WEIGHTS, **_QK_NORMS})
 # Gemma normalises each block's output before adding it to the residual stream.
 _GEMMA2 = ArchLayout(
-    layers="model.layers", o_proj="self_attn.o_proj",
-    attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm",
-    attn_out_tuple=False, post_attn_norm="post_attention_layernorm",
-    final_norm="model.norm", embed="model.embed_tokens", unembed="lm_head",
-    weights={**_LLAMA_WEIGHTS,
-             "pre_feedforward_layernorm": "pre_feedforward_layernorm.weight",
-             "post_feedforward_layernorm": "post_feedforward_layernorm.weight"},
+    layers="model.layers",
+    o_proj="self_attn.o_proj",
+    attn_out="post_attention_layernorm",
+    mlp_out="post_feedforward_layernorm",
+    attn_out_tuple=False,
+    post_attn_norm="post_attention_layernorm",
+    final_norm="model.norm",
+    embed="model.embed_tokens",
+    unembed="lm_head",
+    weights={
+        **_LLAMA_WEIGHTS,
+        "pre_feedforward_layernorm": "pre_feedforward_layernorm.weight",
+        "post_feedforward_layernorm": "post_feedforward_layernorm.weight",
+    },
     norm_offset=1.0,
 )
 _GEMMA3 = replace(_GEMMA2, weights={**_GEMMA2.weights, **_QK_NORMS})
 # OLMo 2 has no input norms: it normalises each block's output (RMSNorm, no offset), and
 # its q/k norms span all heads at once.
-_OLMO2 = replace(_GEMMA2, norm_offset=0.0, weights={
-    **_without(_LLAMA_WEIGHTS, "input_layernorm"), **_QK_NORMS,
-    "post_feedforward_layernorm": "post_feedforward_layernorm.weight"})
+_OLMO2 = replace(
+    _GEMMA2,
+    norm_offset=0.0,
+    weights={
+        **_without(_LLAMA_WEIGHTS, "input_layernorm"),
+        **_QK_NORMS,
+        "post_feedforward_layernorm": "post_feedforward_layernorm.weight",
+    },
+)
 _GPT2 = ArchLayout(
-    layers="transformer.h", o_proj="attn.c_proj", attn_out="attn", mlp_out="mlp",
-    final_norm="transformer.ln_f", embed="transformer.wte", unembed="lm_head",
-    weights={"q_proj": "attn.c_attn.weight", "k_proj": "attn.c_attn.weight",
-             "v_proj": "attn.c_attn.weight", "o_proj": "attn.c_proj.weight",
-             "up_proj": "mlp.c_fc.weight", "down_proj": "mlp.c_proj.weight",
-             "input_layernorm": "ln_1.weight", "post_attention_layernorm": "ln_2.weight"},
-    layer_norm=True, qkv_split=True,
+    layers="transformer.h",
+    o_proj="attn.c_proj",
+    attn_out="attn",
+    mlp_out="mlp",
+    final_norm="transformer.ln_f",
+    embed="transformer.wte",
+    unembed="lm_head",
+    weights={
+        "q_proj": "attn.c_attn.weight",
+        "k_proj": "attn.c_attn.weight",
+        "v_proj": "attn.c_attn.weight",
+        "o_proj": "attn.c_proj.weight",
+        "up_proj": "mlp.c_fc.weight",
+        "down_proj": "mlp.c_proj.weight",
+        "input_layernorm": "ln_1.weight",
+        "post_attention_layernorm": "ln_2.weight",
+    },
+    layer_norm=True,
+    qkv_split=True,
 )
 # Pythia: attention and MLP read the same block input (parallel residual); q/k/v are fused.
 _GPT_NEOX = ArchLayout(
-    layers="gpt_neox.layers", o_proj="attention.dense", attn_out="attention", mlp_out="mlp",
-    final_norm="gpt_neox.final_layer_norm", embed="gpt_neox.embed_in", unembed="lm_head",
-    weights={"o_proj": "attention.dense.weight", "up_proj": "mlp.dense_h_to_4h.weight",
-             "down_proj": "mlp.dense_4h_to_h.weight",
-             "input_layernorm": "input_layernorm.weight",
-             "post_attention_layernorm": "post_attention_layernorm.weight"},
+    layers="gpt_neox.layers",
+    o_proj="attention.dense",
+    attn_out="attention",
+    mlp_out="mlp",
+    final_norm="gpt_neox.final_layer_norm",
+    embed="gpt_neox.embed_in",
+    unembed="lm_head",
+    weights={
+        "o_proj": "attention.dense.weight",
+        "up_proj": "mlp.dense_h_to_4h.weight",
+        "down_proj": "mlp.dense_4h_to_h.weight",
+        "input_layernorm": "input_layernorm.weight",
+        "post_attention_layernorm": "post_attention_layernorm.weight",
+    },
     layer_norm=True,
 )
 # Phi-3 fuses q/k/v (qkv_proj) and gate/up (gate_up_proj); the module paths are Llama's.
-_PHI3 = replace(_LLAMA, weights=_without(_LLAMA_WEIGHTS, "q_proj", "k_proj", "v_proj",
-                                         "gate_proj", "up_proj"))
+_PHI3 = replace(
+    _LLAMA, weights=_without(_LLAMA_WEIGHTS, "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+)
 # Mixture of experts: the whole sparse block (router, experts, shared expert) is the MLP
 # component; the expert banks are fused 3-d tensors, left out of the weight components.
 _QWEN2_MOE = replace(_LLAMA, weights=_without(_LLAMA_WEIGHTS, *_MLP))
@@ -123,10 +165,19 @@ _QWEN3_MOE = replace(_QWEN3, weights=_without(_QWEN3.weights, *_MLP))
 
 #: HF ``config.model_type`` -> layout. Extend here to support a new family.
 ARCHITECTURES: dict[str, ArchLayout] = {
-    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _QWEN3,
-    "gemma2": _GEMMA2, "gemma3_text": _GEMMA3, "olmo2": _OLMO2, "gpt2": _GPT2,
-    "gpt_neox": _GPT_NEOX, "phi3": _PHI3,
-    "qwen2_moe": _QWEN2_MOE, "qwen3_moe": _QWEN3_MOE, "mixtral": _QWEN2_MOE,
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+    "qwen3": _QWEN3,
+    "gemma2": _GEMMA2,
+    "gemma3_text": _GEMMA3,
+    "olmo2": _OLMO2,
+    "gpt2": _GPT2,
+    "gpt_neox": _GPT_NEOX,
+    "phi3": _PHI3,
+    "qwen2_moe": _QWEN2_MOE,
+    "qwen3_moe": _QWEN3_MOE,
+    "mixtral": _QWEN2_MOE,
 }
 
 
@@ -146,12 +197,15 @@ def resolve_layout(config: Any, layout: ArchLayout | str | None = None) -> ArchL
         return layout
     if isinstance(layout, str):
         if layout not in ARCHITECTURES:
-            raise ValueError(f"layout={layout!r} is not a known family; pass one of "
-                             f"{sorted(ARCHITECTURES)} or an lsc.ArchLayout(...).")
+            raise ValueError(
+                f"layout={layout!r} is not a known family; pass one of "
+                f"{sorted(ARCHITECTURES)} or an lsc.ArchLayout(...)."
+            )
         return ARCHITECTURES[layout]
     if layout is not None:
-        raise TypeError(f"layout must be an lsc.ArchLayout, a family name or None, got "
-                        f"{type(layout).__name__}.")
+        raise TypeError(
+            f"layout must be an lsc.ArchLayout, a family name or None, got {type(layout).__name__}."
+        )
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         raise ValueError(
@@ -159,7 +213,8 @@ def resolve_layout(config: Any, layout: ArchLayout | str | None = None) -> ArchL
             f"{sorted(ARCHITECTURES)}; for another family pass layout=lsc.ArchLayout(...) "
             "naming where its blocks, o_proj, attention and MLP outputs, final norm and "
             "unembedding live (or layout='llama' if it is built like one of these), and the "
-            "self-check on load verifies it (README, section Models).")
+            "self-check on load verifies it (README, section Models)."
+        )
     return ARCHITECTURES[model_type]
 
 
@@ -191,7 +246,14 @@ class ModelSpec:
         layout = resolve_layout(config, layout)
         n_heads = config.num_attention_heads
         d_head = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-        return cls(config.model_type, config.num_hidden_layers, n_heads,
-                   getattr(config, "num_key_value_heads", None) or n_heads, d_head,
-                   config.hidden_size, config.vocab_size,
-                   bool(getattr(config, "tie_word_embeddings", False)), layout)
+        return cls(
+            config.model_type,
+            config.num_hidden_layers,
+            n_heads,
+            getattr(config, "num_key_value_heads", None) or n_heads,
+            d_head,
+            config.hidden_size,
+            config.vocab_size,
+            bool(getattr(config, "tie_word_embeddings", False)),
+            layout,
+        )

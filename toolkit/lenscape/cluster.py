@@ -22,8 +22,11 @@ from .models import LensModel, bundled_folder
 
 
 def _texts(prompts: Any) -> list[str]:
-    texts = prompts.texts if isinstance(prompts, PromptSet) else [
-        p if isinstance(p, str) else p.text for p in prompts]
+    texts = (
+        prompts.texts
+        if isinstance(prompts, PromptSet)
+        else [p if isinstance(p, str) else p.text for p in prompts]
+    )
     if not texts:
         raise ValueError("No prompts to embed; pass a PromptSet or a list of strings.")
     return texts
@@ -51,8 +54,13 @@ def embed(prompts: Any, encoder: str | LensModel = "minilm", *, batch_size: int 
         raise ValueError(f"Unknown encoder {encoder!r}; use 'minilm' or a model from lsc.load.")
     rows = []
     for start in range(0, len(texts), batch_size):
-        batch = tokenizer(texts[start:start + batch_size], padding=True, truncation=True,
-                          max_length=256, return_tensors="pt").to(device)
+        batch = tokenizer(
+            texts[start : start + batch_size],
+            padding=True,
+            truncation=True,
+            max_length=256,
+            return_tensors="pt",
+        ).to(device)
         out = model(**batch, output_hidden_states=True)
         hidden = out.hidden_states[-1].float()
         mask = batch["attention_mask"][..., None].float()
@@ -92,12 +100,20 @@ class Clustering:
 
     def members(self, prompts: PromptSet, cluster: int) -> PromptSet:
         """The prompts of one cluster."""
-        return PromptSet([p for p, c in zip(prompts, self.labels.values) if c == cluster],
-                         name=f"{prompts.name}:cluster{cluster}")
+        return PromptSet(
+            [p for p, c in zip(prompts, self.labels.values, strict=True) if c == cluster],
+            name=f"{prompts.name}:cluster{cluster}",
+        )
 
 
-def kmeans(embeddings: np.ndarray, k: int, *, seed: int = 0, prompts: PromptSet | None = None,
-           encoder: str | LensModel = "minilm") -> Clustering:
+def kmeans(
+    embeddings: np.ndarray,
+    k: int,
+    *,
+    seed: int = 0,
+    prompts: PromptSet | None = None,
+    encoder: str | LensModel = "minilm",
+) -> Clustering:
     """k-means (scikit-learn, 10 restarts) of (prompt, d) embeddings into ``k`` clusters.
 
     Args:
@@ -114,23 +130,32 @@ def kmeans(embeddings: np.ndarray, k: int, *, seed: int = 0, prompts: PromptSet 
 
     n = len(embeddings)
     if not 1 <= k <= n:
-        raise ValueError(f"k={k} clusters for {n} prompts: k must be between 1 and the number "
-                         "of prompts; use fewer clusters or more prompts.")
+        raise ValueError(
+            f"k={k} clusters for {n} prompts: k must be between 1 and the number "
+            "of prompts; use fewer clusters or more prompts."
+        )
     fit = KMeans(n_clusters=k, n_init=10, random_state=seed).fit(embeddings)
     counts = np.bincount(fit.labels_, minlength=k)
     if (counts == 0).any():
-        raise ValueError(f"k-means left cluster(s) {np.flatnonzero(counts == 0).tolist()} empty "
-                         "(too many duplicate prompts for this k); lower k.")
+        raise ValueError(
+            f"k-means left cluster(s) {np.flatnonzero(counts == 0).tolist()} empty "
+            "(too many duplicate prompts for this k); lower k."
+        )
     coords: dict[str, Any] = {"prompt": np.arange(n)}
     if prompts is not None:
         coords.update(text=("prompt", prompts.texts), category=("prompt", prompts.categories))
-    labels = xr.DataArray(fit.labels_.astype(np.int64), dims=("prompt",), coords=coords,
-                          attrs={"long_name": "cluster", "k": k, "seed": seed})
+    labels = xr.DataArray(
+        fit.labels_.astype(np.int64),
+        dims=("prompt",),
+        coords=coords,
+        attrs={"long_name": "cluster", "k": k, "seed": seed},
+    )
     return Clustering(labels, fit.cluster_centers_.astype(np.float32), encoder)
 
 
-def split(prompts: PromptSet, *, held_out: float = 0.25, seed: int = 0
-          ) -> tuple[PromptSet, PromptSet]:
+def split(
+    prompts: PromptSet, *, held_out: float = 0.25, seed: int = 0
+) -> tuple[PromptSet, PromptSet]:
     """Split prompts into (train, held_out) by a seeded shuffle, keeping each kind's share.
 
     The held-out part is for judging masks on unseen inputs: never cluster or train on it.
@@ -146,6 +171,12 @@ def split(prompts: PromptSet, *, held_out: float = 0.25, seed: int = 0
     chosen = np.zeros(len(prompts), dtype=bool)
     for category in dict.fromkeys(categories):
         members = np.flatnonzero(categories == category)
-        chosen[rng.permutation(members)[:int(round(held_out * len(members)))]] = True
-    return (PromptSet([p for p, c in zip(prompts, chosen) if not c], name=f"{prompts.name}:train"),
-            PromptSet([p for p, c in zip(prompts, chosen) if c], name=f"{prompts.name}:held_out"))
+        chosen[rng.permutation(members)[: round(held_out * len(members))]] = True
+    return (
+        PromptSet(
+            [p for p, c in zip(prompts, chosen, strict=True) if not c], name=f"{prompts.name}:train"
+        ),
+        PromptSet(
+            [p for p, c in zip(prompts, chosen, strict=True) if c], name=f"{prompts.name}:held_out"
+        ),
+    )

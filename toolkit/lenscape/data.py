@@ -46,15 +46,19 @@ class Prompt:
             optional = field.name in ("corrupt", "distractor")
             if not isinstance(value, str) and not (optional and value is None):
                 kind = "a string or None" if optional else "a string"
-                raise TypeError(f"Prompt {field.name} must be {kind}, got {value!r} "
-                                f"({type(value).__name__}); e.g. Prompt(text='The capital of "
-                                "France is', target=' Paris').")
+                raise TypeError(
+                    f"Prompt {field.name} must be {kind}, got {value!r} "
+                    f"({type(value).__name__}); e.g. Prompt(text='The capital of "
+                    "France is', target=' Paris')."
+                )
         for name in ("text", "corrupt"):
             value = getattr(self, name)
             if value is not None and not value.strip():
                 none = " (or corrupt=None for no counterfactual)" if name == "corrupt" else ""
-                raise ValueError(f"Prompt {name} {value!r} is empty; give the words the model "
-                                 f"reads before the target{none}.")
+                raise ValueError(
+                    f"Prompt {name} {value!r} is empty; give the words the model "
+                    f"reads before the target{none}."
+                )
 
 
 class PromptSet(Sequence[Prompt]):
@@ -102,9 +106,11 @@ def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom
         ValueError: a record lacks ``text``/``target``, has unknown keys or an empty text.
     """
     if isinstance(records, (dict, Prompt, str)) or not isinstance(records, Iterable):
-        raise TypeError(f"records must be a list of Prompts or dicts, got one "
-                        f"{type(records).__name__} ({records!r}); wrap a single record in a "
-                        "list: [record].")
+        raise TypeError(
+            f"records must be a list of Prompts or dicts, got one "
+            f"{type(records).__name__} ({records!r}); wrap a single record in a "
+            "list: [record]."
+        )
     allowed = {f.name for f in fields(Prompt)}
     prompts = []
     for i, record in enumerate(records):
@@ -112,12 +118,15 @@ def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom
             prompts.append(record)
             continue
         if not isinstance(record, dict) or not {"text", "target"} <= set(record):
-            raise ValueError(f"Record {i} must be a Prompt or a dict with 'text' and 'target' "
-                             f"keys, got {record!r}.")
+            raise ValueError(
+                f"Record {i} must be a Prompt or a dict with 'text' and 'target' "
+                f"keys, got {record!r}."
+            )
         unknown = set(record) - allowed
         if unknown:
-            raise ValueError(f"Record {i} has unknown keys {sorted(unknown)}; allowed: "
-                             f"{sorted(allowed)}.")
+            raise ValueError(
+                f"Record {i} has unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}."
+            )
         try:
             prompts.append(Prompt(**record))
         except (TypeError, ValueError) as err:
@@ -129,97 +138,612 @@ def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom
 # targets and distractors are single tokens, clean and corrupt texts have equal token
 # counts (tests/test_data.py), and the model prefers the right answer on both sides.
 _FACTUAL: list[tuple[str, str, str, str, str]] = [
-    ('The capital of France is the city of', ' Paris', 'The capital of Italy is the city of', ' Rome', 'capital'),
-    ('The capital of Italy is the city of', ' Rome', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Germany is the city of', ' Berlin', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Spain is the city of', ' Madrid', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Japan is the city of', ' Tokyo', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Russia is the city of', ' Moscow', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of England is the city of', ' London', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Egypt is the city of', ' Cairo', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Greece is the city of', ' Athens', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Ireland is the city of', ' Dublin', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Austria is the city of', ' Vienna', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Portugal is the city of', ' Lisbon', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Poland is the city of', ' Warsaw', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Norway is the city of', ' Oslo', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Sweden is the city of', ' Stockholm', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Kenya is the city of', ' Nairobi', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Canada is the city of', ' Ottawa', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of China is the city of', ' Beijing', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Cuba is the city of', ' Havana', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Peru is the city of', ' Lima', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Belgium is the city of', ' Brussels', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Hungary is the city of', ' Budapest', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Denmark is the city of', ' Copenhagen', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The capital of Finland is the city of', ' Helsinki', 'The capital of France is the city of', ' Paris', 'capital'),
-    ('The Eiffel Tower is located in the city of', ' Paris', 'The Colosseum is located in the city of', ' Rome', 'landmark'),
-    ('The Colosseum is located in the city of', ' Rome', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
-    ('The Big Ben is located in the city of', ' London', 'The Kremlin is located in the city of', ' Moscow', 'landmark'),
-    ('The Kremlin is located in the city of', ' Moscow', 'The Big Ben is located in the city of', ' London', 'landmark'),
-    ('The Brandenburg Gate is located in the city of', ' Berlin', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
-    ('The Statue of Liberty is located in the city of', ' New', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
-    ('The Acropolis is located in the city of', ' Athens', 'The Big Ben is located in the city of', ' London', 'landmark'),
-    ('The Golden Gate Bridge is located in the city of', ' San', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
-    ('The Louvre is located in the city of', ' Paris', 'The Big Ben is located in the city of', ' London', 'landmark'),
-    ('The Tower Bridge is located in the city of', ' London', 'The Kremlin is located in the city of', ' Moscow', 'landmark'),
-    ('The Prado Museum is located in the city of', ' Madrid', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
-    ('The Grand Canal is located in the city of', ' Venice', 'The Big Ben is located in the city of', ' London', 'landmark'),
-    ('The Forbidden City is located in the city of', ' Beijing', 'The Eiffel Tower is located in the city of', ' Paris', 'landmark'),
-    ('The Opera House is located in the city of', ' Sydney', 'The Big Ben is located in the city of', ' London', 'landmark'),
-    ('In France, most people speak', ' French', 'In Germany, most people speak', ' German', 'language'),
-    ('In Germany, most people speak', ' German', 'In France, most people speak', ' French', 'language'),
-    ('In Italy, most people speak', ' Italian', 'In France, most people speak', ' French', 'language'),
-    ('In Spain, most people speak', ' Spanish', 'In France, most people speak', ' French', 'language'),
-    ('In Japan, most people speak', ' Japanese', 'In France, most people speak', ' French', 'language'),
-    ('In Russia, most people speak', ' Russian', 'In France, most people speak', ' French', 'language'),
-    ('In China, most people speak', ' Chinese', 'In France, most people speak', ' French', 'language'),
-    ('In Brazil, most people speak', ' Portuguese', 'In France, most people speak', ' French', 'language'),
-    ('In Greece, most people speak', ' Greek', 'In France, most people speak', ' French', 'language'),
-    ('In Poland, most people speak', ' Polish', 'In France, most people speak', ' French', 'language'),
-    ('In Sweden, most people speak', ' Swedish', 'In France, most people speak', ' French', 'language'),
-    ('In Turkey, most people speak', ' Turkish', 'In France, most people speak', ' French', 'language'),
-    ('In Mexico, most people speak', ' Spanish', 'In France, most people speak', ' French', 'language'),
-    ('In Portugal, most people speak', ' Portuguese', 'In France, most people speak', ' French', 'language'),
-    ('In Egypt, most people speak', ' Arabic', 'In France, most people speak', ' French', 'language'),
-    ('In Korea, most people speak', ' Korean', 'In France, most people speak', ' French', 'language'),
-    ('In Finland, most people speak', ' Finnish', 'In France, most people speak', ' French', 'language'),
-    ('The currency used in England is the', ' pound', 'The currency used in Germany is the', ' euro', 'currency'),
-    ('The currency used in Germany is the', ' euro', 'The currency used in England is the', ' pound', 'currency'),
-    ('The currency used in America is the', ' dollar', 'The currency used in England is the', ' pound', 'currency'),
-    ('The currency used in Switzerland is the', ' franc', 'The currency used in England is the', ' pound', 'currency'),
-    ('The currency used in Korea is the', ' won', 'The currency used in England is the', ' pound', 'currency'),
-    ('The currency used in Brazil is the', ' real', 'The currency used in England is the', ' pound', 'currency'),
-    ('The currency used in France is the', ' euro', 'The currency used in England is the', ' pound', 'currency'),
-    ('The currency used in Canada is the', ' dollar', 'The currency used in England is the', ' pound', 'currency'),
-    ('The currency used in Italy is the', ' euro', 'The currency used in England is the', ' pound', 'currency'),
-    ('The chemical symbol Fe stands for', ' iron', 'The chemical symbol Au stands for', ' gold', 'element'),
-    ('The chemical symbol Au stands for', ' gold', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol Ag stands for', ' silver', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol Cu stands for', ' copper', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol Pb stands for', ' lead', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol Na stands for', ' sodium', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol He stands for', ' helium', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol O stands for', ' oxygen', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol H stands for', ' hydrogen', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol C stands for', ' carbon', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol N stands for', ' nitrogen', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol K stands for', ' potassium', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol Ca stands for', ' calcium', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The chemical symbol Zn stands for', ' zinc', 'The chemical symbol Fe stands for', ' iron', 'element'),
-    ('The Windows operating system was made by the company', ' Microsoft', 'The Pixel phone was made by the company', ' Google', 'maker'),
-    ('The PlayStation was made by the company', ' Sony', 'The Model S was made by the company', ' Tesla', 'maker'),
-    ('The Model S was made by the company', ' Tesla', 'The PlayStation was made by the company', ' Sony', 'maker'),
-    ('The Galaxy phone was made by the company', ' Samsung', 'The PlayStation was made by the company', ' Sony', 'maker'),
-    ('The Mustang was made by the company', ' Ford', 'The PlayStation was made by the company', ' Sony', 'maker'),
-    ('The Corolla was made by the company', ' Toyota', 'The PlayStation was made by the company', ' Sony', 'maker'),
-    ('The Pixel phone was made by the company', ' Google', 'The Windows operating system was made by the company', ' Microsoft', 'maker'),
+    (
+        "The capital of France is the city of",
+        " Paris",
+        "The capital of Italy is the city of",
+        " Rome",
+        "capital",
+    ),
+    (
+        "The capital of Italy is the city of",
+        " Rome",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Germany is the city of",
+        " Berlin",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Spain is the city of",
+        " Madrid",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Japan is the city of",
+        " Tokyo",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Russia is the city of",
+        " Moscow",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of England is the city of",
+        " London",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Egypt is the city of",
+        " Cairo",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Greece is the city of",
+        " Athens",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Ireland is the city of",
+        " Dublin",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Austria is the city of",
+        " Vienna",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Portugal is the city of",
+        " Lisbon",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Poland is the city of",
+        " Warsaw",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Norway is the city of",
+        " Oslo",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Sweden is the city of",
+        " Stockholm",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Kenya is the city of",
+        " Nairobi",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Canada is the city of",
+        " Ottawa",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of China is the city of",
+        " Beijing",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Cuba is the city of",
+        " Havana",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Peru is the city of",
+        " Lima",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Belgium is the city of",
+        " Brussels",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Hungary is the city of",
+        " Budapest",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Denmark is the city of",
+        " Copenhagen",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The capital of Finland is the city of",
+        " Helsinki",
+        "The capital of France is the city of",
+        " Paris",
+        "capital",
+    ),
+    (
+        "The Eiffel Tower is located in the city of",
+        " Paris",
+        "The Colosseum is located in the city of",
+        " Rome",
+        "landmark",
+    ),
+    (
+        "The Colosseum is located in the city of",
+        " Rome",
+        "The Eiffel Tower is located in the city of",
+        " Paris",
+        "landmark",
+    ),
+    (
+        "The Big Ben is located in the city of",
+        " London",
+        "The Kremlin is located in the city of",
+        " Moscow",
+        "landmark",
+    ),
+    (
+        "The Kremlin is located in the city of",
+        " Moscow",
+        "The Big Ben is located in the city of",
+        " London",
+        "landmark",
+    ),
+    (
+        "The Brandenburg Gate is located in the city of",
+        " Berlin",
+        "The Eiffel Tower is located in the city of",
+        " Paris",
+        "landmark",
+    ),
+    (
+        "The Statue of Liberty is located in the city of",
+        " New",
+        "The Eiffel Tower is located in the city of",
+        " Paris",
+        "landmark",
+    ),
+    (
+        "The Acropolis is located in the city of",
+        " Athens",
+        "The Big Ben is located in the city of",
+        " London",
+        "landmark",
+    ),
+    (
+        "The Golden Gate Bridge is located in the city of",
+        " San",
+        "The Eiffel Tower is located in the city of",
+        " Paris",
+        "landmark",
+    ),
+    (
+        "The Louvre is located in the city of",
+        " Paris",
+        "The Big Ben is located in the city of",
+        " London",
+        "landmark",
+    ),
+    (
+        "The Tower Bridge is located in the city of",
+        " London",
+        "The Kremlin is located in the city of",
+        " Moscow",
+        "landmark",
+    ),
+    (
+        "The Prado Museum is located in the city of",
+        " Madrid",
+        "The Eiffel Tower is located in the city of",
+        " Paris",
+        "landmark",
+    ),
+    (
+        "The Grand Canal is located in the city of",
+        " Venice",
+        "The Big Ben is located in the city of",
+        " London",
+        "landmark",
+    ),
+    (
+        "The Forbidden City is located in the city of",
+        " Beijing",
+        "The Eiffel Tower is located in the city of",
+        " Paris",
+        "landmark",
+    ),
+    (
+        "The Opera House is located in the city of",
+        " Sydney",
+        "The Big Ben is located in the city of",
+        " London",
+        "landmark",
+    ),
+    (
+        "In France, most people speak",
+        " French",
+        "In Germany, most people speak",
+        " German",
+        "language",
+    ),
+    (
+        "In Germany, most people speak",
+        " German",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Italy, most people speak",
+        " Italian",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Spain, most people speak",
+        " Spanish",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Japan, most people speak",
+        " Japanese",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Russia, most people speak",
+        " Russian",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In China, most people speak",
+        " Chinese",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Brazil, most people speak",
+        " Portuguese",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Greece, most people speak",
+        " Greek",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Poland, most people speak",
+        " Polish",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Sweden, most people speak",
+        " Swedish",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Turkey, most people speak",
+        " Turkish",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Mexico, most people speak",
+        " Spanish",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Portugal, most people speak",
+        " Portuguese",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Egypt, most people speak",
+        " Arabic",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Korea, most people speak",
+        " Korean",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "In Finland, most people speak",
+        " Finnish",
+        "In France, most people speak",
+        " French",
+        "language",
+    ),
+    (
+        "The currency used in England is the",
+        " pound",
+        "The currency used in Germany is the",
+        " euro",
+        "currency",
+    ),
+    (
+        "The currency used in Germany is the",
+        " euro",
+        "The currency used in England is the",
+        " pound",
+        "currency",
+    ),
+    (
+        "The currency used in America is the",
+        " dollar",
+        "The currency used in England is the",
+        " pound",
+        "currency",
+    ),
+    (
+        "The currency used in Switzerland is the",
+        " franc",
+        "The currency used in England is the",
+        " pound",
+        "currency",
+    ),
+    (
+        "The currency used in Korea is the",
+        " won",
+        "The currency used in England is the",
+        " pound",
+        "currency",
+    ),
+    (
+        "The currency used in Brazil is the",
+        " real",
+        "The currency used in England is the",
+        " pound",
+        "currency",
+    ),
+    (
+        "The currency used in France is the",
+        " euro",
+        "The currency used in England is the",
+        " pound",
+        "currency",
+    ),
+    (
+        "The currency used in Canada is the",
+        " dollar",
+        "The currency used in England is the",
+        " pound",
+        "currency",
+    ),
+    (
+        "The currency used in Italy is the",
+        " euro",
+        "The currency used in England is the",
+        " pound",
+        "currency",
+    ),
+    (
+        "The chemical symbol Fe stands for",
+        " iron",
+        "The chemical symbol Au stands for",
+        " gold",
+        "element",
+    ),
+    (
+        "The chemical symbol Au stands for",
+        " gold",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol Ag stands for",
+        " silver",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol Cu stands for",
+        " copper",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol Pb stands for",
+        " lead",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol Na stands for",
+        " sodium",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol He stands for",
+        " helium",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol O stands for",
+        " oxygen",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol H stands for",
+        " hydrogen",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol C stands for",
+        " carbon",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol N stands for",
+        " nitrogen",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol K stands for",
+        " potassium",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol Ca stands for",
+        " calcium",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The chemical symbol Zn stands for",
+        " zinc",
+        "The chemical symbol Fe stands for",
+        " iron",
+        "element",
+    ),
+    (
+        "The Windows operating system was made by the company",
+        " Microsoft",
+        "The Pixel phone was made by the company",
+        " Google",
+        "maker",
+    ),
+    (
+        "The PlayStation was made by the company",
+        " Sony",
+        "The Model S was made by the company",
+        " Tesla",
+        "maker",
+    ),
+    (
+        "The Model S was made by the company",
+        " Tesla",
+        "The PlayStation was made by the company",
+        " Sony",
+        "maker",
+    ),
+    (
+        "The Galaxy phone was made by the company",
+        " Samsung",
+        "The PlayStation was made by the company",
+        " Sony",
+        "maker",
+    ),
+    (
+        "The Mustang was made by the company",
+        " Ford",
+        "The PlayStation was made by the company",
+        " Sony",
+        "maker",
+    ),
+    (
+        "The Corolla was made by the company",
+        " Toyota",
+        "The PlayStation was made by the company",
+        " Sony",
+        "maker",
+    ),
+    (
+        "The Pixel phone was made by the company",
+        " Google",
+        "The Windows operating system was made by the company",
+        " Microsoft",
+        "maker",
+    ),
 ]
 
 
 def _factual() -> PromptSet:
-    return PromptSet((Prompt(text, target, corrupt, distractor, category)
-                      for text, target, corrupt, distractor, category in _FACTUAL), "factual")
+    return PromptSet(
+        (
+            Prompt(text, target, corrupt, distractor, category)
+            for text, target, corrupt, distractor, category in _FACTUAL
+        ),
+        "factual",
+    )
 
 
 # Indirect-object identification (IOI; Wang et al. 2022, arXiv 2211.00593): "When Mary and
@@ -236,9 +760,28 @@ _IOI_TEMPLATES: dict[str, str] = {
     "museum": "Yesterday {A} and {B} visited the museum, and {S} gave a ticket to",
 }
 #: Names that are one token with a leading space in the SmolLM2 tokenizer.
-_IOI_NAMES = ("Mary", "John", "Tom", "James", "Anna", "Sarah", "David", "Emma", "Paul", "Kate",
-              "Mark", "Lisa", "Peter", "Alice", "Jack", "Laura", "Michael", "Susan", "Daniel",
-              "Rachel")
+_IOI_NAMES = (
+    "Mary",
+    "John",
+    "Tom",
+    "James",
+    "Anna",
+    "Sarah",
+    "David",
+    "Emma",
+    "Paul",
+    "Kate",
+    "Mark",
+    "Lisa",
+    "Peter",
+    "Alice",
+    "Jack",
+    "Laura",
+    "Michael",
+    "Susan",
+    "Daniel",
+    "Rachel",
+)
 
 
 def _ioi(pairs_per_template: int = 12, seed: int = 0) -> PromptSet:
@@ -247,8 +790,15 @@ def _ioi(pairs_per_template: int = 12, seed: int = 0) -> PromptSet:
     for category, template in _IOI_TEMPLATES.items():
         for _ in range(pairs_per_template):
             a, b = rng.sample(_IOI_NAMES, 2)
-            items.append(Prompt(template.format(A=a, B=b, S=b), f" {a}",
-                                template.format(A=a, B=b, S=a), f" {b}", category))
+            items.append(
+                Prompt(
+                    template.format(A=a, B=b, S=b),
+                    f" {a}",
+                    template.format(A=a, B=b, S=a),
+                    f" {b}",
+                    category,
+                )
+            )
     return PromptSet(items, "ioi")
 
 
@@ -259,8 +809,11 @@ def _mixed() -> PromptSet:
 
 
 #: Built-in prompt sets by name; each maker returns a fresh ``PromptSet``.
-PROMPT_SETS: dict[str, Callable[[], PromptSet]] = {"factual": _factual, "ioi": _ioi,
-                                                   "mixed": _mixed}
+PROMPT_SETS: dict[str, Callable[[], PromptSet]] = {
+    "factual": _factual,
+    "ioi": _ioi,
+    "mixed": _mixed,
+}
 
 
 def prompts(name: str = "factual") -> PromptSet:
@@ -270,16 +823,19 @@ def prompts(name: str = "factual") -> PromptSet:
     ``"mixed"`` (320 short texts of 8 kinds: narrative, arithmetic, code, dialogue, facts,
     lists, instructions, to-dos; empty targets, for clustering and block masks)."""
     if name not in PROMPT_SETS:
-        raise ValueError(f"Unknown prompt set {name!r}; available: {sorted(PROMPT_SETS)} "
-                         f"(tasks for head gating: lsc.data.task(...)).")
+        raise ValueError(
+            f"Unknown prompt set {name!r}; available: {sorted(PROMPT_SETS)} "
+            f"(tasks for head gating: lsc.data.task(...))."
+        )
     return PROMPT_SETS[name]()
 
 
 TASK_SPLITS = ("train", "validation", "all")
 
 
-def task(name: str, *, split: str = "train", validation_fraction: float = 0.2,
-         seed: int = 0) -> PromptSet:
+def task(
+    name: str, *, split: str = "train", validation_fraction: float = 0.2, seed: int = 0
+) -> PromptSet:
     """A built-in one-shot task: ``"math"`` (arithmetic) or ``"syntax"`` (plural, past
     tense, agreement, questions). Targets may span several tokens.
 
@@ -297,6 +853,6 @@ def task(name: str, *, split: str = "train", validation_fraction: float = 0.2,
     items = TASKS[name]()
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
-    n_val = int(round(validation_fraction * len(items)))
+    n_val = round(validation_fraction * len(items))
     chosen = {"train": order[n_val:], "validation": order[:n_val], "all": order}[split]
     return PromptSet([items[i] for i in sorted(chosen)], name=f"{name}:{split}")

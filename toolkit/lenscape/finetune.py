@@ -12,9 +12,17 @@ from . import _validate
 from .models import LensModel, from_hf
 
 
-def finetune(model: LensModel, prompts, *, steps: int = 200, lr: float = 1e-4,
-             batch_size: int = 8, seed: int = 0, out_dir: str | Path | None = None,
-             progress: bool = True) -> LensModel:
+def finetune(
+    model: LensModel,
+    prompts,
+    *,
+    steps: int = 200,
+    lr: float = 1e-4,
+    batch_size: int = 8,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+) -> LensModel:
     """AdamW on a deep copy of ``model`` (never the input) over ``text + target`` sequences.
 
     Args:
@@ -35,8 +43,9 @@ def finetune(model: LensModel, prompts, *, steps: int = 200, lr: float = 1e-4,
     _validate.positive_int("steps", steps)
     _validate.positive_int("batch_size", batch_size)
     _validate.number("lr", lr, low=0)
-    _validate.context_lengths(model, [len(model.tokenizer(t)["input_ids"]) for t in texts],
-                              what="text + target")
+    _validate.context_lengths(
+        model, [len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target"
+    )
     torch.manual_seed(seed)
     hf = copy.deepcopy(model.hf).train().requires_grad_(True)
     optimizer = torch.optim.AdamW(hf.parameters(), lr=lr)
@@ -50,8 +59,7 @@ def finetune(model: LensModel, prompts, *, steps: int = 200, lr: float = 1e-4,
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    tuned = from_hf(hf, tok, name=f"{model.name}+finetuned", device=model.device,
-                    dtype=model.dtype)
+    tuned = from_hf(hf, tok, name=f"{model.name}+finetuned", device=model.device, dtype=model.dtype)
     if out_dir is not None:
         hf.save_pretrained(out_dir)
         tok.save_pretrained(out_dir)

@@ -22,19 +22,46 @@ from typing import Any
 
 import torch
 
-from ._bundled import (BUNDLED, DEFAULT_MODEL, ENCODERS, Bundled, bundled_folder, cache_dir,
-                       install_models, tokenizer_for)
+from ._bundled import (
+    BUNDLED,
+    DEFAULT_MODEL,
+    ENCODERS,
+    Bundled,
+    bundled_folder,
+    cache_dir,
+    install_models,
+    tokenizer_for,
+)
 from ._layouts import ARCHITECTURES, ArchLayout, ModelSpec, resolve_layout
 
-__all__ = ["ARCHITECTURES", "BUNDLED", "DEFAULT_MODEL", "ENCODERS", "ArchLayout", "Bundled",
-           "LensModel", "ModelSpec", "bundled_folder", "cache_dir", "from_hf",
-           "install_models", "load", "resolve_device", "resolve_layout", "tiny",
-           "tokenizer_for"]
+__all__ = [
+    "ARCHITECTURES",
+    "BUNDLED",
+    "DEFAULT_MODEL",
+    "ENCODERS",
+    "ArchLayout",
+    "Bundled",
+    "LensModel",
+    "ModelSpec",
+    "bundled_folder",
+    "cache_dir",
+    "from_hf",
+    "install_models",
+    "load",
+    "resolve_device",
+    "resolve_layout",
+    "tiny",
+    "tokenizer_for",
+]
 
 #: Files that make a tokenizer loadable: any one group complete is enough.
 TOKENIZER_FILES: tuple[tuple[str, ...], ...] = (
-    ("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",),
-    ("spiece.model",), ("sentencepiece.bpe.model",),
+    ("tokenizer.json",),
+    ("tokenizer.model",),
+    ("vocab.json", "merges.txt"),
+    ("vocab.txt",),
+    ("spiece.model",),
+    ("sentencepiece.bpe.model",),
 )
 
 
@@ -70,18 +97,22 @@ class LensModel:
 
     def __repr__(self) -> str:
         s = self.spec
-        return (f"LensModel({self.name!r}, {s.architecture}, {s.n_layers} layers x {s.n_heads} "
-                f"heads ({s.n_kv_heads} KV), d_model {s.d_model}, {self.device}, {self.dtype})")
+        return (
+            f"LensModel({self.name!r}, {s.architecture}, {s.n_layers} layers x {s.n_heads} "
+            f"heads ({s.n_kv_heads} KV), d_model {s.d_model}, {self.device}, {self.dtype})"
+        )
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto" -> CUDA when available, else CPU; a clear error when CUDA is asked for and absent."""
+    """ "auto" -> CUDA when available, else CPU; a clear error when CUDA is asked for and absent."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was requested but no CUDA GPU is available "
-                         "(torch.cuda.is_available() is False); use device='cpu' or 'auto'.")
+        raise ValueError(
+            "device='cuda' was requested but no CUDA GPU is available "
+            "(torch.cuda.is_available() is False); use device='cpu' or 'auto'."
+        )
     return device
 
 
@@ -95,15 +126,21 @@ def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return dtype
 
 
-
 def _require_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}.")
 
 
-def from_hf(hf_model: Any, tokenizer: Any, *, name: str | None = None,
-            device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
-            layout: ArchLayout | str | None = None, check: bool = True) -> LensModel:
+def from_hf(
+    hf_model: Any,
+    tokenizer: Any,
+    *,
+    name: str | None = None,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype | None = None,
+    layout: ArchLayout | str | None = None,
+    check: bool = True,
+) -> LensModel:
     """Wrap an already-loaded HF causal LM and tokenizer (e.g. a tiny random test model).
 
     Args:
@@ -124,8 +161,14 @@ def from_hf(hf_model: Any, tokenizer: Any, *, name: str | None = None,
     hf_model = hf_model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = LensModel(hf_model, tokenizer, spec, name or hf_model.config.name_or_path or
-                      spec.architecture, device, dtype)
+    model = LensModel(
+        hf_model,
+        tokenizer,
+        spec,
+        name or hf_model.config.name_or_path or spec.architecture,
+        device,
+        dtype,
+    )
     if check:
         from .selfcheck import check as check_layout
 
@@ -136,8 +179,10 @@ def from_hf(hf_model: Any, tokenizer: Any, *, name: str | None = None,
 def _local_folder(name_or_path: str) -> str:
     """The folder (or HF id) to read ``name_or_path`` from."""
     if name_or_path in ENCODERS:
-        raise ValueError(f"'{name_or_path}' is a sentence encoder, not a causal LM; it is used "
-                         "by lenscape.cluster.embed(..., encoder='minilm').")
+        raise ValueError(
+            f"'{name_or_path}' is a sentence encoder, not a causal LM; it is used "
+            "by lenscape.cluster.embed(..., encoder='minilm')."
+        )
     if name_or_path in BUNDLED:
         return str(bundled_folder(name_or_path))
     if Path(name_or_path).expanduser().is_dir():
@@ -158,7 +203,8 @@ def _config_dict(name_or_path: str, folder: str) -> dict[str, Any]:
             f"'{name_or_path}' is neither a bundled model ({sorted(BUNDLED)}) nor available "
             "offline. lenscape never downloads weights: on a machine with internet run "
             f"`hf download {name_or_path} --local-dir DIR`, copy DIR here and call "
-            "lsc.load(DIR).") from err
+            "lsc.load(DIR)."
+        ) from err
 
 
 def _refuse_custom_code(name_or_path: str, config: dict[str, Any]) -> None:
@@ -174,34 +220,47 @@ def _refuse_custom_code(name_or_path: str, config: dict[str, Any]) -> None:
             f"'{name_or_path}' ships its own model code (config.json auto_map: {classes}), "
             "which lenscape neither runs nor silently replaces by a stock class; pass "
             "lsc.load(..., trust_remote_code=True) if you trust that code, or load the model "
-            "with transformers yourself and wrap it with lsc.from_hf(hf_model, tokenizer).")
+            "with transformers yourself and wrap it with lsc.from_hf(hf_model, tokenizer)."
+        )
 
 
 def _load_tokenizer(name_or_path: str, folder: str, trust_remote_code: bool) -> Any:
     """The folder's tokenizer; a LookupError naming the missing files when there is none."""
     from transformers import AutoTokenizer
 
-    advice = ("copy the tokenizer files of the model it was trained with into the folder, or "
-              "load a tokenizer yourself and call lsc.from_hf(hf_model, tokenizer).")
+    advice = (
+        "copy the tokenizer files of the model it was trained with into the folder, or "
+        "load a tokenizer yourself and call lsc.from_hf(hf_model, tokenizer)."
+    )
     local = Path(folder)
-    if local.is_dir() and not any(all((local / f).exists() for f in group)
-                                  for group in TOKENIZER_FILES):
+    if local.is_dir() and not any(
+        all((local / f).exists() for f in group) for group in TOKENIZER_FILES
+    ):
         options = ", ".join(" + ".join(group) for group in TOKENIZER_FILES)
-        raise LookupError(f"'{name_or_path}' has no tokenizer: none of {options} is in "
-                          f"{local}; {advice}")
+        raise LookupError(
+            f"'{name_or_path}' has no tokenizer: none of {options} is in {local}; {advice}"
+        )
     try:
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True,
-                                             trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError) as err:
         if local.is_dir():
             raise
-        raise LookupError(f"The tokenizer of '{name_or_path}' is not in the local Hugging "
-                          f"Face cache; {advice}") from err
+        raise LookupError(
+            f"The tokenizer of '{name_or_path}' is not in the local Hugging Face cache; {advice}"
+        ) from err
 
 
-def load(name_or_path: str = DEFAULT_MODEL, *, device: str | torch.device = "auto",
-         dtype: str | torch.dtype | None = None, trust_remote_code: bool = False,
-         layout: ArchLayout | str | None = None, check: bool = True) -> LensModel:
+def load(
+    name_or_path: str = DEFAULT_MODEL,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype | None = None,
+    trust_remote_code: bool = False,
+    layout: ArchLayout | str | None = None,
+    check: bool = True,
+) -> LensModel:
     """Load a causal LM offline and verify its layout.
 
     Args:
@@ -232,20 +291,37 @@ def load(name_or_path: str = DEFAULT_MODEL, *, device: str | torch.device = "aut
     raw_config = _config_dict(name_or_path, folder)
     if not trust_remote_code:
         _refuse_custom_code(name_or_path, raw_config)
-    config = AutoConfig.from_pretrained(folder, local_files_only=True,
-                                        trust_remote_code=trust_remote_code)
+    config = AutoConfig.from_pretrained(
+        folder, local_files_only=True, trust_remote_code=trust_remote_code
+    )
     ModelSpec.from_config(config, layout)  # fail on unsupported families before loading weights
     tokenizer = _load_tokenizer(name_or_path, folder, trust_remote_code)
-    hf_model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
-                                                    dtype=_resolve_dtype(dtype),
-                                                    trust_remote_code=trust_remote_code)
-    model = from_hf(hf_model, tokenizer, name=name_or_path, device=device, dtype=dtype,
-                    layout=layout, check=check)
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        folder,
+        local_files_only=True,
+        dtype=_resolve_dtype(dtype),
+        trust_remote_code=trust_remote_code,
+    )
+    model = from_hf(
+        hf_model,
+        tokenizer,
+        name=name_or_path,
+        device=device,
+        dtype=dtype,
+        layout=layout,
+        check=check,
+    )
     # Workers load on their own device of the same type (one GPU each under dask-cuda); the
     # layout was checked here once.
-    model.recipe = functools.partial(load, name_or_path, device=device.type, dtype=model.dtype,
-                                     trust_remote_code=trust_remote_code, layout=layout,
-                                     check=False)
+    model.recipe = functools.partial(
+        load,
+        name_or_path,
+        device=device.type,
+        dtype=model.dtype,
+        trust_remote_code=trust_remote_code,
+        layout=layout,
+        check=False,
+    )
     return model
 
 
@@ -253,31 +329,48 @@ def _tiny_configs(vocab: int, n_layers: int) -> dict[str, Callable[[], Any]]:
     """Family -> config of a tiny random model (d_model 64, 4 heads, 2 KV heads)."""
     import transformers
 
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                  num_hidden_layers=n_layers, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=256, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     experts = dict(num_experts_per_tok=2, moe_intermediate_size=32)
     return {
         "llama": lambda: transformers.LlamaConfig(**common),
         "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None),
         "qwen2": lambda: transformers.Qwen2Config(**common),
         "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=16),
-        "gpt2": lambda: transformers.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=n_layers,
-                                                n_head=4, n_positions=256),
+        "gpt2": lambda: transformers.GPT2Config(
+            vocab_size=vocab, n_embd=64, n_layer=n_layers, n_head=4, n_positions=256
+        ),
         "gpt_neox": lambda: transformers.GPTNeoXConfig(
-            **{k: v for k, v in common.items() if k != "num_key_value_heads"}),
+            **{k: v for k, v in common.items() if k != "num_key_value_heads"}
+        ),
         "olmo2": lambda: transformers.Olmo2Config(**common),
         "phi3": lambda: transformers.Phi3Config(**common, pad_token_id=0),
         "gemma2": lambda: transformers.Gemma2Config(**common, head_dim=16),
-        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**common, **experts, head_dim=16,
-                                                         num_experts=4),
-        "mixtral": lambda: transformers.MixtralConfig(**common, num_local_experts=4,
-                                                      num_experts_per_tok=2),
+        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+            **common, **experts, head_dim=16, num_experts=4
+        ),
+        "mixtral": lambda: transformers.MixtralConfig(
+            **common, num_local_experts=4, num_experts_per_tok=2
+        ),
     }
 
 
-def tiny(architecture: str = "llama", *, n_layers: int = 2, seed: int = 0,
-         tokenizer: Any = None, check: bool = True) -> LensModel:
+def tiny(
+    architecture: str = "llama",
+    *,
+    n_layers: int = 2,
+    seed: int = 0,
+    tokenizer: Any = None,
+    check: bool = True,
+) -> LensModel:
     """A tiny random causal LM (d_model 64, 4 heads, 2 KV heads) for tests and teaching.
 
     Args:
@@ -293,12 +386,15 @@ def tiny(architecture: str = "llama", *, n_layers: int = 2, seed: int = 0,
     tokenizer = tokenizer or tokenizer_for(DEFAULT_MODEL)
     configs = _tiny_configs(len(tokenizer), n_layers)
     if architecture not in configs:
-        raise ValueError(f"Unknown tiny architecture '{architecture}'; choose from {sorted(configs)}.")
+        raise ValueError(
+            f"Unknown tiny architecture '{architecture}'; choose from {sorted(configs)}."
+        )
     torch.manual_seed(seed)
     hf_model = transformers.AutoModelForCausalLM.from_config(configs[architecture]())
     # As a saved checkpoint's config says; TransformerLens picks its adapter by this name.
     hf_model.config.architectures = [type(hf_model).__name__]
     model = from_hf(hf_model, tokenizer, name=f"tiny-{architecture}", device="cpu", check=check)
-    model.recipe = functools.partial(tiny, architecture, n_layers=n_layers, seed=seed,
-                                     tokenizer=tokenizer, check=False)
+    model.recipe = functools.partial(
+        tiny, architecture, n_layers=n_layers, seed=seed, tokenizer=tokenizer, check=False
+    )
     return model

@@ -74,10 +74,12 @@ def _unchecked_build(build: Callable[..., Any]) -> Callable[..., Any]:
     mode Altair validates every encoding, scale and property as it is made, about half the
     time of an Explorer redraw; the finished spec is still validated whole by ``to_dict``
     (when it is displayed, exported or swapped into a ``JupyterChart``)."""
+
     @functools.wraps(build)
     def built(*args: Any, **kwargs: Any) -> Any:
         with debug_mode(False):
             return build(*args, **kwargs)
+
     return built
 
 
@@ -156,16 +158,20 @@ def heatmap(
     """
     _offline_renderer()
     if not isinstance(da, xr.DataArray):
-        raise ValueError(f"heatmap takes an xarray.DataArray, got {type(da).__name__}; "
-                         "pick one variable of a Dataset with ds['name'].")
+        raise ValueError(
+            f"heatmap takes an xarray.DataArray, got {type(da).__name__}; "
+            "pick one variable of a Dataset with ds['name']."
+        )
     facets = {"row": facet_row, "column": facet_col}
     roles = [r for r in (x, y, facet_row, facet_col) if r is not None]
     if len(set(roles)) < len(roles):
         raise ValueError(f"x, y, facet_row and facet_col must differ, got {roles}.")
     for role, name in facets.items():
         if name is not None and name not in da.dims:
-            raise ValueError(f"facet_{'col' if role == 'column' else role}={name!r} is not a dim; "
-                             f"the array has dims {tuple(da.dims)}.")
+            raise ValueError(
+                f"facet_{'col' if role == 'column' else role}={name!r} is not a dim; "
+                f"the array has dims {tuple(da.dims)}."
+            )
     x_dim, y_dim = _axis_dim(da, x, "x"), _axis_dim(da, y, "y")
     extra = [d for d in da.dims if d not in {x_dim, y_dim, facet_row, facet_col}]
     if extra:
@@ -175,10 +181,13 @@ def heatmap(
         raise ValueError(
             f"The array has dims {tuple(da.dims)}, and {extra} {verb} not x, y or a facet. "
             f"Reduce first, e.g. da.mean({d!r}) or da.sel({d}={first!r}), "
-            f"or facet with facet_row={d!r}.")
+            f"or facet with facet_row={d!r}."
+        )
     if da.size > MAX_CELLS:
-        raise ValueError(f"{da.size} cells exceed lenscape.plot.MAX_CELLS={MAX_CELLS}; "
-                         f"select or reduce some of {tuple(da.dims)} first.")
+        raise ValueError(
+            f"{da.size} cells exceed lenscape.plot.MAX_CELLS={MAX_CELLS}; "
+            f"select or reduce some of {tuple(da.dims)} first."
+        )
     if columns is not None and (not isinstance(columns, int) or columns < 1):
         raise ValueError(f"columns must be a positive integer, got {columns!r}.")
 
@@ -190,61 +199,97 @@ def heatmap(
     elif binary is None:
         binary = is_mask(da)
     if binary and infinite.any():
-        raise ValueError(f"{int(infinite.sum())} cells are +-inf, which a mask or category "
-                         "map cannot show; replace them first, e.g. da.where(np.isfinite(da)) "
-                         "to draw them as not computed.")
+        raise ValueError(
+            f"{int(infinite.sum())} cells are +-inf, which a mask or category "
+            "map cannot show; replace them first, e.g. da.where(np.isfinite(da)) "
+            "to draw them as not computed."
+        )
     inside = _inside(da)
     finite = values[np.isfinite(values) & inside] if is_float else values[inside]
     has_nan = bool((np.isnan(values) & inside).any()) if is_float else False
     has_inf = bool((infinite & inside).any())
     full = label_from_attrs(da, "state" if binary else _VALUE)
     legend = full if len(full) <= LEGEND_CHARS else _shorten(da)
-    enc: dict[str, Any] = {"color": _color(finite, binary=binary, has_nan=has_nan, center=center,
-                                           color=color, labels=labels, title=legend)}
+    enc: dict[str, Any] = {
+        "color": _color(
+            finite,
+            binary=binary,
+            has_nan=has_nan,
+            center=center,
+            color=color,
+            labels=labels,
+            title=legend,
+        )
+    }
     if tooltip:
         enc["tooltip"] = _tooltip(da, binary, full)
     ticks = {**{d: c for d, c in TOKEN_COORDS.items() if c in da.coords}, **(tick_labels or {})}
-    panel = {"x": x, "y": y, "enc": enc, "labels": labels if binary else None,
-             "ticks": ticks, "has_inf": has_inf, "legend": full}
+    panel = {
+        "x": x,
+        "y": y,
+        "enc": enc,
+        "labels": labels if binary else None,
+        "ticks": ticks,
+        "has_inf": has_inf,
+        "legend": full,
+    }
     chart: alt.TopLevelMixin
     if not (facet_row or facet_col):
         chart = _panel(da, **panel)
     elif independent:  # one chart per facet: Vega-Lite's faceted independent scales break sorting
+
         def part(at: dict) -> alt.TopLevelMixin:
             heading = " · ".join(_facet_label(da, k, v) for k, v in at.items())
             return _panel(da.sel(at), **panel).properties(title=heading)
+
         if facet_row:
-            chart = alt.vconcat(*[alt.hconcat(*[part({**r, **c}) for c in _cells(da, facet_col)])
-                                  for r in _cells(da, facet_row)])
+            chart = alt.vconcat(
+                *[
+                    alt.hconcat(*[part({**r, **c}) for c in _cells(da, facet_col)])
+                    for r in _cells(da, facet_row)
+                ]
+            )
         else:
-            chart = alt.concat(*[part(c) for c in _cells(da, facet_col)],
-                               columns=columns or FACET_COLUMNS)
+            chart = alt.concat(
+                *[part(c) for c in _cells(da, facet_col)], columns=columns or FACET_COLUMNS
+            )
     elif facet_row and facet_col:
         chart = _panel(da, **panel).facet(
-            row=alt.Row(f"{facet_row}:{_kind(da, facet_row)}", sort=_order(da, facet_row),
-                        header=_header(da, facet_row)),
-            column=alt.Column(f"{facet_col}:{_kind(da, facet_col)}", sort=_order(da, facet_col),
-                              header=_header(da, facet_col)))
+            row=alt.Row(
+                f"{facet_row}:{_kind(da, facet_row)}",
+                sort=_order(da, facet_row),
+                header=_header(da, facet_row),
+            ),
+            column=alt.Column(
+                f"{facet_col}:{_kind(da, facet_col)}",
+                sort=_order(da, facet_col),
+                header=_header(da, facet_col),
+            ),
+        )
     else:
         name = facet_row or facet_col
         chart = _panel(da, **panel).facet(
-            facet=alt.Facet(f"{name}:{_kind(da, name)}", sort=_order(da, name),
-                            header=_header(da, name)),
-            columns=1 if facet_row else columns or FACET_COLUMNS)
+            facet=alt.Facet(
+                f"{name}:{_kind(da, name)}", sort=_order(da, name), header=_header(da, name)
+            ),
+            columns=1 if facet_row else columns or FACET_COLUMNS,
+        )
     heading = title or da.attrs.get("long_name") or (str(da.name) if da.name is not None else None)
     described = (heading or "").startswith(da.attrs.get("long_name") or full)
-    subtitle = _subtitle(da, has_nan=has_nan, has_inf=has_inf,
-                         colour=None if described else full)  # the title may not say it
+    subtitle = _subtitle(
+        da, has_nan=has_nan, has_inf=has_inf, colour=None if described else full
+    )  # the title may not say it
     if heading or subtitle:
-        chart = chart.properties(title=alt.TitleParams(heading or "", subtitle=subtitle or alt.Undefined))
+        chart = chart.properties(
+            title=alt.TitleParams(heading or "", subtitle=subtitle or alt.Undefined)
+        )
     chart = chart.properties(usermeta={"embedOptions": {"actions": actions}})
     chart = chart.configure_scale(invalid={"color": {"value": NAN_COLOR}})
     return chart.configure_view(stroke=None)
 
 
 @_unchecked_build
-def bars(da: xr.DataArray, *, y: str, title: str | None = None,
-         actions: bool = False) -> alt.Chart:
+def bars(da: xr.DataArray, *, y: str, title: str | None = None, actions: bool = False) -> alt.Chart:
     """A 1-D DataArray as horizontal bars, one per coordinate of ``y`` (e.g. a head's score
     per prompt); a string label coord along ``y`` (``text``) gives the tick labels.
 
@@ -261,21 +306,37 @@ def bars(da: xr.DataArray, *, y: str, title: str | None = None,
         ValueError: if ``da`` has another dim than ``y``.
     """
     if da.dims != (y,):
-        raise ValueError(f"bars takes a 1-D array along {y!r}, got dims {tuple(da.dims)}; "
-                         "select or reduce the others first.")
+        raise ValueError(
+            f"bars takes a 1-D array along {y!r}, got dims {tuple(da.dims)}; "
+            "select or reduce the others first."
+        )
     full = label_from_attrs(da)
     cols = _columns(da)
     keys = list(cols)
-    data = {"values": [dict(zip(keys, row)) for row in zip(*cols.values())]}
-    labels = [c for c, d in LABEL_COORDS.items() if d == y and c in da.coords
-              and da[c].dtype.kind in "OUS"]
+    data = {
+        "values": [dict(zip(keys, row, strict=True)) for row in zip(*cols.values(), strict=True)]
+    }
+    labels = [
+        c
+        for c, d in LABEL_COORDS.items()
+        if d == y and c in da.coords and da[c].dtype.kind in "OUS"
+    ]
     ticks = {y: labels[0]} if labels else {}
-    chart = alt.Chart(data).mark_bar(color="#4c78a8").encode(
-        x=alt.X(f"{_VALUE}:Q", title=full if len(full) <= LEGEND_CHARS else _shorten(da)),
-        tooltip=_tooltip(da, False, full), **_position(da, y, "y", cols, ticks),
-    ).properties(width=220, height=alt.Step(14),
-                 title=alt.TitleParams(title or full, fontSize=12),
-                 usermeta={"embedOptions": {"actions": actions}})
+    chart = (
+        alt.Chart(data)
+        .mark_bar(color="#4c78a8")
+        .encode(
+            x=alt.X(f"{_VALUE}:Q", title=full if len(full) <= LEGEND_CHARS else _shorten(da)),
+            tooltip=_tooltip(da, False, full),
+            **_position(da, y, "y", cols, ticks),
+        )
+        .properties(
+            width=220,
+            height=alt.Step(14),
+            title=alt.TitleParams(title or full, fontSize=12),
+            usermeta={"embedOptions": {"actions": actions}},
+        )
+    )
     return chart
 
 
@@ -319,24 +380,28 @@ def summary(da: xr.DataArray, *, top: int = 3) -> Summary:
     if keys:
         lines.append(" · ".join(f"{k}: {da.attrs[k]}" for k in keys))
     if finite.size:
-        lines.append(f"min {finite.min():.4g} · mean {finite.mean():.4g} · "
-                     f"max {finite.max():.4g}")
-    counts = [(int(np.isnan(values).sum()), "not computed (NaN)"),
-              (int(np.isinf(values).sum()), "infinite")]
+        lines.append(f"min {finite.min():.4g} · mean {finite.mean():.4g} · max {finite.max():.4g}")
+    counts = [
+        (int(np.isnan(values).sum()), "not computed (NaN)"),
+        (int(np.isinf(values).sum()), "infinite"),
+    ]
     lines += [f"{n} cells {what}" for n, what in counts if n]
     pooled = [d for d in ("seed", "prompt") if d in da.dims]
     mean = da.mean(pooled) if pooled else da
-    flat = np.abs(np.nan_to_num(np.asarray(mean.values, dtype=float), nan=0, posinf=0,
-                                neginf=0)).ravel()
+    flat = np.abs(
+        np.nan_to_num(np.asarray(mean.values, dtype=float), nan=0, posinf=0, neginf=0)
+    ).ravel()
     if mean.ndim and top > 0 and flat.any():
         best = []
         for i in np.argsort(-flat)[:top]:
-            at = dict(zip(mean.dims, np.unravel_index(i, mean.shape)))
+            at = dict(zip(mean.dims, np.unravel_index(i, mean.shape), strict=True))
             cell = mean.isel(at)
             where = ", ".join(f"{d} {cell[d].item()}" for d in mean.dims)
             best.append(f"{where}: {float(cell):.4g}")
-        lines.append(("strongest (mean over " + " and ".join(pooled) + "): " if pooled
-                      else "strongest: ") + "; ".join(best))
+        lines.append(
+            ("strongest (mean over " + " and ".join(pooled) + "): " if pooled else "strongest: ")
+            + "; ".join(best)
+        )
     return Summary(da, lines)
 
 
@@ -346,12 +411,20 @@ def _shorten(da: xr.DataArray) -> str:
     if units and units != "bool" and len(units) <= LEGEND_CHARS:
         return units
     name = str(da.attrs.get("long_name") or da.name or _VALUE)
-    return name if len(name) <= LEGEND_CHARS else name[:LEGEND_CHARS - 1].rstrip() + "…"
+    return name if len(name) <= LEGEND_CHARS else name[: LEGEND_CHARS - 1].rstrip() + "…"
 
 
-def _panel(da: xr.DataArray, *, x: str, y: str, enc: dict[str, Any],
-           labels: tuple[str, str] | None, ticks: Mapping[str, str], has_inf: bool,
-           legend: str) -> alt.Chart | alt.LayerChart:
+def _panel(
+    da: xr.DataArray,
+    *,
+    x: str,
+    y: str,
+    enc: dict[str, Any],
+    labels: tuple[str, str] | None,
+    ticks: Mapping[str, str],
+    has_inf: bool,
+    legend: str,
+) -> alt.Chart | alt.LayerChart:
     """One grid of cells with its data inline; ``enc`` holds the shared colour and tooltip.
 
     Args:
@@ -374,18 +447,22 @@ def _panel(da: xr.DataArray, *, x: str, y: str, enc: dict[str, Any],
         state = (lambda v: labels[int(v)]) if len(labels) > 2 else (lambda v: labels[bool(v)])
         cols[_STATE] = [NAN_LABEL if v is None else state(v) for v in cols[_VALUE]]
     keys = list(cols)
-    data = {"values": [dict(zip(keys, row)) for row in zip(*cols.values())]}
-    base = alt.Chart(data).encode(**_position(da, x, "x", cols, ticks),
-                                  **_position(da, y, "y", cols, ticks))
+    data = {
+        "values": [dict(zip(keys, row, strict=True)) for row in zip(*cols.values(), strict=True)]
+    }
+    base = alt.Chart(data).encode(
+        **_position(da, x, "x", cols, ticks), **_position(da, y, "y", cols, ticks)
+    )
     cells = base.mark_rect(invalid="show").encode(**enc)
     if has_inf:
         marked = base.transform_filter(f"datum.{_INFINITE} != null")
         tips = [t for t in enc.get("tooltip", []) if t.to_dict()["field"] != _VALUE]
-        tips = tips + [alt.Tooltip(f"{_INFINITE}:N", title=legend)] if "tooltip" in enc else []
+        tips = [*tips, alt.Tooltip(f"{_INFINITE}:N", title=legend)] if "tooltip" in enc else []
         cells = alt.layer(
             cells,
             marked.mark_rect(color=INF_COLOR).encode(**({"tooltip": tips} if tips else {})),
-            marked.mark_text(color="white", fontSize=9).encode(text=f"{_INFINITE}:N"))
+            marked.mark_text(color="white", fontSize=9).encode(text=f"{_INFINITE}:N"),
+        )
     return cells.properties(width=_size(da, x), height=_size(da, y))
 
 
@@ -403,8 +480,9 @@ def _inside(da: xr.DataArray) -> np.ndarray:
 def _header(da: xr.DataArray, dim: str) -> alt.Header:
     """Facet headers that read as titles: the value, integers as "cluster 3"."""
     expr = f"'{dim} ' + datum.value" if _kind(da, dim) == "O" else "datum.value"
-    return alt.Header(title=None, labelExpr=expr, labelFontSize=12, labelFontWeight="bold",
-                      labelLimit=400)
+    return alt.Header(
+        title=None, labelExpr=expr, labelFontSize=12, labelFontWeight="bold", labelLimit=400
+    )
 
 
 def _facet_label(da: xr.DataArray, dim: Hashable, value: Any) -> str:
@@ -425,8 +503,10 @@ def _axis_dim(da: xr.DataArray, name: str, role: str) -> Hashable:
         dim = LABEL_COORDS.get(name, da[name].dims[-1] if da[name].ndim else None)
         if dim in da.dims:
             return dim
-    raise ValueError(f"{role}={name!r} is neither a dim nor a label coord of the array; it has "
-                     f"dims {tuple(da.dims)} and coords {tuple(da.coords)}.")
+    raise ValueError(
+        f"{role}={name!r} is neither a dim nor a label coord of the array; it has "
+        f"dims {tuple(da.dims)} and coords {tuple(da.coords)}."
+    )
 
 
 def _coord_names(da: xr.DataArray) -> list[str]:
@@ -447,14 +527,16 @@ def _columns(da: xr.DataArray) -> dict[str, list]:
     for name in _coord_names(da):
         coord = da[name]
         own = [d for d in da.dims if d in coord.dims]
-        arr = coord.transpose(*own).values.reshape([s if d in own else 1 for d, s in
-                                                    zip(da.dims, shape)])
+        arr = coord.transpose(*own).values.reshape(
+            [s if d in own else 1 for d, s in zip(da.dims, shape, strict=True)]
+        )
         cols[name] = _jsonable(np.broadcast_to(arr, shape).ravel())
     values = da.values.ravel()
     cols[_VALUE] = _jsonable(values)
     if values.dtype.kind == "f" and np.isinf(values).any():
-        cols[_INFINITE] = np.where(np.isinf(values), np.where(values > 0, "+∞", "−∞"),
-                                   None).tolist()
+        cols[_INFINITE] = np.where(
+            np.isinf(values), np.where(values > 0, "+∞", "−∞"), None
+        ).tolist()
     return cols
 
 
@@ -481,7 +563,7 @@ def _drop_outside(cols: dict[str, list], coord_names: list[str]) -> dict[str, li
     if not bad:
         return cols
     keep = [all(cols[n][i] is not None for n in bad) for i in range(len(cols[_VALUE]))]
-    return {k: [v for v, ok in zip(col, keep) if ok] for k, col in cols.items()}
+    return {k: [v for v, ok in zip(col, keep, strict=True) if ok] for k, col in cols.items()}
 
 
 def _edges(coord: xr.DataArray, dim: Hashable) -> tuple[tuple, tuple]:
@@ -520,8 +602,9 @@ def _order(da: xr.DataArray, name: str) -> list:
     return list(dict.fromkeys(_jsonable(da[name].values.ravel())))
 
 
-def _position(da: xr.DataArray, name: str, channel: str, cols: dict[str, list],
-              ticks: Mapping[str, str]) -> dict:
+def _position(
+    da: xr.DataArray, name: str, channel: str, cols: dict[str, list], ticks: Mapping[str, str]
+) -> dict:
     """Encoding for one axis: banded for discrete coords, start and end for continuous ones.
 
     A discrete axis named in ``ticks`` shows that label coord's values as its tick labels
@@ -535,15 +618,21 @@ def _position(da: xr.DataArray, name: str, channel: str, cols: dict[str, list],
         if name in ticks and name in da.dims:
             keys = json.dumps(_jsonable(da[name].values))
             texts = json.dumps([str(t) for t in da[ticks[name]].values.tolist()])
-            axis = {"axis": alt.Axis(labelExpr=f"{texts}[indexof({keys}, datum.value)]",
-                                     labelAngle=-45 if channel == "x" else 0, labelLimit=120),
-                    "title": f"{name} ({ticks[name]})"}
-        return {channel: cls(f"{name}:{_kind(da, name)}", sort=sort,
-                             **{"title": name, **axis})}
+            axis = {
+                "axis": alt.Axis(
+                    labelExpr=f"{texts}[indexof({keys}, datum.value)]",
+                    labelAngle=-45 if channel == "x" else 0,
+                    labelLimit=120,
+                ),
+                "title": f"{name} ({ticks[name]})",
+            }
+        return {channel: cls(f"{name}:{_kind(da, name)}", sort=sort, **{"title": name, **axis})}
     lo, hi = min(cols[f"{name}_start"], default=0), max(cols[f"{name}_end"], default=1)
     scale = alt.Scale(domain=[lo, hi], nice=False, zero=False, reverse=channel == "y")
-    return {channel: cls(f"{name}_start:Q", title=name, scale=scale),
-            f"{channel}2": cls2(field=f"{name}_end")}
+    return {
+        channel: cls(f"{name}_start:Q", title=name, scale=scale),
+        f"{channel}2": cls2(field=f"{name}_end"),
+    }
 
 
 def _size(da: xr.DataArray, name: str) -> alt.Step | int:
@@ -554,9 +643,16 @@ def _size(da: xr.DataArray, name: str) -> alt.Step | int:
     return alt.Step(int(np.clip(480 // max(len(_order(da, name)), 1), 6, 22)))
 
 
-def _color(finite: np.ndarray, *, binary: bool, has_nan: bool, center: float | None,
-           color: str | Sequence[str] | None, labels: tuple[str, str],
-           title: str | list[str]) -> alt.Color:
+def _color(
+    finite: np.ndarray,
+    *,
+    binary: bool,
+    has_nan: bool,
+    center: float | None,
+    color: str | Sequence[str] | None,
+    labels: tuple[str, str],
+    title: str | list[str],
+) -> alt.Color:
     """Colour encoding chosen from the data: binary, diverging or sequential."""
     scheme = color if isinstance(color, str) else None
     custom = None if color is None or scheme else list(color)
@@ -564,15 +660,18 @@ def _color(finite: np.ndarray, *, binary: bool, has_nan: bool, center: float | N
         nan = [NAN_LABEL] if has_nan else []
         if len(labels) > 2:  # categories: legend in code order
             domain = list(labels) + nan
-            scale = alt.Scale(domain=domain, range=custom + [NAN_COLOR] * len(nan)) if custom \
+            scale = (
+                alt.Scale(domain=domain, range=custom + [NAN_COLOR] * len(nan))
+                if custom
                 else alt.Scale(domain=domain, scheme=scheme or "category10")
+            )
             return alt.Color(f"{_STATE}:N", scale=scale, title=title)
-        domain = [labels[1], labels[0]] + nan
+        domain = [labels[1], labels[0], *nan]
         if scheme:
             scale = alt.Scale(domain=domain, scheme=scheme)
         else:
             off, on = custom or BINARY_COLORS
-            scale = alt.Scale(domain=domain, range=[on, off, NAN_COLOR][:len(domain)])
+            scale = alt.Scale(domain=domain, range=[on, off, NAN_COLOR][: len(domain)])
         return alt.Color(f"{_STATE}:N", scale=scale, title=title)
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     hi = hi if hi > lo else lo + 1.0  # constant data: any non-empty domain
@@ -597,28 +696,37 @@ def _tooltip(da: xr.DataArray, binary: bool, legend: str) -> list:
     tips = []
     for name in _coord_names(da):
         kind = _kind(da, name)
-        tips.append(alt.Tooltip(f"{name}:{kind}", title=str(name),
-                                **({"format": ".3f"} if kind == "Q" else {})))
+        tips.append(
+            alt.Tooltip(
+                f"{name}:{kind}", title=str(name), **({"format": ".3f"} if kind == "Q" else {})
+            )
+        )
     if binary:
         tips.append(alt.Tooltip(f"{_STATE}:N", title="state"))
     tips.append(alt.Tooltip(f"{_VALUE}:Q", title=legend, format=".4g"))
     return tips
 
 
-def _subtitle(da: xr.DataArray, *, has_nan: bool, has_inf: bool,
-              colour: str | None) -> list[str]:
+def _subtitle(da: xr.DataArray, *, has_nan: bool, has_inf: bool, colour: str | None) -> list[str]:
     """Subtitle lines: what the colour shows (when the legend title is short or the title is
     not the description), provenance (model, method, metric), a ``note`` attr, and what
     grey and dark marked cells mean, each only when such a cell is drawn."""
-    keys = [k for k in ("model", "method", "metric") if k in da.attrs and k not in da.dims
-            and k not in da.coords and da.attrs[k] not in ("", "none")]  # a coord says more
+    keys = [
+        k
+        for k in ("model", "method", "metric")
+        if k in da.attrs
+        and k not in da.dims
+        and k not in da.coords
+        and da.attrs[k] not in ("", "none")
+    ]  # a coord says more
     lines = [f"colour: {colour}"] if colour else []
     if keys:
         lines.append(" · ".join(f"{k}: {da.attrs[k]}" for k in keys))
     if da.attrs.get("note"):
         lines.append(str(da.attrs["note"]))
     marks = ([f"grey: {NAN_LABEL}"] if has_nan else []) + (
-        ["+∞ / −∞: infinite value"] if has_inf else [])
+        ["+∞ / −∞: infinite value"] if has_inf else []
+    )
     if marks:
         lines.append(" · ".join(marks))
     return lines
@@ -700,31 +808,65 @@ def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt
         for label in report["estimator"].values.tolist():
             est = estimate.sel(estimator=label)
             for index in np.ndindex(exact.shape):
-                cell = {dim: int(exact[dim].values[i]) for dim, i in zip(exact.dims, index)}
-                rows.append({**cell, "estimator": label, "exact": float(exact.values[index]),
-                             "estimate": float(est.values[index])})
+                cell = {
+                    dim: int(exact[dim].values[i]) for dim, i in zip(exact.dims, index, strict=True)
+                }
+                rows.append(
+                    {
+                        **cell,
+                        "estimator": label,
+                        "exact": float(exact.values[index]),
+                        "estimate": float(est.values[index]),
+                    }
+                )
         values = [row[key] for row in rows for key in ("exact", "estimate")]
         low, high = min(values), max(values)
         r_means = report["pearson_means"].sel(component_type=ctype)
-        r_text = ", ".join(f"r {float(r):.2f} ({label})"
-                           for label, r in zip(r_means["estimator"].values.tolist(), r_means.values))
+        r_text = ", ".join(
+            f"r {float(r):.2f} ({label})"
+            for label, r in zip(r_means["estimator"].values.tolist(), r_means.values, strict=True)
+        )
         base = alt.Chart(alt.Data(values=rows))
-        diagonal = alt.Chart(alt.Data(values=[{"exact": low, "estimate": low},
-                                              {"exact": high, "estimate": high}])).mark_line(
-            color="#999999", strokeDash=[4, 4]).encode(x="exact:Q", y="estimate:Q")
+        diagonal = (
+            alt.Chart(
+                alt.Data(
+                    values=[{"exact": low, "estimate": low}, {"exact": high, "estimate": high}]
+                )
+            )
+            .mark_line(color="#999999", strokeDash=[4, 4])
+            .encode(x="exact:Q", y="estimate:Q")
+        )
         tooltip = [alt.Tooltip(f"{dim}:O") for dim in exact.dims] + [
-            alt.Tooltip("estimator:N"), alt.Tooltip("exact:Q", format=".3f"),
-            alt.Tooltip("estimate:Q", format=".3f")]
+            alt.Tooltip("estimator:N"),
+            alt.Tooltip("exact:Q", format=".3f"),
+            alt.Tooltip("estimate:Q", format=".3f"),
+        ]
         points = base.mark_circle(size=28, opacity=0.7).encode(
-            x=alt.X("exact:Q", title=f"exact patching effect ({units})",
-                    scale=alt.Scale(domain=[low, high])),
+            x=alt.X(
+                "exact:Q",
+                title=f"exact patching effect ({units})",
+                scale=alt.Scale(domain=[low, high]),
+            ),
             y=alt.Y("estimate:Q", title=f"estimate ({units})", scale=alt.Scale(domain=[low, high])),
-            color=alt.Color("estimator:N", title="estimator"), tooltip=tooltip)
-        panels.append(alt.layer(diagonal, points).properties(
-            width=width, height=height, title=alt.Title(names.get(ctype, ctype), subtitle=r_text)))
+            color=alt.Color("estimator:N", title="estimator"),
+            tooltip=tooltip,
+        )
+        panels.append(
+            alt.layer(diagonal, points).properties(
+                width=width,
+                height=height,
+                title=alt.Title(names.get(ctype, ctype), subtitle=r_text),
+            )
+        )
     attrs = report.attrs
-    return alt.hconcat(*panels).properties(title=alt.Title(
-        "Can I trust the fast map? Estimate vs exact activation patching (prompt means)",
-        subtitle=f"{attrs.get('model', '')}, {attrs.get('n_prompts', '?')} prompts of "
-                 f"{attrs.get('prompt_set', '?')}, metric {attrs.get('metric', '?')}"),
-    ).configure_view(stroke=None)
+    return (
+        alt.hconcat(*panels)
+        .properties(
+            title=alt.Title(
+                "Can I trust the fast map? Estimate vs exact activation patching (prompt means)",
+                subtitle=f"{attrs.get('model', '')}, {attrs.get('n_prompts', '?')} prompts of "
+                f"{attrs.get('prompt_set', '?')}, metric {attrs.get('metric', '?')}",
+            ),
+        )
+        .configure_view(stroke=None)
+    )

@@ -21,32 +21,70 @@ import xarray as xr
 SCHEMA_VERSION = 1
 
 #: Every dim lenscape uses, in canonical order.
-DIMS: tuple[str, ...] = ("model", "seed", "prompt", "cluster", "layer", "head", "component", "pos",
-                         "query_pos", "key_pos")
+DIMS: tuple[str, ...] = (
+    "model",
+    "seed",
+    "prompt",
+    "cluster",
+    "layer",
+    "head",
+    "component",
+    "pos",
+    "query_pos",
+    "key_pos",
+)
 #: Dims whose coords are integers counting from 0.
-INT_DIMS: tuple[str, ...] = ("seed", "prompt", "cluster", "layer", "head", "pos", "query_pos",
-                             "key_pos")
+INT_DIMS: tuple[str, ...] = (
+    "seed",
+    "prompt",
+    "cluster",
+    "layer",
+    "head",
+    "pos",
+    "query_pos",
+    "key_pos",
+)
 
 BLOCK_COMPONENTS: tuple[str, ...] = ("attn", "mlp")
 WEIGHT_COMPONENTS: tuple[str, ...] = (
-    "q_proj", "k_proj", "v_proj", "o_proj",
-    "gate_proj", "up_proj", "down_proj",
-    "input_layernorm", "post_attention_layernorm",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
     # Gemma-3 wraps the MLP in two more norms; they are per-layer weights like the others.
-    "pre_feedforward_layernorm", "post_feedforward_layernorm",
-    "q_norm", "k_norm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+    "q_norm",
+    "k_norm",
 )
 MODEL_COMPONENTS: tuple[str, ...] = ("embed", "lm_head", "final_norm")
 COMPONENTS: tuple[str, ...] = BLOCK_COMPONENTS + WEIGHT_COMPONENTS + MODEL_COMPONENTS
 
 #: Non-dimension coords and the dim they hang on.
-LABEL_COORDS: dict[str, str] = {"text": "prompt", "category": "prompt", "depth": "layer",
-                                "query_token": "query_pos", "key_token": "key_pos"}
+LABEL_COORDS: dict[str, str] = {
+    "text": "prompt",
+    "category": "prompt",
+    "depth": "layer",
+    "query_token": "query_pos",
+    "key_token": "key_pos",
+}
 
 #: Provenance attrs every captured result carries.
 PROVENANCE_ATTRS: tuple[str, ...] = (
-    "long_name", "units", "method", "metric", "model", "backend", "dtype",
-    "lenscape_version", "schema_version",
+    "long_name",
+    "units",
+    "method",
+    "metric",
+    "model",
+    "backend",
+    "dtype",
+    "lenscape_version",
+    "schema_version",
 )
 
 _SCALAR_TYPES = (str, int, float, bool, np.integer, np.floating, np.bool_)
@@ -104,7 +142,7 @@ def make(
         values = values.detach().float().cpu().numpy()
     values = np.asarray(values)
     coords = dict(coords or {})
-    for dim, size in zip(dims, values.shape):
+    for dim, size in zip(dims, values.shape, strict=True):
         if dim in INT_DIMS and dim not in coords:
             coords[dim] = np.arange(size)
     full_coords: dict[str, Any] = {}
@@ -136,18 +174,24 @@ def validate(da: xr.DataArray, *, provenance: bool = True) -> xr.DataArray:
         ValueError: naming the first problem found and how to fix it.
     """
     if not isinstance(da, xr.DataArray):
-        raise ValueError(f"Expected an xarray.DataArray, got {type(da).__name__}; "
-                         "wrap a Dataset variable with ds['name'].")
+        raise ValueError(
+            f"Expected an xarray.DataArray, got {type(da).__name__}; "
+            "wrap a Dataset variable with ds['name']."
+        )
     ordered_dims(da.dims)  # unknown dims
     if tuple(da.dims) != ordered_dims(da.dims):
-        raise ValueError(f"Dims {list(da.dims)} are out of order; use "
-                         f"da.transpose(*{list(ordered_dims(da.dims))}).")
+        raise ValueError(
+            f"Dims {list(da.dims)} are out of order; use "
+            f"da.transpose(*{list(ordered_dims(da.dims))})."
+        )
     for dim in da.dims:
         if dim not in da.coords:
             if dim in INT_DIMS:
                 continue
-            raise ValueError(f"Dim '{dim}' has no coordinate labels; assign them with "
-                             f"da.assign_coords({dim}=[...]).")
+            raise ValueError(
+                f"Dim '{dim}' has no coordinate labels; assign them with "
+                f"da.assign_coords({dim}=[...])."
+            )
         values = da[dim].values
         if dim in INT_DIMS:
             if not np.issubdtype(values.dtype, np.integer) or (values < 0).any():
@@ -155,18 +199,23 @@ def validate(da: xr.DataArray, *, provenance: bool = True) -> xr.DataArray:
         if dim == "component":
             bad = sorted(set(map(str, values)) - set(COMPONENTS))
             if bad:
-                raise ValueError(f"Unknown component label(s) {bad}; the vocabulary is "
-                                 f"{list(COMPONENTS)} (map other names in models.py).")
+                raise ValueError(
+                    f"Unknown component label(s) {bad}; the vocabulary is "
+                    f"{list(COMPONENTS)} (map other names in models.py)."
+                )
     for name, dim in LABEL_COORDS.items():
         if name in da.coords and da[name].dims != (dim,):
             raise ValueError(f"Coord '{name}' must lie along '{dim}', found dims {da[name].dims}.")
     for key, value in da.attrs.items():
         if not isinstance(value, _SCALAR_TYPES):
-            raise ValueError(f"Attr '{key}' is a {type(value).__name__}; attrs must be scalars "
-                             "(str, int, float, bool) so they survive zarr and netCDF.")
+            raise ValueError(
+                f"Attr '{key}' is a {type(value).__name__}; attrs must be scalars "
+                "(str, int, float, bool) so they survive zarr and netCDF."
+            )
     if provenance:
         missing = [a for a in PROVENANCE_ATTRS if a not in da.attrs]
         if missing:
-            raise ValueError(f"Missing provenance attrs {missing}; build results with "
-                             "lenscape.schema.make(...).")
+            raise ValueError(
+                f"Missing provenance attrs {missing}; build results with lenscape.schema.make(...)."
+            )
     return da

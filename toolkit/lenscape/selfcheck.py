@@ -35,15 +35,18 @@ from .models import LensModel
 #: Relative mismatch allowed per model dtype (see the module docstring). The check recomputes
 #: in float32, as direct logit attribution does, so float64 models get float32's limit.
 TOLERANCES: dict[torch.dtype, float] = {
-    torch.float64: 1e-4, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2,
+    torch.float64: 1e-4,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 5e-2,
 }
 #: identity -> what it says.
 IDENTITIES: dict[str, str] = {
     "heads": "the per-head outputs through o_proj sum to the attention output",
     "residual": "the residual stream entering the block plus its attention and MLP outputs "
-                "equals the residual stream leaving it",
+    "equals the residual stream leaving it",
     "logits": "the final norm and unembedding of the final residual stream equal the "
-              "model's logits",
+    "model's logits",
 }
 PROBE_TEXT = "The capital of France is Paris, and 12 + 30 = 42."
 
@@ -77,33 +80,43 @@ def _capture(model: LensModel, input_ids: torch.Tensor) -> tuple[dict, torch.Ten
         except AttributeError as err:
             raise LayoutCheckError(
                 f"The layout of {model.name} names a module that does not exist: '{path}'; "
-                "fix the layout (lsc.load(..., layout=...)).") from err
+                "fix the layout (lsc.load(..., layout=...))."
+            ) from err
 
     def keep_input(key):
         def hook(_, args, kwargs):
             acts[key] = (args[0] if args else kwargs["hidden_states"])[0].detach()
+
         return hook
 
     def keep_output(key, first_of_tuple: bool):
         def hook(_, args, output):
             acts[key] = (output[0] if first_of_tuple else output)[0].detach()
+
         return hook
 
     try:
         for layer in range(model.spec.n_layers):
             block = f"{layout.layers}.{layer}"
             handles += [
-                module(block).register_forward_pre_hook(keep_input(("resid_pre", layer)),
-                                                        with_kwargs=True),
+                module(block).register_forward_pre_hook(
+                    keep_input(("resid_pre", layer)), with_kwargs=True
+                ),
                 module(f"{block}.{layout.o_proj}").register_forward_pre_hook(
-                    keep_input(("z", layer)), with_kwargs=True),
+                    keep_input(("z", layer)), with_kwargs=True
+                ),
                 module(f"{block}.{layout.attn_out}").register_forward_hook(
-                    keep_output(("attn", layer), layout.attn_out_tuple)),
+                    keep_output(("attn", layer), layout.attn_out_tuple)
+                ),
                 module(f"{block}.{layout.mlp_out}").register_forward_hook(
-                    keep_output(("mlp", layer), False)),
+                    keep_output(("mlp", layer), False)
+                ),
             ]
-        handles.append(module(layout.final_norm).register_forward_pre_hook(
-            keep_input(("resid_final", -1)), with_kwargs=True))
+        handles.append(
+            module(layout.final_norm).register_forward_pre_hook(
+                keep_input(("resid_final", -1)), with_kwargs=True
+            )
+        )
         with torch.no_grad():
             # Logits at the last position only: the unembedding of every position would
             # cost as much as the rest of the pass on big-vocabulary models.
@@ -141,8 +154,9 @@ def _final_logits(model: LensModel, resid: torch.Tensor) -> torch.Tensor:
     if layout.layer_norm:
         bias = getattr(norm, "bias", None)
         eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 1e-5)
-        normed = torch.nn.functional.layer_norm(x, x.shape[-1:], norm.weight.float(),
-                                                None if bias is None else bias.float(), eps)
+        normed = torch.nn.functional.layer_norm(
+            x, x.shape[-1:], norm.weight.float(), None if bias is None else bias.float(), eps
+        )
     else:
         normed = x * _rms_scale(x, norm) * _norm_weight(norm, layout.norm_offset)
     unembed = model.hf.get_submodule(layout.unembed)
@@ -164,14 +178,23 @@ def _residuals(model: LensModel, acts: dict, logits: torch.Tensor) -> dict[str, 
             heads[layer] = _mismatch(_head_sum(model, layer, z), attn)
         except RuntimeError:  # z or W_O cannot be split into (n_heads, d_head)
             heads[layer] = math.inf
-        after = acts[("resid_pre", layer + 1)] if layer + 1 < spec.n_layers else acts[
-            ("resid_final", -1)]
+        after = (
+            acts[("resid_pre", layer + 1)]
+            if layer + 1 < spec.n_layers
+            else acts[("resid_final", -1)]
+        )
         parts = (acts[("resid_pre", layer)], attn, acts[("mlp", layer)])
-        residual[layer] = (_mismatch(sum(p.float() for p in parts), after)
-                           if all(p.shape == after.shape for p in parts) else math.inf)
+        residual[layer] = (
+            _mismatch(sum(p.float() for p in parts), after)
+            if all(p.shape == after.shape for p in parts)
+            else math.inf
+        )
     resid_final = acts[("resid_final", -1)]
-    final = (_mismatch(_final_logits(model, resid_final[-1:]), logits)
-             if resid_final.shape[-1] == spec.d_model else math.inf)
+    final = (
+        _mismatch(_final_logits(model, resid_final[-1:]), logits)
+        if resid_final.shape[-1] == spec.d_model
+        else math.inf
+    )
     return {"heads": heads, "residual": residual, "logits": final}
 
 
@@ -198,18 +221,30 @@ def check(model: LensModel, *, strict: bool = True) -> xr.Dataset:
     tolerance = TOLERANCES.get(model.dtype, TOLERANCES[torch.float32])
     # NaN (a module not reached by the forward pass) fails like any mismatch.
     passed = {name: bool(np.all(np.asarray(v) <= tolerance)) for name, v in values.items()}
-    attrs = {"long_name": "Layout self-check mismatch", "units": "relative",
-             "method": "check", "metric": "relative mismatch", "backend": "torch",
-             "model": model.name, "architecture": model.spec.architecture,
-             "dtype": str(model.dtype).removeprefix("torch."), "tolerance": tolerance,
-             "passed": all(passed.values()), "probe_tokens": int(input_ids.shape[1])}
+    attrs = {
+        "long_name": "Layout self-check mismatch",
+        "units": "relative",
+        "method": "check",
+        "metric": "relative mismatch",
+        "backend": "torch",
+        "model": model.name,
+        "architecture": model.spec.architecture,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "tolerance": tolerance,
+        "passed": all(passed.values()),
+        "probe_tokens": int(input_ids.shape[1]),
+    }
     n_layers = model.spec.n_layers
-    result = xr.Dataset({
-        "heads": schema.make(values["heads"], dims=("layer",), attrs=attrs, n_layers=n_layers),
-        "residual": schema.make(values["residual"], dims=("layer",), attrs=attrs,
-                                n_layers=n_layers),
-        "logits": xr.DataArray(values["logits"], attrs=attrs),
-    }, attrs=attrs)
+    result = xr.Dataset(
+        {
+            "heads": schema.make(values["heads"], dims=("layer",), attrs=attrs, n_layers=n_layers),
+            "residual": schema.make(
+                values["residual"], dims=("layer",), attrs=attrs, n_layers=n_layers
+            ),
+            "logits": xr.DataArray(values["logits"], attrs=attrs),
+        },
+        attrs=attrs,
+    )
     if strict:
         for name in IDENTITIES:
             if not passed[name]:
@@ -220,13 +255,18 @@ def check(model: LensModel, *, strict: bool = True) -> xr.Dataset:
 def _failure(model: LensModel, identity: str, mismatch: xr.DataArray, tolerance: float) -> str:
     if "layer" in mismatch.dims:
         bad = np.flatnonzero(~(mismatch.values <= tolerance))
-        where = (f"at layer {bad[0]} (of layers {bad.tolist()} that fail)" if len(bad) > 1
-                 else f"at layer {bad[0]}")
+        where = (
+            f"at layer {bad[0]} (of layers {bad.tolist()} that fail)"
+            if len(bad) > 1
+            else f"at layer {bad[0]}"
+        )
         size = float(mismatch.values[bad[0]])
     else:
         where, size = "at the output", float(mismatch)
-    return (f"Layout self-check failed for {model.name} ({model.spec.architecture}): "
-            f"'{identity}' ({IDENTITIES[identity]}) is off by {size:.2g} (relative; tolerance "
-            f"{tolerance:g} for {str(model.dtype).removeprefix('torch.')}) {where}; the "
-            "layout does not match this model: fix it with lsc.load(..., layout=...) or skip "
-            "the check with check=False.")
+    return (
+        f"Layout self-check failed for {model.name} ({model.spec.architecture}): "
+        f"'{identity}' ({IDENTITIES[identity]}) is off by {size:.2g} (relative; tolerance "
+        f"{tolerance:g} for {str(model.dtype).removeprefix('torch.')}) {where}; the "
+        "layout does not match this model: fix it with lsc.load(..., layout=...) or skip "
+        "the check with check=False."
+    )

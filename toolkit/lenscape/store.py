@@ -68,15 +68,19 @@ def as_path(path: Any, *, argument: str = "path") -> Path:
         TypeError: not a string or path-like object.
     """
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{argument} must be a file path (str or pathlib.Path), got {path!r} "
-                        f"({type(path).__name__}); e.g. 'results.zarr'.")
+        raise TypeError(
+            f"{argument} must be a file path (str or pathlib.Path), got {path!r} "
+            f"({type(path).__name__}); e.g. 'results.zarr'."
+        )
     return Path(path)
 
 
 def _engine(path: Path) -> str:
     if path.suffix not in FORMATS:
-        raise ValueError(f"Cannot tell the format of '{path}'; use a path ending in one of "
-                         f"{sorted(FORMATS)} (zarr store or netCDF file).")
+        raise ValueError(
+            f"Cannot tell the format of '{path}'; use a path ending in one of "
+            f"{sorted(FORMATS)} (zarr store or netCDF file)."
+        )
     return FORMATS[path.suffix]
 
 
@@ -90,8 +94,10 @@ def _encode_attrs(attrs: dict) -> dict:
 
 def _decode_attrs(attrs: dict) -> dict:
     bools = set(filter(None, str(attrs.pop(_BOOL_ATTRS, "")).split(",")))
-    return {k: bool(v) if k in bools else (v.item() if isinstance(v, np.generic) else v)
-            for k, v in attrs.items()}
+    return {
+        k: bool(v) if k in bools else (v.item() if isinstance(v, np.generic) else v)
+        for k, v in attrs.items()
+    }
 
 
 def _as_dataset(obj: xr.DataArray | xr.Dataset, engine: str) -> xr.Dataset:
@@ -103,14 +109,17 @@ def _as_dataset(obj: xr.DataArray | xr.Dataset, engine: str) -> xr.Dataset:
         ds = obj.copy()
         ds.attrs = {**obj.attrs, _KIND: "Dataset"}
     else:
-        raise ValueError(f"lsc.save takes an xarray DataArray or Dataset, got {type(obj).__name__}.")
+        raise ValueError(
+            f"lsc.save takes an xarray DataArray or Dataset, got {type(obj).__name__}."
+        )
     ds.attrs = _encode_attrs(ds.attrs)
     for name in ds.variables:
         ds[name].attrs = _encode_attrs(ds[name].attrs)
     if engine == "zarr":
         # Variable-length strings have a zarr v3 spec; fixed-width numpy unicode does not.
-        ds = ds.assign_coords({name: ds[name].astype(object) for name in ds.coords
-                               if ds[name].dtype.kind == "U"})
+        ds = ds.assign_coords(
+            {name: ds[name].astype(object) for name in ds.coords if ds[name].dtype.kind == "U"}
+        )
     return ds
 
 
@@ -168,8 +177,9 @@ def save(obj: xr.DataArray | xr.Dataset, path: str | Path, *, mode: str = "w") -
     return path
 
 
-def open_result(path: str | Path, *, lazy: bool = False,
-                verify: bool = True) -> xr.DataArray | xr.Dataset:
+def open_result(
+    path: str | Path, *, lazy: bool = False, verify: bool = True
+) -> xr.DataArray | xr.Dataset:
     """Open what ``save`` (or a streaming capture) wrote.
 
     Args:
@@ -185,8 +195,10 @@ def open_result(path: str | Path, *, lazy: bool = False,
     path = as_path(path)
     engine = _engine(path)
     if not path.exists():
-        raise FileNotFoundError(f"No saved result at '{path}'; check the path (lsc.save writes "
-                                "'.zarr' directories and '.nc' files).")
+        raise FileNotFoundError(
+            f"No saved result at '{path}'; check the path (lsc.save writes "
+            "'.zarr' directories and '.nc' files)."
+        )
     if verify and engine == "zarr":
         verify_store(path)
     kwargs = {"consolidated": False} if engine == "zarr" else {}
@@ -196,14 +208,21 @@ def open_result(path: str | Path, *, lazy: bool = False,
             ds = ds.load()
             ds.close()
     except Exception as err:
-        raise StoreError(f"Cannot read the saved result '{path}' ({type(err).__name__}: {err}); "
-                         "the file is damaged or was not written by lsc.save: save the result "
-                         "again.") from err
+        raise StoreError(
+            f"Cannot read the saved result '{path}' ({type(err).__name__}: {err}); "
+            "the file is damaged or was not written by lsc.save: save the result "
+            "again."
+        ) from err
     ds = ds.drop_vars([_DONE], errors="ignore")
     ds.attrs.pop(_SETTINGS, None)
     # Variable-length strings come back as objects or numpy StringDType: back to numpy unicode.
-    ds = ds.assign_coords({name: (ds[name].dims, np.asarray(ds[name].values.tolist(), dtype=str))
-                           for name in ds.coords if ds[name].dtype.kind in "OT"})
+    ds = ds.assign_coords(
+        {
+            name: (ds[name].dims, np.asarray(ds[name].values.tolist(), dtype=str))
+            for name in ds.coords
+            if ds[name].dtype.kind in "OT"
+        }
+    )
     for name in ds.variables:
         ds[name].attrs = _decode_attrs(dict(ds[name].attrs))
     attrs = _decode_attrs(dict(ds.attrs))
@@ -242,9 +261,11 @@ def verify_store(path: str | Path) -> None:
         arrays = dict(group.arrays())
         done = arrays[_DONE][...].astype(bool) if _DONE in arrays else None
     except Exception as err:
-        raise StoreError(f"The metadata of the store '{path}' cannot be read "
-                         f"({type(err).__name__}: {err}); the store is damaged: save or capture "
-                         "the result again.") from err
+        raise StoreError(
+            f"The metadata of the store '{path}' cannot be read "
+            f"({type(err).__name__}: {err}); the store is damaged: save or capture "
+            "the result again."
+        ) from err
     for name, array in arrays.items():
         dims = _dims_of(array)
         prompt_axis = dims.index("prompt") if done is not None and "prompt" in dims else None
@@ -256,19 +277,22 @@ def verify_store(path: str | Path) -> None:
                 if prompt_axis is not None:
                     size = array.chunks[prompt_axis]
                     start = coords[prompt_axis] * size
-                    if not done[start:start + size].any():
+                    if not done[start : start + size].any():
                         continue
-                raise StoreError(f"The store '{path}' is missing the chunk "
-                                 f"'{chunk.relative_to(path)}' of '{name}', so part of the result is lost (it would read as "
-                                 "NaN, 'not computed'); re-run the capture, or open it with "
-                                 "verify=False to read the rest.")
+                raise StoreError(
+                    f"The store '{path}' is missing the chunk "
+                    f"'{chunk.relative_to(path)}' of '{name}', so part of the result is lost (it would read as "
+                    "NaN, 'not computed'); re-run the capture, or open it with "
+                    "verify=False to read the rest."
+                )
             try:
                 array.get_block_selection(coords)
             except Exception as err:
-                raise StoreError(f"The chunk '{chunk.relative_to(path)}' of '{name}' in the store "
-                                 f"'{path}' cannot be read ({type(err).__name__}: {err}); re-run "
-                                 "the capture, or open it with verify=False to read the rest.") \
-                    from err
+                raise StoreError(
+                    f"The chunk '{chunk.relative_to(path)}' of '{name}' in the store "
+                    f"'{path}' cannot be read ({type(err).__name__}: {err}); re-run "
+                    "the capture, or open it with verify=False to read the rest."
+                ) from err
 
 
 @contextmanager
@@ -291,23 +315,30 @@ def writer_lock(path: str | Path) -> Iterator[None]:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as err:
-            raise ValueError(f"Cannot create the lock file '{lock}' for '{path}': "
-                             f"{err.strerror or err}; choose a writable folder.") from err
+            raise ValueError(
+                f"Cannot create the lock file '{lock}' for '{path}': "
+                f"{err.strerror or err}; choose a writable folder."
+            ) from err
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             owner = _lock_owner(fd)
             os.close(fd)
-            raise StoreError(f"'{path}' is being written by another process ({owner}); wait for "
-                             "it to finish, or write to another path. Only one process may "
-                             "write a store at a time.") from None
+            raise StoreError(
+                f"'{path}' is being written by another process ({owner}); wait for "
+                "it to finish, or write to another path. Only one process may "
+                "write a store at a time."
+            ) from None
         except OSError as err:
             if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
                 os.close(fd)
                 raise
-            warnings.warn(f"The file system of '{path}' does not support locks "
-                          f"({err.strerror}), so nothing stops a second process from writing "
-                          "it at the same time; run one writer only.", stacklevel=3)
+            warnings.warn(
+                f"The file system of '{path}' does not support locks "
+                f"({err.strerror}), so nothing stops a second process from writing "
+                "it at the same time; run one writer only.",
+                stacklevel=3,
+            )
             break
         # Its last owner may have removed the file between our open and our lock: then we
         # hold a lock on a deleted file and must lock the file now at that path instead.
@@ -318,10 +349,18 @@ def writer_lock(path: str | Path) -> Iterator[None]:
             pass
         os.close(fd)
     os.ftruncate(fd, 0)
-    os.write(fd, json.dumps({
-        "pid": os.getpid(), "host": socket.gethostname(),
-        "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-    }).encode())
+    os.write(
+        fd,
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": datetime.datetime.now(datetime.timezone.utc).strftime(
+                    "%Y-%m-%d %H:%M:%S UTC"
+                ),
+            }
+        ).encode(),
+    )
     try:
         yield
     finally:
@@ -351,11 +390,14 @@ def check_writable(path: str | Path) -> Path:
     """
     path = as_path(path, argument="store")
     if path.suffix != ".zarr":
-        raise ValueError(f"Streaming capture writes a zarr store; use a path ending in '.zarr', "
-                         f"got '{path}'.")
+        raise ValueError(
+            f"Streaming capture writes a zarr store; use a path ending in '.zarr', got '{path}'."
+        )
     if not path.parent.is_dir():
-        raise ValueError(f"The folder '{path.parent}' for the store '{path.name}' does not exist; "
-                         "create it first (e.g. Path(...).mkdir(parents=True)) or choose another path.")
+        raise ValueError(
+            f"The folder '{path.parent}' for the store '{path.name}' does not exist; "
+            "create it first (e.g. Path(...).mkdir(parents=True)) or choose another path."
+        )
     if path.exists() and not path.is_dir():
         raise ValueError(f"'{path}' is a file, not a zarr store; choose another path.")
     probe = (path if path.is_dir() else path.parent) / f".lenscape-probe-{uuid.uuid4().hex}"
@@ -363,13 +405,16 @@ def check_writable(path: str | Path) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        raise ValueError(f"Cannot write the store '{path}': {err.strerror or err}. The location is "
-                         "read-only for this process; choose a writable path.") from err
+        raise ValueError(
+            f"Cannot write the store '{path}': {err.strerror or err}. The location is "
+            "read-only for this process; choose a writable path."
+        ) from err
     return path
 
 
-def create(template: xr.DataArray | xr.Dataset, path: str | Path, *, chunk: int,
-           settings: dict[str, Any]) -> None:
+def create(
+    template: xr.DataArray | xr.Dataset, path: str | Path, *, chunk: int, settings: dict[str, Any]
+) -> None:
     """Write the layout of a result that will be filled in prompt slices of ``chunk``.
 
     Args:
@@ -384,11 +429,22 @@ def create(template: xr.DataArray | xr.Dataset, path: str | Path, *, chunk: int,
     ds.attrs[_SETTINGS] = json.dumps(settings, sort_keys=True)
     data = _per_prompt_data(ds)
     ds = ds.assign({name: ds[name].chunk({"prompt": chunk}) for name in data})
-    encoding = {name: {"chunks": tuple(chunk if dim == "prompt" else size
-                                       for dim, size in ds[name].sizes.items())}
-                for name in data}
-    ds.to_zarr(path, mode="w", compute=False, consolidated=False, encoding=encoding,
-               write_empty_chunks=True)
+    encoding = {
+        name: {
+            "chunks": tuple(
+                chunk if dim == "prompt" else size for dim, size in ds[name].sizes.items()
+            )
+        }
+        for name in data
+    }
+    ds.to_zarr(
+        path,
+        mode="w",
+        compute=False,
+        consolidated=False,
+        encoding=encoding,
+        write_empty_chunks=True,
+    )
 
 
 def _per_prompt_data(ds: xr.Dataset) -> list[str]:
@@ -402,8 +458,11 @@ def write_part(part: xr.DataArray | xr.Dataset, path: str | Path, *, start: int)
     ds = _as_dataset(part, "zarr")
     stop = start + ds.sizes["prompt"]
     region = {"prompt": slice(start, stop)}
-    data = ds[_per_prompt_data(ds)].reset_coords(drop=True).drop_vars(list(ds.indexes),
-                                                                      errors="ignore")
+    data = (
+        ds[_per_prompt_data(ds)]
+        .reset_coords(drop=True)
+        .drop_vars(list(ds.indexes), errors="ignore")
+    )
     data.drop_attrs().to_zarr(path, region=region, consolidated=False, write_empty_chunks=True)
     done = xr.Dataset({_DONE: ("prompt", np.ones(stop - start, dtype=bool))})
     done.to_zarr(path, region=region, consolidated=False, write_empty_chunks=True)
@@ -419,9 +478,11 @@ def progress(path: str | Path) -> tuple[dict[str, Any], np.ndarray]:
         with xr.open_zarr(path, consolidated=False) as ds:
             return json.loads(ds.attrs[_SETTINGS]), ds[_DONE].values.astype(bool)
     except (KeyError, OSError, ValueError, json.JSONDecodeError) as err:
-        raise ValueError(f"'{path}' exists but is not a lenscape capture store, or its metadata "
-                         f"is damaged ({type(err).__name__}: {err}); choose another path or "
-                         "pass overwrite=True to replace it.") from err
+        raise ValueError(
+            f"'{path}' exists but is not a lenscape capture store, or its metadata "
+            f"is damaged ({type(err).__name__}: {err}); choose another path or "
+            "pass overwrite=True to replace it."
+        ) from err
 
 
 def remove_partial_files(path: str | Path) -> int:

@@ -74,7 +74,7 @@ MASK_REDUCERS: dict[str, Callable[[xr.DataArray, str], xr.DataArray]] = {
 }
 REDUCERS = {**SCORE_REDUCERS, **MASK_REDUCERS}
 #: The mask reducer that matches a score reducer (a mask's mean is its share, max is any).
-MASK_OF = dict(zip(SCORE_REDUCERS, MASK_REDUCERS))
+MASK_OF = dict(zip(SCORE_REDUCERS, MASK_REDUCERS, strict=True))
 #: Dims whose values can be pooled: samples, groups of samples, positions in the model.
 REDUCIBLE_DIMS = ("seed", "prompt", "cluster", "layer", "head", "pos")
 #: Dims the Explorer opens reduced (mean or share); every other dim opens on its first value.
@@ -119,11 +119,14 @@ def threshold_note(da: xr.DataArray, threshold: float) -> str | None:
     """A sentence when ``threshold`` lies outside the finite values of ``da``, else None."""
     lo, hi = _range(da)
     if threshold > hi:
-        return (f"threshold {threshold:g} is above every value (max {hi:.3g}): "
-                "every cell is below it")
+        return (
+            f"threshold {threshold:g} is above every value (max {hi:.3g}): every cell is below it"
+        )
     if threshold <= lo:
-        return (f"threshold {threshold:g} is at or below every value (min {lo:.3g}): "
-                "every cell is at or above it")
+        return (
+            f"threshold {threshold:g} is at or below every value (min {lo:.3g}): "
+            "every cell is at or above it"
+        )
     return None
 
 
@@ -173,10 +176,15 @@ def reduce(data: Data, view: View) -> xr.DataArray:
             continue
         allowed = MASK_REDUCERS if mask else SCORE_REDUCERS
         if how not in allowed:
-            fix = ("turn on binarize to make a mask first" if mask is False else
-                   "a mask reduces with share (its mean), any or all")
-            raise ValueError(f"{how!r} over {dim} does not apply to {name!r}; {fix}, or pick "
-                             f"one of {list(allowed)}.")
+            fix = (
+                "turn on binarize to make a mask first"
+                if mask is False
+                else "a mask reduces with share (its mean), any or all"
+            )
+            raise ValueError(
+                f"{how!r} over {dim} does not apply to {name!r}; {fix}, or pick "
+                f"one of {list(allowed)}."
+            )
         (shared if how == "share" else pooled).append((dim, how))
     for dim, how in pooled:
         da = REDUCERS[how](da, dim)
@@ -185,8 +193,12 @@ def reduce(data: Data, view: View) -> xr.DataArray:
         dims = [dim for dim, _ in shared]
         da = da.mean(dims)
         over = " and ".join(f"{d}s" for d in dims)
-        attrs.update(long_name=f"share of {over} with {name}" if view.threshold is not None
-                     else f"share of {over} where {name}", units=f"share of {over}")
+        attrs.update(
+            long_name=f"share of {over} with {name}"
+            if view.threshold is not None
+            else f"share of {over} where {name}",
+            units=f"share of {over}",
+        )
     if steps:
         attrs["reduction"] = ", ".join(steps)
     out = da.copy(deep=False)
@@ -217,12 +229,15 @@ def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, alt.To
     chart = heatmap(da, x=x, y=y, facet_col=facet, **{"title": title, **options})
     if isinstance(chart, alt.Chart):  # a click selects a cell's coordinates and outlines it
         with debug_mode(False):  # checked whole by to_dict, as in heatmap
-            cell = alt.selection_point(name="cell", fields=[str(d) for d in da.dims],
-                                       on="click", clear="dblclick")
+            cell = alt.selection_point(
+                name="cell", fields=[str(d) for d in da.dims], on="click", clear="dblclick"
+            )
             chart = chart.add_params(cell).encode(  # channel objects: no dict conversion
-                alt.StrokeValue(None, condition={"param": "cell", "value": "#000000",
-                                                 "empty": False}),
-                alt.StrokeWidthValue(2))
+                alt.StrokeValue(
+                    None, condition={"param": "cell", "value": "#000000", "empty": False}
+                ),
+                alt.StrokeWidthValue(2),
+            )
     return da, chart
 
 
@@ -270,15 +285,25 @@ class Explorer:
         ValueError: if ``x`` or ``y`` is missing from the data, or ``facet`` is not another dim.
     """
 
-    def __init__(self, data: Data, *, x: str = "head", y: str = "layer",
-                 facet: str | None = None, variable: Hashable | None = None,
-                 threshold: float | None = None, detail: DetailFn | None = None,
-                 **options: Any):
+    def __init__(
+        self,
+        data: Data,
+        *,
+        x: str = "head",
+        y: str = "layer",
+        facet: str | None = None,
+        variable: Hashable | None = None,
+        threshold: float | None = None,
+        detail: DetailFn | None = None,
+        **options: Any,
+    ):
         dims = _dims(data)
         for role, name in (("x", x), ("y", y)):
             if name not in dims and name not in data.coords:
-                raise ValueError(f"Explorer({role}={name!r}) but the data has dims {tuple(dims)};"
-                                 f" pass {role}= one of them.")
+                raise ValueError(
+                    f"Explorer({role}={name!r}) but the data has dims {tuple(dims)};"
+                    f" pass {role}= one of them."
+                )
         self.data, self.x, self.y, self.options, self.detail = data, x, y, options, detail
         axis_dims = {n if n in dims else data[n].dims[-1] for n in (x, y)}
         self._others = [d for d in dims if d not in axis_dims]
@@ -292,22 +317,40 @@ class Explorer:
         wide = {"style": {"description_width": "initial"}}
         if isinstance(data, xr.Dataset):
             names = list(data.data_vars)
-            c["variable"] = widgets.Dropdown(options=names, value=variable or names[0],
-                                             description="variable", **wide)
+            c["variable"] = widgets.Dropdown(
+                options=names, value=variable or names[0], description="variable", **wide
+            )
         for dim in self._others:
-            c[str(dim)] = widgets.Dropdown(description=str(dim), **wide,
-                                           layout={"width": "460px" if dim == "prompt" else
-                                                   "auto"})
-        c["facet"] = widgets.Dropdown(options=["none"] + [str(d) for d in self._others],
-                                      value=facet or "none", description="facet", **wide)
+            c[str(dim)] = widgets.Dropdown(
+                description=str(dim),
+                **wide,
+                layout={"width": "460px" if dim == "prompt" else "auto"},
+            )
+        c["facet"] = widgets.Dropdown(
+            options=["none"] + [str(d) for d in self._others],
+            value=facet or "none",
+            description="facet",
+            **wide,
+        )
         lo, hi = _range(self._current())
         start = threshold if threshold is not None else float(f"{(lo + hi) / 2:.3g}")
-        c["binarize"] = widgets.Checkbox(value=threshold is not None, description="binarize at",
-                                         indent=False, layout={"width": "auto"})
-        c["threshold"] = widgets.FloatText(value=start, layout={"width": "90px"},
-                                           tooltip="binarize each value to value >= threshold")
-        c["swap"] = widgets.ToggleButton(value=False, description="swap axes", icon="exchange",
-                                         tooltip="exchange the x and y axes")
+        c["binarize"] = widgets.Checkbox(
+            value=threshold is not None,
+            description="binarize at",
+            indent=False,
+            layout={"width": "auto"},
+        )
+        c["threshold"] = widgets.FloatText(
+            value=start,
+            layout={"width": "90px"},
+            tooltip="binarize each value to value >= threshold",
+        )
+        c["swap"] = widgets.ToggleButton(
+            value=False,
+            description="swap axes",
+            icon="exchange",
+            tooltip="exchange the x and y axes",
+        )
         self._data_range = widgets.HTML()
         self._set_dim_options(first=True)
 
@@ -316,19 +359,23 @@ class Explorer:
         self.view = self._read()
         self.array, chart = render(data, self.view, **options)
         self._note(self.array)
-        self._chart = alt.JupyterChart(chart, embed_options={"renderer": "svg",
-                                                             "actions": False})
+        self._chart = alt.JupyterChart(chart, embed_options={"renderer": "svg", "actions": False})
         self._details = widgets.VBox(layout={"min_width": "260px"})
         self._detail_charts: dict[str, alt.JupyterChart] = {}
         self._cell_text, self._cell_error = widgets.HTML(), widgets.HTML()
         dim_row = [c[str(d)] for d in self._others]
         top = [c[k] for k in ("variable", "facet", "swap") if k in c]
-        self.widget = widgets.VBox([
-            widgets.HBox(top + [c["binarize"], c["threshold"], self._data_range],
-                         layout={"flex_flow": "row wrap", "align_items": "center"}),
-            widgets.HBox(dim_row, layout={"flex_flow": "row wrap"}),
-            self._message,
-            widgets.HBox([self._chart, self._details], layout={"align_items": "flex-start"})])
+        self.widget = widgets.VBox(
+            [
+                widgets.HBox(
+                    [*top, c["binarize"], c["threshold"], self._data_range],
+                    layout={"flex_flow": "row wrap", "align_items": "center"},
+                ),
+                widgets.HBox(dim_row, layout={"flex_flow": "row wrap"}),
+                self._message,
+                widgets.HBox([self._chart, self._details], layout={"align_items": "flex-start"}),
+            ]
+        )
         self._sync()
         self._watch_selection()
         self._busy = False
@@ -363,8 +410,11 @@ class Explorer:
             if first:
                 old = reducers[0] if dim in SAMPLE_DIMS and offered else values[0]
             elif isinstance(old, str) and old in REDUCERS:
-                old = (MASK_OF.get(old, old) if masked else
-                       {v: k for k, v in MASK_OF.items()}.get(old, old))
+                old = (
+                    MASK_OF.get(old, old)
+                    if masked
+                    else {v: k for k, v in MASK_OF.items()}.get(old, old)
+                )
             options = [(r, r) for r in offered] + [(_label(self.data, dim, v), v) for v in values]
             if control.options != tuple(options):
                 control.options = options
@@ -374,12 +424,14 @@ class Explorer:
         """The View the controls describe."""
         c = self.controls
         return View(
-            x=self.x, y=self.y,
+            x=self.x,
+            y=self.y,
             pick={d: c[str(d)].value for d in self._others},
             variable=c["variable"].value if "variable" in c else None,
             facet=None if c["facet"].value == "none" else c["facet"].value,
             threshold=c["threshold"].value if c["binarize"].value else None,
-            swap=c["swap"].value)
+            swap=c["swap"].value,
+        )
 
     def _sync(self) -> None:
         """Grey out controls that do not apply; show the data range beside the threshold and
@@ -428,8 +480,9 @@ class Explorer:
     def _note(self, array: xr.DataArray) -> None:
         """Show the array's ``note`` (a threshold outside the data) above the chart, or clear."""
         note = array.attrs.get("note")
-        self._message.value = (f"<span style='color:#8a5a00'>{html.escape(note)}</span>"
-                               if note else "")
+        self._message.value = (
+            f"<span style='color:#8a5a00'>{html.escape(note)}</span>" if note else ""
+        )
 
     def update(self, data: Data) -> None:
         """Show new data (same dims, e.g. scores of other prompts) with the current settings:
@@ -464,19 +517,24 @@ class Explorer:
         """
         da = self._current()
         at = {d: v for d, v in cell.items() if d in da.dims}
-        picks = {d: v for d, v in self.view.pick.items()
-                 if d in da.dims and d not in at and not (isinstance(v, str) and v in REDUCERS)}
+        picks = {
+            d: v
+            for d, v in self.view.pick.items()
+            if d in da.dims and d not in at and not (isinstance(v, str) and v in REDUCERS)
+        }
         self.cell = {**at, **picks}
         values = da.sel({**at, **picks})
         along = next((d for d in values.dims if d in SAMPLE_DIMS), None)
         where = ", ".join(f"{d} {v}" for d, v in at.items())
         parts: list[widgets.Widget] = []
         if along is not None and values.ndim == 1:
-            parts.append(self._detail_chart("bars", bars(values, y=along,
-                                                         title=f"{where}: per {along}")))
+            parts.append(
+                self._detail_chart("bars", bars(values, y=along, title=f"{where}: per {along}"))
+            )
         else:
-            text = html.escape(f"{label_from_attrs(da)} at {where}: "
-                               f"{np.asarray(values.mean().values).item():.4g}")
+            text = html.escape(
+                f"{label_from_attrs(da)} at {where}: {np.asarray(values.mean().values).item():.4g}"
+            )
             self._cell_text.value = f"<b>{text}</b>"
             parts.append(self._cell_text)
         if self.detail is not None:
@@ -484,8 +542,9 @@ class Explorer:
             if along == "prompt" and "prompt" not in cell_for_detail:
                 cell_for_detail["prompt"] = values["prompt"].values[0].item()
             if "prompt" in cell_for_detail and "text" in da.coords:
-                cell_for_detail["text"] = str(da["text"].sel(prompt=cell_for_detail["prompt"])
-                                              .values)
+                cell_for_detail["text"] = str(
+                    da["text"].sel(prompt=cell_for_detail["prompt"]).values
+                )
             try:
                 shown = self.detail(cell_for_detail)
             except ValueError as err:
@@ -502,7 +561,8 @@ class Explorer:
         widget = self._detail_charts.get(slot)
         if widget is None:
             widget = self._detail_charts[slot] = alt.JupyterChart(
-                chart, embed_options={"renderer": "svg", "actions": False})
+                chart, embed_options={"renderer": "svg", "actions": False}
+            )
         else:
             widget.chart = chart
         return widget
@@ -546,31 +606,44 @@ class PromptForm:
         widget: the boxes, the run button, the message and the Explorer.
     """
 
-    def __init__(self, run: Callable[[dict[str, str | None]], Data], *, example: Any,
-                 **options: Any):
+    def __init__(
+        self, run: Callable[[dict[str, str | None]], Data], *, example: Any, **options: Any
+    ):
         self.run = run
         record = example if isinstance(example, Mapping) else dataclasses.asdict(example)
-        self.fields = {key: widgets.Text(value=record.get(key) or "", description=label,
-                                         placeholder=hint, continuous_update=False,
-                                         layout={"width": "420px" if key in ("text", "corrupt")
-                                                 else "200px"})
-                       for key, (label, hint) in PROMPT_FIELDS.items()}
-        self.button = widgets.Button(description="run", icon="play",
-                                     tooltip="score this prompt and redraw the chart")
+        self.fields = {
+            key: widgets.Text(
+                value=record.get(key) or "",
+                description=label,
+                placeholder=hint,
+                continuous_update=False,
+                layout={"width": "420px" if key in ("text", "corrupt") else "200px"},
+            )
+            for key, (label, hint) in PROMPT_FIELDS.items()
+        }
+        self.button = widgets.Button(
+            description="run", icon="play", tooltip="score this prompt and redraw the chart"
+        )
         self.message = widgets.HTML()
         self.explorer = Explorer(run(self.record()), **options)
         f = self.fields
-        self.widget = widgets.VBox([
-            widgets.HBox([f["text"], f["target"]]), widgets.HBox([f["corrupt"], f["distractor"]]),
-            widgets.HBox([self.button, self.message], layout={"align_items": "center"}),
-            self.explorer.widget])
+        self.widget = widgets.VBox(
+            [
+                widgets.HBox([f["text"], f["target"]]),
+                widgets.HBox([f["corrupt"], f["distractor"]]),
+                widgets.HBox([self.button, self.message], layout={"align_items": "center"}),
+                self.explorer.widget,
+            ]
+        )
         self.button.on_click(lambda _: self.submit())
 
     def record(self) -> dict[str, str | None]:
         """The boxes as a prompt record; empty corrupt/distractor boxes are None."""
         values = {key: box.value for key, box in self.fields.items()}
-        return {key: value if value or key in ("text", "target") else None
-                for key, value in values.items()}
+        return {
+            key: value if value or key in ("text", "target") else None
+            for key, value in values.items()
+        }
 
     def submit(self) -> bool:
         """Score the boxes' prompt and show it; on bad input show why and keep the chart.

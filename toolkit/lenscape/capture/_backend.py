@@ -58,12 +58,20 @@ class TokenBatch:
 
     def repeat(self, copies: int) -> TokenBatch:
         """Stack ``copies`` copies along batch: rows ``[c * B:(c + 1) * B]`` are copy ``c``."""
-        return TokenBatch(*(t.repeat(copies, *([1] * (t.dim() - 1))) for t in
-                            (self.input_ids, self.attention_mask, self.position_ids, self.read_pos)))
+        return TokenBatch(
+            *(
+                t.repeat(copies, *([1] * (t.dim() - 1)))
+                for t in (self.input_ids, self.attention_mask, self.position_ids, self.read_pos)
+            )
+        )
 
     def to(self, device: torch.device) -> TokenBatch:
-        return TokenBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask,
-                                                   self.position_ids, self.read_pos)))
+        return TokenBatch(
+            *(
+                t.to(device)
+                for t in (self.input_ids, self.attention_mask, self.position_ids, self.read_pos)
+            )
+        )
 
 
 @dataclass
@@ -88,8 +96,11 @@ def site_order(site: Site) -> tuple[int, int]:
 def _model_kwargs(batch: TokenBatch) -> dict[str, torch.Tensor]:
     """Forward kwargs; ``logits_to_keep`` unembeds only the read positions (saves the
     (batch, pos, vocab) projection, most of the compute for big-vocabulary models)."""
-    return {"attention_mask": batch.attention_mask, "position_ids": batch.position_ids,
-            "logits_to_keep": batch.read_pos[:, None]}
+    return {
+        "attention_mask": batch.attention_mask,
+        "position_ids": batch.position_ids,
+        "logits_to_keep": batch.read_pos[:, None],
+    }
 
 
 class NNsightBackend:
@@ -116,16 +127,29 @@ class NNsightBackend:
             return self._envoy(layout.final_norm)
         if kind == "resid_pre":
             return self._envoy(f"{layout.layers}.{layer}")
-        path = {"z": layout.o_proj, "attn": layout.attn_out, "mlp": layout.mlp_out,
-                "pattern": layout.o_proj.rsplit(".", 1)[0]}[kind]
+        path = {
+            "z": layout.o_proj,
+            "attn": layout.attn_out,
+            "mlp": layout.mlp_out,
+            "pattern": layout.o_proj.rsplit(".", 1)[0],
+        }[kind]
         return self._envoy(f"{layout.layers}.{layer}.{path}")
 
-    def run(self, batch: TokenBatch, *, sites: Sequence[Site] = (), edit: EditFn | None = None,
-            grad: bool = False, resume: Resume | None = None) -> RunResult:
+    def run(
+        self,
+        batch: TokenBatch,
+        *,
+        sites: Sequence[Site] = (),
+        edit: EditFn | None = None,
+        grad: bool = False,
+        resume: Resume | None = None,
+    ) -> RunResult:
         spec, layout = self.model.spec, self.model.spec.layout
         acts: dict[Site, torch.Tensor] = {}
-        with torch.set_grad_enabled(grad), self.envoy.trace(batch.input_ids,
-                                                             **_model_kwargs(batch)):
+        with (
+            torch.set_grad_enabled(grad),
+            self.envoy.trace(batch.input_ids, **_model_kwargs(batch)),
+        ):
             if grad:
                 embed = self._envoy(layout.embed)
                 embed.output = embed.output.detach().requires_grad_(True)
@@ -183,20 +207,34 @@ class TransformerLensBackend:
 
         self.model = model
         self.bridge = TransformerBridge.boot_transformers(
-            model.name, hf_model=copy.deepcopy(model.hf), tokenizer=model.tokenizer,
-            device=str(model.device))
+            model.name,
+            hf_model=copy.deepcopy(model.hf),
+            tokenizer=model.tokenizer,
+            device=str(model.device),
+        )
         self.bridge.requires_grad_(False)
 
     @staticmethod
     def hook_name(site: Site) -> str:
         kind, layer = site
-        return {"resid_pre": f"blocks.{layer}.hook_in", "z": f"blocks.{layer}.attn.hook_z",
-                "attn": f"blocks.{layer}.hook_attn_out", "mlp": f"blocks.{layer}.hook_mlp_out",
-                "pattern": f"blocks.{layer}.attn.hook_pattern",
-                "resid_final": "ln_final.hook_in"}[kind]
+        return {
+            "resid_pre": f"blocks.{layer}.hook_in",
+            "z": f"blocks.{layer}.attn.hook_z",
+            "attn": f"blocks.{layer}.hook_attn_out",
+            "mlp": f"blocks.{layer}.hook_mlp_out",
+            "pattern": f"blocks.{layer}.attn.hook_pattern",
+            "resid_final": "ln_final.hook_in",
+        }[kind]
 
-    def run(self, batch: TokenBatch, *, sites: Sequence[Site] = (), edit: EditFn | None = None,
-            grad: bool = False, resume: Resume | None = None) -> RunResult:
+    def run(
+        self,
+        batch: TokenBatch,
+        *,
+        sites: Sequence[Site] = (),
+        edit: EditFn | None = None,
+        grad: bool = False,
+        resume: Resume | None = None,
+    ) -> RunResult:
         acts: dict[Site, torch.Tensor] = {}
 
         def make_hook(site: Site):
@@ -205,14 +243,19 @@ class TransformerLensBackend:
                     value = edit(site, value)
                 acts[site] = value
                 return value
+
             return hook
 
         hooks = [(self.hook_name(site), make_hook(site)) for site in sites]
         if grad:
-            hooks.insert(0, ("hook_embed", lambda value, hook=None:
-                             value.detach().requires_grad_(True)))
-        with (torch.set_grad_enabled(grad), self.bridge.hooks(fwd_hooks=hooks),
-              _skipping(self.bridge.blocks, resume)):
+            hooks.insert(
+                0, ("hook_embed", lambda value, hook=None: value.detach().requires_grad_(True))
+            )
+        with (
+            torch.set_grad_enabled(grad),
+            self.bridge.hooks(fwd_hooks=hooks),
+            _skipping(self.bridge.blocks, resume),
+        ):
             logits = self.bridge(batch.input_ids, **_model_kwargs(batch))
         return RunResult(logits[:, 0], acts)
 

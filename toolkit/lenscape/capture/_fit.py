@@ -40,11 +40,18 @@ def clip_per_set(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
     return grad * scale.view(-1, *([1] * (grad.dim() - 1)))
 
 
-def fit_until_still(start: torch.Tensor,
-                    loss_and_grad: Callable[[torch.Tensor, list[int]], torch.Tensor], *,
-                    watch: Callable[[torch.Tensor], torch.Tensor], lr: float,
-                    grad_clip: float | None, max_steps: int, window: int, tol: float,
-                    on_step: Callable[[], None] | None = None) -> Fit:
+def fit_until_still(
+    start: torch.Tensor,
+    loss_and_grad: Callable[[torch.Tensor, list[int]], torch.Tensor],
+    *,
+    watch: Callable[[torch.Tensor], torch.Tensor],
+    lr: float,
+    grad_clip: float | None,
+    max_steps: int,
+    window: int,
+    tol: float,
+    on_step: Callable[[], None] | None = None,
+) -> Fit:
     """Adam on stacked parameters; each set stops updating once its watched values are still.
 
     Args:

@@ -67,12 +67,16 @@ class Inputs:
         pad_id = self.model.tokenizer.pad_token_id
         start = number * self.batch_size
         rows = list(range(start, min(start + self.batch_size, len(self.clean_ids))))
-        corrupt = (None if self.corrupt_ids is None else
-                   pad([self.corrupt_ids[i] for i in rows], pad_id, self.padding_side))
+        corrupt = (
+            None
+            if self.corrupt_ids is None
+            else pad([self.corrupt_ids[i] for i in rows], pad_id, self.padding_side)
+        )
         return Batch(
             index=torch.tensor(rows),
-            clean=pad([self.clean_ids[i] for i in rows], pad_id, self.padding_side
-                      ).to(self.model.device),
+            clean=pad([self.clean_ids[i] for i in rows], pad_id, self.padding_side).to(
+                self.model.device
+            ),
             corrupt=None if corrupt is None else corrupt.to(self.model.device),
             target=self.target[rows].to(self.model.device),
             distractor=self.distractor[rows].to(self.model.device),
@@ -109,29 +113,38 @@ def _as_prompt_set(prompts: Any) -> PromptSet:
     """
     if isinstance(prompts, PromptSet):
         return prompts
-    if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
-                                    and isinstance(prompts[0], str)):
-        raise ValueError("Capture needs prompts with targets, not plain strings: use "
-                         "lsc.data.prompts('factual') or lsc.data.from_records([{'text': ..., "
-                         "'target': ...}]).")
+    if isinstance(prompts, str) or (
+        isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], str)
+    ):
+        raise ValueError(
+            "Capture needs prompts with targets, not plain strings: use "
+            "lsc.data.prompts('factual') or lsc.data.from_records([{'text': ..., "
+            "'target': ...}])."
+        )
     if isinstance(prompts, (Prompt, dict)) or not isinstance(prompts, Iterable):
-        raise TypeError(f"prompts must be a PromptSet or a list of Prompts or dicts, got one "
-                        f"{type(prompts).__name__}; wrap a single prompt in a list: [prompt], "
-                        "or use lsc.data.prompts('factual').")
+        raise TypeError(
+            f"prompts must be a PromptSet or a list of Prompts or dicts, got one "
+            f"{type(prompts).__name__}; wrap a single prompt in a list: [prompt], "
+            "or use lsc.data.prompts('factual')."
+        )
     return from_records(list(prompts))
 
 
 def _single_token(tokenizer: Any, text: str, what: str, index: int) -> int:
     if not text.strip():
-        raise ValueError(f"Prompt {index}: the {what} {text!r} is empty; capture methods score "
-                         f"one {what} token, so give the expected next word with its leading "
-                         "space, e.g. ' Paris'.")
+        raise ValueError(
+            f"Prompt {index}: the {what} {text!r} is empty; capture methods score "
+            f"one {what} token, so give the expected next word with its leading "
+            "space, e.g. ' Paris'."
+        )
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         pieces = tokenizer.convert_ids_to_tokens(ids)
-        raise ValueError(f"Prompt {index}: {what} {text!r} tokenizes to {len(ids)} tokens "
-                         f"{pieces}; targets must be single tokens (try a leading space, e.g. "
-                         f"' {text.strip()}', or a shorter word).")
+        raise ValueError(
+            f"Prompt {index}: {what} {text!r} tokenizes to {len(ids)} tokens "
+            f"{pieces}; targets must be single tokens (try a leading space, e.g. "
+            f"' {text.strip()}', or a shorter word)."
+        )
     return ids[0]
 
 
@@ -142,9 +155,19 @@ def fingerprint(prompts: PromptSet) -> str:
     return hashlib.sha256(json.dumps(records).encode()).hexdigest()[:16]
 
 
-def prepare(model: LensModel, prompts: Any, *, metric: str, level: str, backend: str,
-            batch_size: int | None, padding_side: str, needs_corrupt: bool,
-            levels: Sequence[str] = LEVELS, grad: bool = False) -> Inputs:
+def prepare(
+    model: LensModel,
+    prompts: Any,
+    *,
+    metric: str,
+    level: str,
+    backend: str,
+    batch_size: int | None,
+    padding_side: str,
+    needs_corrupt: bool,
+    levels: Sequence[str] = LEVELS,
+    grad: bool = False,
+) -> Inputs:
     """Check the prompts against the model and tokenize them.
 
     The shared options (``metric``, ``backend``, ``padding_side``, ``batch_size``) arrive
@@ -164,35 +187,54 @@ def prepare(model: LensModel, prompts: Any, *, metric: str, level: str, backend:
     _validate.choice("level", level, levels)
     prompt_set = _as_prompt_set(prompts)
     if len(prompt_set) == 0:
-        raise ValueError("The prompt list is empty; pass at least one prompt "
-                         "(e.g. lsc.data.prompts('factual')).")
+        raise ValueError(
+            "The prompt list is empty; pass at least one prompt (e.g. lsc.data.prompts('factual'))."
+        )
     tokenizer = model.tokenizer
     target, distractor = [], []
     for i, p in enumerate(prompt_set):
         target.append(_single_token(tokenizer, p.target, "target", i))
         if metric == "logit_diff" and p.distractor is None:
-            raise ValueError(f"Prompt {i} has no distractor, which metric='logit_diff' needs; "
-                             "add one or use metric='logprob'.")
-        distractor.append(-1 if p.distractor is None else
-                          _single_token(tokenizer, p.distractor, "distractor", i))
+            raise ValueError(
+                f"Prompt {i} has no distractor, which metric='logit_diff' needs; "
+                "add one or use metric='logprob'."
+            )
+        distractor.append(
+            -1 if p.distractor is None else _single_token(tokenizer, p.distractor, "distractor", i)
+        )
     clean_ids = [tokenizer(p.text)["input_ids"] for p in prompt_set]
     _validate.context_lengths(model, [len(ids) for ids in clean_ids], what="text")
     corrupt_ids = None
     if needs_corrupt:
         corrupt_ids = []
-        for i, (p, ids) in enumerate(zip(prompt_set, clean_ids)):
+        for i, (p, ids) in enumerate(zip(prompt_set, clean_ids, strict=True)):
             if p.corrupt is None:
-                raise ValueError(f"Prompt {i} has no corrupt counterpart, which this method "
-                                 "needs; add `corrupt=` or use lsc.ablation instead.")
+                raise ValueError(
+                    f"Prompt {i} has no corrupt counterpart, which this method "
+                    "needs; add `corrupt=` or use lsc.ablation instead."
+                )
             cids = tokenizer(p.corrupt)["input_ids"]
             if len(cids) != len(ids):
-                raise ValueError(f"Prompt {i}: clean ({len(ids)} tokens) and corrupt "
-                                 f"({len(cids)} tokens) differ in length; patching needs "
-                                 f"aligned positions. Reword {p.corrupt!r} to match {p.text!r}.")
+                raise ValueError(
+                    f"Prompt {i}: clean ({len(ids)} tokens) and corrupt "
+                    f"({len(cids)} tokens) differ in length; patching needs "
+                    f"aligned positions. Reword {p.corrupt!r} to match {p.text!r}."
+                )
             corrupt_ids.append(cids)
     if batch_size is None:
         width = max(len(ids) for ids in clean_ids)
         batch_size = memory.auto_batch_size(model, width=width, grad=grad)
-    return Inputs(model, prompt_set, clean_ids, corrupt_ids, torch.tensor(target),
-                  torch.tensor(distractor), metric, level, backend, batch_size, padding_side,
-                  fingerprint(prompt_set))
+    return Inputs(
+        model,
+        prompt_set,
+        clean_ids,
+        corrupt_ids,
+        torch.tensor(target),
+        torch.tensor(distractor),
+        metric,
+        level,
+        backend,
+        batch_size,
+        padding_side,
+        fingerprint(prompt_set),
+    )

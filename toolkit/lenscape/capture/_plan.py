@@ -66,17 +66,21 @@ PLANNERS: dict[str, Callable[..., Plan]] = {}
 
 def planner(name: str):
     """Register a planner under the public method ``name``."""
+
     def register(fn):
         PLANNERS[name] = fn
         return fn
+
     return register
 
 
 #: Options shared by the per-prompt methods -> what None does (None: None is not allowed).
-COUNT_OPTIONS = {"batch_size": "pick one from free memory",
-                 "variants_per_pass": "as many as fit in memory",
-                 "refine": "measure every component exactly",
-                 "steps": "the estimator's default"}
+COUNT_OPTIONS = {
+    "batch_size": "pick one from free memory",
+    "variants_per_pass": "as many as fit in memory",
+    "refine": "measure every component exactly",
+    "steps": "the estimator's default",
+}
 #: Options shared by the per-prompt methods -> their allowed values.
 CHOICE_OPTIONS = {"metric": metrics.METRICS, "backend": BACKENDS, "padding_side": PADDING_SIDES}
 
@@ -111,26 +115,32 @@ def run_in_memory(plan: Plan, *, progress: bool) -> Result:
     """Score every batch into one (prompt, n_columns) buffer and label it."""
     inputs = plan.inputs
     values = torch.full((len(inputs.prompts), plan.n_columns), float("nan"))
-    with tqdm(total=inputs.n_batches() * plan.steps_per_batch, disable=not progress,
-              desc=plan.desc) as bar:
+    with tqdm(
+        total=inputs.n_batches() * plan.steps_per_batch, disable=not progress, desc=plan.desc
+    ) as bar:
         for batch in inputs.batches():
             values[batch.index] = plan.score(batch, bar.update).float().cpu()
     return plan.finish(values, None)
 
 
-def execute(method: str, model, prompts, *, store=None, client=None, progress: bool = True,
-            **options) -> Result:
+def execute(
+    method: str, model, prompts, *, store=None, client=None, progress: bool = True, **options
+) -> Result:
     """Run ``method`` in memory, or stream it to ``store`` (optionally on dask ``client``)."""
     if client is not None and store is None:
-        raise ValueError("client= distributes batches whose results land in one zarr store; "
-                         "pass store='results.zarr' too.")
+        raise ValueError(
+            "client= distributes batches whose results land in one zarr store; "
+            "pass store='results.zarr' too."
+        )
     if store is not None:
         from .streaming import capture_to
 
-        return capture_to(store, method, model, prompts, client=client, progress=progress,
-                          **options)
-    return run_in_memory(make_plan(method, model, prompts, progress=progress, **options),
-                         progress=progress)
+        return capture_to(
+            store, method, model, prompts, client=client, progress=progress, **options
+        )
+    return run_in_memory(
+        make_plan(method, model, prompts, progress=progress, **options), progress=progress
+    )
 
 
 def nan_values(n_prompts: int, n_columns: int) -> np.ndarray:

@@ -22,14 +22,23 @@ def components(inputs: Inputs) -> list[tuple[Site, int | None]]:
     """
     spec = inputs.model.spec
     if inputs.level == "head":
-        return [(("z", layer), head) for layer in range(spec.n_layers)
-                for head in range(spec.n_heads)]
-    return [((kind, layer), None) for layer in range(spec.n_layers)
-            for kind in schema.BLOCK_COMPONENTS]
+        return [
+            (("z", layer), head) for layer in range(spec.n_layers) for head in range(spec.n_heads)
+        ]
+    return [
+        ((kind, layer), None) for layer in range(spec.n_layers) for kind in schema.BLOCK_COMPONENTS
+    ]
 
 
-def to_dataarray(inputs: Inputs, values: Any, *, method: str, effect: str,
-                 index: Sequence[int] | None = None, **params: Any) -> xr.DataArray:
+def to_dataarray(
+    inputs: Inputs,
+    values: Any,
+    *,
+    method: str,
+    effect: str,
+    index: Sequence[int] | None = None,
+    **params: Any,
+) -> xr.DataArray:
     """Wrap (prompt, n_components) values in order of ``components(inputs)``.
 
     Args:
@@ -48,9 +57,11 @@ def to_dataarray(inputs: Inputs, values: Any, *, method: str, effect: str,
     values = values.reshape(len(rows), spec.n_layers, *last)
     dims = ("prompt", "layer", "head" if inputs.level == "head" else "component")
     prompts = inputs.prompts
-    coords: dict[str, Any] = {"prompt": np.asarray(rows, dtype=np.int64),
-                              "text": [prompts[i].text for i in rows],
-                              "category": [prompts[i].category for i in rows]}
+    coords: dict[str, Any] = {
+        "prompt": np.asarray(rows, dtype=np.int64),
+        "text": [prompts[i].text for i in rows],
+        "category": [prompts[i].category for i in rows],
+    }
     if inputs.level == "block":
         coords["component"] = list(schema.BLOCK_COMPONENTS)
     attrs = {

@@ -48,18 +48,26 @@ def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def _heads(head: int | Sequence[int] | None, n_heads: int) -> list[int]:
-    heads = list(range(n_heads)) if head is None else [head] if isinstance(head, int) \
-        else list(head)
+    heads = (
+        list(range(n_heads)) if head is None else [head] if isinstance(head, int) else list(head)
+    )
     bad = [h for h in heads if not isinstance(h, (int, np.integer)) or not 0 <= h < n_heads]
     if bad or not heads:
-        raise ValueError(f"head={head!r} is not a query head of this model; pass an int in "
-                         f"0..{n_heads - 1}, a list of them, or None for all heads.")
+        raise ValueError(
+            f"head={head!r} is not a query head of this model; pass an int in "
+            f"0..{n_heads - 1}, a list of them, or None for all heads."
+        )
     return [int(h) for h in heads]
 
 
-def attention_pattern(model: LensModel, prompt: str | Prompt, *, layer: int,
-                      head: int | Sequence[int] | None = None,
-                      backend: str = "nnsight") -> xr.DataArray:
+def attention_pattern(
+    model: LensModel,
+    prompt: str | Prompt,
+    *,
+    layer: int,
+    head: int | Sequence[int] | None = None,
+    backend: str = "nnsight",
+) -> xr.DataArray:
     """Attention weights of one prompt at one layer.
 
     Args:
@@ -84,8 +92,9 @@ def attention_pattern(model: LensModel, prompt: str | Prompt, *, layer: int,
     _validate.choice("backend", backend, BACKENDS)
     spec = model.spec
     if not isinstance(layer, (int, np.integer)) or not 0 <= layer < spec.n_layers:
-        raise ValueError(f"layer={layer!r} is not a layer of this model; pass an int in "
-                         f"0..{spec.n_layers - 1}.")
+        raise ValueError(
+            f"layer={layer!r} is not a layer of this model; pass an int in 0..{spec.n_layers - 1}."
+        )
     heads = _heads(head, spec.n_heads)
     ids = model.tokenizer(text)["input_ids"]
     tokens = pad([ids], model.tokenizer.pad_token_id, "right").to(model.device)
@@ -96,12 +105,25 @@ def attention_pattern(model: LensModel, prompt: str | Prompt, *, layer: int,
     labels = token_labels(model.tokenizer, ids)
     positions = np.arange(len(ids))
     da = schema.make(
-        values, dims=("head", "query_pos", "key_pos"),
-        coords={"head": heads, "query_pos": positions, "key_pos": positions,
-                "query_token": labels, "key_token": labels},
-        attrs={"long_name": "attention weight", "units": "probability",
-               "method": "attention_pattern", "metric": "none", "model": model.name,
-               "backend": backend, "dtype": str(model.dtype).removeprefix("torch."),
-               "text": text})
+        values,
+        dims=("head", "query_pos", "key_pos"),
+        coords={
+            "head": heads,
+            "query_pos": positions,
+            "key_pos": positions,
+            "query_token": labels,
+            "key_token": labels,
+        },
+        attrs={
+            "long_name": "attention weight",
+            "units": "probability",
+            "method": "attention_pattern",
+            "metric": "none",
+            "model": model.name,
+            "backend": backend,
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "text": text,
+        },
+    )
     da = da.assign_coords(layer=int(layer))
     return da.squeeze("head") if isinstance(head, (int, np.integer)) else da

@@ -56,8 +56,9 @@ class ModelPlugin(WorkerPlugin):
             _MODELS[self.key] = (self.recipe(), threading.Lock())
 
 
-def _score_batch(key: str, method: str, prompts, options: dict[str, Any], number: int,
-                 path: str) -> int:
+def _score_batch(
+    key: str, method: str, prompts, options: dict[str, Any], number: int, path: str
+) -> int:
     """Task: score batch ``number`` on this worker's model and write it to ``path``."""
     from .streaming import write_batch
 
@@ -70,8 +71,9 @@ def _score_batch(key: str, method: str, prompts, options: dict[str, Any], number
     return number
 
 
-def run_batches(client, plan: Plan, options: dict[str, Any], todo: list[int], path: Path, *,
-                progress: bool) -> None:
+def run_batches(
+    client, plan: Plan, options: dict[str, Any], todo: list[int], path: Path, *, progress: bool
+) -> None:
     """Score batches ``todo`` of ``plan`` on ``client``'s workers, writing into ``path``.
 
     Raises:
@@ -84,11 +86,24 @@ def run_batches(client, plan: Plan, options: dict[str, Any], todo: list[int], pa
     # The resolved batch size: workers must cut the prompt list exactly like the store.
     options = {**options, "batch_size": plan.inputs.batch_size}
     run = uuid.uuid4().hex[:8]
-    futures = [client.submit(_score_batch, key, plan.method, prompts, options, number,
-                             str(path), key=f"lenscape-{plan.method}-{run}-batch-{number}")
-               for number in todo]
-    with tqdm(total=len(futures), disable=not progress,
-              desc=f"{plan.desc} on {len(client.scheduler_info()['workers'])} workers") as bar:
+    futures = [
+        client.submit(
+            _score_batch,
+            key,
+            plan.method,
+            prompts,
+            options,
+            number,
+            str(path),
+            key=f"lenscape-{plan.method}-{run}-batch-{number}",
+        )
+        for number in todo
+    ]
+    with tqdm(
+        total=len(futures),
+        disable=not progress,
+        desc=f"{plan.desc} on {len(client.scheduler_info()['workers'])} workers",
+    ) as bar:
         for future in as_completed(futures):
             if future.status == "error":
                 error = future.exception()
@@ -97,5 +112,6 @@ def run_batches(client, plan: Plan, options: dict[str, Any], todo: list[int], pa
                     f"A dask worker failed on a batch of '{path.name}': "
                     f"{type(error).__name__}: {error} -- Batches finished before the failure "
                     f"stay in '{path}'; fix the cause and call again with the same arguments "
-                    "to resume.") from error
+                    "to resume."
+                ) from error
             bar.update()

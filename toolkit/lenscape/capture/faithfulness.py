@@ -29,8 +29,9 @@ def parse_estimator(label: str) -> tuple[str, int]:
     """``"atp"`` -> ("atp", 1); ``"ig"`` -> ("ig", DEFAULT_IG_STEPS); ``"ig:16"`` -> ("ig", 16)."""
     name, _, steps = str(label).partition(":")
     if name not in ESTIMATORS or (steps and not steps.isdigit()) or (name == "atp" and steps):
-        raise ValueError(f"Unknown estimator {label!r}; use 'atp', 'ig' or 'ig:N' (N "
-                         "integration steps).")
+        raise ValueError(
+            f"Unknown estimator {label!r}; use 'atp', 'ig' or 'ig:N' (N integration steps)."
+        )
     if not steps:
         return name, 1 if name == "atp" else DEFAULT_IG_STEPS
     if int(steps) < 1:
@@ -46,8 +47,9 @@ def _pearson(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    return _pearson(pd.Series(np.ravel(a)).rank().to_numpy(),
-                    pd.Series(np.ravel(b)).rank().to_numpy())
+    return _pearson(
+        pd.Series(np.ravel(a)).rank().to_numpy(), pd.Series(np.ravel(b)).rank().to_numpy()
+    )
 
 
 def _top(values: np.ndarray, k: int) -> set[int]:
@@ -76,19 +78,30 @@ def agreement(exact: xr.DataArray, estimate: xr.DataArray, *, top_k: int = 10) -
         "spearman_means": _spearman(x_mean, y_mean),
         "top_overlap": len(_top(x_mean, k) & _top(y_mean, k)) / k,
         "sign_agreement": float((np.sign(x[nonzero]) == np.sign(y[nonzero])).mean())
-        if nonzero.any() else float("nan"),
+        if nonzero.any()
+        else float("nan"),
     }
 
 
 def _by_type(heads: xr.DataArray, blocks: xr.DataArray) -> dict[str, xr.DataArray]:
-    return {"head": heads, "attn": blocks.sel(component="attn", drop=True),
-            "mlp": blocks.sel(component="mlp", drop=True)}
+    return {
+        "head": heads,
+        "attn": blocks.sel(component="attn", drop=True),
+        "mlp": blocks.sel(component="mlp", drop=True),
+    }
 
 
-def faithfulness(model, prompts, *, estimators: Sequence[str] = ("atp", "ig"),
-                 metric: str = "logit_diff", batch_size: int | None = 8,
-                 backend: str = "nnsight", top_k: int = 10,
-                 progress: bool = True) -> xr.Dataset:
+def faithfulness(
+    model,
+    prompts,
+    *,
+    estimators: Sequence[str] = ("atp", "ig"),
+    metric: str = "logit_diff",
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+    top_k: int = 10,
+    progress: bool = True,
+) -> xr.Dataset:
     """Agreement of each estimator with exact activation patching, per component type.
 
     Runs exact activation patching at head and block level and ``attribution_patching``
@@ -139,8 +152,9 @@ def faithfulness(model, prompts, *, estimators: Sequence[str] = ("atp", "ig"),
     for label in labels:
         name, steps = parsed[label]
         start = time.perf_counter()
-        estimate = attribution_patching(model, prompts, level="all", estimator=name,
-                                        steps=steps, **options)
+        estimate = attribution_patching(
+            model, prompts, level="all", estimator=name, steps=steps, **options
+        )
         costs["seconds"].append(time.perf_counter() - start)
         costs["forward_passes"].append(1 + steps)  # one clean pass, one per path point
         costs["backward_passes"].append(steps)
@@ -151,26 +165,40 @@ def faithfulness(model, prompts, *, estimators: Sequence[str] = ("atp", "ig"),
                 stats.setdefault(stat, []).append(value)
     # stats[stat] is estimator-major: [e0/head, e0/attn, e0/mlp, e1/head, ...]
     data: dict[str, Any] = {
-        stat: (("estimator", "component_type"),
-               np.asarray(values).reshape(len(labels), len(COMPONENT_TYPES)))
-        for stat, values in stats.items()}
+        stat: (
+            ("estimator", "component_type"),
+            np.asarray(values).reshape(len(labels), len(COMPONENT_TYPES)),
+        )
+        for stat, values in stats.items()
+    }
     data.update({cost: (("estimator",), np.asarray(values)) for cost, values in costs.items()})
     seconds = np.asarray(costs["seconds"])
-    data["cost_vs_atp"] = (("estimator",), seconds / seconds[labels.index("atp")]
-                           if "atp" in labels else np.full(len(labels), np.nan))
+    data["cost_vs_atp"] = (
+        ("estimator",),
+        seconds / seconds[labels.index("atp")] if "atp" in labels else np.full(len(labels), np.nan),
+    )
     data["speedup_vs_exact"] = (("estimator",), sum(exact_seconds.values()) / seconds)
     data["exact_heads"], data["exact_blocks"] = exact["head"], exact["block"]
     data["estimate_heads"] = xr.concat(head_maps, dim="estimator", combine_attrs="drop_conflicts")
     data["estimate_blocks"] = xr.concat(block_maps, dim="estimator", combine_attrs="drop_conflicts")
     first = exact["head"]
-    return xr.Dataset(data, coords={"estimator": labels, "component_type": list(COMPONENT_TYPES)},
-                      attrs={
-        "long_name": "Agreement of gradient estimates with exact activation patching",
-        "method": "faithfulness", "metric": metric, "model": first.attrs["model"],
-        "backend": backend, "dtype": first.attrs["dtype"],
-        "prompt_set": first.attrs["prompt_set"], "n_prompts": first.attrs["n_prompts"],
-        "prompts_sha256": first.attrs["prompts_sha256"], "top_k": top_k,
-        "exact_seconds_head": exact_seconds["head"], "exact_seconds_block": exact_seconds["block"],
-        "lenscape_version": first.attrs["lenscape_version"],
-        "schema_version": schema.SCHEMA_VERSION,
-    })
+    return xr.Dataset(
+        data,
+        coords={"estimator": labels, "component_type": list(COMPONENT_TYPES)},
+        attrs={
+            "long_name": "Agreement of gradient estimates with exact activation patching",
+            "method": "faithfulness",
+            "metric": metric,
+            "model": first.attrs["model"],
+            "backend": backend,
+            "dtype": first.attrs["dtype"],
+            "prompt_set": first.attrs["prompt_set"],
+            "n_prompts": first.attrs["n_prompts"],
+            "prompts_sha256": first.attrs["prompts_sha256"],
+            "top_k": top_k,
+            "exact_seconds_head": exact_seconds["head"],
+            "exact_seconds_block": exact_seconds["block"],
+            "lenscape_version": first.attrs["lenscape_version"],
+            "schema_version": schema.SCHEMA_VERSION,
+        },
+    )

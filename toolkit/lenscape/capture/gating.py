@@ -48,8 +48,10 @@ def _encode(model: LensModel, prompts: PromptSet) -> list[tuple[list[int], int]]
     for i, p in enumerate(prompts):
         target = tok(p.target, add_special_tokens=False)["input_ids"]
         if not p.target.strip() or not target:
-            raise ValueError(f"Prompt {i} has an empty target; head gating scores the loss "
-                             "on target tokens, so every prompt needs a non-empty target.")
+            raise ValueError(
+                f"Prompt {i} has an empty target; head gating scores the loss "
+                "on target tokens, so every prompt needs a non-empty target."
+            )
         out.append((tok(p.text)["input_ids"] + target, len(target)))
     return out
 
@@ -62,9 +64,9 @@ def _pad(items: list[tuple[list[int], int]], pad_id: int, device) -> tuple[torch
     mask = torch.zeros((len(items), width), dtype=torch.long)
     predicts = torch.zeros((len(items), width), dtype=torch.bool)
     for row, (seq, n_target) in enumerate(items):
-        ids[row, :len(seq)] = torch.tensor(seq)
-        mask[row, :len(seq)] = 1
-        predicts[row, len(seq) - 1 - n_target:len(seq) - 1] = True
+        ids[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+        predicts[row, len(seq) - 1 - n_target : len(seq) - 1] = True
     return ids.to(device), mask.to(device), predicts.to(device)
 
 
@@ -85,9 +87,13 @@ class _Gates:
                 gates = self.row_gates[:, layer].to(z.dtype)[:, None, :, None]
                 z = (z.view(*shape[:2], spec.n_heads, spec.d_head) * gates).reshape(shape)
                 return (z, *args[1:])
+
             return scale
-        self.handles = [self.model.module(spec.layout.o_proj, layer).register_forward_pre_hook(
-            hook(layer)) for layer in range(spec.n_layers)]
+
+        self.handles = [
+            self.model.module(spec.layout.o_proj, layer).register_forward_pre_hook(hook(layer))
+            for layer in range(spec.n_layers)
+        ]
         return self
 
     def __exit__(self, *exc) -> None:
@@ -95,8 +101,9 @@ class _Gates:
             handle.remove()
 
 
-def _row_nll(model: LensModel, gates: _Gates, row_gates: torch.Tensor,
-             rows: list[tuple[list[int], int]]) -> torch.Tensor:
+def _row_nll(
+    model: LensModel, gates: _Gates, row_gates: torch.Tensor, rows: list[tuple[list[int], int]]
+) -> torch.Tensor:
     """Mean NLL over each row's target tokens, with row ``i`` gated by ``row_gates[i]``.
 
     Args:
@@ -110,8 +117,9 @@ def _row_nll(model: LensModel, gates: _Gates, row_gates: torch.Tensor,
     logits = model.hf(input_ids=ids, attention_mask=mask, logits_to_keep=predicts).logits
     # logits_to_keep with a bool mask returns the kept positions flattened, row by row.
     next_ids = torch.roll(ids, -1, dims=1)[predicts]
-    nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                            next_ids, reduction="none")
+    nll = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), next_ids, reduction="none"
+    )
     row_of = torch.arange(len(rows), device=model.device)[:, None].expand_as(predicts)[predicts]
     totals = torch.zeros(len(rows), device=model.device).index_add(0, row_of, nll)
     return totals / predicts.sum(1)
@@ -129,13 +137,27 @@ class _Batches:
         queue = self.queues[set_index]
         while len(queue) < self.batch_size:
             queue += self.rngs[set_index].permutation(self.n_items).tolist()
-        picked, self.queues[set_index] = queue[:self.batch_size], queue[self.batch_size:]
+        picked, self.queues[set_index] = queue[: self.batch_size], queue[self.batch_size :]
         return picked
 
 
-def _stage(model: LensModel, gates: _Gates, start: torch.Tensor, signs: torch.Tensor, items,
-           batches: _Batches, *, lambda_: float, lr: float, grad_clip: float, max_steps: int,
-           window: int, tol: float, rows_per_pass: int, bar):
+def _stage(
+    model: LensModel,
+    gates: _Gates,
+    start: torch.Tensor,
+    signs: torch.Tensor,
+    items,
+    batches: _Batches,
+    *,
+    lambda_: float,
+    lr: float,
+    grad_clip: float,
+    max_steps: int,
+    window: int,
+    tol: float,
+    rows_per_pass: int,
+    bar,
+):
     """Fit stacked gate logits (sets, layer, head) until each set's gates stop moving.
 
     Set ``k`` uses regulariser ``-signs[k] * lambda_ * mean(clip(g_k))`` and its own batches.
@@ -147,7 +169,7 @@ def _stage(model: LensModel, gates: _Gates, start: torch.Tensor, signs: torch.Te
         losses = []
         picks = {k: batches.next(k) for k in active}
         for first in range(0, len(active), sets_per_pass):
-            chunk = active[first:first + sets_per_pass]
+            chunk = active[first : first + sets_per_pass]
             rows = [items[i] for k in chunk for i in picks[k]]
             part = logits[chunk]
             row_gates = torch.sigmoid(part).repeat_interleave(batches.batch_size, dim=0)
@@ -158,19 +180,29 @@ def _stage(model: LensModel, gates: _Gates, start: torch.Tensor, signs: torch.Te
             losses.append(loss.detach().cpu())
         return torch.cat(losses)
 
-    return fit_until_still(start, loss_and_grad, watch=torch.sigmoid, lr=lr, grad_clip=grad_clip,
-                           max_steps=max_steps, window=window, tol=tol, on_step=bar.update)
+    return fit_until_still(
+        start,
+        loss_and_grad,
+        watch=torch.sigmoid,
+        lr=lr,
+        grad_clip=grad_clip,
+        max_steps=max_steps,
+        window=window,
+        tol=tol,
+        on_step=bar.update,
+    )
 
 
 @torch.no_grad()
-def _validation_loss(model, gates, gate_values: torch.Tensor, items, batch_size: int) -> torch.Tensor:
+def _validation_loss(
+    model, gates, gate_values: torch.Tensor, items, batch_size: int
+) -> torch.Tensor:
     """(sets,) mean over validation items of the per-item target NLL, for each gate set."""
     sets = gate_values.shape[0]
     total = torch.zeros(sets, device=model.device)
     for start in range(0, len(items), batch_size):
-        chunk = items[start:start + batch_size]
-        nll = _row_nll(model, gates, gate_values.repeat_interleave(len(chunk), dim=0),
-                       chunk * sets)
+        chunk = items[start : start + batch_size]
+        nll = _row_nll(model, gates, gate_values.repeat_interleave(len(chunk), dim=0), chunk * sets)
         total += nll.view(sets, len(chunk)).sum(1)
     return total / len(items)
 
@@ -179,13 +211,16 @@ def _check_gates(model: LensModel, gates) -> torch.Tensor:
     spec = model.spec
     gates = torch.ones(1, spec.n_layers, spec.n_heads) if gates is None else torch.as_tensor(gates)
     if gates.dim() != 3 or tuple(gates.shape[1:]) != (spec.n_layers, spec.n_heads):
-        raise ValueError(f"gates must have shape (sets, {spec.n_layers}, {spec.n_heads}), "
-                         f"got {tuple(gates.shape)}.")
+        raise ValueError(
+            f"gates must have shape (sets, {spec.n_layers}, {spec.n_heads}), "
+            f"got {tuple(gates.shape)}."
+        )
     return gates.float().to(model.device)
 
 
-def task_loss(model: LensModel, prompts, gates: torch.Tensor | None = None, *,
-              batch_size: int = 8) -> torch.Tensor:
+def task_loss(
+    model: LensModel, prompts, gates: torch.Tensor | None = None, *, batch_size: int = 8
+) -> torch.Tensor:
     """Mean target NLL of ``prompts`` under each gate set: a causal check of gate results.
 
     Args:
@@ -207,11 +242,22 @@ def _uniform_logits(seed: int, shape: tuple[int, int]) -> torch.Tensor:
     return torch.logit(u)
 
 
-def head_gating(model: LensModel, task, *, seeds: int | Sequence[int] = 10,
-                lambda_: float = 0.1, lr: float = 1.0, batch_size: int = 32,
-                grad_clip: float = 1.0, max_steps: int = 500, window: int = 20,
-                tol: float = 0.01, rows_per_pass: int = 64, validation=None,
-                progress: bool = True) -> xr.Dataset:
+def head_gating(
+    model: LensModel,
+    task,
+    *,
+    seeds: int | Sequence[int] = 10,
+    lambda_: float = 0.1,
+    lr: float = 1.0,
+    batch_size: int = 32,
+    grad_clip: float = 1.0,
+    max_steps: int = 500,
+    window: int = 20,
+    tol: float = 0.01,
+    rows_per_pass: int = 64,
+    validation=None,
+    progress: bool = True,
+) -> xr.Dataset:
     """Fit causal head gates on a task at the reference protocol and score every head's role.
 
     Args:
@@ -247,8 +293,9 @@ def head_gating(model: LensModel, task, *, seeds: int | Sequence[int] = 10,
     if lambda_ < 0:
         raise ValueError(f"lambda_ must be >= 0 (got {lambda_}); its sign is set per stage.")
     if min(max_steps, batch_size, window, rows_per_pass) < 1:
-        raise ValueError("max_steps, batch_size, window and rows_per_pass must be positive "
-                         "integers.")
+        raise ValueError(
+            "max_steps, batch_size, window and rows_per_pass must be positive integers."
+        )
     prompts = _as_prompt_set(task)
     if len(prompts) == 0:
         raise ValueError("The task has no prompts; use lsc.data.task('math') or pass prompts.")
@@ -256,45 +303,97 @@ def head_gating(model: LensModel, task, *, seeds: int | Sequence[int] = 10,
     val_items = items if validation is None else _encode(model, _as_prompt_set(validation))
     spec = model.spec
     n = len(seed_list)
-    starts = torch.stack([_uniform_logits(s, (spec.n_layers, spec.n_heads))
-                          for s in seed_list]).to(model.device)
-    settings = dict(lambda_=lambda_, lr=lr, grad_clip=grad_clip, max_steps=max_steps,
-                    window=window, tol=tol, rows_per_pass=rows_per_pass)
+    starts = torch.stack([_uniform_logits(s, (spec.n_layers, spec.n_heads)) for s in seed_list]).to(
+        model.device
+    )
+    settings = dict(
+        lambda_=lambda_,
+        lr=lr,
+        grad_clip=grad_clip,
+        max_steps=max_steps,
+        window=window,
+        tol=tol,
+        rows_per_pass=rows_per_pass,
+    )
     bar = tqdm(total=2 * max_steps, disable=not progress, desc=f"head gating ({n} seeds)")
     with _Gates(model) as gates:
-        base = _stage(model, gates, starts, torch.zeros(n), items,
-                      _Batches(len(items), [(s, 0) for s in seed_list], batch_size),
-                      bar=bar, **settings)
-        signed_batches = _Batches(len(items), [(s, 1) for s in seed_list]
-                                  + [(s, 2) for s in seed_list], batch_size)
-        signed = _stage(model, gates, base.params.repeat(2, 1, 1),
-                        torch.tensor([1.0] * n + [-1.0] * n), items, signed_batches,
-                        bar=bar, **settings)
+        base = _stage(
+            model,
+            gates,
+            starts,
+            torch.zeros(n),
+            items,
+            _Batches(len(items), [(s, 0) for s in seed_list], batch_size),
+            bar=bar,
+            **settings,
+        )
+        signed_batches = _Batches(
+            len(items), [(s, 1) for s in seed_list] + [(s, 2) for s in seed_list], batch_size
+        )
+        signed = _stage(
+            model,
+            gates,
+            base.params.repeat(2, 1, 1),
+            torch.tensor([1.0] * n + [-1.0] * n),
+            items,
+            signed_batches,
+            bar=bar,
+            **settings,
+        )
         all_gates = torch.sigmoid(torch.cat([base.params, signed.params]))
-        val = _validation_loss(model, gates, torch.cat([all_gates, torch.ones_like(base.params[:1])]),
-                               val_items, batch_size)
+        val = _validation_loss(
+            model,
+            gates,
+            torch.cat([all_gates, torch.ones_like(base.params[:1])]),
+            val_items,
+            batch_size,
+        )
     bar.close()
-    g0, g_plus, g_minus = all_gates[:n], all_gates[n:2 * n], all_gates[2 * n:]
-    attrs = {"method": "head_gating", "metric": "loss", "model": model.name, "backend": "torch",
-             "dtype": str(model.dtype).removeprefix("torch."), "architecture": spec.architecture,
-             "prompt_set": prompts.name, "n_prompts": len(prompts), "n_seeds": n,
-             "lambda_": float(lambda_), "lr": float(lr), "batch_size": batch_size,
-             "grad_clip": float(grad_clip), "clip": CLIP, "max_steps": max_steps,
-             "window": window, "tol": float(tol), "init": "gates uniform in (0, 1)",
-             "steps_stage0": int(base.steps.max()), "steps_plus": int(signed.steps[:n].max()),
-             "steps_minus": int(signed.steps[n:].max()),
-             "converged": int(base.converged.all() and signed.converged.all()),
-             "val_loss_ungated": float(val[-1])}
+    g0, g_plus, g_minus = all_gates[:n], all_gates[n : 2 * n], all_gates[2 * n :]
+    attrs = {
+        "method": "head_gating",
+        "metric": "loss",
+        "model": model.name,
+        "backend": "torch",
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "architecture": spec.architecture,
+        "prompt_set": prompts.name,
+        "n_prompts": len(prompts),
+        "n_seeds": n,
+        "lambda_": float(lambda_),
+        "lr": float(lr),
+        "batch_size": batch_size,
+        "grad_clip": float(grad_clip),
+        "clip": CLIP,
+        "max_steps": max_steps,
+        "window": window,
+        "tol": float(tol),
+        "init": "gates uniform in (0, 1)",
+        "steps_stage0": int(base.steps.max()),
+        "steps_plus": int(signed.steps[:n].max()),
+        "steps_minus": int(signed.steps[n:].max()),
+        "converged": int(base.converged.all() and signed.converged.all()),
+        "val_loss_ungated": float(val[-1]),
+    }
     coords = {"seed": seed_list}
 
     def score(values, long_name, units="gate"):
-        return schema.make(values, dims=("seed", "layer", "head"), coords=coords,
-                           attrs={**attrs, "long_name": long_name, "units": units},
-                           n_layers=spec.n_layers)
+        return schema.make(
+            values,
+            dims=("seed", "layer", "head"),
+            coords=coords,
+            attrs={**attrs, "long_name": long_name, "units": units},
+            n_layers=spec.n_layers,
+        )
 
     def per_seed(values, long_name, units):
-        return schema.make(values, dims=("seed",), coords=coords,
-                           attrs={**attrs, "long_name": long_name, "units": units})
+        return schema.make(
+            values,
+            dims=("seed",),
+            coords=coords,
+            attrs={**attrs, "long_name": long_name, "units": units},
+        )
+
     data = {
         "facilitation": score(g_minus, "Facilitation (G-)", "score"),
         "interference": score(1 - g_plus, "Interference (1 - G+)", "score"),
@@ -303,8 +402,8 @@ def head_gating(model: LensModel, task, *, seeds: int | Sequence[int] = 10,
         "gate_plus": score(g_plus, "Gate G+ (+lambda)"),
         "gate_minus": score(g_minus, "Gate G- (-lambda)"),
         "val_loss": per_seed(val[:n], "Validation loss, stage-0 gates", "nats"),
-        "val_loss_plus": per_seed(val[n:2 * n], "Validation loss, G+", "nats"),
-        "val_loss_minus": per_seed(val[2 * n:3 * n], "Validation loss, G-", "nats"),
+        "val_loss_plus": per_seed(val[n : 2 * n], "Validation loss, G+", "nats"),
+        "val_loss_minus": per_seed(val[2 * n : 3 * n], "Validation loss, G-", "nats"),
         "steps_stage0": per_seed(base.steps.numpy(), "Updates, stage 0", "steps"),
         "steps_plus": per_seed(signed.steps[:n].numpy(), "Updates, G+ stage", "steps"),
         "steps_minus": per_seed(signed.steps[n:].numpy(), "Updates, G- stage", "steps"),
@@ -320,8 +419,16 @@ def _top_cells(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, axis=None, kind="stable")[:k]
 
 
-def gating_check(model: LensModel, gating: xr.Dataset, validation, *, k: int = 10,
-                 n_random: int = 20, seed: int = 0, batch_size: int = 8) -> xr.Dataset:
+def gating_check(
+    model: LensModel,
+    gating: xr.Dataset,
+    validation,
+    *,
+    k: int = 10,
+    n_random: int = 20,
+    seed: int = 0,
+    batch_size: int = 8,
+) -> xr.Dataset:
     """Causal check of head-gating roles on held-out items.
 
     Switches off (gate 0) the ``k`` heads with the highest seed-mean facilitation, the ``k``
@@ -350,13 +457,19 @@ def gating_check(model: LensModel, gating: xr.Dataset, validation, *, k: int = 1
     if not 1 <= k < n_cells:
         raise ValueError(f"k must lie in [1, {n_cells - 1}] (heads of {model.name}), got {k}.")
     if n_random < 20:
-        raise ValueError(f"n_random={n_random} random sets give no usable 5th/95th percentile; "
-                         "use n_random >= 20.")
-    if gating["facilitation"].sizes.get("layer") != spec.n_layers or \
-            gating["facilitation"].sizes.get("head") != spec.n_heads:
-        raise ValueError(f"The gating result has {dict(gating['facilitation'].sizes)}; "
-                         f"{model.name} has {spec.n_layers} layers x {spec.n_heads} heads. "
-                         "Check it with the model it was fitted on.")
+        raise ValueError(
+            f"n_random={n_random} random sets give no usable 5th/95th percentile; "
+            "use n_random >= 20."
+        )
+    if (
+        gating["facilitation"].sizes.get("layer") != spec.n_layers
+        or gating["facilitation"].sizes.get("head") != spec.n_heads
+    ):
+        raise ValueError(
+            f"The gating result has {dict(gating['facilitation'].sizes)}; "
+            f"{model.name} has {spec.n_layers} layers x {spec.n_heads} heads. "
+            "Check it with the model it was fitted on."
+        )
     facilitating = _top_cells(gating["facilitation"].mean("seed").values, k)
     interfering = _top_cells(gating["interference"].mean("seed").values, k)
     rng = np.random.default_rng(seed)
@@ -364,27 +477,41 @@ def gating_check(model: LensModel, gating: xr.Dataset, validation, *, k: int = 1
     gates = torch.ones(3 + n_random, n_cells)
     for row, cells in enumerate([facilitating, interfering, *random_sets], start=1):
         gates[row, torch.as_tensor(cells)] = 0
-    losses = task_loss(model, validation, gates.view(-1, spec.n_layers, spec.n_heads),
-                       batch_size=batch_size).numpy()
+    losses = task_loss(
+        model, validation, gates.view(-1, spec.n_layers, spec.n_heads), batch_size=batch_size
+    ).numpy()
     intact, fac_off, int_off, random_off = losses[0], losses[1], losses[2], losses[3:]
     p5, p95 = np.percentile(random_off, [5, 95])
     fac_pass = bool(fac_off > p95)
     int_pass = bool(int_off < p5 and int_off <= intact)
-    attrs = {"method": "gating_check", "model": model.name, "k": k, "n_random": n_random,
-             "seed": seed, "n_validation": len(_as_prompt_set(validation)),
-             "prompt_set": gating.attrs.get("prompt_set", ""), "units": "nats",
-             "criterion": "facilitating off > random p95; interfering off < random p5 and "
-                          "<= intact"}
+    attrs = {
+        "method": "gating_check",
+        "model": model.name,
+        "k": k,
+        "n_random": n_random,
+        "seed": seed,
+        "n_validation": len(_as_prompt_set(validation)),
+        "prompt_set": gating.attrs.get("prompt_set", ""),
+        "units": "nats",
+        "criterion": "facilitating off > random p95; interfering off < random p5 and <= intact",
+    }
     rank = np.arange(k)
-    return xr.Dataset({
-        "loss_intact": float(intact), "loss_facilitating_off": float(fac_off),
-        "loss_interfering_off": float(int_off), "random_p5": float(p5),
-        "random_p95": float(p95),
-        "loss_random_off": (("draw",), random_off),
-        "facilitating_passes": fac_pass, "interfering_passes": int_pass,
-        "passes": fac_pass and int_pass,
-        "facilitating_layer": (("rank",), facilitating // spec.n_heads),
-        "facilitating_head": (("rank",), facilitating % spec.n_heads),
-        "interfering_layer": (("rank",), interfering // spec.n_heads),
-        "interfering_head": (("rank",), interfering % spec.n_heads),
-    }, coords={"draw": np.arange(n_random), "rank": rank}, attrs=attrs)
+    return xr.Dataset(
+        {
+            "loss_intact": float(intact),
+            "loss_facilitating_off": float(fac_off),
+            "loss_interfering_off": float(int_off),
+            "random_p5": float(p5),
+            "random_p95": float(p95),
+            "loss_random_off": (("draw",), random_off),
+            "facilitating_passes": fac_pass,
+            "interfering_passes": int_pass,
+            "passes": fac_pass and int_pass,
+            "facilitating_layer": (("rank",), facilitating // spec.n_heads),
+            "facilitating_head": (("rank",), facilitating % spec.n_heads),
+            "interfering_layer": (("rank",), interfering // spec.n_heads),
+            "interfering_head": (("rank",), interfering % spec.n_heads),
+        },
+        coords={"draw": np.arange(n_random), "rank": rank},
+        attrs=attrs,
+    )

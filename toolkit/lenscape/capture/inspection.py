@@ -43,13 +43,18 @@ class Inspection:
     def to_dataframe(self) -> pd.DataFrame:
         """One row per prompt; the top tokens as "' Paris' 0.41, ' Rome' 0.12, ..."."""
         ds = self.data
-        table = {name: ds[name].values for name in ("category", "text", "target",
-                                                    "target_prob", "clean_metric")}
+        table = {
+            name: ds[name].values
+            for name in ("category", "text", "target", "target_prob", "clean_metric")
+        }
         table["clean_top"] = [_top(ds, "clean", i) for i in range(ds.sizes["prompt"])]
         if "corrupt_token" in ds:
-            table |= {"corrupt": ds["corrupt"].values, "distractor": ds["distractor"].values,
-                      "corrupt_metric": ds["corrupt_metric"].values,
-                      "corrupt_top": [_top(ds, "corrupt", i) for i in range(ds.sizes["prompt"])]}
+            table |= {
+                "corrupt": ds["corrupt"].values,
+                "distractor": ds["distractor"].values,
+                "corrupt_metric": ds["corrupt_metric"].values,
+                "corrupt_top": [_top(ds, "corrupt", i) for i in range(ds.sizes["prompt"])],
+            }
         return pd.DataFrame(table, index=pd.Index(ds["prompt"].values, name="prompt"))
 
     def __repr__(self) -> str:
@@ -64,23 +69,33 @@ class Inspection:
             head += ["corrupt prompt → distractor", "top next tokens (corrupt)", metric]
         rows = []
         for i in range(ds.sizes["prompt"]):
-            cells = [str(ds["prompt"].values[i]),
-                     f"{_e(ds['text'].values[i])} <b>→ {_e(ds['target'].values[i])!s}</b>",
-                     _top_html(ds, "clean", i, ds["target"].values[i]),
-                     f"{ds['target_prob'].values[i]:.2f}",
-                     f"{ds['clean_metric'].values[i]:.2f}"]
+            cells = [
+                str(ds["prompt"].values[i]),
+                f"{_e(ds['text'].values[i])} <b>→ {_e(ds['target'].values[i])!s}</b>",
+                _top_html(ds, "clean", i, ds["target"].values[i]),
+                f"{ds['target_prob'].values[i]:.2f}",
+                f"{ds['clean_metric'].values[i]:.2f}",
+            ]
             if corrupt:
-                cells += [f"{_e(ds['corrupt'].values[i])} <b>→ "
-                          f"{_e(ds['distractor'].values[i])}</b>",
-                          _top_html(ds, "corrupt", i, ds["distractor"].values[i]),
-                          f"{ds['corrupt_metric'].values[i]:.2f}"]
-            rows.append("<tr>" + "".join(f"<td style='text-align:left'>{c}</td>"
-                                         for c in cells) + "</tr>")
-        caption = (f"{ds.attrs['model']}: {ds.sizes['prompt']} prompts, metric "
-                   f"{metric} ({ds.attrs['units']}); bold: the expected token")
-        return (f"<table style='font-size:12px'><caption>{_e(caption)}</caption><thead><tr>"
-                + "".join(f"<th style='text-align:left'>{h}</th>" for h in head)
-                + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+                cells += [
+                    f"{_e(ds['corrupt'].values[i])} <b>→ {_e(ds['distractor'].values[i])}</b>",
+                    _top_html(ds, "corrupt", i, ds["distractor"].values[i]),
+                    f"{ds['corrupt_metric'].values[i]:.2f}",
+                ]
+            rows.append(
+                "<tr>" + "".join(f"<td style='text-align:left'>{c}</td>" for c in cells) + "</tr>"
+            )
+        caption = (
+            f"{ds.attrs['model']}: {ds.sizes['prompt']} prompts, metric "
+            f"{metric} ({ds.attrs['units']}); bold: the expected token"
+        )
+        return (
+            f"<table style='font-size:12px'><caption>{_e(caption)}</caption><thead><tr>"
+            + "".join(f"<th style='text-align:left'>{h}</th>" for h in head)
+            + "</tr></thead><tbody>"
+            + "".join(rows)
+            + "</tbody></table>"
+        )
 
 
 def _e(text: Any) -> str:
@@ -88,20 +103,31 @@ def _e(text: Any) -> str:
 
 
 def _top(ds: xr.Dataset, side: str, i: int) -> str:
-    return ", ".join(f"{t!r} {p:.2f}" for t, p in zip(ds[f"{side}_token"].values[i],
-                                                       ds[f"{side}_prob"].values[i]))
+    return ", ".join(
+        f"{t!r} {p:.2f}"
+        for t, p in zip(ds[f"{side}_token"].values[i], ds[f"{side}_prob"].values[i], strict=True)
+    )
 
 
 def _top_html(ds: xr.Dataset, side: str, i: int, expected: str) -> str:
     parts = []
-    for token, prob in zip(ds[f"{side}_token"].values[i], ds[f"{side}_prob"].values[i]):
+    for token, prob in zip(
+        ds[f"{side}_token"].values[i], ds[f"{side}_prob"].values[i], strict=True
+    ):
         text = f"{_e(repr(str(token)))}&nbsp;{prob:.2f}"
         parts.append(f"<b>{text}</b>" if token == expected else text)
     return " · ".join(parts)
 
 
-def inspect(model, prompts, *, metric: str = "logit_diff", top_k: int = 5,
-            batch_size: int | None = 8, backend: str = "nnsight") -> Inspection:
+def inspect(
+    model,
+    prompts,
+    *,
+    metric: str = "logit_diff",
+    top_k: int = 5,
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+) -> Inspection:
     """The model's answers on each prompt: top next tokens, target probability, metric.
 
     Args:
@@ -121,13 +147,29 @@ def inspect(model, prompts, *, metric: str = "logit_diff", top_k: int = 5,
     """
     _validate.positive_int("top_k", top_k)
     check_options({"metric": metric, "backend": backend, "batch_size": batch_size})
-    inputs = prepare(model, prompts, metric=metric, level="head", backend=backend,
-                     batch_size=batch_size, padding_side="right", needs_corrupt=False)
+    inputs = prepare(
+        model,
+        prompts,
+        metric=metric,
+        level="head",
+        backend=backend,
+        batch_size=batch_size,
+        padding_side="right",
+        needs_corrupt=False,
+    )
     prompt_set = inputs.prompts
     corrupt = all(p.corrupt is not None for p in prompt_set)
     if corrupt:
-        inputs = prepare(model, prompt_set, metric=metric, level="head", backend=backend,
-                         batch_size=inputs.batch_size, padding_side="right", needs_corrupt=True)
+        inputs = prepare(
+            model,
+            prompt_set,
+            metric=metric,
+            level="head",
+            backend=backend,
+            batch_size=inputs.batch_size,
+            padding_side="right",
+            needs_corrupt=True,
+        )
     runner = get_backend(model, backend)
     sides = ("clean", "corrupt") if corrupt else ("clean",)
     found: dict[str, list[torch.Tensor]] = {}
@@ -140,8 +182,11 @@ def inspect(model, prompts, *, metric: str = "logit_diff", top_k: int = 5,
             # the same metric on both sides (as patching measures it): on the corrupt
             # prompt a logit difference should be negative, a target log-prob low
             value = metrics.compute(metric, logits, batch.target, batch.distractor)
-            parts = {f"{side}_ids": top.indices, f"{side}_prob": top.values,
-                     f"{side}_metric": value}
+            parts = {
+                f"{side}_ids": top.indices,
+                f"{side}_prob": top.values,
+                f"{side}_metric": value,
+            }
             if side == "clean":
                 parts["target_prob"] = probs[torch.arange(len(batch.index)), batch.target]
             for key, part in parts.items():
@@ -158,15 +203,26 @@ def inspect(model, prompts, *, metric: str = "logit_diff", top_k: int = 5,
         "target_prob": ("prompt", joined["target_prob"]),
     }
     for side in sides:
-        data[f"{side}_token"] = (dims, np.array([token_labels(tok, ids)
-                                                 for ids in joined[f"{side}_ids"]]))
+        data[f"{side}_token"] = (
+            dims,
+            np.array([token_labels(tok, ids) for ids in joined[f"{side}_ids"]]),
+        )
         data[f"{side}_prob"] = (dims, joined[f"{side}_prob"])
         data[f"{side}_metric"] = ("prompt", joined[f"{side}_metric"])
-    ds = xr.Dataset(data, coords={"prompt": np.arange(len(prompt_set)),
-                                  "rank": np.arange(1, top_k + 1)})
-    ds.attrs = {"model": model.name, "metric": metric, "units": metrics.UNITS[metric],
-                "backend": backend, "prompt_set": prompt_set.name,
-                "method": "inspect", "metric_long_name": metrics.LONG_NAMES[metric]}
-    ds["clean_metric"].attrs = {"long_name": f"{metrics.LONG_NAMES[metric]}, clean prompt",
-                                "units": metrics.UNITS[metric]}
+    ds = xr.Dataset(
+        data, coords={"prompt": np.arange(len(prompt_set)), "rank": np.arange(1, top_k + 1)}
+    )
+    ds.attrs = {
+        "model": model.name,
+        "metric": metric,
+        "units": metrics.UNITS[metric],
+        "backend": backend,
+        "prompt_set": prompt_set.name,
+        "method": "inspect",
+        "metric_long_name": metrics.LONG_NAMES[metric],
+    }
+    ds["clean_metric"].attrs = {
+        "long_name": f"{metrics.LONG_NAMES[metric]}, clean prompt",
+        "units": metrics.UNITS[metric],
+    }
     return Inspection(ds)

@@ -45,17 +45,35 @@ def _head_outputs(model, layer: int, z: torch.Tensor) -> torch.Tensor:
 
 
 @planner("direct_logit_attribution")
-def _dla_plan(model, prompts, *, level: str = "head", metric: str = "logit_diff",
-              batch_size: int | None = 8, backend: str = "nnsight", padding_side: str = "right",
-              progress: bool = False) -> Plan:
+def _dla_plan(
+    model,
+    prompts,
+    *,
+    level: str = "head",
+    metric: str = "logit_diff",
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+    padding_side: str = "right",
+    progress: bool = False,
+) -> Plan:
     if metric not in DLA_METRICS:
-        raise ValueError(f"direct_logit_attribution supports metric in {list(DLA_METRICS)}, "
-                         f"got {metric!r}; for log-probabilities use lsc.attribution_patching.")
-    inputs = prepare(model, prompts, metric=metric, level=level, backend=backend,
-                     batch_size=batch_size, padding_side=padding_side, needs_corrupt=False)
+        raise ValueError(
+            f"direct_logit_attribution supports metric in {list(DLA_METRICS)}, "
+            f"got {metric!r}; for log-probabilities use lsc.attribution_patching."
+        )
+    inputs = prepare(
+        model,
+        prompts,
+        metric=metric,
+        level=level,
+        backend=backend,
+        batch_size=batch_size,
+        padding_side=padding_side,
+        needs_corrupt=False,
+    )
     spec, layout = model.spec, model.spec.layout
     runner = get_backend(model, backend)
-    sites = list(dict.fromkeys(site for site, _ in components(inputs))) + [("resid_final", -1)]
+    sites = [*list(dict.fromkeys(site for site, _ in components(inputs))), ("resid_final", -1)]
     final_norm = model.hf.get_submodule(layout.final_norm)
     unembed = model.hf.get_submodule(layout.unembed).weight.float()
 
@@ -87,17 +105,35 @@ def _dla_plan(model, prompts, *, level: str = "head", metric: str = "logit_diff"
         step()
         return torch.cat(columns, dim=1).cpu()
 
-    return Plan("direct_logit_attribution", inputs, len(components(inputs)), score,
-                lambda values, index: to_dataarray(inputs, values,
-                                                   method="direct_logit_attribution",
-                                                   effect="Direct contribution to", index=index),
-                desc="direct logit attribution")
+    return Plan(
+        "direct_logit_attribution",
+        inputs,
+        len(components(inputs)),
+        score,
+        lambda values, index: to_dataarray(
+            inputs,
+            values,
+            method="direct_logit_attribution",
+            effect="Direct contribution to",
+            index=index,
+        ),
+        desc="direct logit attribution",
+    )
 
 
-def direct_logit_attribution(model, prompts, *, level: str = "head",
-                             metric: str = "logit_diff", batch_size: int | None = 8,
-                             backend: str = "nnsight", padding_side: str = "right",
-                             store=None, client=None, progress: bool = True) -> xr.DataArray:
+def direct_logit_attribution(
+    model,
+    prompts,
+    *,
+    level: str = "head",
+    metric: str = "logit_diff",
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+    padding_side: str = "right",
+    store=None,
+    client=None,
+    progress: bool = True,
+) -> xr.DataArray:
     """Direct effect of each head or block on the metric's logits, per prompt.
 
     Args:
@@ -109,6 +145,16 @@ def direct_logit_attribution(model, prompts, *, level: str = "head",
     Returns:
         DataArray (prompt, layer, head) or (prompt, layer, component), in logits.
     """
-    return execute("direct_logit_attribution", model, prompts, store=store, client=client,
-                   progress=progress, level=level, metric=metric, batch_size=batch_size,
-                   backend=backend, padding_side=padding_side)
+    return execute(
+        "direct_logit_attribution",
+        model,
+        prompts,
+        store=store,
+        client=client,
+        progress=progress,
+        level=level,
+        metric=metric,
+        batch_size=batch_size,
+        backend=backend,
+        padding_side=padding_side,
+    )

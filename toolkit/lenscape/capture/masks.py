@@ -55,12 +55,17 @@ def _scaled_blocks(model: LensModel, row_scale) -> Iterator[None]:
     handles = []
     for layer in range(model.spec.n_layers):
         for c, (name, path) in enumerate(_block_paths(model).items()):
-            def hook(module, args, output, layer=layer, c=c, is_tuple=tuple_attn and name == "attn"):
-                scale = row_scale()[:, layer, c].to(
-                    (output[0] if is_tuple else output).dtype)[:, None, None]
+
+            def hook(
+                module, args, output, layer=layer, c=c, is_tuple=tuple_attn and name == "attn"
+            ):
+                scale = row_scale()[:, layer, c].to((output[0] if is_tuple else output).dtype)[
+                    :, None, None
+                ]
                 if is_tuple:
                     return (output[0] * scale, *output[1:])
                 return output * scale
+
             handles.append(model.module(path, layer).register_forward_hook(hook))
     try:
         yield
@@ -73,14 +78,19 @@ def _check_model(model: LensModel, masks: xr.DataArray | xr.Dataset) -> None:
     """A mask learned on another model cannot be applied: say which one it came from."""
     origin = masks.attrs.get("model")
     if origin is not None and origin != model.name:
-        raise ValueError(f"The masks were learned on {origin!r}, not {model.name!r}; learn "
-                         "masks for this model with lsc.block_masks(model, ...).")
-    if masks.sizes.get("layer") != model.spec.n_layers or \
-            list(masks["component"].values) != list(COMPONENTS):
-        raise ValueError(f"The mask has {masks.sizes.get('layer')} layers and components "
-                         f"{list(masks['component'].values)}; {model.name} needs "
-                         f"{model.spec.n_layers} layers and {list(COMPONENTS)}: it was learned "
-                         "on another model; learn masks for this one with lsc.block_masks.")
+        raise ValueError(
+            f"The masks were learned on {origin!r}, not {model.name!r}; learn "
+            "masks for this model with lsc.block_masks(model, ...)."
+        )
+    if masks.sizes.get("layer") != model.spec.n_layers or list(masks["component"].values) != list(
+        COMPONENTS
+    ):
+        raise ValueError(
+            f"The mask has {masks.sizes.get('layer')} layers and components "
+            f"{list(masks['component'].values)}; {model.name} needs "
+            f"{model.spec.n_layers} layers and {list(COMPONENTS)}: it was learned "
+            "on another model; learn masks for this one with lsc.block_masks."
+        )
 
 
 def _as_mask_array(masks: xr.DataArray | xr.Dataset) -> xr.DataArray:
@@ -88,24 +98,32 @@ def _as_mask_array(masks: xr.DataArray | xr.Dataset) -> xr.DataArray:
 
 
 def _check_clusters(clusters) -> Clustering:
-    if not isinstance(clusters, Clustering) or clusters.centroids is None or \
-            len(clusters.centroids) == 0:
-        raise ValueError(f"clusters must be a Clustering with centroids (from "
-                         f"lenscape.cluster.kmeans), got {type(clusters).__name__}; routing "
-                         "needs the centroids to find each input's nearest cluster.")
+    if (
+        not isinstance(clusters, Clustering)
+        or clusters.centroids is None
+        or len(clusters.centroids) == 0
+    ):
+        raise ValueError(
+            f"clusters must be a Clustering with centroids (from "
+            f"lenscape.cluster.kmeans), got {type(clusters).__name__}; routing "
+            "needs the centroids to find each input's nearest cluster."
+        )
     return clusters
 
 
 def _row_texts(model: LensModel, input_ids: torch.Tensor, attention_mask) -> list[str]:
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    return [model.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
-            for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
+    return [
+        model.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+        for ids, mask in zip(input_ids.cpu(), attention_mask.cpu(), strict=True)
+    ]
 
 
 @contextlib.contextmanager
-def apply_mask(model: LensModel, masks: xr.DataArray | xr.Dataset, *,
-               clusters: Clustering | None = None) -> Iterator[LensModel]:
+def apply_mask(
+    model: LensModel, masks: xr.DataArray | xr.Dataset, *, clusters: Clustering | None = None
+) -> Iterator[LensModel]:
     """Run ``model`` with blocks skipped (residual passes) where the mask is 0/False.
 
     Args:
@@ -124,21 +142,27 @@ def apply_mask(model: LensModel, masks: xr.DataArray | xr.Dataset, *,
     _check_model(model, mask)
     if clusters is None:
         if set(mask.dims) != {"layer", "component"}:
-            raise ValueError(f"The mask has dims {mask.dims}; apply_mask needs (layer, "
-                             "component). Pick one cluster, e.g. masks['mask'].sel(cluster=0), "
-                             "or route inputs with apply_mask(model, masks, clusters=clusters).")
-        scale = torch.as_tensor(mask.transpose("layer", "component").values.astype(np.float32)
-                                ).to(model.device)[None]
+            raise ValueError(
+                f"The mask has dims {mask.dims}; apply_mask needs (layer, "
+                "component). Pick one cluster, e.g. masks['mask'].sel(cluster=0), "
+                "or route inputs with apply_mask(model, masks, clusters=clusters)."
+            )
+        scale = torch.as_tensor(mask.transpose("layer", "component").values.astype(np.float32)).to(
+            model.device
+        )[None]
         with _scaled_blocks(model, lambda: scale):
             yield model
         return
     clusters = _check_clusters(clusters)
     if "cluster" not in mask.dims or mask.sizes["cluster"] != clusters.k:
-        raise ValueError(f"Routing needs one mask per cluster ({clusters.k}); the mask has dims "
-                         f"{dict(mask.sizes)}. Pass the block_masks result learned with these "
-                         "clusters.")
-    per_cluster = torch.as_tensor(mask.transpose("cluster", "layer", "component").values
-                                  .astype(np.float32)).to(model.device)
+        raise ValueError(
+            f"Routing needs one mask per cluster ({clusters.k}); the mask has dims "
+            f"{dict(mask.sizes)}. Pass the block_masks result learned with these "
+            "clusters."
+        )
+    per_cluster = torch.as_tensor(
+        mask.transpose("cluster", "layer", "component").values.astype(np.float32)
+    ).to(model.device)
     current: dict[str, torch.Tensor] = {}
 
     def route(module, args, kwargs):
@@ -147,6 +171,7 @@ def apply_mask(model: LensModel, masks: xr.DataArray | xr.Dataset, *,
             texts = _row_texts(model, input_ids, kwargs.get("attention_mask"))
             current["clusters"] = torch.as_tensor(clusters.route(texts))
             current["scale"] = per_cluster[current["clusters"].to(model.device)]
+
     handle = model.hf.register_forward_pre_hook(route, with_kwargs=True)
     try:
         with _scaled_blocks(model, lambda: current["scale"]):
@@ -164,19 +189,22 @@ def _pad(model: LensModel, rows: list[list[int]]) -> tuple[torch.Tensor, torch.T
     ids = torch.full((len(rows), width), model.tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, seq in enumerate(rows):
-        ids[i, :len(seq)], mask[i, :len(seq)] = torch.tensor(seq), 1
+        ids[i, : len(seq)], mask[i, : len(seq)] = torch.tensor(seq), 1
     return ids.to(model.device), mask.to(model.device)
 
 
-def _row_loss(model: LensModel, rows: list[list[int]], current: dict, *, loss: str = "nll"
-              ) -> torch.Tensor:
+def _row_loss(
+    model: LensModel, rows: list[list[int]], current: dict, *, loss: str = "nll"
+) -> torch.Tensor:
     """Mean next-token loss of each row (rows,) under ``current["scale"]`` (real tokens only).
 
     ``loss="nll"``: negative log-likelihood of the text; ``"kl"``: KL(unmasked || masked)
     of the next-token distributions (the unmasked pass runs without gradients).
     """
     ids, mask = _pad(model, rows)
-    logp = torch.log_softmax(model.hf(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1)
+    logp = torch.log_softmax(
+        model.hf(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1
+    )
     if loss == "nll":
         per_token = -logp.gather(-1, ids[:, 1:, None])[..., 0]
     else:
@@ -184,7 +212,8 @@ def _row_loss(model: LensModel, rows: list[list[int]], current: dict, *, loss: s
         current["scale"] = torch.ones_like(scale)
         with torch.no_grad():
             teacher = torch.log_softmax(
-                model.hf(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1)
+                model.hf(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1
+            )
         current["scale"] = scale
         per_token = (teacher.exp() * (teacher - logp)).sum(-1)
     weight = mask[:, 1:].float()
@@ -196,10 +225,23 @@ def _open_prob(log_alpha: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(log_alpha - BETA * np.log(-GAMMA / ZETA))
 
 
-def _fit_masks(model: LensModel, items: list[list[int]], groups: list[np.ndarray],
-               sparsities: Sequence[float], *, loss: str, lr: float, penalty: float,
-               max_steps: int, window: int, tol: float, seed: int, batch_size: int,
-               rows_per_pass: int, progress: bool):
+def _fit_masks(
+    model: LensModel,
+    items: list[list[int]],
+    groups: list[np.ndarray],
+    sparsities: Sequence[float],
+    *,
+    loss: str,
+    lr: float,
+    penalty: float,
+    max_steps: int,
+    window: int,
+    tol: float,
+    seed: int,
+    batch_size: int,
+    rows_per_pass: int,
+    progress: bool,
+):
     """Fit gate logits for every (sparsity, group) pair in one stacked run.
 
     Args:
@@ -215,18 +257,21 @@ def _fit_masks(model: LensModel, items: list[list[int]], groups: list[np.ndarray
     noise = torch.Generator().manual_seed(seed)
     current: dict[str, torch.Tensor] = {}
     sets_per_pass = max(1, rows_per_pass // batch_size)
-    bar = tqdm(total=max_steps, disable=not progress,
-               desc=f"block masks ({n_groups} groups x {len(sparsities)} sparsities)")
+    bar = tqdm(
+        total=max_steps,
+        disable=not progress,
+        desc=f"block masks ({n_groups} groups x {len(sparsities)} sparsities)",
+    )
 
     def loss_and_grad(log_alpha: torch.Tensor, active: list[int]) -> torch.Tensor:
         u = torch.rand(log_alpha.shape, generator=noise).clamp(1e-6, 1 - 1e-6)
         losses = []
         for first in range(0, len(active), sets_per_pass):
-            chunk = active[first:first + sets_per_pass]
-            rows = [items[i] for k in chunk
-                    for i in rng.choice(groups[k % n_groups], batch_size)]
-            s = torch.sigmoid((u[chunk].log() - (1 - u[chunk]).log()
-                               + log_alpha[chunk].cpu()) / BETA)
+            chunk = active[first : first + sets_per_pass]
+            rows = [items[i] for k in chunk for i in rng.choice(groups[k % n_groups], batch_size)]
+            s = torch.sigmoid(
+                (u[chunk].log() - (1 - u[chunk]).log() + log_alpha[chunk].cpu()) / BETA
+            )
             gates = (s * (ZETA - GAMMA) + GAMMA).clamp(0, 1).to(model.device)
             current["scale"] = gates.repeat_interleave(batch_size, dim=0)
             text_loss = _row_loss(model, rows, current, loss=loss).view(len(chunk), -1).mean(1)
@@ -238,8 +283,17 @@ def _fit_masks(model: LensModel, items: list[list[int]], groups: list[np.ndarray
 
     start = torch.full((sets, spec.n_layers, 2), 2.0, device=model.device)
     with _scaled_blocks(model, lambda: current["scale"]):
-        fit = fit_until_still(start, loss_and_grad, watch=_open_prob, lr=lr, grad_clip=None,
-                              max_steps=max_steps, window=window, tol=tol, on_step=bar.update)
+        fit = fit_until_still(
+            start,
+            loss_and_grad,
+            watch=_open_prob,
+            lr=lr,
+            grad_clip=None,
+            max_steps=max_steps,
+            window=window,
+            tol=tol,
+            on_step=bar.update,
+        )
     bar.close()
     return fit
 
@@ -247,7 +301,7 @@ def _fit_masks(model: LensModel, items: list[list[int]], groups: list[np.ndarray
 def _binary_masks(log_alpha: torch.Tensor, keep: float) -> torch.Tensor:
     """(sets, layer, 2) logits -> bool masks keeping exactly round(keep * 2L) blocks each."""
     sets, n_layers, _ = log_alpha.shape
-    n_keep = int(round(keep * 2 * n_layers))
+    n_keep = round(keep * 2 * n_layers)
     order = log_alpha.cpu().reshape(sets, -1).argsort(dim=1, descending=True)
     kept = torch.zeros(sets, 2 * n_layers, dtype=torch.bool)
     kept.scatter_(1, order[:, :n_keep], True)
@@ -258,16 +312,20 @@ def _check_sparsities(target_sparsity) -> list[float]:
     values = [target_sparsity] if np.isscalar(target_sparsity) else list(target_sparsity)
     bad = [s for s in values if not 0 < s < 1]
     if not values or bad:
-        raise ValueError(f"target_sparsity must lie in (0, 1), got {target_sparsity}; "
-                         "e.g. 0.3 (skip 30% of blocks) or [0.1, 0.3, 0.5].")
+        raise ValueError(
+            f"target_sparsity must lie in (0, 1), got {target_sparsity}; "
+            "e.g. 0.3 (skip 30% of blocks) or [0.1, 0.3, 0.5]."
+        )
     return [float(s) for s in values]
 
 
 def _members(clusters: Clustering, n_prompts: int) -> list[np.ndarray]:
     labels = clusters.labels.values
     if len(labels) != n_prompts:
-        raise ValueError(f"The clustering has {len(labels)} prompts but {n_prompts} were "
-                         "given; pass the prompts that were clustered.")
+        raise ValueError(
+            f"The clustering has {len(labels)} prompts but {n_prompts} were "
+            "given; pass the prompts that were clustered."
+        )
     members = [np.flatnonzero(labels == c) for c in range(clusters.k)]
     empty = [c for c, m in enumerate(members) if len(m) == 0]
     if empty:
@@ -275,11 +333,23 @@ def _members(clusters: Clustering, n_prompts: int) -> list[np.ndarray]:
     return members
 
 
-def block_masks(model: LensModel, prompts: PromptSet, *, clusters: Clustering,
-                target_sparsity: float | Sequence[float] = 0.3, loss: str = "nll",
-                max_steps: int = 300, window: int = 20, tol: float = 0.005, lr: float = 0.25,
-                penalty: float = 10.0, seed: int = 0, batch_size: int = 4,
-                rows_per_pass: int = 32, progress: bool = True) -> xr.Dataset:
+def block_masks(
+    model: LensModel,
+    prompts: PromptSet,
+    *,
+    clusters: Clustering,
+    target_sparsity: float | Sequence[float] = 0.3,
+    loss: str = "nll",
+    max_steps: int = 300,
+    window: int = 20,
+    tol: float = 0.005,
+    lr: float = 0.25,
+    penalty: float = 10.0,
+    seed: int = 0,
+    batch_size: int = 4,
+    rows_per_pass: int = 32,
+    progress: bool = True,
+) -> xr.Dataset:
     """Learn one block mask per cluster (and per target sparsity), to convergence.
 
     Args:
@@ -306,53 +376,104 @@ def block_masks(model: LensModel, prompts: PromptSet, *, clusters: Clustering,
         raise ValueError(f"Unknown loss {loss!r}; choose one of {list(LOSSES)}.")
     clusters = _check_clusters(clusters)
     members = _members(clusters, len(prompts))
-    fit = _fit_masks(model, _encode(model, prompts), members, sparsities, loss=loss, lr=lr,
-                     penalty=penalty, max_steps=max_steps, window=window, tol=tol, seed=seed,
-                     batch_size=batch_size, rows_per_pass=rows_per_pass, progress=progress)
+    fit = _fit_masks(
+        model,
+        _encode(model, prompts),
+        members,
+        sparsities,
+        loss=loss,
+        lr=lr,
+        penalty=penalty,
+        max_steps=max_steps,
+        window=window,
+        tol=tol,
+        seed=seed,
+        batch_size=batch_size,
+        rows_per_pass=rows_per_pass,
+        progress=progress,
+    )
     spec, k = model.spec, clusters.k
-    attrs = {"method": "block_masks", "metric": loss, "model": model.name, "backend": "torch",
-             "dtype": str(model.dtype).removeprefix("torch."), "architecture": spec.architecture,
-             "prompt_set": prompts.name, "n_prompts": len(prompts), "k": k, "loss": loss,
-             "max_steps": max_steps, "window": window, "tol": tol, "lr": lr,
-             "penalty": penalty, "seed": seed, "batch_size": batch_size,
-             "steps": int(fit.steps.max()), "converged": int(fit.converged.all())}
+    attrs = {
+        "method": "block_masks",
+        "metric": loss,
+        "model": model.name,
+        "backend": "torch",
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "architecture": spec.architecture,
+        "prompt_set": prompts.name,
+        "n_prompts": len(prompts),
+        "k": k,
+        "loss": loss,
+        "max_steps": max_steps,
+        "window": window,
+        "tol": tol,
+        "lr": lr,
+        "penalty": penalty,
+        "seed": seed,
+        "batch_size": batch_size,
+        "steps": int(fit.steps.max()),
+        "converged": int(fit.converged.all()),
+    }
     parts = []
     for i, sparsity in enumerate(sparsities):
         rows = slice(i * k, (i + 1) * k)
         part_attrs = {**attrs, "target_sparsity": sparsity}
         dims, coords = ("cluster", "layer", "component"), {"component": list(COMPONENTS)}
-        mask = schema.make(_binary_masks(fit.params[rows], 1 - sparsity).numpy(), dims=dims,
-                           coords=coords, attrs={**part_attrs, "long_name": "Block kept",
-                                                 "units": "bool"}, n_layers=spec.n_layers)
-        prob = schema.make(_open_prob(fit.params[rows]).cpu().numpy(), dims=dims, coords=coords,
-                           attrs={**part_attrs, "long_name": "Probability the gate is open",
-                                  "units": "probability"}, n_layers=spec.n_layers)
-        steps = schema.make(fit.steps[rows].numpy(), dims=("cluster",),
-                            attrs={**part_attrs, "long_name": "Adam updates", "units": "steps"})
-        parts.append(xr.Dataset({"mask": mask, "keep_prob": prob, "steps": steps},
-                                attrs=part_attrs))
+        mask = schema.make(
+            _binary_masks(fit.params[rows], 1 - sparsity).numpy(),
+            dims=dims,
+            coords=coords,
+            attrs={**part_attrs, "long_name": "Block kept", "units": "bool"},
+            n_layers=spec.n_layers,
+        )
+        prob = schema.make(
+            _open_prob(fit.params[rows]).cpu().numpy(),
+            dims=dims,
+            coords=coords,
+            attrs={
+                **part_attrs,
+                "long_name": "Probability the gate is open",
+                "units": "probability",
+            },
+            n_layers=spec.n_layers,
+        )
+        steps = schema.make(
+            fit.steps[rows].numpy(),
+            dims=("cluster",),
+            attrs={**part_attrs, "long_name": "Adam updates", "units": "steps"},
+        )
+        parts.append(
+            xr.Dataset({"mask": mask, "keep_prob": prob, "steps": steps}, attrs=part_attrs)
+        )
     if np.isscalar(target_sparsity):
         return parts[0]
-    return xr.concat(parts, dim="target_sparsity", combine_attrs="drop_conflicts"
-                     ).assign_coords(target_sparsity=sparsities)
+    return xr.concat(parts, dim="target_sparsity", combine_attrs="drop_conflicts").assign_coords(
+        target_sparsity=sparsities
+    )
 
 
 @torch.no_grad()
-def _losses_per_row(model: LensModel, items: list[list[int]], row_masks: torch.Tensor,
-                    batch_size: int) -> torch.Tensor:
+def _losses_per_row(
+    model: LensModel, items: list[list[int]], row_masks: torch.Tensor, batch_size: int
+) -> torch.Tensor:
     """Mean NLL of ``items[i]`` under ``row_masks[i]`` (rows, layer, 2) -> (rows,)."""
     current: dict[str, torch.Tensor] = {}
     out = []
     with _scaled_blocks(model, lambda: current["scale"]):
         for start in range(0, len(items), batch_size):
-            current["scale"] = row_masks[start:start + batch_size].to(model.device)
-            out.append(_row_loss(model, items[start:start + batch_size], current).cpu())
+            current["scale"] = row_masks[start : start + batch_size].to(model.device)
+            out.append(_row_loss(model, items[start : start + batch_size], current).cpu())
     return torch.cat(out)
 
 
 @torch.no_grad()
-def masked_loss(model: LensModel, prompts: PromptSet, masks: torch.Tensor | xr.DataArray, *,
-                batch_size: int = 16) -> torch.Tensor:
+def masked_loss(
+    model: LensModel,
+    prompts: PromptSet,
+    masks: torch.Tensor | xr.DataArray,
+    *,
+    batch_size: int = 16,
+) -> torch.Tensor:
     """Mean NLL of ``prompts`` under each of several masks (sets, layer, component) -> (sets,)."""
     if isinstance(masks, xr.DataArray):
         _check_model(model, masks)
@@ -364,10 +485,20 @@ def masked_loss(model: LensModel, prompts: PromptSet, masks: torch.Tensor | xr.D
     return losses.view(len(masks), len(items)).mean(1)
 
 
-def mask_comparison(model: LensModel, train: PromptSet, held_out: PromptSet, *,
-                    clusters: Clustering, sparsities: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5),
-                    n_random: int = 3, loss: str = "nll", seed: int = 0,
-                    batch_size: int = 16, progress: bool = True, **fit_options) -> xr.Dataset:
+def mask_comparison(
+    model: LensModel,
+    train: PromptSet,
+    held_out: PromptSet,
+    *,
+    clusters: Clustering,
+    sparsities: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5),
+    n_random: int = 3,
+    loss: str = "nll",
+    seed: int = 0,
+    batch_size: int = 16,
+    progress: bool = True,
+    **fit_options,
+) -> xr.Dataset:
     """IG-Pruning's claim on held-out texts: routed per-cluster masks vs one global mask vs
     random masks, at equal sparsity.
 
@@ -396,17 +527,29 @@ def mask_comparison(model: LensModel, train: PromptSet, held_out: PromptSet, *,
     sparsities = _check_sparsities(sparsities)
     clusters = _check_clusters(clusters)
     if len(held_out) < clusters.k:
-        raise ValueError(f"{len(held_out)} held-out texts for {clusters.k} clusters: hold out "
-                         "at least one text per cluster, e.g. lenscape.cluster.split(prompts, "
-                         "held_out=0.25).")
+        raise ValueError(
+            f"{len(held_out)} held-out texts for {clusters.k} clusters: hold out "
+            "at least one text per cluster, e.g. lenscape.cluster.split(prompts, "
+            "held_out=0.25)."
+        )
     members = _members(clusters, len(train))
-    groups = members + [np.arange(len(train))]
-    options = dict(lr=0.25, penalty=10.0, max_steps=300, window=20, tol=0.005,
-                   rows_per_pass=32, batch_size=4)
-    options.update({("batch_size" if k == "train_batch_size" else k): v
-                    for k, v in fit_options.items()})
-    fit = _fit_masks(model, _encode(model, train), groups, sparsities, loss=loss, seed=seed,
-                     progress=progress, **options)
+    groups = [*members, np.arange(len(train))]
+    options = dict(
+        lr=0.25, penalty=10.0, max_steps=300, window=20, tol=0.005, rows_per_pass=32, batch_size=4
+    )
+    options.update(
+        {("batch_size" if k == "train_batch_size" else k): v for k, v in fit_options.items()}
+    )
+    fit = _fit_masks(
+        model,
+        _encode(model, train),
+        groups,
+        sparsities,
+        loss=loss,
+        seed=seed,
+        progress=progress,
+        **options,
+    )
     k, n_layers = clusters.k, model.spec.n_layers
     routes = torch.as_tensor(clusters.route(held_out))
     items = _encode(model, held_out)
@@ -416,18 +559,21 @@ def mask_comparison(model: LensModel, train: PromptSet, held_out: PromptSet, *,
     by_cluster = np.full((2, len(sparsities), k), np.nan)
     routed_masks, global_masks = [], []
     for i, sparsity in enumerate(sparsities):
-        masks = _binary_masks(fit.params[i * (k + 1):(i + 1) * (k + 1)], 1 - sparsity).float()
+        masks = _binary_masks(fit.params[i * (k + 1) : (i + 1) * (k + 1)], 1 - sparsity).float()
         routed_masks.append(masks[:k])
         global_masks.append(masks[k])
         n_keep = int(masks[0].sum())
         randoms = torch.zeros(n_random, n_layers * 2)
         for r in range(n_random):
             randoms[r, rng.choice(n_layers * 2, n_keep, replace=False)] = 1
-        row_sets = [masks[:k][routes], masks[k].expand(len(items), -1, -1),
-                    *[randoms[r].view(n_layers, 2).expand(len(items), -1, -1)
-                      for r in range(n_random)]]
-        losses = _losses_per_row(model, items * len(row_sets), torch.cat(row_sets),
-                                 batch_size).view(len(row_sets), len(items))
+        row_sets = [
+            masks[:k][routes],
+            masks[k].expand(len(items), -1, -1),
+            *[randoms[r].view(n_layers, 2).expand(len(items), -1, -1) for r in range(n_random)],
+        ]
+        losses = _losses_per_row(
+            model, items * len(row_sets), torch.cat(row_sets), batch_size
+        ).view(len(row_sets), len(items))
         ratio[0, i] = float(torch.exp(losses[0].mean() - base.mean()))
         ratio[1, i] = float(torch.exp(losses[1].mean() - base.mean()))
         ratio[2, i] = float(torch.exp(losses[2:].mean(1) - base.mean()).mean())
@@ -436,29 +582,56 @@ def mask_comparison(model: LensModel, train: PromptSet, held_out: PromptSet, *,
             if rows.any():
                 by_cluster[0, i, c] = float(losses[0][rows].mean())
                 by_cluster[1, i, c] = float(losses[1][rows].mean())
-    attrs = {"method": "mask_comparison", "model": model.name, "k": k, "loss": loss,
-             "n_train": len(train), "n_held_out": len(held_out), "n_random": n_random,
-             "seed": seed, "loss_unmasked": float(base.mean()),
-             "steps": int(fit.steps.max()), "converged": int(fit.converged.all()),
-             **{f"fit_{name}": value for name, value in options.items()}}
-    coords = {"strategy": list(STRATEGIES), "target_sparsity": sparsities,
-              "cluster": np.arange(k), "layer": np.arange(n_layers),
-              "component": list(COMPONENTS)}
-    return xr.Dataset({
-        "ppl_ratio": (("strategy", "target_sparsity"), ratio,
-                      {"long_name": "Held-out perplexity / unmasked perplexity",
-                       "units": "ratio"}),
-        "loss_routed": (("target_sparsity", "cluster"), by_cluster[0],
-                        {"long_name": "Held-out NLL, routed mask", "units": "nats"}),
-        "loss_global": (("target_sparsity", "cluster"), by_cluster[1],
-                        {"long_name": "Held-out NLL, global mask", "units": "nats"}),
-        "n_held_out": (("cluster",), np.bincount(routes.numpy(), minlength=k)),
-        "routed_mask": (("target_sparsity", "cluster", "layer", "component"),
-                        torch.stack(routed_masks).bool().numpy(),
-                        {"long_name": "Block kept, per-cluster mask", "units": "bool",
-                         "model": model.name}),
-        "global_mask": (("target_sparsity", "layer", "component"),
-                        torch.stack(global_masks).bool().numpy(),
-                        {"long_name": "Block kept, global mask", "units": "bool",
-                         "model": model.name}),
-    }, coords=coords, attrs=attrs)
+    attrs = {
+        "method": "mask_comparison",
+        "model": model.name,
+        "k": k,
+        "loss": loss,
+        "n_train": len(train),
+        "n_held_out": len(held_out),
+        "n_random": n_random,
+        "seed": seed,
+        "loss_unmasked": float(base.mean()),
+        "steps": int(fit.steps.max()),
+        "converged": int(fit.converged.all()),
+        **{f"fit_{name}": value for name, value in options.items()},
+    }
+    coords = {
+        "strategy": list(STRATEGIES),
+        "target_sparsity": sparsities,
+        "cluster": np.arange(k),
+        "layer": np.arange(n_layers),
+        "component": list(COMPONENTS),
+    }
+    return xr.Dataset(
+        {
+            "ppl_ratio": (
+                ("strategy", "target_sparsity"),
+                ratio,
+                {"long_name": "Held-out perplexity / unmasked perplexity", "units": "ratio"},
+            ),
+            "loss_routed": (
+                ("target_sparsity", "cluster"),
+                by_cluster[0],
+                {"long_name": "Held-out NLL, routed mask", "units": "nats"},
+            ),
+            "loss_global": (
+                ("target_sparsity", "cluster"),
+                by_cluster[1],
+                {"long_name": "Held-out NLL, global mask", "units": "nats"},
+            ),
+            "n_held_out": (("cluster",), np.bincount(routes.numpy(), minlength=k)),
+            "routed_mask": (
+                ("target_sparsity", "cluster", "layer", "component"),
+                torch.stack(routed_masks).bool().numpy(),
+                {"long_name": "Block kept, per-cluster mask", "units": "bool", "model": model.name},
+            ),
+            "global_mask": (
+                ("target_sparsity", "layer", "component"),
+                torch.stack(global_masks).bool().numpy(),
+                {"long_name": "Block kept, global mask", "units": "bool", "model": model.name},
+            ),
+        },
+        coords=coords,
+        attrs=attrs,
+    )

@@ -35,8 +35,11 @@ def free_bytes(device: torch.device) -> int:
 def bytes_per_sequence(model, *, width: int, grad: bool) -> int:
     """Estimated activation bytes of one sequence of ``width`` tokens in one pass."""
     spec, config = model.spec, model.hf.config
-    d_ff = (getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
-            or 4 * spec.d_model)
+    d_ff = (
+        getattr(config, "intermediate_size", None)
+        or getattr(config, "n_inner", None)
+        or 4 * spec.d_model
+    )
     per_layer = 6 * spec.d_model + 3 * d_ff + 2 * spec.n_heads * width
     layers = spec.n_layers if grad else 1
     element = torch.finfo(model.dtype).bits // 8

@@ -10,14 +10,18 @@ from __future__ import annotations
 import torch
 
 METRICS = ("logit_diff", "logprob", "loss", "logit")
-LONG_NAMES = {"logit_diff": "logit difference (target - distractor)",
-              "logprob": "target log-probability", "loss": "loss on the target token",
-              "logit": "target logit"}
+LONG_NAMES = {
+    "logit_diff": "logit difference (target - distractor)",
+    "logprob": "target log-probability",
+    "loss": "loss on the target token",
+    "logit": "target logit",
+}
 UNITS = {"logit_diff": "logits", "logprob": "nats", "loss": "nats", "logit": "logits"}
 
 
-def compute(metric: str, logits: torch.Tensor, target: torch.Tensor,
-            distractor: torch.Tensor) -> torch.Tensor:
+def compute(
+    metric: str, logits: torch.Tensor, target: torch.Tensor, distractor: torch.Tensor
+) -> torch.Tensor:
     """Evaluate ``metric``; logits (batch, vocab), target/distractor (batch,) -> (batch,).
 
     Computed in float32 whatever the model dtype, so bf16 runs do not lose the metric.
@@ -41,7 +45,9 @@ def check_finite(values: torch.Tensor, index: torch.Tensor, metric: str) -> torc
     bad = ~torch.isfinite(values)
     if bad.any():
         rows = bad.reshape(bad.shape[0], -1).any(-1)
-        raise ValueError(f"metric '{metric}' is not finite (NaN/inf) for prompt(s) "
-                         f"{index[rows.cpu()].tolist()}; this usually means a float16 overflow "
-                         "or broken weights: try dtype='float32' or 'bfloat16'.")
+        raise ValueError(
+            f"metric '{metric}' is not finite (NaN/inf) for prompt(s) "
+            f"{index[rows.cpu()].tolist()}; this usually means a float16 overflow "
+            "or broken weights: try dtype='float32' or 'bfloat16'."
+        )
     return values

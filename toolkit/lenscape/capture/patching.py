@@ -37,7 +37,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
 import torch
 import xarray as xr
 from tqdm.auto import tqdm
@@ -76,6 +75,7 @@ def _stacked_edit(chunk: list[Variant], batch_rows: int, replacement):
 
     ``replacement(site, head)`` -> tensor broadcastable to (batch_rows, pos[, d]).
     """
+
     def edit(site: Site, value: torch.Tensor) -> torch.Tensor:
         value = value.clone()
         for copy_index, (variant_site, head) in enumerate(chunk):
@@ -83,6 +83,7 @@ def _stacked_edit(chunk: list[Variant], batch_rows: int, replacement):
                 rows = slice(copy_index * batch_rows, (copy_index + 1) * batch_rows)
                 value[_index(head, rows)] = replacement(site, head)
         return value
+
     return edit
 
 
@@ -92,8 +93,9 @@ def _site_means(inputs: Inputs, sites: list[Site], progress: bool) -> dict[Site,
     backend = get_backend(inputs.model, inputs.backend)
     sums: dict[Site, torch.Tensor] = {}
     count = 0
-    for batch in tqdm(inputs.batches(), total=inputs.n_batches(), disable=not progress,
-                      desc="mean activations"):
+    for batch in tqdm(
+        inputs.batches(), total=inputs.n_batches(), disable=not progress, desc="mean activations"
+    ):
         with torch.no_grad():
             run = backend.run(batch.clean, sites=sites)
         mask = batch.clean.attention_mask.bool()
@@ -113,9 +115,14 @@ def _layer_groups(variants: list[Variant], columns: list[int]) -> list[tuple[int
     return sorted(groups.items())
 
 
-def _sweep_scorer(inputs: Inputs, *, source: str, replacement_for,
-                  variants_per_pass: int | None,
-                  columns: list[int] | None = None) -> Callable[[Batch, Callable], torch.Tensor]:
+def _sweep_scorer(
+    inputs: Inputs,
+    *,
+    source: str,
+    replacement_for,
+    variants_per_pass: int | None,
+    columns: list[int] | None = None,
+) -> Callable[[Batch, Callable], torch.Tensor]:
     """``score(batch, step)``: metric change when each component is replaced, (rows, n_components).
 
     Args:
@@ -138,38 +145,63 @@ def _sweep_scorer(inputs: Inputs, *, source: str, replacement_for,
         tokens = getattr(batch, source)
         rows = len(batch.index)
         per_pass = variants_per_pass or memory.auto_variants_per_pass(
-            model, rows=rows, width=tokens.input_ids.shape[1],
-            wanted=max(len(group) for _, group in groups))
+            model,
+            rows=rows,
+            width=tokens.input_ids.shape[1],
+            wanted=max(len(group) for _, group in groups),
+        )
         effects = torch.full((rows, len(variants)), float("nan"))
         with torch.no_grad():
             unedited = backend.run(tokens, sites=resid_sites)
-            base = metrics.check_finite(metrics.compute(metric, unedited.logits, batch.target,
-                                                        batch.distractor), batch.index, metric)
+            base = metrics.check_finite(
+                metrics.compute(metric, unedited.logits, batch.target, batch.distractor),
+                batch.index,
+                metric,
+            )
             replacement = replacement_for(batch)
             for layer, group in groups:
                 for start in range(0, len(group), per_pass):
-                    chunk_columns = group[start:start + per_pass]
+                    chunk_columns = group[start : start + per_pass]
                     chunk = [variants[c] for c in chunk_columns]
                     copies = len(chunk)
-                    resume = None if layer == 0 else (
-                        layer, unedited.acts[("resid_pre", layer)].repeat(copies, 1, 1))
-                    run = backend.run(tokens.repeat(copies), sites=_sites(chunk),
-                                      edit=_stacked_edit(chunk, rows, replacement), resume=resume)
-                    value = metrics.compute(metric, run.logits, batch.target.repeat(copies),
-                                            batch.distractor.repeat(copies))
+                    resume = (
+                        None
+                        if layer == 0
+                        else (layer, unedited.acts[("resid_pre", layer)].repeat(copies, 1, 1))
+                    )
+                    run = backend.run(
+                        tokens.repeat(copies),
+                        sites=_sites(chunk),
+                        edit=_stacked_edit(chunk, rows, replacement),
+                        resume=resume,
+                    )
+                    value = metrics.compute(
+                        metric,
+                        run.logits,
+                        batch.target.repeat(copies),
+                        batch.distractor.repeat(copies),
+                    )
                     effects[:, chunk_columns] = (value.view(copies, rows) - base).T.float().cpu()
                 step()
             for _ in range(model.spec.n_layers - len(groups)):  # blocks with nothing to measure
                 step()
         metrics.check_finite(effects[:, columns], batch.index, metric)
         return effects
+
     return score
 
 
-def _gradient_effects(runner, metric: str, batch: Batch, sites: list[Site], *,
-                      base: TokenBatch, goal: Callable[[Site, torch.Tensor], torch.Tensor],
-                      steps: int = 1, clean_input: torch.Tensor | None = None,
-                      ) -> dict[Site, torch.Tensor]:
+def _gradient_effects(
+    runner,
+    metric: str,
+    batch: Batch,
+    sites: list[Site],
+    *,
+    base: TokenBatch,
+    goal: Callable[[Site, torch.Tensor], torch.Tensor],
+    steps: int = 1,
+    clean_input: torch.Tensor | None = None,
+) -> dict[Site, torch.Tensor]:
     """Gradient estimate of replacing each site's activation on ``base`` by ``goal``.
 
     estimate = mean_k grad(metric)|x(a_k) . (goal - base activation), per position, with
@@ -190,14 +222,20 @@ def _gradient_effects(runner, metric: str, batch: Batch, sites: list[Site], *,
     grad_sums: dict[Site, torch.Tensor] = {}
     deltas: dict[Site, torch.Tensor] = {}
     for k in range(steps):
+
         def interpolate(site: Site, value: torch.Tensor, alpha=k / steps) -> torch.Tensor:
             return value + alpha * (clean_input - value) if site == INPUT_SITE else value
-        run = runner.run(base, sites=[INPUT_SITE, *sites] if k > 0 else sites,
-                         edit=interpolate if k > 0 else None, grad=True)
+
+        run = runner.run(
+            base,
+            sites=[INPUT_SITE, *sites] if k > 0 else sites,
+            edit=interpolate if k > 0 else None,
+            grad=True,
+        )
         value = metrics.compute(metric, run.logits, batch.target, batch.distractor)
         metrics.check_finite(value, batch.index, metric)
         grads = torch.autograd.grad(value.sum(), [run.acts[site] for site in sites])
-        for site, grad in zip(sites, grads):
+        for site, grad in zip(sites, grads, strict=True):
             if k == 0:
                 act = run.acts[site].detach()
                 deltas[site] = (goal(site, act) - act).float()
@@ -207,8 +245,9 @@ def _gradient_effects(runner, metric: str, batch: Batch, sites: list[Site], *,
     return {site: deltas[site] * grad_sums[site] / steps for site in sites}
 
 
-def _component_columns(products: dict[Site, torch.Tensor], variants: list[Variant],
-                       mask: torch.Tensor) -> torch.Tensor:
+def _component_columns(
+    products: dict[Site, torch.Tensor], variants: list[Variant], mask: torch.Tensor
+) -> torch.Tensor:
     """Sum per-site products over real positions into (batch, len(variants)) columns.
 
     Args:
@@ -234,54 +273,85 @@ def _check_estimator(estimator: str, steps: int | None) -> int:
         return 1 if estimator == "atp" else DEFAULT_IG_STEPS
     steps = _validate.positive_int("steps", steps)
     if estimator == "atp" and steps != 1:
-        raise ValueError(f"estimator='atp' takes the gradient at one point; steps={steps} "
-                         "needs estimator='ig' (or leave steps=None).")
+        raise ValueError(
+            f"estimator='atp' takes the gradient at one point; steps={steps} "
+            "needs estimator='ig' (or leave steps=None)."
+        )
     return steps
 
 
-def _patching_estimator(inputs: Inputs, variants: list[Variant], *, estimator: str,
-                        steps: int) -> Callable[[Batch], torch.Tensor]:
+def _patching_estimator(
+    inputs: Inputs, variants: list[Variant], *, estimator: str, steps: int
+) -> Callable[[Batch], torch.Tensor]:
     """``estimate(batch)`` -> (rows, len(variants)): gradient estimate of activation patching."""
     runner = get_backend(inputs.model, inputs.backend)
     sites = _sites(variants)
 
     def estimate(batch: Batch) -> torch.Tensor:
         with torch.no_grad():
-            clean = runner.run(batch.clean,
-                               sites=[INPUT_SITE, *sites] if steps > 1 else sites).acts
-        products = _gradient_effects(runner, inputs.metric, batch, sites, base=batch.corrupt,
-                                     goal=lambda site, act: clean[site], steps=steps,
-                                     clean_input=clean.get(INPUT_SITE))
+            clean = runner.run(batch.clean, sites=[INPUT_SITE, *sites] if steps > 1 else sites).acts
+        products = _gradient_effects(
+            runner,
+            inputs.metric,
+            batch,
+            sites,
+            base=batch.corrupt,
+            goal=lambda site, act: clean[site],
+            steps=steps,
+            clean_input=clean.get(INPUT_SITE),
+        )
         mask = batch.corrupt.attention_mask.float()
-        return metrics.check_finite(_component_columns(products, variants, mask).cpu(),
-                                    batch.index, inputs.metric)
+        return metrics.check_finite(
+            _component_columns(products, variants, mask).cpu(), batch.index, inputs.metric
+        )
+
     return estimate
 
 
-def _refined_columns(inputs: Inputs, estimate: Callable[[Batch], torch.Tensor], k: int,
-                     progress: bool) -> list[int]:
+def _refined_columns(
+    inputs: Inputs, estimate: Callable[[Batch], torch.Tensor], k: int, progress: bool
+) -> list[int]:
     """Positions (in ``components(inputs)``) of the ``k`` components whose prompt-mean
     estimate is largest in absolute value, in component order."""
     n_components = len(components(inputs))
     k = _validate.positive_int("refine", k)
     if k > n_components:
-        raise ValueError(f"refine must be an integer from 1 to {n_components} (the number of "
-                         f"components at level={inputs.level!r}), got {k!r}; None measures all.")
+        raise ValueError(
+            f"refine must be an integer from 1 to {n_components} (the number of "
+            f"components at level={inputs.level!r}), got {k!r}; None measures all."
+        )
     total = torch.zeros(n_components, dtype=torch.float64)
-    for batch in tqdm(inputs.batches(), total=inputs.n_batches(), disable=not progress,
-                      desc="ranking components"):
+    for batch in tqdm(
+        inputs.batches(), total=inputs.n_batches(), disable=not progress, desc="ranking components"
+    ):
         total += estimate(batch).double().sum(0)
     order = np.argsort(-np.abs(total.numpy()), kind="stable")
     return sorted(int(c) for c in order[:k])
 
 
-def _one_level_plan(method: str, inputs: Inputs, score, *, steps_per_batch: int = 1,
-                    desc: str, method_attr: str, effect: str, **params: Any) -> Plan:
+def _one_level_plan(
+    method: str,
+    inputs: Inputs,
+    score,
+    *,
+    steps_per_batch: int = 1,
+    desc: str,
+    method_attr: str,
+    effect: str,
+    **params: Any,
+) -> Plan:
     """A one-level plan whose result is ``to_dataarray`` of the scores."""
-    return Plan(method, inputs, len(components(inputs)), score,
-                lambda values, index: to_dataarray(inputs, values, method=method_attr,
-                                                   effect=effect, index=index, **params),
-                desc=desc, steps_per_batch=steps_per_batch)
+    return Plan(
+        method,
+        inputs,
+        len(components(inputs)),
+        score,
+        lambda values, index: to_dataarray(
+            inputs, values, method=method_attr, effect=effect, index=index, **params
+        ),
+        desc=desc,
+        steps_per_batch=steps_per_batch,
+    )
 
 
 def _refine_params(refine: int | None, estimator: str, steps: int) -> dict[str, Any]:
@@ -292,18 +362,36 @@ def _refine_params(refine: int | None, estimator: str, steps: int) -> dict[str, 
 
 
 @planner("ablation")
-def _ablation_plan(model, prompts, *, level: str = "head", kind: str = "zero",
-                   metric: str = "logit_diff", batch_size: int | None = 8,
-                   backend: str = "nnsight", padding_side: str = "right",
-                   variants_per_pass: int | None = None, refine: int | None = None,
-                   progress: bool = False) -> Plan:
+def _ablation_plan(
+    model,
+    prompts,
+    *,
+    level: str = "head",
+    kind: str = "zero",
+    metric: str = "logit_diff",
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+    padding_side: str = "right",
+    variants_per_pass: int | None = None,
+    refine: int | None = None,
+    progress: bool = False,
+) -> Plan:
     if kind not in ABLATION_KINDS:
         raise ValueError(f"Unknown ablation kind {kind!r}; choose one of {list(ABLATION_KINDS)}.")
-    inputs = prepare(model, prompts, metric=metric, level=level, backend=backend,
-                     batch_size=batch_size, padding_side=padding_side, needs_corrupt=False,
-                     grad=refine is not None)
+    inputs = prepare(
+        model,
+        prompts,
+        metric=metric,
+        level=level,
+        backend=backend,
+        batch_size=batch_size,
+        padding_side=padding_side,
+        needs_corrupt=False,
+        grad=refine is not None,
+    )
     variants = components(inputs)
     if kind == "zero":
+
         def goal(site, act):
             return torch.zeros_like(act)
 
@@ -317,28 +405,54 @@ def _ablation_plan(model, prompts, *, level: str = "head", kind: str = "zero",
 
         def replacement_for(batch):
             return lambda site, head: means[site] if head is None else means[site][head]
+
     columns = None
     if refine is not None:
         runner = get_backend(model, backend)
 
         def estimate(batch: Batch) -> torch.Tensor:
-            products = _gradient_effects(runner, metric, batch, _sites(variants),
-                                         base=batch.clean, goal=goal)
+            products = _gradient_effects(
+                runner, metric, batch, _sites(variants), base=batch.clean, goal=goal
+            )
             return _component_columns(products, variants, batch.clean.attention_mask.float()).cpu()
+
         columns = _refined_columns(inputs, estimate, refine, progress)
-    score = _sweep_scorer(inputs, source="clean", replacement_for=replacement_for,
-                          variants_per_pass=variants_per_pass, columns=columns)
-    return _one_level_plan("ablation", inputs, score, steps_per_batch=model.spec.n_layers,
-                           desc=f"{kind}-ablation", method_attr=f"{kind}_ablation",
-                           effect=f"{kind.capitalize()}-ablation effect on", kind=kind,
-                           **_refine_params(refine, "atp", 1))
+    score = _sweep_scorer(
+        inputs,
+        source="clean",
+        replacement_for=replacement_for,
+        variants_per_pass=variants_per_pass,
+        columns=columns,
+    )
+    return _one_level_plan(
+        "ablation",
+        inputs,
+        score,
+        steps_per_batch=model.spec.n_layers,
+        desc=f"{kind}-ablation",
+        method_attr=f"{kind}_ablation",
+        effect=f"{kind.capitalize()}-ablation effect on",
+        kind=kind,
+        **_refine_params(refine, "atp", 1),
+    )
 
 
-def ablation(model, prompts, *, level: str = "head", kind: str = "zero",
-             metric: str = "logit_diff", batch_size: int | None = 8, backend: str = "nnsight",
-             padding_side: str = "right", variants_per_pass: int | None = None,
-             refine: int | None = None, store=None, client=None,
-             progress: bool = True) -> xr.DataArray:
+def ablation(
+    model,
+    prompts,
+    *,
+    level: str = "head",
+    kind: str = "zero",
+    metric: str = "logit_diff",
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+    padding_side: str = "right",
+    variants_per_pass: int | None = None,
+    refine: int | None = None,
+    store=None,
+    client=None,
+    progress: bool = True,
+) -> xr.DataArray:
     """Exact ablation of every head or block: metric(ablated) - metric(clean), per prompt.
 
     Args:
@@ -364,50 +478,104 @@ def ablation(model, prompts, *, level: str = "head", kind: str = "zero",
     Returns:
         DataArray of metric changes (negative: the component helps the metric).
     """
-    return execute("ablation", model, prompts, store=store, client=client, progress=progress,
-                   level=level, kind=kind, metric=metric, batch_size=batch_size,
-                   backend=backend, padding_side=padding_side,
-                   variants_per_pass=variants_per_pass, refine=refine)
+    return execute(
+        "ablation",
+        model,
+        prompts,
+        store=store,
+        client=client,
+        progress=progress,
+        level=level,
+        kind=kind,
+        metric=metric,
+        batch_size=batch_size,
+        backend=backend,
+        padding_side=padding_side,
+        variants_per_pass=variants_per_pass,
+        refine=refine,
+    )
 
 
 @planner("activation_patching")
-def _activation_patching_plan(model, prompts, *, level: str = "head",
-                              metric: str = "logit_diff", batch_size: int | None = 8,
-                              backend: str = "nnsight", padding_side: str = "right",
-                              variants_per_pass: int | None = None, refine: int | None = None,
-                              estimator: str = "atp", steps: int | None = None,
-                              progress: bool = False) -> Plan:
+def _activation_patching_plan(
+    model,
+    prompts,
+    *,
+    level: str = "head",
+    metric: str = "logit_diff",
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+    padding_side: str = "right",
+    variants_per_pass: int | None = None,
+    refine: int | None = None,
+    estimator: str = "atp",
+    steps: int | None = None,
+    progress: bool = False,
+) -> Plan:
     points = _check_estimator(estimator, steps)
-    inputs = prepare(model, prompts, metric=metric, level=level, backend=backend,
-                     batch_size=batch_size, padding_side=padding_side, needs_corrupt=True,
-                     grad=refine is not None)
+    inputs = prepare(
+        model,
+        prompts,
+        metric=metric,
+        level=level,
+        backend=backend,
+        batch_size=batch_size,
+        padding_side=padding_side,
+        needs_corrupt=True,
+        grad=refine is not None,
+    )
     runner = get_backend(model, backend)
     variants = components(inputs)
     sites = _sites(variants)
     columns = None
     if refine is not None:
         columns = _refined_columns(
-            inputs, _patching_estimator(inputs, variants, estimator=estimator, steps=points),
-            refine, progress)
+            inputs,
+            _patching_estimator(inputs, variants, estimator=estimator, steps=points),
+            refine,
+            progress,
+        )
 
     def replacement_for(batch):  # called under no_grad
         clean = runner.run(batch.clean, sites=sites).acts
         return lambda site, head: clean[site][_index(head)]
-    score = _sweep_scorer(inputs, source="corrupt", replacement_for=replacement_for,
-                          variants_per_pass=variants_per_pass, columns=columns)
-    return _one_level_plan("activation_patching", inputs, score,
-                           steps_per_batch=model.spec.n_layers, desc="activation patching",
-                           method_attr="activation_patching",
-                           effect="Patching effect (clean -> corrupt) on",
-                           **_refine_params(refine, estimator, points))
+
+    score = _sweep_scorer(
+        inputs,
+        source="corrupt",
+        replacement_for=replacement_for,
+        variants_per_pass=variants_per_pass,
+        columns=columns,
+    )
+    return _one_level_plan(
+        "activation_patching",
+        inputs,
+        score,
+        steps_per_batch=model.spec.n_layers,
+        desc="activation patching",
+        method_attr="activation_patching",
+        effect="Patching effect (clean -> corrupt) on",
+        **_refine_params(refine, estimator, points),
+    )
 
 
-def activation_patching(model, prompts, *, level: str = "head", metric: str = "logit_diff",
-                        batch_size: int | None = 8, backend: str = "nnsight",
-                        padding_side: str = "right", variants_per_pass: int | None = None,
-                        refine: int | None = None, estimator: str = "atp",
-                        steps: int | None = None, store=None, client=None,
-                        progress: bool = True) -> xr.DataArray:
+def activation_patching(
+    model,
+    prompts,
+    *,
+    level: str = "head",
+    metric: str = "logit_diff",
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+    padding_side: str = "right",
+    variants_per_pass: int | None = None,
+    refine: int | None = None,
+    estimator: str = "atp",
+    steps: int | None = None,
+    store=None,
+    client=None,
+    progress: bool = True,
+) -> xr.DataArray:
     """Exact activation patching (clean -> corrupt): metric(patched) - metric(corrupt).
 
     Each prompt's corrupt run gets one component's clean activation (all positions).
@@ -425,63 +593,131 @@ def activation_patching(model, prompts, *, level: str = "head", metric: str = "l
         DataArray (prompt, layer, head) or (prompt, layer, component); positive: the
         component carries the clean answer.
     """
-    return execute("activation_patching", model, prompts, store=store, client=client,
-                   progress=progress, level=level, metric=metric, batch_size=batch_size,
-                   backend=backend, padding_side=padding_side,
-                   variants_per_pass=variants_per_pass, refine=refine, estimator=estimator,
-                   steps=steps)
+    return execute(
+        "activation_patching",
+        model,
+        prompts,
+        store=store,
+        client=client,
+        progress=progress,
+        level=level,
+        metric=metric,
+        batch_size=batch_size,
+        backend=backend,
+        padding_side=padding_side,
+        variants_per_pass=variants_per_pass,
+        refine=refine,
+        estimator=estimator,
+        steps=steps,
+    )
 
 
 @planner("attribution_patching")
-def _attribution_patching_plan(model, prompts, *, level: str = "head",
-                               metric: str = "logit_diff", batch_size: int | None = 8,
-                               backend: str = "nnsight", padding_side: str = "right",
-                               estimator: str = "atp", steps: int | None = None,
-                               progress: bool = False) -> Plan:
+def _attribution_patching_plan(
+    model,
+    prompts,
+    *,
+    level: str = "head",
+    metric: str = "logit_diff",
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+    padding_side: str = "right",
+    estimator: str = "atp",
+    steps: int | None = None,
+    progress: bool = False,
+) -> Plan:
     points = _check_estimator(estimator, steps)
     levels = ("head", "block") if level == "all" else (level,)
-    first = prepare(model, prompts, metric=metric, level=levels[0], backend=backend,
-                    batch_size=batch_size, padding_side=padding_side, needs_corrupt=True,
-                    grad=True)
-    inputs_by_level = {lvl: first if lvl == levels[0] else
-                       prepare(model, prompts, metric=metric, level=lvl, backend=backend,
-                               batch_size=first.batch_size, padding_side=padding_side,
-                               needs_corrupt=True)
-                       for lvl in levels}
+    first = prepare(
+        model,
+        prompts,
+        metric=metric,
+        level=levels[0],
+        backend=backend,
+        batch_size=batch_size,
+        padding_side=padding_side,
+        needs_corrupt=True,
+        grad=True,
+    )
+    inputs_by_level = {
+        lvl: first
+        if lvl == levels[0]
+        else prepare(
+            model,
+            prompts,
+            metric=metric,
+            level=lvl,
+            backend=backend,
+            batch_size=first.batch_size,
+            padding_side=padding_side,
+            needs_corrupt=True,
+        )
+        for lvl in levels
+    }
     widths = [len(components(inputs_by_level[lvl])) for lvl in levels]
     estimate = _patching_estimator(
-        first, [variant for lvl in levels for variant in components(inputs_by_level[lvl])],
-        estimator=estimator, steps=points)
+        first,
+        [variant for lvl in levels for variant in components(inputs_by_level[lvl])],
+        estimator=estimator,
+        steps=points,
+    )
 
     def score(batch: Batch, step) -> torch.Tensor:
         values = estimate(batch)
         step()
         return values
 
-    effect = ("Attribution patching (clean -> corrupt) of" if estimator == "atp" else
-              f"Integrated-gradient estimate ({points} steps, clean -> corrupt) of")
+    effect = (
+        "Attribution patching (clean -> corrupt) of"
+        if estimator == "atp"
+        else f"Integrated-gradient estimate ({points} steps, clean -> corrupt) of"
+    )
 
     def finish(values, index):
         results, start = {}, 0
-        for lvl, width in zip(levels, widths):
-            results[lvl] = to_dataarray(inputs_by_level[lvl], values[:, start:start + width],
-                                        method="attribution_patching", effect=effect,
-                                        index=index, estimator=estimator, steps=points)
+        for lvl, width in zip(levels, widths, strict=True):
+            results[lvl] = to_dataarray(
+                inputs_by_level[lvl],
+                values[:, start : start + width],
+                method="attribution_patching",
+                effect=effect,
+                index=index,
+                estimator=estimator,
+                steps=points,
+            )
             start += width
         if level != "all":
             return results[level]
         # Plural names: a variable named like its own "head" dim would become a coordinate.
         return xr.Dataset({"heads": results["head"], "blocks": results["block"]})
-    return Plan("attribution_patching", first, sum(widths), score, finish,
-                desc="attribution patching" if estimator == "atp" else
-                f"integrated gradients ({points} steps)")
+
+    return Plan(
+        "attribution_patching",
+        first,
+        sum(widths),
+        score,
+        finish,
+        desc="attribution patching"
+        if estimator == "atp"
+        else f"integrated gradients ({points} steps)",
+    )
 
 
-def attribution_patching(model, prompts, *, level: str = "head", metric: str = "logit_diff",
-                         batch_size: int | None = 8, backend: str = "nnsight",
-                         padding_side: str = "right", estimator: str = "atp",
-                         steps: int | None = None, store=None, client=None,
-                         progress: bool = True) -> Any:
+def attribution_patching(
+    model,
+    prompts,
+    *,
+    level: str = "head",
+    metric: str = "logit_diff",
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+    padding_side: str = "right",
+    estimator: str = "atp",
+    steps: int | None = None,
+    store=None,
+    client=None,
+    progress: bool = True,
+) -> Any:
     """Gradient estimate of activation patching for every component at once.
 
     ``estimator="atp"``: score = sum_pos grad_corrupt(metric) . (clean - corrupt activation),
@@ -502,7 +738,18 @@ def attribution_patching(model, prompts, *, level: str = "head", metric: str = "
     Returns:
         DataArray (prompt, layer, head | component), or a Dataset for level="all".
     """
-    return execute("attribution_patching", model, prompts, store=store, client=client,
-                   progress=progress, level=level, metric=metric, batch_size=batch_size,
-                   backend=backend, padding_side=padding_side, estimator=estimator,
-                   steps=steps)
+    return execute(
+        "attribution_patching",
+        model,
+        prompts,
+        store=store,
+        client=client,
+        progress=progress,
+        level=level,
+        metric=metric,
+        batch_size=batch_size,
+        backend=backend,
+        padding_side=padding_side,
+        estimator=estimator,
+        steps=steps,
+    )

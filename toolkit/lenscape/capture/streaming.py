@@ -38,8 +38,10 @@ SPEED_OPTIONS = ("variants_per_pass", "batch_size")
 def _method_name(method: Any) -> str:
     name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
     if name not in PLANNERS:
-        raise ValueError(f"capture_to cannot stream {name!r}; it streams the per-prompt methods "
-                         f"{sorted(PLANNERS)} (pass the function or its name).")
+        raise ValueError(
+            f"capture_to cannot stream {name!r}; it streams the per-prompt methods "
+            f"{sorted(PLANNERS)} (pass the function or its name)."
+        )
     return name
 
 
@@ -51,27 +53,42 @@ def settings_of(method: str, model, prompts, options: dict[str, Any]) -> dict[st
         ValueError: an option the method does not have.
     """
     params = inspect.signature(PLANNERS[method]).parameters
-    known = {name: p.default for name, p in params.items()
-             if p.kind is p.KEYWORD_ONLY and name != "progress"}
+    known = {
+        name: p.default
+        for name, p in params.items()
+        if p.kind is p.KEYWORD_ONLY and name != "progress"
+    }
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ValueError(f"{method} has no option(s) {unknown}; its options are {sorted(known)}.")
     prompt_set = _as_prompt_set(prompts)
-    return {"method": method, "model": model.name, "n_prompts": len(prompt_set),
-            "prompts_sha256": fingerprint(prompt_set),
-            "options": {name: options.get(name, default) for name, default in sorted(known.items())
-                        if name not in SPEED_OPTIONS}}
+    return {
+        "method": method,
+        "model": model.name,
+        "n_prompts": len(prompt_set),
+        "prompts_sha256": fingerprint(prompt_set),
+        "options": {
+            name: options.get(name, default)
+            for name, default in sorted(known.items())
+            if name not in SPEED_OPTIONS
+        },
+    }
 
 
 def _check_same(path: Path, stored: dict[str, Any], wanted: dict[str, Any]) -> None:
     flat = {**{k: v for k, v in stored.items() if k != "options"}, **stored["options"]}
     asked = {**{k: v for k, v in wanted.items() if k != "options"}, **wanted["options"]}
-    differ = [f"{key}: store {flat.get(key)!r}, now {asked.get(key)!r}"
-              for key in sorted(set(flat) | set(asked)) if flat.get(key) != asked.get(key)]
+    differ = [
+        f"{key}: store {flat.get(key)!r}, now {asked.get(key)!r}"
+        for key in sorted(set(flat) | set(asked))
+        if flat.get(key) != asked.get(key)
+    ]
     if differ:
-        raise ValueError(f"The store '{path}' holds a different capture, so it cannot be resumed "
-                         f"({'; '.join(differ)}). Use the same arguments to resume, a new path, "
-                         "or overwrite=True to start over.")
+        raise ValueError(
+            f"The store '{path}' holds a different capture, so it cannot be resumed "
+            f"({'; '.join(differ)}). Use the same arguments to resume, a new path, "
+            "or overwrite=True to start over."
+        )
 
 
 def batch_slice(plan: Plan, number: int) -> slice:
@@ -83,12 +100,22 @@ def write_batch(plan: Plan, number: int, path: Path, step=lambda *_: None) -> No
     """Score batch ``number`` of ``plan`` and write it (then its done flags) to ``path``."""
     batch = plan.inputs.batch(number)
     values = plan.score(batch, step)
-    store.write_part(plan.finish(values, batch.index.tolist()), path,
-                     start=batch_slice(plan, number).start)
+    store.write_part(
+        plan.finish(values, batch.index.tolist()), path, start=batch_slice(plan, number).start
+    )
 
 
-def capture_to(path: str | Path, method: Any, model, prompts, *, client=None,
-               overwrite: bool = False, progress: bool = True, **options) -> Result:
+def capture_to(
+    path: str | Path,
+    method: Any,
+    model,
+    prompts,
+    *,
+    client=None,
+    overwrite: bool = False,
+    progress: bool = True,
+    **options,
+) -> Result:
     """Run a per-prompt capture method into a zarr store, batch by batch, resumably.
 
     Args:
@@ -115,19 +142,40 @@ def capture_to(path: str | Path, method: Any, model, prompts, *, client=None,
     name = _method_name(method)
     check_options(options)
     if client is not None and model.recipe is None:
-        raise ValueError("Distributed capture needs a model that workers can load themselves: "
-                         "use lsc.load(...) (or models.tiny), or save this one with "
-                         "model.hf.save_pretrained(folder) and model.tokenizer.save_pretrained("
-                         "folder), then lsc.load(folder).")
+        raise ValueError(
+            "Distributed capture needs a model that workers can load themselves: "
+            "use lsc.load(...) (or models.tiny), or save this one with "
+            "model.hf.save_pretrained(folder) and model.tokenizer.save_pretrained("
+            "folder), then lsc.load(folder)."
+        )
     path = store.check_writable(path)
     settings = settings_of(name, model, prompts, options)
     with store.writer_lock(path):
-        return _capture_locked(path, name, model, prompts, settings, client=client,
-                               overwrite=overwrite, progress=progress, options=options)
+        return _capture_locked(
+            path,
+            name,
+            model,
+            prompts,
+            settings,
+            client=client,
+            overwrite=overwrite,
+            progress=progress,
+            options=options,
+        )
 
 
-def _capture_locked(path: Path, name: str, model, prompts, settings: dict[str, Any], *, client,
-                    overwrite: bool, progress: bool, options: dict[str, Any]) -> Result:
+def _capture_locked(
+    path: Path,
+    name: str,
+    model,
+    prompts,
+    settings: dict[str, Any],
+    *,
+    client,
+    overwrite: bool,
+    progress: bool,
+    options: dict[str, Any],
+) -> Result:
     """``capture_to`` once ``path`` is locked: resume or create the store, write the batches
     that are not done, and return the stored result."""
     resume = path.exists() and not overwrite
@@ -139,26 +187,35 @@ def _capture_locked(path: Path, name: str, model, prompts, settings: dict[str, A
         if options.get("batch_size") is None:
             options["batch_size"] = stored_batch
         elif options["batch_size"] != stored_batch:
-            raise ValueError(f"The store '{path}' was written in batches of {stored_batch} "
-                             f"prompts; resume it with batch_size={stored_batch} (or None).")
+            raise ValueError(
+                f"The store '{path}' was written in batches of {stored_batch} "
+                f"prompts; resume it with batch_size={stored_batch} (or None)."
+            )
         store.remove_partial_files(path)
     plan = make_plan(name, model, prompts, progress=progress, **options)
     settings["batch_size"] = plan.inputs.batch_size
     if not resume:
         template = plan.finish(nan_values(len(plan.inputs.prompts), plan.n_columns), None)
         store.create(template, path, chunk=plan.inputs.batch_size, settings=settings)
-    todo = [number for number in range(plan.inputs.n_batches())
-            if done is None or not done[batch_slice(plan, number)].all()]
+    todo = [
+        number
+        for number in range(plan.inputs.n_batches())
+        if done is None or not done[batch_slice(plan, number)].all()
+    ]
     if client is not None:
         try:
             from .distributed import run_batches
         except ImportError as err:
-            raise ValueError("client= needs dask.distributed; install it with "
-                             "pip install 'lenscape[dask]'.") from err
+            raise ValueError(
+                "client= needs dask.distributed; install it with pip install 'lenscape[dask]'."
+            ) from err
         run_batches(client, plan, options, todo, path, progress=progress)
     else:
-        with tqdm(total=len(todo) * plan.steps_per_batch, disable=not progress,
-                  desc=f"{plan.desc} -> {path.name}") as bar:
+        with tqdm(
+            total=len(todo) * plan.steps_per_batch,
+            disable=not progress,
+            desc=f"{plan.desc} -> {path.name}",
+        ) as bar:
             for number in todo:
                 write_batch(plan, number, path, bar.update)
     return store.open_result(path, lazy=importlib.util.find_spec("dask") is not None)

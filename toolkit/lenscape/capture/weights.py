@@ -36,11 +36,15 @@ CHANGE_KINDS = ("relative", "fraction_changed")
 
 def _model(obj) -> LensModel:
     if not isinstance(obj, LensModel):
-        raise ValueError(f"Expected a LensModel from lsc.load or lsc.from_hf, got {type(obj).__name__}.")
+        raise ValueError(
+            f"Expected a LensModel from lsc.load or lsc.from_hf, got {type(obj).__name__}."
+        )
     return obj
 
 
-def _tensors(model: LensModel) -> Iterator[tuple[int | None, str, torch.nn.Parameter, slice | None]]:
+def _tensors(
+    model: LensModel,
+) -> Iterator[tuple[int | None, str, torch.nn.Parameter, slice | None]]:
     """(layer or None, component, parameter, column slice for fused q/k/v or None)."""
     spec, layout = model.spec, model.spec.layout
     for layer in range(spec.n_layers):
@@ -62,8 +66,9 @@ def _view(tensor: torch.Tensor, cols: slice | None) -> torch.Tensor:
     return tensor if cols is None else tensor[:, cols]
 
 
-def _to_dataset(model: LensModel, values: dict[tuple[int | None, str], float], attrs: dict
-                ) -> xr.Dataset:
+def _to_dataset(
+    model: LensModel, values: dict[tuple[int | None, str], float], attrs: dict
+) -> xr.Dataset:
     spec = model.spec
     # One component axis for both variables (per-layer tensors, then model-level ones), so
     # the Dataset never re-aligns them; each variable is NaN on the other's components.
@@ -76,15 +81,30 @@ def _to_dataset(model: LensModel, values: dict[tuple[int | None, str], float], a
             model_level[components.index(component)] = value
         else:
             per_layer[layer, components.index(component)] = value
-    attrs = {"model": model.name, "backend": "torch", "architecture": spec.architecture,
-             "dtype": str(model.dtype).removeprefix("torch."),
-             "tied_embeddings": spec.tied_embeddings, **attrs}
+    attrs = {
+        "model": model.name,
+        "backend": "torch",
+        "architecture": spec.architecture,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "tied_embeddings": spec.tied_embeddings,
+        **attrs,
+    }
     coords = {"component": components}
-    return xr.Dataset({
-        "per_layer": schema.make(per_layer, dims=("layer", "component"), coords=coords,
-                                 attrs=attrs, n_layers=spec.n_layers),
-        "model_level": schema.make(model_level, dims=("component",), coords=coords, attrs=attrs),
-    }, attrs=attrs)
+    return xr.Dataset(
+        {
+            "per_layer": schema.make(
+                per_layer,
+                dims=("layer", "component"),
+                coords=coords,
+                attrs=attrs,
+                n_layers=spec.n_layers,
+            ),
+            "model_level": schema.make(
+                model_level, dims=("component",), coords=coords, attrs=attrs
+            ),
+        },
+        attrs=attrs,
+    )
 
 
 def min_max(ds: xr.Dataset) -> xr.Dataset:
@@ -93,15 +113,25 @@ def min_max(ds: xr.Dataset) -> xr.Dataset:
     hi = max(float(ds[v].max()) for v in ds.data_vars)
     out = (ds - lo) / (hi - lo if hi > lo else 1.0)
     for name in ds.data_vars:
-        out[name].attrs = {**ds[name].attrs, "normalization": "min-max per model",
-                           "units": "relative (0-1)"}
+        out[name].attrs = {
+            **ds[name].attrs,
+            "normalization": "min-max per model",
+            "units": "relative (0-1)",
+        }
     out.attrs = {**ds.attrs, "normalization": "min-max per model"}
     return out
 
 
-def weight_importance(model: LensModel, prompts, *, kind: str = "grad_x_weight",
-                      aggregation: str = "sum", batch_size: int = 8, normalize: bool = False,
-                      progress: bool = True) -> xr.Dataset:
+def weight_importance(
+    model: LensModel,
+    prompts,
+    *,
+    kind: str = "grad_x_weight",
+    aggregation: str = "sum",
+    batch_size: int = 8,
+    normalize: bool = False,
+    progress: bool = True,
+) -> xr.Dataset:
     """Per-tensor importance from gradients of the language-model loss.
 
     The loss is the mean next-token NLL over each prompt's text + target (every token). Per
@@ -122,9 +152,13 @@ def weight_importance(model: LensModel, prompts, *, kind: str = "grad_x_weight",
     """
     model = _model(model)
     if kind not in IMPORTANCE_KINDS:
-        raise ValueError(f"Unknown importance kind {kind!r}; choose one of {list(IMPORTANCE_KINDS)}.")
+        raise ValueError(
+            f"Unknown importance kind {kind!r}; choose one of {list(IMPORTANCE_KINDS)}."
+        )
     if aggregation not in AGGREGATIONS:
-        raise ValueError(f"Unknown aggregation {aggregation!r}; choose one of {list(AGGREGATIONS)}.")
+        raise ValueError(
+            f"Unknown aggregation {aggregation!r}; choose one of {list(AGGREGATIONS)}."
+        )
     texts = [p if isinstance(p, str) else p.text + p.target for p in prompts]
     if not texts:
         raise ValueError("The prompt list is empty; pass at least one prompt.")
@@ -136,10 +170,12 @@ def weight_importance(model: LensModel, prompts, *, kind: str = "grad_x_weight",
     try:
         for p in params:
             p.requires_grad_(True)
-        for start in tqdm(range(0, len(texts), batch_size), disable=not progress,
-                          desc="weight importance"):
-            batch = tok(texts[start:start + batch_size], return_tensors="pt", padding=True
-                        ).to(model.device)
+        for start in tqdm(
+            range(0, len(texts), batch_size), disable=not progress, desc="weight importance"
+        ):
+            batch = tok(texts[start : start + batch_size], return_tensors="pt", padding=True).to(
+                model.device
+            )
             labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
             model.hf.zero_grad(set_to_none=True)
             model.hf(**batch, labels=labels).loss.backward()
@@ -147,8 +183,9 @@ def weight_importance(model: LensModel, prompts, *, kind: str = "grad_x_weight",
                 grad = _view(param.grad, cols).float()
                 weight = _view(param, cols).detach().float()
                 entries = (weight * grad).abs() if kind == "grad_x_weight" else grad.pow(2)
-                totals[layer, comp] += float(entries.mean() if aggregation == "mean"
-                                             else entries.sum())
+                totals[layer, comp] += float(
+                    entries.mean() if aggregation == "mean" else entries.sum()
+                )
             n_batches += 1
     finally:
         model.hf.zero_grad(set_to_none=True)
@@ -163,10 +200,20 @@ def weight_importance(model: LensModel, prompts, *, kind: str = "grad_x_weight",
         "share": (f"Importance, share of the model's total {score}", "share"),
         "mean": (f"Importance, mean {score} per entry", "loss units"),
     }[aggregation]
-    ds = _to_dataset(model, values, {
-        "long_name": long_name, "units": units, "method": "weight_importance",
-        "metric": "loss", "kind": kind, "aggregation": aggregation, "n_prompts": len(texts),
-        "batch_size": batch_size})
+    ds = _to_dataset(
+        model,
+        values,
+        {
+            "long_name": long_name,
+            "units": units,
+            "method": "weight_importance",
+            "metric": "loss",
+            "kind": kind,
+            "aggregation": aggregation,
+            "n_prompts": len(texts),
+            "batch_size": batch_size,
+        },
+    )
     return min_max(ds) if normalize else ds
 
 
@@ -190,18 +237,26 @@ def weight_grid(maps: dict[str, xr.Dataset]) -> xr.DataArray:
     """
     if not maps:
         raise ValueError("No weight maps to draw; pass {model name: weight_importance(...)}.")
-    layer_components = [c for c in schema.WEIGHT_COMPONENTS
-                        if any(c in ds["per_layer"].dropna("component", how="all")["component"]
-                               for ds in maps.values())]
-    components = layer_components + ["lm_head"]
+    layer_components = [
+        c
+        for c in schema.WEIGHT_COMPONENTS
+        if any(
+            c in ds["per_layer"].dropna("component", how="all")["component"] for ds in maps.values()
+        )
+    ]
+    components = [*layer_components, "lm_head"]
     n_layers = max(ds.sizes["layer"] for ds in maps.values())
     values = np.full((len(maps), n_layers, len(components)), np.nan)
     drawn = np.full_like(values, np.nan)
     depth = np.full((len(maps), n_layers), np.nan)
     for m, ds in enumerate(maps.values()):
         per_layer = ds["per_layer"]
-        own = [c for c in layer_components if c in per_layer["component"].values
-               and bool(per_layer.sel(component=c).notnull().any())]
+        own = [
+            c
+            for c in layer_components
+            if c in per_layer["component"].values
+            and bool(per_layer.sel(component=c).notnull().any())
+        ]
         layers = per_layer.sizes["layer"]
         for c in own:
             values[m, :layers, components.index(c)] = per_layer.sel(component=c).values
@@ -215,18 +270,31 @@ def weight_grid(maps: dict[str, xr.Dataset]) -> xr.DataArray:
         values[m] = (values[m] - lo) / (hi - lo if hi > lo else 1.0)
         depth[m, :layers] = np.arange(layers) / max(layers - 1, 1)
     first = next(iter(maps.values()))["per_layer"]
-    attrs = {**first.attrs, "model": ", ".join(maps), "normalization": "min-max per model",
-             "units": "relative (0-1)",
-             "long_name": first.attrs.get("long_name", "value") + " (min-max per model)"}
-    return xr.DataArray(values, dims=("model", "layer", "component"), coords={
-        "model": list(maps), "layer": np.arange(n_layers), "component": components,
-        "depth": (("model", "layer"), depth), "drawn": (("model", "layer", "component"), drawn),
-    }, attrs=attrs)
+    attrs = {
+        **first.attrs,
+        "model": ", ".join(maps),
+        "normalization": "min-max per model",
+        "units": "relative (0-1)",
+        "long_name": first.attrs.get("long_name", "value") + " (min-max per model)",
+    }
+    return xr.DataArray(
+        values,
+        dims=("model", "layer", "component"),
+        coords={
+            "model": list(maps),
+            "layer": np.arange(n_layers),
+            "component": components,
+            "depth": (("model", "layer"), depth),
+            "drawn": (("model", "layer", "component"), drawn),
+        },
+        attrs=attrs,
+    )
 
 
 @torch.no_grad()
-def weight_change(base: LensModel, tuned: LensModel, *, kind: str = "relative",
-                  tol: float = 1e-3) -> xr.Dataset:
+def weight_change(
+    base: LensModel, tuned: LensModel, *, kind: str = "relative", tol: float = 1e-3
+) -> xr.Dataset:
     """Per-tensor change between two checkpoints of one architecture.
 
     "relative": ||W1 - W0||_F / ||W0||_F; "fraction_changed": share of entries with
@@ -242,24 +310,41 @@ def weight_change(base: LensModel, tuned: LensModel, *, kind: str = "relative",
     if tol <= 0:
         raise ValueError(f"tol must be > 0, got {tol}.")
     if base.spec.architecture != tuned.spec.architecture:
-        raise ValueError(f"The models differ in architecture ({base.spec.architecture} vs "
-                         f"{tuned.spec.architecture}); compare checkpoints of one model.")
+        raise ValueError(
+            f"The models differ in architecture ({base.spec.architecture} vs "
+            f"{tuned.spec.architecture}); compare checkpoints of one model."
+        )
     values = {}
-    for (layer, comp, w0, cols), (_, _, w1, _) in zip(_tensors(base), _tensors(tuned)):
+    for (layer, comp, w0, cols), (_, _, w1, _) in zip(_tensors(base), _tensors(tuned), strict=True):
         w0, w1 = _view(w0, cols).float(), _view(w1, cols).float().to(w0.device)
         if w0.shape != w1.shape:
             where = comp if layer is None else f"layer {layer} {comp}"
-            raise ValueError(f"Tensor shapes differ at {where}: {tuple(w0.shape)} vs "
-                             f"{tuple(w1.shape)}; compare checkpoints of one model.")
+            raise ValueError(
+                f"Tensor shapes differ at {where}: {tuple(w0.shape)} vs "
+                f"{tuple(w1.shape)}; compare checkpoints of one model."
+            )
         diff = (w1 - w0).abs()
         if kind == "relative":
             values[layer, comp] = float(diff.norm() / w0.norm())
         else:
-            values[layer, comp] = float((diff > tol * torch.maximum(w0.abs(), w1.abs()))
-                                        .float().mean())
-    long_name = ("Relative change ||W1 - W0|| / ||W0||" if kind == "relative"
-                 else f"Fraction of entries changed (tol {tol})")
-    return _to_dataset(base, values, {
-        "long_name": long_name, "units": "ratio" if kind == "relative" else "fraction",
-        "method": "weight_change", "metric": kind, "kind": kind, "tol": tol,
-        "tuned_model": tuned.name})
+            values[layer, comp] = float(
+                (diff > tol * torch.maximum(w0.abs(), w1.abs())).float().mean()
+            )
+    long_name = (
+        "Relative change ||W1 - W0|| / ||W0||"
+        if kind == "relative"
+        else f"Fraction of entries changed (tol {tol})"
+    )
+    return _to_dataset(
+        base,
+        values,
+        {
+            "long_name": long_name,
+            "units": "ratio" if kind == "relative" else "fraction",
+            "method": "weight_change",
+            "metric": kind,
+            "kind": kind,
+            "tol": tol,
+            "tuned_model": tuned.name,
+        },
+    )
