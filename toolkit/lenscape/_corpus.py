@@ -1,14 +1,13 @@
 """The built-in mixed corpus: short texts of clearly different kinds, from templates.
 
-Used to cluster inputs and learn per-cluster block masks. Every text has a ``category``
-(its kind); targets are empty because the loss is next-token NLL over the whole text.
+Used to cluster inputs and learn per-cluster block masks. Items are plain ``(text, kind)``
+pairs; ``lenscape.data.prompts("mixed")`` makes them ``Prompt``s with the kind as category
+and an empty target (the loss is next-token NLL over the whole text).
 """
 
 from __future__ import annotations
 
 import random
-
-from .data import Prompt
 
 _NAMES = ["Anna", "Ben", "Clara", "David", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas"]
 _PLACES = [
@@ -109,7 +108,8 @@ def _code(rng: random.Random) -> str:
 def _dialogue(rng: random.Random) -> str:
     a, b = rng.sample(_NAMES, 2)
     thing = rng.choice(_THINGS)
-    return f"{a}: Have you seen {thing}?\n{b}: Yes, I left it near {rng.choice(_PLACES)}.\n{a}: Thanks!"
+    place = rng.choice(_PLACES)
+    return f"{a}: Have you seen {thing}?\n{b}: Yes, I left it near {place}.\n{a}: Thanks!"
 
 
 def _fact(rng: random.Random) -> str:
@@ -144,13 +144,14 @@ KINDS = {
 }
 
 
-def mixed_items(n_per_kind: int = 40, seed: int = 0) -> list[Prompt]:
-    """``n_per_kind`` distinct texts of each kind in ``KINDS`` (320 by default)."""
+def mixed_items(n_per_kind: int = 40, seed: int = 0) -> list[tuple[str, str]]:
+    """``n_per_kind`` distinct ``(text, kind)`` pairs of each kind in ``KINDS`` (320 by
+    default)."""
     rng = random.Random(seed)
     items = []
     for kind, make in KINDS.items():
         texts: dict[str, None] = {}
         while len(texts) < n_per_kind:
             texts.setdefault(make(rng))
-        items += [Prompt(text, "", category=kind) for text in texts]
+        items += [(text, kind) for text in texts]
     return items

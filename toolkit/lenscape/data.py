@@ -14,6 +14,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, overload
 
+from ._corpus import mixed_items
+from ._tasks import TASKS
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -803,9 +806,7 @@ def _ioi(pairs_per_template: int = 12, seed: int = 0) -> PromptSet:
 
 
 def _mixed() -> PromptSet:
-    from ._corpus import mixed_items
-
-    return PromptSet(mixed_items(), "mixed")
+    return PromptSet((Prompt(text, "", category=kind) for text, kind in mixed_items()), "mixed")
 
 
 #: Built-in prompt sets by name; each maker returns a fresh ``PromptSet``.
@@ -844,13 +845,11 @@ def task(
         validation_fraction: share of items held out for validation.
         seed: seeds the shuffle.
     """
-    from ._tasks import TASKS
-
     if name not in TASKS:
         raise ValueError(f"Unknown task {name!r}; available: {sorted(TASKS)}.")
     if split not in TASK_SPLITS:
         raise ValueError(f"Unknown split {split!r}; choose one of {list(TASK_SPLITS)}.")
-    items = TASKS[name]()
+    items = [Prompt(text, target, category=category) for text, target, category in TASKS[name]()]
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
     n_val = round(validation_fraction * len(items))
