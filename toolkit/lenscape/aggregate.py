@@ -26,7 +26,7 @@ def _check(da: xr.DataArray, dim: str, threshold: float) -> None:
 def _finish(da: xr.DataArray, result: xr.DataArray, dim: str, what: str) -> xr.DataArray:
     computed = da.notnull().all(dim)
     result = result.where(computed) if not bool(computed.all()) else result
-    name = da.attrs.get("long_name", da.name or "value")
+    name = schema.name_from_attrs(da)
     return result.assign_attrs(
         {
             **da.attrs,
@@ -56,7 +56,7 @@ def always_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
     this value on a sequential scale, so Always is sparse by construction of the data.
     """
     _check(da, dim, 0.5)
-    name = da.attrs.get("long_name", da.name or "value")
+    name = schema.name_from_attrs(da)
     return _finish(da, da.min(dim), dim, f"minimum over {dim}").assign_attrs(
         long_name=f"{name}: Always (min over {dim})", units=da.attrs.get("units", "score")
     )
@@ -66,7 +66,7 @@ def any_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
     """Continuous "Any": the maximum along ``dim``; ``any_(da, threshold=t)`` is exactly
     ``any_score(da) >= t``."""
     _check(da, dim, 0.5)
-    name = da.attrs.get("long_name", da.name or "value")
+    name = schema.name_from_attrs(da)
     return _finish(da, da.max(dim), dim, f"maximum over {dim}").assign_attrs(
         long_name=f"{name}: Any (max over {dim})", units=da.attrs.get("units", "score")
     )
@@ -104,7 +104,7 @@ def normalize(da: xr.DataArray, over: str = "component") -> xr.DataArray:
     if over not in da.dims:
         raise ValueError(f"Cannot normalise over '{over}': the data has dims {list(da.dims)}.")
     out = da / da.sum(over, skipna=True)
-    name = da.attrs.get("long_name", da.name or "value")
+    name = schema.name_from_attrs(da)
     return out.assign_attrs(
         {
             **da.attrs,

@@ -38,7 +38,7 @@ import numpy as np
 import xarray as xr
 from altair.utils.schemapi import debug_mode
 
-from lenscape.schema import LABEL_COORDS
+from lenscape.schema import LABEL_COORDS, name_from_attrs
 
 #: Most cells one chart may hold; reduce or select before drawing more.
 MAX_CELLS = 200_000
@@ -91,7 +91,7 @@ def is_mask(da: xr.DataArray) -> bool:
 
 def label_from_attrs(da: xr.DataArray, default: str = _VALUE) -> str:
     """``"long_name (units)"`` from the attrs (the name, or ``default``, without ``long_name``)."""
-    name = da.attrs.get("long_name") or (str(da.name) if da.name is not None else default)
+    name = name_from_attrs(da, default)
     units = da.attrs.get("units")
     return f"{name} ({units})" if units and units != "bool" else name
 
@@ -274,15 +274,13 @@ def heatmap(
             ),
             columns=1 if facet_row else columns or FACET_COLUMNS,
         )
-    heading = title or da.attrs.get("long_name") or (str(da.name) if da.name is not None else None)
-    described = (heading or "").startswith(da.attrs.get("long_name") or full)
+    heading = title or name_from_attrs(da, "")
+    described = heading.startswith(da.attrs.get("long_name") or full)
     subtitle = _subtitle(
         da, has_nan=has_nan, has_inf=has_inf, colour=None if described else full
     )  # the title may not say it
     if heading or subtitle:
-        chart = chart.properties(
-            title=alt.TitleParams(heading or "", subtitle=subtitle or alt.Undefined)
-        )
+        chart = chart.properties(title=alt.TitleParams(heading, subtitle=subtitle or alt.Undefined))
     chart = chart.properties(usermeta={"embedOptions": {"actions": actions}})
     chart = chart.configure_scale(invalid={"color": {"value": NAN_COLOR}})
     return chart.configure_view(stroke=None)
@@ -410,7 +408,7 @@ def _shorten(da: xr.DataArray) -> str:
     units = da.attrs.get("units")
     if units and units != "bool" and len(units) <= LEGEND_CHARS:
         return units
-    name = str(da.attrs.get("long_name") or da.name or _VALUE)
+    name = name_from_attrs(da)
     return name if len(name) <= LEGEND_CHARS else name[: LEGEND_CHARS - 1].rstrip() + "…"
 
 

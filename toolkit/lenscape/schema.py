@@ -99,6 +99,12 @@ def _version() -> str:
         return "0+unknown"
 
 
+def name_from_attrs(da: xr.DataArray, default: str = "value") -> str:
+    """What ``da`` holds, for titles and derived names: its ``long_name`` attr, else its
+    name, else ``default``."""
+    return str(da.attrs.get("long_name") or (da.name if da.name is not None else default))
+
+
 def ordered_dims(dims: Sequence[str]) -> tuple[str, ...]:
     """Return ``dims`` sorted into canonical ``DIMS`` order.
 
@@ -112,7 +118,7 @@ def ordered_dims(dims: Sequence[str]) -> tuple[str, ...]:
 
 
 def depth_coord(n_layers: int, layers: Sequence[int] | None = None) -> np.ndarray:
-    """Relative depth ``layer / (n_layers - 1)`` in [0, 1], used to align models of different depth."""
+    """Relative depth ``layer / (n_layers - 1)`` in [0, 1], to align models of different depth."""
     layers = np.arange(n_layers) if layers is None else np.asarray(layers)
     return layers / max(n_layers - 1, 1)
 
@@ -193,9 +199,8 @@ def validate(da: xr.DataArray, *, provenance: bool = True) -> xr.DataArray:
                 f"da.assign_coords({dim}=[...])."
             )
         values = da[dim].values
-        if dim in INT_DIMS:
-            if not np.issubdtype(values.dtype, np.integer) or (values < 0).any():
-                raise ValueError(f"Coord '{dim}' must hold integers >= 0, got {values[:5]!r}.")
+        if dim in INT_DIMS and (not np.issubdtype(values.dtype, np.integer) or (values < 0).any()):
+            raise ValueError(f"Coord '{dim}' must hold integers >= 0, got {values[:5]!r}.")
         if dim == "component":
             bad = sorted(set(map(str, values)) - set(COMPONENTS))
             if bad:

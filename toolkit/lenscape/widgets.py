@@ -40,6 +40,7 @@ import xarray as xr
 from altair.utils.schemapi import debug_mode
 
 from lenscape.plot import bars, enable_offline, heatmap, is_mask, label_from_attrs
+from lenscape.schema import name_from_attrs
 
 Data = xr.DataArray | xr.Dataset
 #: ``detail(cell) -> chart or widget`` for a clicked cell, e.g. ``{"layer": 3, "head": 5,
@@ -104,10 +105,6 @@ class View:
     swap: bool = False
 
 
-def _name(da: xr.DataArray) -> str:
-    return str(da.attrs.get("long_name") or (da.name if da.name is not None else "value"))
-
-
 def _range(da: xr.DataArray) -> tuple[float, float]:
     """Finite min and max of ``da`` ((0, 1) when nothing is finite)."""
     values = np.asarray(da.values, dtype=float)
@@ -154,7 +151,7 @@ def reduce(data: Data, view: View) -> xr.DataArray:
     """
     da = data[view.variable] if isinstance(data, xr.Dataset) else data
     attrs = dict(da.attrs)
-    name = _name(da)
+    name = name_from_attrs(da)
     mask = is_mask(da)
     if view.threshold is not None:
         if mask:
@@ -224,7 +221,7 @@ def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, alt.To
         t = f"{view.threshold:g}"
         options = {"labels": (f"< {t}", f">= {t}"), **options}
     facet = view.facet if view.facet in da.dims else None
-    name = _name(da)
+    name = name_from_attrs(da)
     title = f"{name} · {da.attrs['reduction']}" if "reduction" in da.attrs else name
     chart = heatmap(da, x=x, y=y, facet_col=facet, **{"title": title, **options})
     if isinstance(chart, alt.Chart):  # a click selects a cell's coordinates and outlines it
