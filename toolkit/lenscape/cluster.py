@@ -17,19 +17,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-from .data import PromptSet
+from .data import PromptSet, as_texts
 from .models import LensModel, bundled_folder
-
-
-def _texts(prompts: Any) -> list[str]:
-    texts = (
-        prompts.texts
-        if isinstance(prompts, PromptSet)
-        else [p if isinstance(p, str) else p.text for p in prompts]
-    )
-    if not texts:
-        raise ValueError("No prompts to embed; pass a PromptSet or a list of strings.")
-    return texts
 
 
 @torch.no_grad()
@@ -43,7 +32,9 @@ def embed(prompts: Any, encoder: str | LensModel = "minilm", *, batch_size: int 
     """
     from transformers import AutoModel, AutoTokenizer
 
-    texts = _texts(prompts)
+    texts = as_texts(prompts)
+    if not texts:
+        raise ValueError("No prompts to embed; pass a PromptSet or a list of strings.")
     if isinstance(encoder, LensModel):
         model, tokenizer, device = encoder.hf, encoder.tokenizer, encoder.device
     elif encoder == "minilm":

@@ -137,6 +137,42 @@ def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom
     return PromptSet(prompts, name=name)
 
 
+def as_prompt_set(prompts: PromptSet | Iterable[Prompt | dict[str, Any]]) -> PromptSet:
+    """``prompts`` as a ``PromptSet``: a PromptSet as it is, or a list of Prompts or record
+    dicts (``from_records``). What every method taking prompts with targets accepts.
+
+    Raises:
+        TypeError: one Prompt or dict instead of a list, or something that is not a list.
+        ValueError: plain strings (no targets), or a bad record (``from_records``).
+    """
+    if isinstance(prompts, PromptSet):
+        return prompts
+    if isinstance(prompts, str) or (
+        isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], str)
+    ):
+        raise ValueError(
+            "Capture needs prompts with targets, not plain strings: use "
+            "lsc.data.prompts('factual') or lsc.data.from_records([{'text': ..., "
+            "'target': ...}])."
+        )
+    if isinstance(prompts, (Prompt, dict)) or not isinstance(prompts, Iterable):
+        raise TypeError(
+            f"prompts must be a PromptSet or a list of Prompts or dicts, got one "
+            f"{type(prompts).__name__}; wrap a single prompt in a list: [prompt], "
+            "or use lsc.data.prompts('factual')."
+        )
+    return from_records(list(prompts))
+
+
+def as_texts(prompts: Iterable[Prompt | str], *, with_target: bool = False) -> list[str]:
+    """Plain texts of ``prompts`` (a ``PromptSet``, Prompts or strings), for methods that read
+    whole texts: a Prompt's ``text`` (followed by its ``target`` with ``with_target``), a
+    string as it is."""
+    return [
+        p if isinstance(p, str) else p.text + p.target if with_target else p.text for p in prompts
+    ]
+
+
 # Clean/corrupt pairs written for lenscape. Checked against the SmolLM2-135M tokenizer:
 # targets and distractors are single tokens, clean and corrupt texts have equal token
 # counts (tests/test_data.py), and the model prefers the right answer on both sides.

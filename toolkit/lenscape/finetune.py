@@ -9,6 +9,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import _validate
+from .data import as_texts
 from .models import LensModel, from_hf
 
 
@@ -37,7 +38,7 @@ def finetune(
         TypeError, ValueError: ``steps``/``batch_size`` not a positive integer, ``lr`` not a
             number >= 0, an empty prompt list, or a text longer than the model's context.
     """
-    texts = [p if isinstance(p, str) else p.text + p.target for p in prompts]
+    texts = as_texts(prompts, with_target=True)
     if not texts:
         raise ValueError("The prompt list is empty; pass the texts to fine-tune on.")
     _validate.positive_int("steps", steps)

@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .. import _validate
-from ..data import Prompt, PromptSet, from_records
+from ..data import PromptSet, as_prompt_set
 from ..models import LensModel
 from . import memory
 from ._backend import TokenBatch
 
 LEVELS = ("head", "block")
 PADDING_SIDES = ("right", "left")
+#: Temporary alias for modules that still import the old private name (streaming.py);
+#: remove once they import ``lenscape.data.as_prompt_set``.
+_as_prompt_set = as_prompt_set
 
 
 @dataclass
@@ -104,32 +107,6 @@ def pad(sequences: Sequence[Sequence[int]], pad_id: int, side: str) -> TokenBatc
     return TokenBatch(ids, mask, positions, read_pos)
 
 
-def _as_prompt_set(prompts: Any) -> PromptSet:
-    """``prompts`` as a ``PromptSet``: a PromptSet, or a list of Prompts or record dicts.
-
-    Raises:
-        TypeError: one Prompt or dict instead of a list, or something that is not a list.
-        ValueError: plain strings (no targets), or a bad record (``data.from_records``).
-    """
-    if isinstance(prompts, PromptSet):
-        return prompts
-    if isinstance(prompts, str) or (
-        isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], str)
-    ):
-        raise ValueError(
-            "Capture needs prompts with targets, not plain strings: use "
-            "lsc.data.prompts('factual') or lsc.data.from_records([{'text': ..., "
-            "'target': ...}])."
-        )
-    if isinstance(prompts, (Prompt, dict)) or not isinstance(prompts, Iterable):
-        raise TypeError(
-            f"prompts must be a PromptSet or a list of Prompts or dicts, got one "
-            f"{type(prompts).__name__}; wrap a single prompt in a list: [prompt], "
-            "or use lsc.data.prompts('factual')."
-        )
-    return from_records(list(prompts))
-
-
 def _single_token(tokenizer: Any, text: str, what: str, index: int) -> int:
     if not text.strip():
         raise ValueError(
@@ -179,13 +156,13 @@ def prepare(
             ``grad`` to tell whether passes keep activations for a backward pass.
 
     Raises:
-        TypeError: prompts that are not a list of prompts (``_as_prompt_set``).
+        TypeError: prompts that are not a list of prompts (``data.as_prompt_set``).
         ValueError: empty prompt list, unknown level, empty or multi-token targets, texts
             longer than the model's context, missing distractors/corrupt prompts,
             clean/corrupt token counts that differ.
     """
     _validate.choice("level", level, levels)
-    prompt_set = _as_prompt_set(prompts)
+    prompt_set = as_prompt_set(prompts)
     if len(prompt_set) == 0:
         raise ValueError(
             "The prompt list is empty; pass at least one prompt (e.g. lsc.data.prompts('factual'))."

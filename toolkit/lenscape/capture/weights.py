@@ -25,6 +25,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import schema
+from ..data import as_texts
 from ..models import LensModel
 
 IMPORTANCE_KINDS = ("grad_x_weight", "fisher")
@@ -159,7 +160,7 @@ def weight_importance(
         raise ValueError(
             f"Unknown aggregation {aggregation!r}; choose one of {list(AGGREGATIONS)}."
         )
-    texts = [p if isinstance(p, str) else p.text + p.target for p in prompts]
+    texts = as_texts(prompts, with_target=True)
     if not texts:
         raise ValueError("The prompt list is empty; pass at least one prompt.")
     tensors = list(_tensors(model))
