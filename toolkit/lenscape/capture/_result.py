@@ -1,4 +1,8 @@
-"""Turn per-prompt tensors into validated result DataArrays with provenance."""
+"""Turn per-prompt tensors into validated result DataArrays with provenance.
+
+``provenance`` is the one place that writes the attrs naming what produced a result;
+every capture method builds its attrs from it.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,26 @@ import numpy as np
 import xarray as xr
 
 from .. import schema
+from ..models import LensModel
 from ._backend import Site
 from ._inputs import Inputs
 from .metrics import LONG_NAMES, UNITS
+
+
+def provenance(
+    model: LensModel, method: str, *, backend: str = "torch", **params: Any
+) -> dict[str, Any]:
+    """Attrs naming what produced a result: ``method``, ``model``, ``architecture``,
+    ``backend`` and ``dtype`` (e.g. "float32"), then ``params`` (scalars).
+    ``schema.make`` adds ``lenscape_version`` and ``schema_version``."""
+    return {
+        "method": method,
+        "model": model.name,
+        "architecture": model.spec.architecture,
+        "backend": backend,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        **params,
+    }
 
 
 def components(inputs: Inputs) -> list[tuple[Site, int | None]]:
@@ -67,19 +88,19 @@ def to_dataarray(
     attrs = {
         "long_name": f"{effect} {LONG_NAMES[inputs.metric]}",
         "units": UNITS[inputs.metric],
-        "method": method,
-        "metric": inputs.metric,
-        "level": inputs.level,
-        "model": model.name,
-        "architecture": spec.architecture,
-        "backend": inputs.backend,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "device": str(model.device),
-        "prompt_set": inputs.prompts.name,
-        "n_prompts": len(inputs.prompts),
-        "prompts_sha256": inputs.fingerprint,
-        "batch_size": inputs.batch_size,
-        "padding_side": inputs.padding_side,
+        **provenance(
+            model,
+            method,
+            backend=inputs.backend,
+            metric=inputs.metric,
+            level=inputs.level,
+            device=str(model.device),
+            prompt_set=inputs.prompts.name,
+            n_prompts=len(inputs.prompts),
+            prompts_sha256=inputs.fingerprint,
+            batch_size=inputs.batch_size,
+            padding_side=inputs.padding_side,
+        ),
         **params,
     }
     return schema.make(values, dims=dims, coords=coords, attrs=attrs, n_layers=spec.n_layers)

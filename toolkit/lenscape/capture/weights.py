@@ -18,6 +18,7 @@ and the attr ``tied_embeddings`` is True.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from tqdm.auto import tqdm
 from .. import schema
 from ..data import as_texts
 from ..models import LensModel
+from ._result import provenance
 
 IMPORTANCE_KINDS = ("grad_x_weight", "fisher")
 #: How a tensor's per-entry scores become one cell: their sum (the tensor's total
@@ -68,8 +70,10 @@ def _view(tensor: torch.Tensor, cols: slice | None) -> torch.Tensor:
 
 
 def _to_dataset(
-    model: LensModel, values: dict[tuple[int | None, str], float], attrs: dict
+    model: LensModel, values: dict[tuple[int | None, str], float], method: str, **params: Any
 ) -> xr.Dataset:
+    """Per-tensor ``values`` as ``per_layer`` (layer, component) and ``model_level``
+    (component,), with provenance attrs and ``params``."""
     spec = model.spec
     # One component axis for both variables (per-layer tensors, then model-level ones), so
     # the Dataset never re-aligns them; each variable is NaN on the other's components.
@@ -82,14 +86,7 @@ def _to_dataset(
             model_level[components.index(component)] = value
         else:
             per_layer[layer, components.index(component)] = value
-    attrs = {
-        "model": model.name,
-        "backend": "torch",
-        "architecture": spec.architecture,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "tied_embeddings": spec.tied_embeddings,
-        **attrs,
-    }
+    attrs = provenance(model, method, tied_embeddings=spec.tied_embeddings, **params)
     coords = {"component": components}
     return xr.Dataset(
         {
@@ -204,16 +201,14 @@ def weight_importance(
     ds = _to_dataset(
         model,
         values,
-        {
-            "long_name": long_name,
-            "units": units,
-            "method": "weight_importance",
-            "metric": "loss",
-            "kind": kind,
-            "aggregation": aggregation,
-            "n_prompts": len(texts),
-            "batch_size": batch_size,
-        },
+        "weight_importance",
+        long_name=long_name,
+        units=units,
+        metric="loss",
+        kind=kind,
+        aggregation=aggregation,
+        n_prompts=len(texts),
+        batch_size=batch_size,
     )
     return min_max(ds) if normalize else ds
 
@@ -339,13 +334,11 @@ def weight_change(
     return _to_dataset(
         base,
         values,
-        {
-            "long_name": long_name,
-            "units": "ratio" if kind == "relative" else "fraction",
-            "method": "weight_change",
-            "metric": kind,
-            "kind": kind,
-            "tol": tol,
-            "tuned_model": tuned.name,
-        },
+        "weight_change",
+        long_name=long_name,
+        units="ratio" if kind == "relative" else "fraction",
+        metric=kind,
+        kind=kind,
+        tol=tol,
+        tuned_model=tuned.name,
     )
