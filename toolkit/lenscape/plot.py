@@ -18,10 +18,9 @@ purpose; ``MAX_CELLS`` is lenscape's own, larger guard against specs a browser c
 
 Rendering is offline: ``export`` uses vl-convert for PNG/SVG and inlines the JavaScript into
 HTML. Charts carry no actions menu (its "Open in Vega Editor" link is the one route to the
-internet) unless asked for with ``actions=True``. In Jupyter, the first ``heatmap`` switches
-Altair from its default renderer (whose Vega-Lite 6 mimetype JupyterLab 4 does not draw) to
-the offline widget renderer, unless you picked a renderer; ``enable_offline`` does the same
-and bundles the JavaScript up front.
+internet) unless asked for with ``actions=True``. Building a chart changes no global state:
+Altair's renderer stays the one you chose. In Jupyter with no internet, call
+``enable_offline`` once (an ``Explorer`` does) so charts load their JavaScript locally.
 """
 
 from __future__ import annotations
@@ -156,7 +155,6 @@ def heatmap(
         ValueError: if a role names something ``da`` lacks, a dim of ``da`` has no role (the
             message says how to reduce it), or a mask or category array holds infinities.
     """
-    _offline_renderer()
     if not isinstance(da, xr.DataArray):
         raise ValueError(
             f"heatmap takes an xarray.DataArray, got {type(da).__name__}; "
@@ -728,14 +726,6 @@ def _subtitle(da: xr.DataArray, *, has_nan: bool, has_inf: bool, colour: str | N
     if marks:
         lines.append(" · ".join(marks))
     return lines
-
-
-def _offline_renderer() -> None:
-    """Replace Altair's default renderer, whose Vega-Lite 6 mimetype JupyterLab 4 cannot draw,
-    with the offline Jupyter widget; a renderer the user chose is left alone. Cheap: Altair
-    bundles the JavaScript on the first display."""
-    if alt.renderers.active == "default":
-        alt.renderers.enable("jupyter", offline=True)
 
 
 def enable_offline() -> None:
