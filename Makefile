@@ -25,7 +25,12 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/lenscape demo --out out --picture
 
+# Static checks first, so a lint, format or type finding fails fast, before the long test run
+# (any finding fails the target; the settings live in pyproject.toml).
 test: install
+	$(VENV)/bin/ruff check toolkit tests benchmarks
+	$(VENV)/bin/ruff format --check toolkit tests benchmarks
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -rs
 
 # JupyterLab refuses to run as root without --allow-root; pass it only then.

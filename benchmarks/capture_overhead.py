@@ -13,6 +13,7 @@ of RESULTS.md (see _report.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -80,7 +81,8 @@ def main() -> None:
         ("transformer_lens", "transformer-lens", "TransformerLens"),
     ):
         took = median_time(
-            lambda: lsc.attribution_patching(
+            functools.partial(
+                lsc.attribution_patching,
                 model,
                 prompts,
                 level="all",

@@ -146,7 +146,8 @@ def _convert_gguf(bundle: Bundled, package: Path, target: Path) -> Path:
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32
         )
         # save_pretrained refuses a gguf-loaded model until its quantizer is dropped (FACTS.md).
-        hf.hf_quantizer = None
+        # torch types Module attributes as Tensor | Module; this one is a plain attribute.
+        hf.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(hf.config, "quantization_config"):
             del hf.config.quantization_config
         hf.config.architectures = [type(hf).__name__]

@@ -17,7 +17,10 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    from .models import LensModel
 
 
 def _shown(value: Any) -> str:
@@ -30,6 +33,11 @@ def _shown(value: Any) -> str:
     )
 
 
+# Without ``none_means`` None is refused, so the result is an int.
+@overload
+def positive_int(name: str, value: Any) -> int: ...
+@overload
+def positive_int(name: str, value: Any, *, none_means: str | None) -> int | None: ...
 def positive_int(name: str, value: Any, *, none_means: str | None = None) -> int | None:
     """Check that ``value`` is an integer >= 1 (or None where ``none_means`` says what None does).
 
@@ -79,13 +87,15 @@ def number(name: str, value: Any, *, low: float | None = None, high: float | Non
         raise TypeError(
             f"{name} must be a number{bounds}, got {_shown(value)}; pass it unquoted, e.g. 0.5."
         )
+    # As a float (what is returned): numbers.Real declares no comparison with float.
+    real = float(value)
     if (
-        not math.isfinite(value)
-        or (low is not None and value < low)
-        or (high is not None and value > high)
+        not math.isfinite(real)
+        or (low is not None and real < low)
+        or (high is not None and real > high)
     ):
         raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}.")
-    return float(value)
+    return real
 
 
 def choice(name: str, value: Any, choices: Sequence[str]) -> str:
@@ -99,7 +109,7 @@ def choice(name: str, value: Any, choices: Sequence[str]) -> str:
     return value
 
 
-def context_length(model: Any) -> int | None:
+def context_length(model: LensModel) -> int | None:
     """The most positions ``model`` can attend over (from its HF config), or None if unknown."""
     config = model.hf.config
     for key in ("max_position_embeddings", "n_positions", "n_ctx"):
@@ -109,7 +119,7 @@ def context_length(model: Any) -> int | None:
     return None
 
 
-def context_lengths(model: Any, token_counts: Sequence[int], *, what: str = "prompt") -> None:
+def context_lengths(model: LensModel, token_counts: Sequence[int], *, what: str = "prompt") -> None:
     """Refuse prompts longer than the model's context (GPT-2's position embedding would
     raise an IndexError; rotary models would run past their trained positions silently).
 

@@ -23,9 +23,8 @@ def _install(args: argparse.Namespace) -> None:
 
     names = list(models.BUNDLED) if args.all else (args.names or None)
     models.install_models(names)
-    print(
-        f"installed weights for: {', '.join(names or [n for n, b in models.BUNDLED.items() if b.default])}"
-    )
+    installed = names or [n for n, b in models.BUNDLED.items() if b.default]
+    print(f"installed weights for: {', '.join(installed)}")
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -126,6 +125,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command in ``argv`` (default: the process's arguments); returns the exit code."""
     cli = parser()
     args = cli.parse_args(argv)
     if args.command is None:

@@ -12,7 +12,7 @@ NaN means "not computed"; never fill it with 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -105,22 +105,23 @@ def name_from_attrs(da: xr.DataArray, default: str = "value") -> str:
     return str(da.attrs.get("long_name") or (da.name if da.name is not None else default))
 
 
-def ordered_dims(dims: Sequence[str]) -> tuple[str, ...]:
-    """Return ``dims`` sorted into canonical ``DIMS`` order.
+def ordered_dims(dims: Sequence[Hashable]) -> tuple[str, ...]:
+    """Return ``dims`` (e.g. a DataArray's ``dims``) sorted into canonical ``DIMS`` order.
 
     Raises:
         ValueError: if a dim is not in the vocabulary.
     """
-    unknown = [d for d in dims if d not in DIMS]
-    if unknown:
+    known = [d for d in dims if isinstance(d, str) and d in DIMS]
+    if len(known) < len(dims):
+        unknown = [d for d in dims if d not in known]
         raise ValueError(f"Unknown dim(s) {unknown}; lenscape dims are {list(DIMS)}.")
-    return tuple(sorted(dims, key=DIMS.index))
+    return tuple(sorted(known, key=DIMS.index))
 
 
 def depth_coord(n_layers: int, layers: Sequence[int] | None = None) -> np.ndarray:
     """Relative depth ``layer / (n_layers - 1)`` in [0, 1], to align models of different depth."""
-    layers = np.arange(n_layers) if layers is None else np.asarray(layers)
-    return layers / max(n_layers - 1, 1)
+    index = np.arange(n_layers) if layers is None else np.asarray(layers)
+    return index / max(n_layers - 1, 1)
 
 
 def make(

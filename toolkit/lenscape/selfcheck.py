@@ -24,6 +24,7 @@ norm stays far below it, a wrong layout is off by order 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,8 @@ IDENTITIES: dict[str, str] = {
     "model's logits",
 }
 PROBE_TEXT = "The capital of France is Paris, and 12 + 30 = 42."
+#: (site, layer) -> (pos, ...) activations of the probe row; see ``_capture``.
+Acts = dict[tuple[str, int], torch.Tensor]
 
 
 class LayoutCheckError(ValueError):
@@ -64,7 +67,7 @@ def _mismatch(computed: torch.Tensor, actual: torch.Tensor) -> float:
     return float((computed.float() - actual).abs().max() / scale)
 
 
-def _capture(model: LensModel, input_ids: torch.Tensor) -> tuple[dict, torch.Tensor]:
+def _capture(model: LensModel, input_ids: torch.Tensor) -> tuple[Acts, torch.Tensor]:
     """One forward pass keeping the layout's sites.
 
     Returns:
@@ -72,7 +75,9 @@ def _capture(model: LensModel, input_ids: torch.Tensor) -> tuple[dict, torch.Ten
         ("resid_final", -1) to (pos, ...) tensors of the single probe row; logits (1, vocab)
         at the last position.
     """
-    layout, acts, handles = model.spec.layout, {}, []
+    layout = model.spec.layout
+    acts: Acts = {}
+    handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def module(path: str) -> torch.nn.Module:
         try:
@@ -83,14 +88,14 @@ def _capture(model: LensModel, input_ids: torch.Tensor) -> tuple[dict, torch.Ten
                 "fix the layout (lsc.load(..., layout=...))."
             ) from err
 
-    def keep_input(key):
-        def hook(_, args, kwargs):
+    def keep_input(key: tuple[str, int]) -> Callable[..., None]:
+        def hook(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             acts[key] = (args[0] if args else kwargs["hidden_states"])[0].detach()
 
         return hook
 
-    def keep_output(key, first_of_tuple: bool):
-        def hook(_, args, output):
+    def keep_output(key: tuple[str, int], first_of_tuple: bool) -> Callable[..., None]:
+        def hook(_: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
             acts[key] = (output[0] if first_of_tuple else output)[0].detach()
 
         return hook
@@ -153,7 +158,7 @@ def _final_logits(model: LensModel, resid: torch.Tensor) -> torch.Tensor:
     norm = model.hf.get_submodule(layout.final_norm)
     if layout.layer_norm:
         bias = getattr(norm, "bias", None)
-        eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 1e-5)
+        eps = getattr(norm, "eps", 0.0) or getattr(norm, "variance_epsilon", 1e-5)
         normed = torch.nn.functional.layer_norm(
             x, x.shape[-1:], norm.weight.float(), None if bias is None else bias.float(), eps
         )
@@ -169,7 +174,7 @@ def _final_logits(model: LensModel, resid: torch.Tensor) -> torch.Tensor:
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
-def _residuals(model: LensModel, acts: dict, logits: torch.Tensor) -> dict[str, Any]:
+def _residuals(model: LensModel, acts: Acts, logits: torch.Tensor) -> dict[str, Any]:
     spec = model.spec
     heads, residual = np.full(spec.n_layers, np.nan), np.full(spec.n_layers, np.nan)
     for layer in range(spec.n_layers):
@@ -183,10 +188,10 @@ def _residuals(model: LensModel, acts: dict, logits: torch.Tensor) -> dict[str, 
             if layer + 1 < spec.n_layers
             else acts[("resid_final", -1)]
         )
-        parts = (acts[("resid_pre", layer)], attn, acts[("mlp", layer)])
+        before, mlp = acts[("resid_pre", layer)], acts[("mlp", layer)]
         residual[layer] = (
-            _mismatch(sum(p.float() for p in parts), after)
-            if all(p.shape == after.shape for p in parts)
+            _mismatch(before.float() + attn.float() + mlp.float(), after)
+            if all(p.shape == after.shape for p in (before, attn, mlp))
             else math.inf
         )
     resid_final = acts[("resid_final", -1)]

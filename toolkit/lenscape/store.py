@@ -40,10 +40,10 @@ import shutil
 import socket
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import xarray as xr
@@ -54,6 +54,8 @@ _BOOL_ATTRS = "_lenscape_bool_attrs"
 _UNNAMED = "__xarray_dataarray_variable__"
 _DONE = "_lenscape_done"
 _SETTINGS = "_lenscape_capture"
+#: ``save`` modes: "w" writes (replacing what is there), "a" adds to an existing result.
+Mode = Literal["w", "a"]
 
 
 class StoreError(ValueError):
@@ -84,7 +86,7 @@ def _engine(path: Path) -> str:
     return FORMATS[path.suffix]
 
 
-def _encode_attrs(attrs: dict) -> dict:
+def _encode_attrs(attrs: dict[Any, Any]) -> dict[Any, Any]:
     bools = sorted(k for k, v in attrs.items() if isinstance(v, (bool, np.bool_)))
     out = {k: int(v) if k in bools else v for k, v in attrs.items()}
     if bools:
@@ -92,7 +94,7 @@ def _encode_attrs(attrs: dict) -> dict:
     return out
 
 
-def _decode_attrs(attrs: dict) -> dict:
+def _decode_attrs(attrs: dict[Any, Any]) -> dict[Any, Any]:
     bools = set(filter(None, str(attrs.pop(_BOOL_ATTRS, "")).split(",")))
     return {
         k: bool(v) if k in bools else (v.item() if isinstance(v, np.generic) else v)
@@ -123,7 +125,7 @@ def _as_dataset(obj: xr.DataArray | xr.Dataset, engine: str) -> xr.Dataset:
     return ds
 
 
-def _write(ds: xr.Dataset, path: Path, engine: str, mode: str) -> None:
+def _write(ds: xr.Dataset, path: Path, engine: str, mode: Mode) -> None:
     if engine == "zarr":
         ds.to_zarr(path, mode=mode, consolidated=False, write_empty_chunks=True)
     else:
@@ -154,8 +156,8 @@ def _replace(ds: xr.Dataset, path: Path, engine: str) -> None:
         os.replace(temporary, path)
 
 
-def save(obj: xr.DataArray | xr.Dataset, path: str | Path, *, mode: str = "w") -> Path:
-    """Write ``obj`` to ``path`` (``.zarr`` or ``.nc``); ``mode="w"`` overwrites.
+def save(obj: xr.DataArray | xr.Dataset, path: str | Path, *, mode: Mode = "w") -> Path:
+    """Write ``obj`` to ``path`` (``.zarr`` or ``.nc``); ``mode="w"`` overwrites, "a" adds.
 
     Overwriting writes a temporary copy next to ``path`` and swaps it in when complete, so
     ``obj`` may be lazily read from ``path`` itself and a failed write keeps the old result.
@@ -201,7 +203,7 @@ def open_result(
         )
     if verify and engine == "zarr":
         verify_store(path)
-    kwargs = {"consolidated": False} if engine == "zarr" else {}
+    kwargs: dict[str, Any] = {"consolidated": False} if engine == "zarr" else {}
     try:
         ds = xr.open_dataset(path, engine=engine, chunks={} if lazy else None, **kwargs)
         if not lazy:
@@ -259,7 +261,7 @@ def verify_store(path: str | Path) -> None:
     try:
         group = zarr.open_group(path, mode="r")
         arrays = dict(group.arrays())
-        done = arrays[_DONE][...].astype(bool) if _DONE in arrays else None
+        done = np.asarray(arrays[_DONE][...], dtype=bool) if _DONE in arrays else None
     except Exception as err:
         raise StoreError(
             f"The metadata of the store '{path}' cannot be read "
@@ -268,22 +270,22 @@ def verify_store(path: str | Path) -> None:
         ) from err
     for name, array in arrays.items():
         dims = _dims_of(array)
-        prompt_axis = dims.index("prompt") if done is not None and "prompt" in dims else None
+        prompt_axis = dims.index("prompt") if "prompt" in dims else None
         for coords in itertools.product(*(range(n) for n in array.cdata_shape)):
             chunk = path / array.path / array.metadata.encode_chunk_key(coords)
             if not chunk.exists():
                 if name == _DONE:  # reads as False: those prompts are recomputed on resume
                     continue
-                if prompt_axis is not None:
+                if prompt_axis is not None and done is not None:
                     size = array.chunks[prompt_axis]
                     start = coords[prompt_axis] * size
                     if not done[start : start + size].any():
                         continue
                 raise StoreError(
                     f"The store '{path}' is missing the chunk "
-                    f"'{chunk.relative_to(path)}' of '{name}', so part of the result is lost (it would read as "
-                    "NaN, 'not computed'); re-run the capture, or open it with "
-                    "verify=False to read the rest."
+                    f"'{chunk.relative_to(path)}' of '{name}', so part of the result is "
+                    "lost (it would read as NaN, 'not computed'); re-run the capture, or "
+                    "open it with verify=False to read the rest."
                 )
             try:
                 array.get_block_selection(coords)
@@ -447,7 +449,7 @@ def create(
     )
 
 
-def _per_prompt_data(ds: xr.Dataset) -> list[str]:
+def _per_prompt_data(ds: xr.Dataset) -> list[Hashable]:
     """Data variables filled part by part (those along ``prompt``); coords such as the
     ``text`` and ``category`` labels are written whole by ``create``."""
     return [name for name, var in ds.data_vars.items() if "prompt" in var.dims]

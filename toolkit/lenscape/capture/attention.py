@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ def eager_attention(model: LensModel) -> Iterator[None]:
         hf.set_attn_implementation(previous)
 
 
-def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
+def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     """Each token as the text it decodes to (leading spaces kept, newlines shown as ⏎)."""
     return [tokenizer.decode([i]).replace("\n", "⏎") for i in ids]
 

@@ -11,6 +11,7 @@ The result is an ``Inspection``: its ``data`` is a tidy ``xarray.Dataset`` over
 from __future__ import annotations
 
 import html
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ import torch
 import xarray as xr
 
 from .. import _validate
+from ..data import Prompt, PromptSet
+from ..models import LensModel
 from . import metrics
 from ._backend import get_backend
 from ._inputs import prepare
@@ -43,7 +46,7 @@ class Inspection:
     def to_dataframe(self) -> pd.DataFrame:
         """One row per prompt; the top tokens as "' Paris' 0.41, ' Rome' 0.12, ..."."""
         ds = self.data
-        table = {
+        table: dict[str, Any] = {
             name: ds[name].values
             for name in ("category", "text", "target", "target_prob", "clean_metric")
         }
@@ -120,8 +123,8 @@ def _top_html(ds: xr.Dataset, side: str, i: int, expected: str) -> str:
 
 
 def inspect(
-    model,
-    prompts,
+    model: LensModel,
+    prompts: PromptSet | Iterable[Prompt | dict[str, Any]],
     *,
     metric: str = "logit_diff",
     top_k: int = 5,
@@ -194,7 +197,7 @@ def inspect(
     joined = {k: torch.cat(v).numpy() for k, v in found.items()}
     tok = model.tokenizer
     dims = ("prompt", "rank")
-    data = {
+    data: dict[str, tuple[Any, ...]] = {
         "text": ("prompt", prompt_set.texts),
         "target": ("prompt", [p.target for p in prompt_set]),
         "distractor": ("prompt", [p.distractor or "" for p in prompt_set]),

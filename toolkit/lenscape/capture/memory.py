@@ -10,8 +10,12 @@ free memory is budgeted (``BUDGET_SHARE``), the rest is left for the allocator a
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ..models import LensModel
 
 #: Share of free memory one pass may use.
 BUDGET_SHARE = {"cuda": 0.5, "cpu": 0.25}
@@ -32,7 +36,7 @@ def free_bytes(device: torch.device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def bytes_per_sequence(model, *, width: int, grad: bool) -> int:
+def bytes_per_sequence(model: LensModel, *, width: int, grad: bool) -> int:
     """Estimated activation bytes of one sequence of ``width`` tokens in one pass."""
     spec, config = model.spec, model.hf.config
     d_ff = (
@@ -47,18 +51,18 @@ def bytes_per_sequence(model, *, width: int, grad: bool) -> int:
     return width * per_layer * layers * element + 2 * spec.vocab_size * 4
 
 
-def _fit(model, *, width: int, grad: bool) -> int:
+def _fit(model: LensModel, *, width: int, grad: bool) -> int:
     device = model.device
     budget = free_bytes(device) * BUDGET_SHARE.get(device.type, 0.25)
     return int(budget // bytes_per_sequence(model, width=width, grad=grad))
 
 
-def auto_batch_size(model, *, width: int, grad: bool) -> int:
+def auto_batch_size(model: LensModel, *, width: int, grad: bool) -> int:
     """Prompts per pass that fit the memory budget (at least 1, at most ``MAX_BATCH``)."""
     cap = MAX_BATCH.get(model.device.type, MAX_BATCH["cpu"])
     return max(1, min(cap, _fit(model, width=width, grad=grad)))
 
 
-def auto_variants_per_pass(model, *, rows: int, width: int, wanted: int) -> int:
+def auto_variants_per_pass(model: LensModel, *, rows: int, width: int, wanted: int) -> int:
     """Copies of a ``rows``-prompt batch that fit in one no-grad pass (1 .. ``wanted``)."""
     return max(1, min(wanted, _fit(model, width=width, grad=False) // max(rows, 1)))
