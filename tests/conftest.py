@@ -1,7 +1,10 @@
 """Shared fixtures: tiny seeded random models (Llama, Qwen3, GPT-2 shapes) and the bundled model.
 
-Tiny models use the bundled SmolLM2 tokenizer, so the built-in prompt sets work on them.
-Real-model fixtures are session-scoped and their tests marked ``slow`` (still run in CI).
+Tiny models use ``tokenizer``: the bundled SmolLM2 tokenizer cut down to the words of the
+built-in prompt sets (``_helpers.small_tokenizer``, about 1,600 tokens instead of 49,152),
+so the prompt sets work on them unchanged and their embeddings and logits stay small.
+``smol_tokenizer`` is the full one. Real-model fixtures are session-scoped and their tests
+marked ``slow`` (still run in CI).
 """
 
 from __future__ import annotations
@@ -16,6 +19,15 @@ TINY_ARCHITECTURES = ("llama", "qwen3", "gpt2")
 
 @pytest.fixture(scope="session")
 def tokenizer():
+    """The small-vocabulary test tokenizer (same pieces as SmolLM2's on built-in texts)."""
+    from _helpers import small_tokenizer
+
+    return small_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    """The bundled SmolLM2 tokenizer, vocabulary 49,152."""
     from lenscape import models
 
     return models.tokenizer_for("smollm2-135m")

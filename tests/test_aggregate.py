@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import xarray as xr
 
 from lenscape import aggregate, schema
 
@@ -41,11 +42,24 @@ def test_threshold_changes_the_result():
 
 
 def test_roles():
-    da = scores().isel(seed=0)
+    da = scores().isel(seed=0)  # [[0.9, 0.2], [0.6, 0.1]]
     fac, inter = da >= 0.5, da <= 0.15
     codes = aggregate.roles(fac.astype(float), inter.astype(float))
     np.testing.assert_array_equal(codes.values, [[1, 0], [1, 2]])
-    assert aggregate.ROLES[3] == "both"
+    # every combination, read back through the labels the result carries in its attrs
+    fac = xr.DataArray([[True, True], [False, False]], dims=("layer", "head")).astype(float)
+    inter = xr.DataArray([[True, False], [True, False]], dims=("layer", "head")).astype(float)
+    codes = aggregate.roles(fac, inter.where([[True, True], [True, False]]))
+    labels = dict(item.split(" ", 1) for item in codes.attrs["roles"].split(", "))
+    named = [[labels[f"{c:.0f}"] if np.isfinite(c) else "NaN" for c in row] for row in codes.values]
+    assert named == [["both", "facilitating"], ["interfering", "NaN"]]
+    assert [aggregate.ROLES[int(codes[i, j])] for i, j in ((0, 0), (0, 1), (1, 0))] == [
+        "both",
+        "facilitating",
+        "interfering",
+    ]
+    neither = aggregate.roles(fac * 0, inter * 0)
+    assert set(neither.values.ravel()) == {aggregate.ROLES.index("neither")}
 
 
 @pytest.mark.parametrize("threshold", [-0.1, 1.5])

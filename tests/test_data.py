@@ -22,12 +22,38 @@ def test_factual_set_shape(factual):
         assert p.target.startswith(" ") and p.distractor.startswith(" ")
 
 
-@pytest.mark.slow
-def test_factual_pairs_tokenize_as_required(tokenizer, factual):
-    for i, p in enumerate(factual):
+def _assert_pairs_tokenize_as_required(tokenizer, prompts):
+    """Single-token targets and distractors; clean and corrupt texts of equal token length."""
+    for i, p in enumerate(prompts):
         for answer in (p.target, p.distractor):
             assert len(tokenizer(answer, add_special_tokens=False)["input_ids"]) == 1, (i, answer)
         assert len(tokenizer(p.text)["input_ids"]) == len(tokenizer(p.corrupt)["input_ids"]), i
+
+
+@pytest.mark.slow
+def test_factual_pairs_tokenize_as_required(smol_tokenizer, factual):
+    _assert_pairs_tokenize_as_required(smol_tokenizer, factual)
+
+
+def test_the_test_tokenizer_splits_builtin_texts_as_the_bundled_one(tokenizer, factual):
+    """The small tokenizer of the tiny test models (tests/_helpers.py) gives the same pieces
+    as SmolLM2's own tokenizer (read by the tokenizers library, not rebuilt) on every
+    built-in text, so the prompt sets keep their guarantees on tiny models."""
+    import tokenizers
+    from _helpers import corpus
+
+    folder = lsc.models.bundled_folder(lsc.models.DEFAULT_MODEL)
+    full = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    texts = corpus()
+    assert len(texts) > 3000
+    for text, expected in zip(texts, full.encode_batch(texts), strict=True):
+        pieces = tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])
+        assert pieces == expected.tokens, text
+    assert len(tokenizer) < 2500  # the point of it: about 1,600 instead of 49,152
+    _assert_pairs_tokenize_as_required(tokenizer, factual)
+    _assert_pairs_tokenize_as_required(tokenizer, lsc.data.prompts("ioi"))
+    other = "A quokka paid 5 € for zebra-striped socks 😀"  # words outside the prompt sets
+    assert tokenizer.decode(tokenizer(other)["input_ids"]) == other
 
 
 def test_prompt_set_slicing_and_records():

@@ -7,6 +7,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from _helpers import TESTS
 
 import lenscape as lsc
 from lenscape.capture import _fit, gating
@@ -28,14 +29,25 @@ def test_dataset_layout_and_scores(fitted, tiny_llama):
     spec = tiny_llama.spec
     assert fitted["facilitation"].dims == ("seed", "layer", "head")
     assert fitted["facilitation"].shape == (2, spec.n_layers, spec.n_heads)
-    np.testing.assert_allclose(fitted["facilitation"], fitted["gate_minus"])
-    np.testing.assert_allclose(fitted["interference"], 1 - fitted["gate_plus"])
-    np.testing.assert_allclose(
-        fitted["irrelevance"], fitted["gate_plus"] * (1 - fitted["gate_minus"]), atol=1e-6
-    )
-    assert ((fitted["gate"] >= 0) & (fitted["gate"] <= 1)).all()
+    for name in ("gate", "gate_plus", "gate_minus", "facilitation", "interference", "irrelevance"):
+        assert ((fitted[name] >= 0) & (fitted[name] <= 1)).all(), name
     for name in ("facilitation", "interference"):
         lsc.schema.validate(fitted[name])
+
+
+def test_a_dominant_regulariser_decides_every_role(tiny_llama, small_task):
+    """With lambda_ so large that the task loss hardly matters, the +lambda stage opens and
+    the -lambda stage shuts every gate the regulariser reaches (stage-0 logit inside the
+    clip, |g| < 4): such a head neither facilitates (G- near 0) nor interferes (1 - G+ near
+    0) and is irrelevant (G+ (1 - G-) near 1). A swapped stage sign or role formula fails."""
+    ds = lsc.head_gating(tiny_llama, small_task, **{**FAST, "max_steps": 12}, lambda_=100.0)
+    reached = (ds["gate"] > 0.02) & (ds["gate"] < 0.98)  # logit within about +-3.9
+    assert int(reached.sum()) >= 6  # enough cells for the check to mean something
+    assert float(ds["gate_plus"].where(reached).min()) > 0.9
+    assert float(ds["gate_minus"].where(reached).max()) < 0.1
+    assert float(ds["facilitation"].where(reached).max()) < 0.1
+    assert float(ds["interference"].where(reached).max()) < 0.1
+    assert float(ds["irrelevance"].where(reached).min()) > 0.8
 
 
 def test_reference_protocol_is_the_default():
@@ -112,15 +124,17 @@ def test_same_seed_same_gates(fitted, tiny_llama, small_task):
     assert not np.allclose(fitted["gate"].values, other["gate"].values)
 
 
-FRESH = textwrap.dedent("""
+FRESH = f"import sys\nsys.path.insert(0, {TESTS!r})\n" + textwrap.dedent("""
     import json, sys, torch
     torch.set_num_threads(2)
     import lenscape as lsc
     from lenscape import models
-    model = models.tiny("llama", n_layers=3, seed=0, tokenizer=models.tokenizer_for("smollm2-135m"))
+    from _helpers import small_tokenizer
+    model = models.tiny("llama", n_layers=3, seed=0, tokenizer=small_tokenizer())
     ds = lsc.head_gating(model, lsc.data.task("syntax")[:24], seeds=2, batch_size=3,
                          max_steps=6, window=3, progress=False)
-    print(json.dumps({name: ds[name].values.tolist() for name in ("gate", "gate_plus", "gate_minus")}))
+    names = ("gate", "gate_plus", "gate_minus")
+    print(json.dumps({name: ds[name].values.tolist() for name in names}))
 """)
 
 
@@ -133,12 +147,49 @@ def test_two_fresh_processes_give_identical_gates(fitted, fresh_runs):
     )
 
 
-def test_validation_loss_matches_task_loss(fitted, tiny_llama, small_task):
-    gates = torch.as_tensor(fitted["gate_plus"].values)
-    losses = lsc.task_loss(tiny_llama, small_task, gates)
-    np.testing.assert_allclose(losses.numpy(), fitted["val_loss_plus"].values, rtol=1e-5)
-    ungated = lsc.task_loss(tiny_llama, small_task)
-    assert float(ungated[0]) == pytest.approx(fitted.attrs["val_loss_ungated"], rel=1e-5)
+def _target_nll_by_hand(model, prompts, gates=None) -> float:
+    """Mean over prompts of each prompt's mean NLL on its target tokens: one unpadded forward
+    per prompt, each head's output scaled by ``gates`` (layer, head) in an o_proj pre-hook."""
+    spec, tok = model.spec, model.tokenizer
+    handles = []
+    for layer in range(spec.n_layers if gates is not None else 0):
+        scale = torch.as_tensor(np.asarray(gates)[layer], dtype=torch.float32)
+        scale = scale.repeat_interleave(spec.d_head)  # (n_heads * d_head,), heads in order
+        handles.append(
+            model.module(spec.layout.o_proj, layer).register_forward_pre_hook(
+                lambda module, args, scale=scale: (args[0] * scale,)
+            )
+        )
+    losses = []
+    try:
+        for p in prompts:
+            text = tok(p.text)["input_ids"]
+            target = tok(p.target, add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logits = model.hf(torch.tensor([text + target])).logits[0].double()
+            rows = torch.log_softmax(logits, -1)[len(text) - 1 : len(text) - 1 + len(target)]
+            losses.append(-float(rows[torch.arange(len(target)), torch.tensor(target)].mean()))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return float(np.mean(losses))
+
+
+def test_validation_losses_are_the_gated_target_nll(fitted, tiny_llama, small_task):
+    """The recorded validation losses (the task itself is the default validation set) are
+    the target NLL of the model with each stage's gates, recomputed here from the logits."""
+    for i in range(fitted.sizes["seed"]):
+        for loss, gates in (
+            ("val_loss", "gate"),
+            ("val_loss_plus", "gate_plus"),
+            ("val_loss_minus", "facilitation"),  # facilitation is G-
+        ):
+            expected = _target_nll_by_hand(tiny_llama, small_task, fitted[gates].values[i])
+            assert float(fitted[loss][i]) == pytest.approx(expected, rel=1e-4), (loss, i)
+    ungated = _target_nll_by_hand(tiny_llama, small_task)
+    assert fitted.attrs["val_loss_ungated"] == pytest.approx(ungated, rel=1e-4)
+    gated = lsc.task_loss(tiny_llama, small_task, torch.as_tensor(fitted["gate_plus"].values))
+    np.testing.assert_allclose(gated.numpy(), fitted["val_loss_plus"].values, rtol=1e-4)
 
 
 def test_zero_gate_equals_zeroed_head(tiny_llama, small_task):
@@ -179,11 +230,14 @@ def test_gating_check_table(fitted, tiny_llama):
     assert bool(check["passes"]) == (
         bool(check["facilitating_passes"]) and bool(check["interfering_passes"])
     )
-    gates = torch.ones(1, tiny_llama.spec.n_layers, tiny_llama.spec.n_heads)
+    gates = np.ones((tiny_llama.spec.n_layers, tiny_llama.spec.n_heads))
     for layer, head in cells:
-        gates[0, layer, head] = 0
-    assert float(lsc.task_loss(tiny_llama, val, gates)[0]) == pytest.approx(
-        float(check["loss_facilitating_off"]), rel=1e-5
+        gates[layer, head] = 0
+    assert float(check["loss_facilitating_off"]) == pytest.approx(
+        _target_nll_by_hand(tiny_llama, val, gates), rel=1e-4
+    )
+    assert float(check["loss_intact"]) == pytest.approx(
+        _target_nll_by_hand(tiny_llama, val), rel=1e-4
     )
 
 

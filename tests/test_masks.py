@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+from _helpers import TESTS
 
 import lenscape as lsc
 from lenscape import cluster
@@ -75,12 +76,13 @@ def test_masks_are_deterministic_and_shaped(tiny_llama, mixed, clusters, learned
     assert not np.array_equal(learned["keep_prob"].values, other["keep_prob"].values)
 
 
-FRESH = textwrap.dedent("""
-    import json, torch
+FRESH = f"import sys\nsys.path.insert(0, {TESTS!r})\n" + textwrap.dedent("""
+    import json, sys, torch
     torch.set_num_threads(2)
     import lenscape as lsc
     from lenscape import cluster, models
-    model = models.tiny("llama", n_layers=3, seed=0, tokenizer=models.tokenizer_for("smollm2-135m"))
+    from _helpers import small_tokenizer
+    model = models.tiny("llama", n_layers=3, seed=0, tokenizer=small_tokenizer())
     texts = lsc.data.prompts("mixed")[::10]
     clusters = cluster.kmeans(cluster.embed(texts), 4, prompts=texts)
     ds = lsc.block_masks(model, texts, clusters=clusters, target_sparsity=0.5, max_steps=3,
@@ -166,6 +168,30 @@ def test_routing_runs_each_input_with_its_clusters_mask(tiny_llama, mixed, clust
     assert len(set(routes.tolist())) > 1  # the batch really mixes clusters
 
 
+def _nll_with_blocks_zeroed(model, text, mask=None) -> float:
+    """HF's mean next-token loss of ``text`` (a Llama) with every block whose ``mask``
+    (layer, component) entry is False zeroed by a forward hook: the residual passes it by."""
+
+    def zero(module, args, out):
+        return (torch.zeros_like(out[0]), *out[1:]) if isinstance(out, tuple) else 0 * out
+
+    handles = []
+    if mask is not None:
+        for layer in mask["layer"].values:
+            for component in mask["component"].values:
+                if not bool(mask.sel(layer=layer, component=component)):
+                    block = model.hf.model.layers[int(layer)]
+                    module = block.self_attn if component == "attn" else block.mlp
+                    handles.append(module.register_forward_hook(zero))
+    ids = model.tokenizer(text, return_tensors="pt")["input_ids"]
+    try:
+        with torch.no_grad():
+            return float(model.hf(input_ids=ids, labels=ids).loss)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def test_comparison_on_held_out_texts(tiny_llama, mixed):
     train, held_out = cluster.split(mixed, held_out=0.25)
     clusters = cluster.kmeans(cluster.embed(train), 3, prompts=train)
@@ -188,16 +214,17 @@ def test_comparison_on_held_out_texts(tiny_llama, mixed):
     assert int(result["n_held_out"].sum()) == len(held_out)
     kept = result["routed_mask"].sum(("layer", "component"))
     np.testing.assert_array_equal(kept.sel(target_sparsity=0.5).values, 3)
-    # the routed ratio is the routed masks' held-out loss, recomputed by hand
+    # the routed ratio, recomputed from HF's own loss with the skipped blocks zeroed by hooks
     routes = clusters.route(held_out)
-    masks = torch.as_tensor(result["routed_mask"].sel(target_sparsity=0.5).values).float()
-    by_text = [
-        float(masked_loss(tiny_llama, held_out[i : i + 1], masks[c][None]))
+    masks = result["routed_mask"].sel(target_sparsity=0.5)
+    routed = [
+        _nll_with_blocks_zeroed(tiny_llama, held_out[i].text, masks.sel(cluster=int(c)))
         for i, c in enumerate(routes)
     ]
-    expected = np.exp(np.mean(by_text) - result.attrs["loss_unmasked"])
+    unmasked = [_nll_with_blocks_zeroed(tiny_llama, p.text) for p in held_out]
+    assert result.attrs["loss_unmasked"] == pytest.approx(np.mean(unmasked), rel=1e-4)
     assert float(result["ppl_ratio"].sel(strategy="routed", target_sparsity=0.5)) == pytest.approx(
-        expected, rel=1e-4
+        np.exp(np.mean(routed) - np.mean(unmasked)), rel=1e-4
     )
 
 
@@ -213,17 +240,23 @@ def test_bad_inputs_name_the_fix(tiny_llama, tokenizer, mixed, clusters, learned
     no_centroids = cluster.Clustering(clusters.labels, np.zeros((0, 384), np.float32))
     with pytest.raises(ValueError, match="Clustering with centroids"):
         block_masks(tiny_llama, mixed, clusters=no_centroids, progress=False)
-    with pytest.raises(ValueError, match="Clustering with centroids"):
-        with apply_mask(tiny_llama, learned, clusters=clusters.labels):
-            pass
+    with (
+        pytest.raises(ValueError, match="Clustering with centroids"),
+        apply_mask(tiny_llama, learned, clusters=clusters.labels),
+    ):
+        pass
     foreign = learned["mask"].sel(cluster=0).assign_attrs(model="smollm2-135m")
-    with pytest.raises(ValueError, match="learned on 'smollm2-135m'"):
-        with apply_mask(tiny_llama, foreign):
-            pass
+    with (
+        pytest.raises(ValueError, match="learned on 'smollm2-135m'"),
+        apply_mask(tiny_llama, foreign),
+    ):
+        pass
     deeper = lsc.models.tiny("llama", n_layers=4, seed=0, tokenizer=tokenizer)
     deeper.name = tiny_llama.name
-    with pytest.raises(ValueError, match="needs 4 layers"):
-        with apply_mask(deeper, learned["mask"].sel(cluster=0)):
-            pass
+    with (
+        pytest.raises(ValueError, match="needs 4 layers"),
+        apply_mask(deeper, learned["mask"].sel(cluster=0)),
+    ):
+        pass
     with pytest.raises(ValueError, match="Pick one cluster"), apply_mask(tiny_llama, learned):
         pass

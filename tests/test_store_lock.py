@@ -16,6 +16,7 @@ import time
 
 import pytest
 import xarray as xr
+from _helpers import TESTS
 
 import lenscape as lsc
 from lenscape import store
@@ -29,12 +30,13 @@ N_PROMPTS, BATCH = 6, 2
 #: imports overlap with the first writer's run).
 WRITER = textwrap.dedent(f"""
     import pathlib, sys, time
+    sys.path.insert(0, {TESTS!r})
     import lenscape as lsc
     from lenscape import models
     from lenscape.capture import streaming
+    from _helpers import small_tokenizer
 
-    model = models.tiny("llama", n_layers=3, seed=0,
-                        tokenizer=models.tokenizer_for("smollm2-135m"))
+    model = models.tiny("llama", n_layers=3, seed=0, tokenizer=small_tokenizer())
     prompts = lsc.data.prompts("factual")[:{N_PROMPTS}]
     mode, _, file = sys.argv[2].partition(":")
     file = pathlib.Path(file)

@@ -1,0 +1,104 @@
+"""Helpers shared by several test modules (and by the fresh-process scripts some tests run).
+
+``small_tokenizer()`` is the bundled SmolLM2 tokenizer cut down to the words of the built-in
+prompt sets: the same byte-level BPE, keeping only the merges those texts use (plus the 256
+byte symbols and the special tokens), renumbered from 0. Every built-in text tokenizes into
+the same pieces as with the full tokenizer, so single-token targets stay single tokens and
+clean/corrupt pairs keep equal lengths; any other text still tokenizes (into shorter
+pieces, down to bytes). Tiny models built on it have a vocabulary of about 2,000 instead of
+49,152, which makes their embeddings, logits and backward passes cheap.
+
+Fresh-process scripts import it with ``sys.path.insert(0, TESTS)`` (``TESTS`` below).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from pathlib import Path
+
+#: The tests folder, for fresh-process scripts that import this module.
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def corpus() -> list[str]:
+    """Every text, target and counterfactual of the built-in prompt sets and tasks."""
+    import lenscape as lsc
+
+    sets = [lsc.data.prompts(name) for name in lsc.data.PROMPT_SETS]
+    sets += [lsc.data.task(name, split="all") for name in ("math", "syntax")]
+    texts = []
+    for prompt_set in sets:
+        for p in prompt_set:
+            texts += [t for t in (p.text, p.target, p.corrupt, p.distractor) if t]
+            texts.append(p.text + p.target)
+            if p.corrupt and p.distractor:
+                texts.append(p.corrupt + p.distractor)
+    return texts
+
+
+def _bpe(word: str, ranks: dict[tuple[str, str], int], used: set[tuple[str, str]]) -> None:
+    """Byte-level BPE on one pre-tokenized piece; adds the merges it applies to ``used``."""
+    parts = list(word)
+    while len(parts) > 1:
+        pairs = set(itertools.pairwise(parts))
+        best = min(pairs, key=lambda pair: ranks.get(pair, len(ranks)))
+        if best not in ranks:
+            return
+        used.add(best)
+        merged, i = [], 0
+        while i < len(parts):
+            if i + 1 < len(parts) and (parts[i], parts[i + 1]) == best:
+                merged.append(parts[i] + parts[i + 1])
+                i += 2
+            else:
+                merged.append(parts[i])
+                i += 1
+        parts = merged
+
+
+@functools.cache
+def small_tokenizer_json() -> str:
+    """The cut-down tokenizer as ``tokenizer.json`` text (see the module docstring)."""
+    import tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from lenscape import models
+
+    full_json = (models.bundled_folder(models.DEFAULT_MODEL) / "tokenizer.json").read_text()
+    full = json.loads(full_json)
+    bpe = full["model"]
+    ranks = {tuple(pair): rank for rank, pair in enumerate(bpe["merges"])}
+    pre = tokenizers.Tokenizer.from_str(full_json).pre_tokenizer
+    used: set[tuple[str, str]] = set()
+    for piece in {p for text in corpus() for p, _ in pre.pre_tokenize_str(text)}:
+        _bpe(piece, ranks, used)
+    keep = {t["content"] for t in full["added_tokens"]} | set(ByteLevel.alphabet())
+    keep |= {a + b for a, b in used}
+    vocab = {
+        token: new_id
+        for new_id, token in enumerate(
+            sorted((t for t in bpe["vocab"] if t in keep), key=bpe["vocab"].get)
+        )
+    }
+    bpe["vocab"] = vocab
+    bpe["merges"] = [list(pair) for pair in sorted(used, key=ranks.get)]
+    for added in full["added_tokens"]:
+        added["id"] = vocab[added["content"]]
+    return json.dumps(full)
+
+
+def small_tokenizer():
+    """A fresh ``transformers`` tokenizer object for ``small_tokenizer_json()``, with the
+    bundled tokenizer's special tokens (pad = eos, as there)."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer.from_str(small_tokenizer_json()),
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
+    )
