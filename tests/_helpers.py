@@ -14,6 +14,7 @@ Fresh-process scripts import it with ``sys.path.insert(0, TESTS)`` (``TESTS`` be
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import json
 from pathlib import Path
@@ -89,16 +90,41 @@ def small_tokenizer_json() -> str:
     return json.dumps(full)
 
 
-def small_tokenizer():
-    """A fresh ``transformers`` tokenizer object for ``small_tokenizer_json()``, with the
-    bundled tokenizer's special tokens (pad = eos, as there)."""
-    import tokenizers
+def small_tokenizer_folder() -> Path:
+    """A folder holding the cut-down tokenizer (written once per content, under the system
+    temp dir). Loading from a folder gives the tokenizer a ``name_or_path``, which
+    TransformerLens needs: it reloads the tokenizer from there with a BOS option."""
+    import tempfile
+
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizers.Tokenizer.from_str(small_tokenizer_json()),
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        unk_token="<|endoftext|>",
-        pad_token="<|im_end|>",
-    )
+    text = small_tokenizer_json()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    folder = Path(tempfile.gettempdir()) / f"lenscape-test-tokenizer-{digest}"
+    if not (folder / "tokenizer_config.json").exists():
+        import tokenizers
+
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=tokenizers.Tokenizer.from_str(text),
+            bos_token="<|im_start|>",
+            eos_token="<|im_end|>",
+            unk_token="<|endoftext|>",
+            pad_token="<|im_end|>",
+        )
+        with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+            staging = Path(tmp) / "tokenizer"
+            tokenizer.save_pretrained(staging)
+            try:  # atomic: a concurrent test process may have written the same folder
+                staging.rename(folder)
+            except OSError:
+                if not (folder / "tokenizer_config.json").exists():
+                    raise
+    return folder
+
+
+def small_tokenizer():
+    """The cut-down tokenizer, loaded from ``small_tokenizer_folder()``, with the bundled
+    tokenizer's special tokens (pad = eos, as there)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(small_tokenizer_folder(), local_files_only=True)
