@@ -337,22 +337,3 @@ def test_backends_agree(tiny_model, factual, method, level):
     b = fn(tiny_model, factual[:3], level=level, backend="transformer_lens", progress=False)
     np.testing.assert_allclose(a.values, b.values, atol=1e-4)
     assert b.attrs["backend"] == "transformer_lens"
-
-
-def test_public_methods_and_their_planners_share_defaults():
-    """lsc.ablation(..., store=) and lsc.capture_to(path, "ablation", ...) must mean the same run."""
-    import inspect
-
-    from lenscape.capture._plan import PLANNERS
-
-    assert set(PLANNERS) == {
-        "ablation",
-        "activation_patching",
-        "attribution_patching",
-        "direct_logit_attribution",
-    }
-    for name, planner in PLANNERS.items():
-        public = inspect.signature(getattr(lsc, name)).parameters
-        for option, param in inspect.signature(planner).parameters.items():
-            if param.kind is param.KEYWORD_ONLY and option != "progress":
-                assert public[option].default == param.default, (name, option)

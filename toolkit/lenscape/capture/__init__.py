@@ -4,7 +4,7 @@ from .gating import gating_check, head_gating, task_loss
 from .logit import direct_logit_attribution
 from .masks import apply_mask, block_masks, mask_comparison, masked_loss
 from .patching import ablation, activation_patching, attribution_patching
-from .streaming import capture_to
+from .to_store import capture_to
 from .weights import weight_change, weight_grid, weight_importance
 
 __all__ = [

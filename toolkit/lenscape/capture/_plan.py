@@ -1,10 +1,26 @@
 """Per-prompt capture methods as plans: independent prompt batches plus a labelling step.
 
-Every per-prompt method (ablation, activation and attribution patching, direct logit
-attribution) is built by a *planner* registered here under its public name. ``make_plan``
-first checks the options every method shares (``check_options``); the planner checks its
-own (``level``, ``kind`` ...) and the prompts (``_inputs.prepare``), does any work that
-needs the whole prompt list (the mean activations of mean-ablation) and returns a ``Plan``:
+Each per-prompt method (ablation, activation and attribution patching, direct logit
+attribution) is three things side by side in its module:
+
+- the public function, e.g. ``ablation(model, prompts, *, level="head", ...)``;
+- its options, a frozen ``CaptureOptions`` subclass (``AblationOptions``) with one field
+  per option;
+- its planner, ``plan_ablation(model, prompts, options, *, progress) -> Plan``.
+
+The public function packs its keyword arguments into the options and hands them, with its
+planner, to ``streaming.execute``. **Defaults live once, in the public function's
+signature**: that is where users read them (``help()``, the editor), and
+``capture_to(path, "ablation", ...)`` completes the options it is given from that same
+signature, so both ways of running a method mean the same run. The options fields have
+no defaults, so an option the public function forgets to pass is a TypeError on its first
+call instead of a silently ignored argument.
+
+Building the options runs the checks every method shares (``check_options``: counts and
+choices), before any model run or store is touched. The planner checks the method's own
+options (``kind``, ``estimator`` ...) and the prompts (``_inputs.prepare``), does the work
+that needs the whole prompt list (the mean activations of mean-ablation) and returns a
+``Plan``:
 
 - ``score(batch, step)`` -> (rows, n_columns) float tensor: the method's numbers for one
   batch of prompts, independent of every other batch (``step()`` is called
@@ -12,67 +28,39 @@ needs the whole prompt list (the mean activations of mean-ablation) and returns 
 - ``finish(values, index)`` -> the labelled, validated DataArray (or Dataset) for the prompts
   ``index`` given their (len(index), n_columns) values.
 
-``execute`` runs a plan in memory, or hands it to ``streaming`` (zarr store, resume, dask
-workers). Because batches are independent and deterministic, all three give the same numbers.
+A plan runs in memory (``run_in_memory``), into a zarr store (``streaming``) or on dask
+workers (``distributed``), the last two one ``write_batch`` at a time. Because batches are
+independent and deterministic, all three give the same numbers.
+
+Imports go one way: ``_plan`` <- ``distributed`` <- ``streaming`` (which imports
+``distributed`` lazily: dask is optional) <- ``patching``, ``logit`` <- ``to_store``
+(``capture_to``, which finds a method by name).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 import torch
+import xarray as xr
 from tqdm.auto import tqdm
 
-from .. import _validate
+from .. import _validate, store
+from ..data import Prompt, PromptSet
 from . import metrics
 from ._backend import BACKENDS
 from ._inputs import PADDING_SIDES, Batch, Inputs
 
-#: What a planner returns a result as: a DataArray, or a Dataset of several.
-Result = Any
-
-
-@dataclass
-class Plan:
-    """A capture split into independent prompt batches.
-
-    Attributes:
-        method: the public name it was planned under (e.g. "ablation").
-        inputs: validated, tokenized inputs; ``inputs.batches()`` are the units of work.
-        n_columns: numbers per prompt (e.g. n_layers * n_heads).
-        score: ``(Batch, step) -> (rows, n_columns)`` tensor; calls ``step()``
-            ``steps_per_batch`` times.
-        finish: ``(values (k, n_columns) array, index (k,) prompt positions or None for all)
-            -> Result``, labels and provenance included.
-        desc: progress bar label.
-        steps_per_batch: progress steps in one batch (e.g. layers of an exact sweep).
-    """
-
-    method: str
-    inputs: Inputs
-    n_columns: int
-    score: Callable[[Batch, Callable[[], Any]], torch.Tensor]
-    finish: Callable[[Any, Sequence[int] | None], Result]
-    desc: str
-    steps_per_batch: int = 1
-
-
-#: public method name -> planner ``(model, prompts, *, progress, **options) -> Plan``.
-PLANNERS: dict[str, Callable[..., Plan]] = {}
-
-
-def planner(name: str):
-    """Register a planner under the public method ``name``."""
-
-    def register(fn):
-        PLANNERS[name] = fn
-        return fn
-
-    return register
-
+#: What the per-prompt methods take as prompts (see ``data.as_prompt_set``).
+Prompts = PromptSet | Iterable[Prompt | dict[str, Any]]
+#: What a plan's ``finish`` returns: a DataArray, or a Dataset of several.
+Result = xr.DataArray | xr.Dataset
+#: The result type of one plan (``xr.DataArray`` for all but ``attribution_patching``).
+R = TypeVar("R", bound=Result)
 
 #: Options shared by the per-prompt methods -> what None does (None: None is not allowed).
 COUNT_OPTIONS = {
@@ -100,18 +88,61 @@ def check_options(options: dict[str, Any]) -> None:
             _validate.choice(name, options[name], choices)
 
 
-def make_plan(method: str, model, prompts, *, progress: bool = False, **options) -> Plan:
-    """Build the plan of the registered method ``method``: shared options are checked by
-    ``check_options``, the method's own and the prompts by its planner.
+@dataclass(frozen=True)
+class CaptureOptions:
+    """The options every per-prompt method has; each method's subclass adds its own.
+
+    Fields have no defaults: they live in the public function's signature (see the module
+    docstring). Creating the options runs ``check_options``.
+
+    Attributes:
+        method: the public name of the method these options belong to (class constant).
+        level, metric, batch_size, backend, padding_side: as in ``lsc.ablation``.
 
     Raises:
-        TypeError, ValueError: a bad option or prompt (the message names it).
+        TypeError, ValueError: as ``check_options``.
     """
-    check_options(options)
-    return PLANNERS[method](model, prompts, progress=progress, **options)
+
+    method: ClassVar[str]
+
+    level: str
+    metric: str
+    batch_size: int | None
+    backend: str
+    padding_side: str
+
+    def __post_init__(self) -> None:
+        check_options(asdict(self))
 
 
-def run_in_memory(plan: Plan, *, progress: bool) -> Result:
+@dataclass
+class Plan(Generic[R]):
+    """A capture split into independent prompt batches, whose result is an ``R``.
+
+    Attributes:
+        inputs: validated, tokenized inputs; ``inputs.batches()`` are the units of work.
+        n_columns: numbers per prompt (e.g. n_layers * n_heads).
+        score: ``(Batch, step) -> (rows, n_columns)`` tensor; calls ``step()``
+            ``steps_per_batch`` times.
+        finish: ``(values (k, n_columns) array, index (k,) prompt positions or None for all)
+            -> R``, labels and provenance included.
+        desc: progress bar label.
+        steps_per_batch: progress steps in one batch (e.g. layers of an exact sweep).
+    """
+
+    inputs: Inputs
+    n_columns: int
+    score: Callable[[Batch, Callable[[], Any]], torch.Tensor]
+    finish: Callable[[Any, Sequence[int] | None], R]
+    desc: str
+    steps_per_batch: int = 1
+
+
+#: A method's planner: ``(model, prompts, options, *, progress: bool) -> Plan[R]``.
+Planner = Callable[..., Plan[R]]
+
+
+def run_in_memory(plan: Plan[R], *, progress: bool) -> R:
     """Score every batch into one (prompt, n_columns) buffer and label it."""
     inputs = plan.inputs
     values = torch.full((len(inputs.prompts), plan.n_columns), float("nan"))
@@ -123,23 +154,19 @@ def run_in_memory(plan: Plan, *, progress: bool) -> Result:
     return plan.finish(values, None)
 
 
-def execute(
-    method: str, model, prompts, *, store=None, client=None, progress: bool = True, **options
-) -> Result:
-    """Run ``method`` in memory, or stream it to ``store`` (optionally on dask ``client``)."""
-    if client is not None and store is None:
-        raise ValueError(
-            "client= distributes batches whose results land in one zarr store; "
-            "pass store='results.zarr' too."
-        )
-    if store is not None:
-        from .streaming import capture_to
+def batch_slice(plan: Plan, number: int) -> slice:
+    """The prompt positions of batch ``number`` of ``plan``."""
+    size = plan.inputs.batch_size
+    return slice(number * size, min((number + 1) * size, len(plan.inputs.prompts)))
 
-        return capture_to(
-            store, method, model, prompts, client=client, progress=progress, **options
-        )
-    return run_in_memory(
-        make_plan(method, model, prompts, progress=progress, **options), progress=progress
+
+def write_batch(plan: Plan, number: int, path: Path, step=lambda *_: None) -> None:
+    """Score batch ``number`` of ``plan`` and write it (then its done flags) to the zarr
+    store ``path`` made by ``store.create``."""
+    batch = plan.inputs.batch(number)
+    values = plan.score(batch, step)
+    store.write_part(
+        plan.finish(values, batch.index.tolist()), path, start=batch_slice(plan, number).start
     )
 
 

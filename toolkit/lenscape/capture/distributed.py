@@ -24,8 +24,8 @@ Where it runs:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import json
 import threading
 import uuid
 from pathlib import Path
@@ -35,14 +35,17 @@ import cloudpickle
 from distributed import WorkerPlugin, as_completed
 from tqdm.auto import tqdm
 
+from ..data import PromptSet
+from ..models import LensModel
 from ._inputs import fingerprint
-from ._plan import Plan, make_plan
+from ._plan import CaptureOptions, Plan, Planner, R, write_batch
 
 #: Per worker process: recipe key -> (model, lock). The lock keeps one batch at a time on
 #: a model even when a worker runs several threads.
-_MODELS: dict[str, tuple[Any, threading.Lock]] = {}
-#: Per worker process: the last plan built for each model (mean-ablation means included).
-_PLANS: dict[str, tuple[str, Plan]] = {}
+_MODELS: dict[str, tuple[LensModel, threading.Lock]] = {}
+#: Per worker process: the last plan built for each model (mean-ablation means included),
+#: with what it was built from: (planner, options, prompts fingerprint).
+_PLANS: dict[str, tuple[tuple[Planner[Any], CaptureOptions, str], Plan[Any]]] = {}
 
 
 class ModelPlugin(WorkerPlugin):
@@ -57,24 +60,38 @@ class ModelPlugin(WorkerPlugin):
 
 
 def _score_batch(
-    key: str, method: str, prompts, options: dict[str, Any], number: int, path: str
+    key: str,
+    planner: Planner[Any],
+    prompts: PromptSet,
+    options: CaptureOptions,
+    number: int,
+    path: str,
 ) -> int:
-    """Task: score batch ``number`` on this worker's model and write it to ``path``."""
-    from .streaming import write_batch
+    """Task: score batch ``number`` on this worker's model and write it to ``path``.
 
+    ``planner`` and ``options`` (a module-level function and dataclass) travel by reference,
+    so the worker rebuilds the client's plan, once per run."""
     model, lock = _MODELS[key]
-    plan_id = json.dumps([method, options, fingerprint(prompts)], sort_keys=True)
+    built_from = (planner, options, fingerprint(prompts))
     with lock:
-        if _PLANS.get(key, ("", None))[0] != plan_id:
-            _PLANS[key] = (plan_id, make_plan(method, model, prompts, **options))
+        if key not in _PLANS or _PLANS[key][0] != built_from:
+            _PLANS[key] = (built_from, planner(model, prompts, options, progress=False))
         write_batch(_PLANS[key][1], number, Path(path))
     return number
 
 
 def run_batches(
-    client, plan: Plan, options: dict[str, Any], todo: list[int], path: Path, *, progress: bool
+    client: Any,
+    planner: Planner[R],
+    plan: Plan[R],
+    options: CaptureOptions,
+    todo: list[int],
+    path: Path,
+    *,
+    progress: bool,
 ) -> None:
-    """Score batches ``todo`` of ``plan`` on ``client``'s workers, writing into ``path``.
+    """Score batches ``todo`` of ``plan`` (made by ``planner`` from ``options``) on
+    ``client``'s workers, writing into ``path``.
 
     Raises:
         RuntimeError: a worker failed (its error message included); finished batches stay.
@@ -84,18 +101,18 @@ def run_batches(
     client.register_plugin(ModelPlugin(key, model.recipe), name=f"lenscape-model-{key}")
     prompts = client.scatter(plan.inputs.prompts, broadcast=True)
     # The resolved batch size: workers must cut the prompt list exactly like the store.
-    options = {**options, "batch_size": plan.inputs.batch_size}
+    options = dataclasses.replace(options, batch_size=plan.inputs.batch_size)
     run = uuid.uuid4().hex[:8]
     futures = [
         client.submit(
             _score_batch,
             key,
-            plan.method,
+            planner,
             prompts,
             options,
             number,
             str(path),
-            key=f"lenscape-{plan.method}-{run}-batch-{number}",
+            key=f"lenscape-{options.method}-{run}-batch-{number}",
         )
         for number in todo
     ]

@@ -10,13 +10,19 @@ any unembedding bias). Gemma's post-attention norm is frozen the same way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
 import torch
 import xarray as xr
 
+from ..models import LensModel
 from ._backend import get_backend
 from ._inputs import prepare
-from ._plan import Plan, execute, planner
+from ._plan import CaptureOptions, Plan, Prompts
 from ._result import components, to_dataarray
+from .streaming import execute
 
 DLA_METRICS = ("logit_diff", "logit")
 
@@ -31,7 +37,8 @@ def _norm_weight(norm: torch.nn.Module, offset: float) -> torch.Tensor:
 
 
 def _head_outputs(model, layer: int, z: torch.Tensor) -> torch.Tensor:
-    """Per-head outputs in residual space: z (batch, n_heads, d_head) -> (batch, n_heads, d_model)."""
+    """Per-head outputs in residual space: z (batch, n_heads, d_head) -> (batch, n_heads,
+    d_model)."""
     spec, layout = model.spec, model.spec.layout
     weight = model.module(layout.o_proj, layer).weight.float()
     if layout.qkv_split:  # GPT-2 Conv1D stores (in, out)
@@ -44,18 +51,65 @@ def _head_outputs(model, layer: int, z: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@planner("direct_logit_attribution")
-def _dla_plan(
-    model,
-    prompts,
+@dataclass(frozen=True)
+class DirectLogitAttributionOptions(CaptureOptions):
+    """``direct_logit_attribution``'s options: the shared ones (defaults and meaning: its
+    signature and docstring)."""
+
+    method: ClassVar[str] = "direct_logit_attribution"
+
+
+def direct_logit_attribution(
+    model: LensModel,
+    prompts: Prompts,
     *,
     level: str = "head",
     metric: str = "logit_diff",
     batch_size: int | None = 8,
     backend: str = "nnsight",
     padding_side: str = "right",
-    progress: bool = False,
-) -> Plan:
+    store: str | Path | None = None,
+    client: Any = None,
+    progress: bool = True,
+) -> xr.DataArray:
+    """Direct effect of each head or block on the metric's logits, per prompt.
+
+    Args:
+        model, prompts, level, batch_size, backend, padding_side, store, client, progress:
+            as in ``lsc.ablation``.
+        metric: "logit_diff" or "logit" (DLA is linear in the logits, so log-prob and
+            loss are not defined for it).
+
+    Returns:
+        DataArray (prompt, layer, head) or (prompt, layer, component), in logits.
+    """
+    options = DirectLogitAttributionOptions(
+        level=level,
+        metric=metric,
+        batch_size=batch_size,
+        backend=backend,
+        padding_side=padding_side,
+    )
+    return execute(
+        plan_direct_logit_attribution,
+        model,
+        prompts,
+        options,
+        store=store,
+        client=client,
+        progress=progress,
+    )
+
+
+def plan_direct_logit_attribution(
+    model: LensModel,
+    prompts: Prompts,
+    options: DirectLogitAttributionOptions,
+    *,
+    progress: bool,
+) -> Plan[xr.DataArray]:
+    """``direct_logit_attribution`` as a plan: one clean forward pass per batch."""
+    level, metric = options.level, options.metric
     if metric not in DLA_METRICS:
         raise ValueError(
             f"direct_logit_attribution supports metric in {list(DLA_METRICS)}, "
@@ -66,13 +120,13 @@ def _dla_plan(
         prompts,
         metric=metric,
         level=level,
-        backend=backend,
-        batch_size=batch_size,
-        padding_side=padding_side,
+        backend=options.backend,
+        batch_size=options.batch_size,
+        padding_side=options.padding_side,
         needs_corrupt=False,
     )
     spec, layout = model.spec, model.spec.layout
-    runner = get_backend(model, backend)
+    runner = get_backend(model, options.backend)
     sites = [*list(dict.fromkeys(site for site, _ in components(inputs))), ("resid_final", -1)]
     final_norm = model.hf.get_submodule(layout.final_norm)
     unembed = model.hf.get_submodule(layout.unembed).weight.float()
@@ -106,7 +160,6 @@ def _dla_plan(
         return torch.cat(columns, dim=1).cpu()
 
     return Plan(
-        "direct_logit_attribution",
         inputs,
         len(components(inputs)),
         score,
@@ -118,43 +171,4 @@ def _dla_plan(
             index=index,
         ),
         desc="direct logit attribution",
-    )
-
-
-def direct_logit_attribution(
-    model,
-    prompts,
-    *,
-    level: str = "head",
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
-    store=None,
-    client=None,
-    progress: bool = True,
-) -> xr.DataArray:
-    """Direct effect of each head or block on the metric's logits, per prompt.
-
-    Args:
-        model, prompts, level, batch_size, backend, padding_side, store, client, progress:
-            as in ``lsc.ablation``.
-        metric: "logit_diff" or "logit" (DLA is linear in the logits, so log-prob and
-            loss are not defined for it).
-
-    Returns:
-        DataArray (prompt, layer, head) or (prompt, layer, component), in logits.
-    """
-    return execute(
-        "direct_logit_attribution",
-        model,
-        prompts,
-        store=store,
-        client=client,
-        progress=progress,
-        level=level,
-        metric=metric,
-        batch_size=batch_size,
-        backend=backend,
-        padding_side=padding_side,
     )

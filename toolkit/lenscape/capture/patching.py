@@ -34,7 +34,9 @@ value; the others are NaN ("not computed").
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -42,11 +44,13 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import _validate
+from ..models import LensModel
 from . import memory, metrics
 from ._backend import Site, TokenBatch, get_backend
 from ._inputs import Batch, Inputs, prepare
-from ._plan import Plan, execute, planner
+from ._plan import CaptureOptions, Plan, Prompts, Result
 from ._result import components, to_dataarray
+from .streaming import execute
 
 ABLATION_KINDS = ("zero", "mean")
 #: Gradient estimators of a patching effect; see the module docstring.
@@ -330,7 +334,6 @@ def _refined_columns(
 
 
 def _one_level_plan(
-    method: str,
     inputs: Inputs,
     score,
     *,
@@ -339,10 +342,9 @@ def _one_level_plan(
     method_attr: str,
     effect: str,
     **params: Any,
-) -> Plan:
+) -> Plan[xr.DataArray]:
     """A one-level plan whose result is ``to_dataarray`` of the scores."""
     return Plan(
-        method,
         inputs,
         len(components(inputs)),
         score,
@@ -361,85 +363,23 @@ def _refine_params(refine: int | None, estimator: str, steps: int) -> dict[str, 
     return {"refined_k": refine, "refine_estimator": estimator, "refine_steps": steps}
 
 
-@planner("ablation")
-def _ablation_plan(
-    model,
-    prompts,
-    *,
-    level: str = "head",
-    kind: str = "zero",
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
-    variants_per_pass: int | None = None,
-    refine: int | None = None,
-    progress: bool = False,
-) -> Plan:
-    if kind not in ABLATION_KINDS:
-        raise ValueError(f"Unknown ablation kind {kind!r}; choose one of {list(ABLATION_KINDS)}.")
-    inputs = prepare(
-        model,
-        prompts,
-        metric=metric,
-        level=level,
-        backend=backend,
-        batch_size=batch_size,
-        padding_side=padding_side,
-        needs_corrupt=False,
-        grad=refine is not None,
-    )
-    variants = components(inputs)
-    if kind == "zero":
+# ------------------------------------------------------------------------------ ablation
 
-        def goal(site, act):
-            return torch.zeros_like(act)
 
-        def replacement_for(batch):
-            return lambda site, head: 0.0
-    else:
-        means = _site_means(inputs, _sites(variants), progress)
+@dataclass(frozen=True)
+class AblationOptions(CaptureOptions):
+    """``ablation``'s options (defaults and meaning: its signature and docstring)."""
 
-        def goal(site, act):
-            return means[site].expand_as(act)
+    method: ClassVar[str] = "ablation"
 
-        def replacement_for(batch):
-            return lambda site, head: means[site] if head is None else means[site][head]
-
-    columns = None
-    if refine is not None:
-        runner = get_backend(model, backend)
-
-        def estimate(batch: Batch) -> torch.Tensor:
-            products = _gradient_effects(
-                runner, metric, batch, _sites(variants), base=batch.clean, goal=goal
-            )
-            return _component_columns(products, variants, batch.clean.attention_mask.float()).cpu()
-
-        columns = _refined_columns(inputs, estimate, refine, progress)
-    score = _sweep_scorer(
-        inputs,
-        source="clean",
-        replacement_for=replacement_for,
-        variants_per_pass=variants_per_pass,
-        columns=columns,
-    )
-    return _one_level_plan(
-        "ablation",
-        inputs,
-        score,
-        steps_per_batch=model.spec.n_layers,
-        desc=f"{kind}-ablation",
-        method_attr=f"{kind}_ablation",
-        effect=f"{kind.capitalize()}-ablation effect on",
-        kind=kind,
-        **_refine_params(refine, "atp", 1),
-    )
+    kind: str
+    variants_per_pass: int | None
+    refine: int | None
 
 
 def ablation(
-    model,
-    prompts,
+    model: LensModel,
+    prompts: Prompts,
     *,
     level: str = "head",
     kind: str = "zero",
@@ -449,8 +389,8 @@ def ablation(
     padding_side: str = "right",
     variants_per_pass: int | None = None,
     refine: int | None = None,
-    store=None,
-    client=None,
+    store: str | Path | None = None,
+    client: Any = None,
     progress: bool = True,
 ) -> xr.DataArray:
     """Exact ablation of every head or block: metric(ablated) - metric(clean), per prompt.
@@ -478,13 +418,7 @@ def ablation(
     Returns:
         DataArray of metric changes (negative: the component helps the metric).
     """
-    return execute(
-        "ablation",
-        model,
-        prompts,
-        store=store,
-        client=client,
-        progress=progress,
+    options = AblationOptions(
         level=level,
         kind=kind,
         metric=metric,
@@ -494,74 +428,94 @@ def ablation(
         variants_per_pass=variants_per_pass,
         refine=refine,
     )
+    return execute(
+        plan_ablation, model, prompts, options, store=store, client=client, progress=progress
+    )
 
 
-@planner("activation_patching")
-def _activation_patching_plan(
-    model,
-    prompts,
-    *,
-    level: str = "head",
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
-    variants_per_pass: int | None = None,
-    refine: int | None = None,
-    estimator: str = "atp",
-    steps: int | None = None,
-    progress: bool = False,
-) -> Plan:
-    points = _check_estimator(estimator, steps)
+def plan_ablation(
+    model: LensModel, prompts: Prompts, options: AblationOptions, *, progress: bool
+) -> Plan[xr.DataArray]:
+    """``ablation`` as a plan: one exact sweep per batch (after the means, for kind="mean")."""
+    kind, refine = options.kind, options.refine
+    if kind not in ABLATION_KINDS:
+        raise ValueError(f"Unknown ablation kind {kind!r}; choose one of {list(ABLATION_KINDS)}.")
     inputs = prepare(
         model,
         prompts,
-        metric=metric,
-        level=level,
-        backend=backend,
-        batch_size=batch_size,
-        padding_side=padding_side,
-        needs_corrupt=True,
+        metric=options.metric,
+        level=options.level,
+        backend=options.backend,
+        batch_size=options.batch_size,
+        padding_side=options.padding_side,
+        needs_corrupt=False,
         grad=refine is not None,
     )
-    runner = get_backend(model, backend)
     variants = components(inputs)
-    sites = _sites(variants)
+    if kind == "zero":
+
+        def goal(site, act):
+            return torch.zeros_like(act)
+
+        def replacement_for(batch):
+            return lambda site, head: 0.0
+    else:
+        means = _site_means(inputs, _sites(variants), progress)
+
+        def goal(site, act):
+            return means[site].expand_as(act)
+
+        def replacement_for(batch):
+            return lambda site, head: means[site] if head is None else means[site][head]
+
     columns = None
     if refine is not None:
-        columns = _refined_columns(
-            inputs,
-            _patching_estimator(inputs, variants, estimator=estimator, steps=points),
-            refine,
-            progress,
-        )
+        runner = get_backend(model, options.backend)
 
-    def replacement_for(batch):  # called under no_grad
-        clean = runner.run(batch.clean, sites=sites).acts
-        return lambda site, head: clean[site][_index(head)]
+        def estimate(batch: Batch) -> torch.Tensor:
+            products = _gradient_effects(
+                runner, options.metric, batch, _sites(variants), base=batch.clean, goal=goal
+            )
+            return _component_columns(products, variants, batch.clean.attention_mask.float()).cpu()
 
+        columns = _refined_columns(inputs, estimate, refine, progress)
     score = _sweep_scorer(
         inputs,
-        source="corrupt",
+        source="clean",
         replacement_for=replacement_for,
-        variants_per_pass=variants_per_pass,
+        variants_per_pass=options.variants_per_pass,
         columns=columns,
     )
     return _one_level_plan(
-        "activation_patching",
         inputs,
         score,
         steps_per_batch=model.spec.n_layers,
-        desc="activation patching",
-        method_attr="activation_patching",
-        effect="Patching effect (clean -> corrupt) on",
-        **_refine_params(refine, estimator, points),
+        desc=f"{kind}-ablation",
+        method_attr=f"{kind}_ablation",
+        effect=f"{kind.capitalize()}-ablation effect on",
+        kind=kind,
+        **_refine_params(refine, "atp", 1),
     )
 
 
+# ------------------------------------------------------------------- activation patching
+
+
+@dataclass(frozen=True)
+class ActivationPatchingOptions(CaptureOptions):
+    """``activation_patching``'s options (defaults and meaning: its signature and docstring)."""
+
+    method: ClassVar[str] = "activation_patching"
+
+    variants_per_pass: int | None
+    refine: int | None
+    estimator: str
+    steps: int | None
+
+
 def activation_patching(
-    model,
-    prompts,
+    model: LensModel,
+    prompts: Prompts,
     *,
     level: str = "head",
     metric: str = "logit_diff",
@@ -572,8 +526,8 @@ def activation_patching(
     refine: int | None = None,
     estimator: str = "atp",
     steps: int | None = None,
-    store=None,
-    client=None,
+    store: str | Path | None = None,
+    client: Any = None,
     progress: bool = True,
 ) -> xr.DataArray:
     """Exact activation patching (clean -> corrupt): metric(patched) - metric(corrupt).
@@ -593,13 +547,7 @@ def activation_patching(
         DataArray (prompt, layer, head) or (prompt, layer, component); positive: the
         component carries the clean answer.
     """
-    return execute(
-        "activation_patching",
-        model,
-        prompts,
-        store=store,
-        client=client,
-        progress=progress,
+    options = ActivationPatchingOptions(
         level=level,
         metric=metric,
         batch_size=batch_size,
@@ -610,12 +558,84 @@ def activation_patching(
         estimator=estimator,
         steps=steps,
     )
+    return execute(
+        plan_activation_patching,
+        model,
+        prompts,
+        options,
+        store=store,
+        client=client,
+        progress=progress,
+    )
 
 
-@planner("attribution_patching")
-def _attribution_patching_plan(
-    model,
-    prompts,
+def plan_activation_patching(
+    model: LensModel, prompts: Prompts, options: ActivationPatchingOptions, *, progress: bool
+) -> Plan[xr.DataArray]:
+    """``activation_patching`` as a plan: one exact sweep per batch (after the ranking
+    pass, with ``refine``)."""
+    points = _check_estimator(options.estimator, options.steps)
+    inputs = prepare(
+        model,
+        prompts,
+        metric=options.metric,
+        level=options.level,
+        backend=options.backend,
+        batch_size=options.batch_size,
+        padding_side=options.padding_side,
+        needs_corrupt=True,
+        grad=options.refine is not None,
+    )
+    runner = get_backend(model, options.backend)
+    variants = components(inputs)
+    sites = _sites(variants)
+    columns = None
+    if options.refine is not None:
+        columns = _refined_columns(
+            inputs,
+            _patching_estimator(inputs, variants, estimator=options.estimator, steps=points),
+            options.refine,
+            progress,
+        )
+
+    def replacement_for(batch):  # called under no_grad
+        clean = runner.run(batch.clean, sites=sites).acts
+        return lambda site, head: clean[site][_index(head)]
+
+    score = _sweep_scorer(
+        inputs,
+        source="corrupt",
+        replacement_for=replacement_for,
+        variants_per_pass=options.variants_per_pass,
+        columns=columns,
+    )
+    return _one_level_plan(
+        inputs,
+        score,
+        steps_per_batch=model.spec.n_layers,
+        desc="activation patching",
+        method_attr="activation_patching",
+        effect="Patching effect (clean -> corrupt) on",
+        **_refine_params(options.refine, options.estimator, points),
+    )
+
+
+# ------------------------------------------------------------------ attribution patching
+
+
+@dataclass(frozen=True)
+class AttributionPatchingOptions(CaptureOptions):
+    """``attribution_patching``'s options (defaults and meaning: its signature and docstring)."""
+
+    method: ClassVar[str] = "attribution_patching"
+
+    estimator: str
+    steps: int | None
+
+
+def attribution_patching(
+    model: LensModel,
+    prompts: Prompts,
     *,
     level: str = "head",
     metric: str = "logit_diff",
@@ -624,18 +644,66 @@ def _attribution_patching_plan(
     padding_side: str = "right",
     estimator: str = "atp",
     steps: int | None = None,
-    progress: bool = False,
-) -> Plan:
-    points = _check_estimator(estimator, steps)
+    store: str | Path | None = None,
+    client: Any = None,
+    progress: bool = True,
+) -> Result:
+    """Gradient estimate of activation patching for every component at once.
+
+    ``estimator="atp"``: score = sum_pos grad_corrupt(metric) . (clean - corrupt activation),
+    from one clean forward, one corrupt forward and one backward per batch.
+    ``estimator="ig"``: the gradient averaged over ``steps`` points a_k = k / steps of the
+    path from the corrupt to the clean input (the residual stream entering block 0), as in
+    EAP-IG (arXiv 2403.17806): score = sum_pos mean_k grad_{x(a_k)}(metric) . (clean -
+    corrupt activation); ``steps`` forward + backward passes; ``steps=1`` equals "atp".
+    ``lsc.faithfulness`` measures how well each agrees with exact patching.
+
+    Args:
+        level: "head", "block", or "all" (both, returned as a Dataset with variables
+            ``heads`` and ``blocks``).
+        estimator: "atp" or "ig".
+        steps: integration points for "ig" (default ``DEFAULT_IG_STEPS``); "atp" takes 1.
+        Others as in ``ablation``.
+
+    Returns:
+        DataArray (prompt, layer, head | component), or a Dataset for level="all".
+    """
+    options = AttributionPatchingOptions(
+        level=level,
+        metric=metric,
+        batch_size=batch_size,
+        backend=backend,
+        padding_side=padding_side,
+        estimator=estimator,
+        steps=steps,
+    )
+    return execute(
+        plan_attribution_patching,
+        model,
+        prompts,
+        options,
+        store=store,
+        client=client,
+        progress=progress,
+    )
+
+
+def plan_attribution_patching(
+    model: LensModel, prompts: Prompts, options: AttributionPatchingOptions, *, progress: bool
+) -> Plan[Result]:
+    """``attribution_patching`` as a plan: one gradient estimate per batch, of every
+    component of ``options.level`` ("all": head and block level side by side)."""
+    estimator, level = options.estimator, options.level
+    points = _check_estimator(estimator, options.steps)
     levels = ("head", "block") if level == "all" else (level,)
     first = prepare(
         model,
         prompts,
-        metric=metric,
+        metric=options.metric,
         level=levels[0],
-        backend=backend,
-        batch_size=batch_size,
-        padding_side=padding_side,
+        backend=options.backend,
+        batch_size=options.batch_size,
+        padding_side=options.padding_side,
         needs_corrupt=True,
         grad=True,
     )
@@ -645,11 +713,11 @@ def _attribution_patching_plan(
         else prepare(
             model,
             prompts,
-            metric=metric,
+            metric=options.metric,
             level=lvl,
-            backend=backend,
+            backend=options.backend,
             batch_size=first.batch_size,
-            padding_side=padding_side,
+            padding_side=options.padding_side,
             needs_corrupt=True,
         )
         for lvl in levels
@@ -692,7 +760,6 @@ def _attribution_patching_plan(
         return xr.Dataset({"heads": results["head"], "blocks": results["block"]})
 
     return Plan(
-        "attribution_patching",
         first,
         sum(widths),
         score,
@@ -700,56 +767,4 @@ def _attribution_patching_plan(
         desc="attribution patching"
         if estimator == "atp"
         else f"integrated gradients ({points} steps)",
-    )
-
-
-def attribution_patching(
-    model,
-    prompts,
-    *,
-    level: str = "head",
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
-    estimator: str = "atp",
-    steps: int | None = None,
-    store=None,
-    client=None,
-    progress: bool = True,
-) -> Any:
-    """Gradient estimate of activation patching for every component at once.
-
-    ``estimator="atp"``: score = sum_pos grad_corrupt(metric) . (clean - corrupt activation),
-    from one clean forward, one corrupt forward and one backward per batch.
-    ``estimator="ig"``: the gradient averaged over ``steps`` points a_k = k / steps of the
-    path from the corrupt to the clean input (the residual stream entering block 0), as in
-    EAP-IG (arXiv 2403.17806): score = sum_pos mean_k grad_{x(a_k)}(metric) . (clean -
-    corrupt activation); ``steps`` forward + backward passes; ``steps=1`` equals "atp".
-    ``lsc.faithfulness`` measures how well each agrees with exact patching.
-
-    Args:
-        level: "head", "block", or "all" (both, returned as a Dataset with variables
-            ``heads`` and ``blocks``).
-        estimator: "atp" or "ig".
-        steps: integration points for "ig" (default ``DEFAULT_IG_STEPS``); "atp" takes 1.
-        Others as in ``ablation``.
-
-    Returns:
-        DataArray (prompt, layer, head | component), or a Dataset for level="all".
-    """
-    return execute(
-        "attribution_patching",
-        model,
-        prompts,
-        store=store,
-        client=client,
-        progress=progress,
-        level=level,
-        metric=metric,
-        batch_size=batch_size,
-        backend=backend,
-        padding_side=padding_side,
-        estimator=estimator,
-        steps=steps,
     )

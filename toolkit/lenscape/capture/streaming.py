@@ -1,75 +1,97 @@
 """Streaming capture: results go to a zarr store batch by batch, and interrupted runs resume.
 
-``capture_to(path, method, model, prompts, ...)`` plans the method (``_plan``), writes the
-layout of the whole result to ``path`` (coords, attrs, NaN data) with the settings that
-identify the run, then scores the prompt batches that are not done yet and writes each
-as soon as it is scored. Memory holds one batch, never the whole result. A run killed at
-any moment is resumed by calling ``capture_to`` again with the same arguments: finished
-batches are kept, unfinished ones recomputed, so the final store equals an uninterrupted
-run's. A store made by another method, model, prompt list or settings is refused.
+``stream(path, planner, model, prompts, options)`` writes the layout of the whole result to
+``path`` (coords, attrs, NaN data) with the settings that identify the run, plans the method
+(``_plan``), then scores the prompt batches that are not done yet and writes each as soon
+as it is scored. Memory holds one batch, never the whole result. A run killed at any
+moment is resumed by running it again with the same arguments: finished batches are
+kept, unfinished ones recomputed, so the final store equals an uninterrupted run's. A
+store made by another method, model, prompt list or settings is refused.
 
-One process writes a store at a time: ``capture_to`` holds ``store.writer_lock`` from before
-it reads the store until the last batch is written, so a second writer fails at once with
-a message naming the first. A killed run's lock is released by the operating system, so
-calling ``capture_to`` again resumes it.
+One process writes a store at a time: ``stream`` holds ``store.writer_lock`` from before it
+reads the store until the last batch is written, so a second writer fails at once with a
+message naming the first. A killed run's lock is released by the operating system, so
+running again resumes it.
 
 With ``client=`` (a ``dask.distributed.Client``) batches are scored on the cluster's
 workers instead (``distributed``), writing into the same store.
+
+``execute`` is what every per-prompt method calls: in memory, or ``stream`` when given
+``store=``. ``lsc.capture_to`` (``to_store``) streams a method given by name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-import inspect
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tqdm.auto import tqdm
 
 from .. import store
-from ._inputs import _as_prompt_set, fingerprint
-from ._plan import PLANNERS, Plan, Result, check_options, make_plan, nan_values
+from ..data import as_prompt_set
+from ..models import LensModel
+from ._inputs import fingerprint
+from ._plan import (
+    CaptureOptions,
+    Planner,
+    Prompts,
+    R,
+    batch_slice,
+    nan_values,
+    run_in_memory,
+    write_batch,
+)
 
 #: Options that change how a run is cut up, not its numbers (batch_size is checked apart:
 #: the store's prompt chunks follow it).
 SPEED_OPTIONS = ("variants_per_pass", "batch_size")
 
 
-def _method_name(method: Any) -> str:
-    name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
-    if name not in PLANNERS:
-        raise ValueError(
-            f"capture_to cannot stream {name!r}; it streams the per-prompt methods "
-            f"{sorted(PLANNERS)} (pass the function or its name)."
-        )
-    return name
-
-
-def settings_of(method: str, model, prompts, options: dict[str, Any]) -> dict[str, Any]:
-    """What identifies a run (options completed with the method's defaults): a store is
-    only resumed by a run with equal settings.
+def execute(
+    planner: Planner[R],
+    model: LensModel,
+    prompts: Prompts,
+    options: CaptureOptions,
+    *,
+    store: str | Path | None,
+    client: Any,
+    progress: bool,
+) -> R:
+    """Run a per-prompt method in memory, or stream it to ``store`` (optionally on dask
+    ``client``): ``planner(model, prompts, options)`` says what to compute.
 
     Raises:
-        ValueError: an option the method does not have.
+        ValueError: ``client`` without ``store``; the rest as ``stream`` and the planner.
     """
-    params = inspect.signature(PLANNERS[method]).parameters
-    known = {
-        name: p.default
-        for name, p in params.items()
-        if p.kind is p.KEYWORD_ONLY and name != "progress"
-    }
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ValueError(f"{method} has no option(s) {unknown}; its options are {sorted(known)}.")
-    prompt_set = _as_prompt_set(prompts)
+    if client is not None and store is None:
+        raise ValueError(
+            "client= distributes batches whose results land in one zarr store; "
+            "pass store='results.zarr' too."
+        )
+    if store is None:
+        return run_in_memory(planner(model, prompts, options, progress=progress), progress=progress)
+    return stream(store, planner, model, prompts, options, client=client, progress=progress)
+
+
+def settings_of(options: CaptureOptions, model: LensModel, prompts: Prompts) -> dict[str, Any]:
+    """What identifies a run: a store is only resumed by a run with equal settings.
+
+    Returns:
+        ``{"method", "model", "n_prompts", "prompts_sha256", "options"}``, ``options`` being
+        every option of the method but ``SPEED_OPTIONS``, by name: the keys existing stores
+        hold, so they still resume.
+    """
+    prompt_set = as_prompt_set(prompts)
     return {
-        "method": method,
+        "method": options.method,
         "model": model.name,
         "n_prompts": len(prompt_set),
         "prompts_sha256": fingerprint(prompt_set),
         "options": {
-            name: options.get(name, default)
-            for name, default in sorted(known.items())
+            name: value
+            for name, value in sorted(dataclasses.asdict(options).items())
             if name not in SPEED_OPTIONS
         },
     }
@@ -91,56 +113,38 @@ def _check_same(path: Path, stored: dict[str, Any], wanted: dict[str, Any]) -> N
         )
 
 
-def batch_slice(plan: Plan, number: int) -> slice:
-    size = plan.inputs.batch_size
-    return slice(number * size, min((number + 1) * size, len(plan.inputs.prompts)))
-
-
-def write_batch(plan: Plan, number: int, path: Path, step=lambda *_: None) -> None:
-    """Score batch ``number`` of ``plan`` and write it (then its done flags) to ``path``."""
-    batch = plan.inputs.batch(number)
-    values = plan.score(batch, step)
-    store.write_part(
-        plan.finish(values, batch.index.tolist()), path, start=batch_slice(plan, number).start
-    )
-
-
-def capture_to(
+def stream(
     path: str | Path,
-    method: Any,
-    model,
-    prompts,
+    planner: Planner[R],
+    model: LensModel,
+    prompts: Prompts,
+    options: CaptureOptions,
     *,
-    client=None,
+    client: Any = None,
     overwrite: bool = False,
     progress: bool = True,
-    **options,
-) -> Result:
-    """Run a per-prompt capture method into a zarr store, batch by batch, resumably.
+    batch_size_given: bool = True,
+) -> R:
+    """Run a planned method into the zarr store ``path``, batch by batch, resumably.
 
     Args:
         path: a ``.zarr`` path. New: created. Existing with the same settings: resumed.
-        method: ``lsc.ablation``, ``lsc.activation_patching``, ``lsc.attribution_patching``,
-            ``lsc.direct_logit_attribution`` or the name of one.
-        model, prompts: as for the method.
-        client: a ``dask.distributed.Client``: batches are scored on its workers (each
-            loads the model once) and written to ``path`` from there.
+        planner, options: the method and its checked options; the store's prompt chunks
+            follow ``options.batch_size`` (None: the stored one when resuming).
+        client: a ``dask.distributed.Client``: batches are scored on its workers.
         overwrite: replace an existing store instead of resuming it.
-        progress: progress bar.
-        **options: the method's options (``level``, ``metric``, ``batch_size`` ...). The
-            store's prompt chunks follow ``batch_size``; resuming needs the same one.
+        batch_size_given: False: ``options.batch_size`` is only the default of a new store;
+            a resumed store keeps its own (``capture_to`` called without ``batch_size``).
 
     Returns:
         The stored result (lazily loaded, dask-backed, when dask is installed).
 
     Raises:
-        TypeError, ValueError: unknown method, bad path (not ``.zarr``, missing folder,
-            read-only), a store made with other settings, or the method's own argument errors.
+        TypeError, ValueError: bad path (not ``.zarr``, missing folder, read-only), a store
+            made with other settings, a model workers cannot load, the planner's errors.
         store.StoreError: another process is writing ``path``.
         RuntimeError: a dask worker failed; batches finished before it stay in the store.
     """
-    name = _method_name(method)
-    check_options(options)
     if client is not None and model.recipe is None:
         raise ValueError(
             "Distributed capture needs a model that workers can load themselves: "
@@ -149,34 +153,36 @@ def capture_to(
             "folder), then lsc.load(folder)."
         )
     path = store.check_writable(path)
-    settings = settings_of(name, model, prompts, options)
+    settings = settings_of(options, model, prompts)
     with store.writer_lock(path):
-        return _capture_locked(
+        return _stream_locked(
             path,
-            name,
+            planner,
             model,
             prompts,
+            options,
             settings,
             client=client,
             overwrite=overwrite,
             progress=progress,
-            options=options,
+            batch_size_given=batch_size_given,
         )
 
 
-def _capture_locked(
+def _stream_locked(
     path: Path,
-    name: str,
-    model,
-    prompts,
+    planner: Planner[R],
+    model: LensModel,
+    prompts: Prompts,
+    options: CaptureOptions,
     settings: dict[str, Any],
     *,
-    client,
+    client: Any,
     overwrite: bool,
     progress: bool,
-    options: dict[str, Any],
-) -> Result:
-    """``capture_to`` once ``path`` is locked: resume or create the store, write the batches
+    batch_size_given: bool,
+) -> R:
+    """``stream`` once ``path`` is locked: resume or create the store, write the batches
     that are not done, and return the stored result."""
     resume = path.exists() and not overwrite
     done = None
@@ -184,15 +190,15 @@ def _capture_locked(
         stored, done = store.progress(path)
         stored_batch = stored.pop("batch_size")
         _check_same(path, stored, settings)
-        if options.get("batch_size") is None:
-            options["batch_size"] = stored_batch
-        elif options["batch_size"] != stored_batch:
+        if options.batch_size is None or not batch_size_given:
+            options = dataclasses.replace(options, batch_size=stored_batch)
+        elif options.batch_size != stored_batch:
             raise ValueError(
                 f"The store '{path}' was written in batches of {stored_batch} "
                 f"prompts; resume it with batch_size={stored_batch} (or None)."
             )
         store.remove_partial_files(path)
-    plan = make_plan(name, model, prompts, progress=progress, **options)
+    plan = planner(model, prompts, options, progress=progress)
     settings["batch_size"] = plan.inputs.batch_size
     if not resume:
         template = plan.finish(nan_values(len(plan.inputs.prompts), plan.n_columns), None)
@@ -203,13 +209,14 @@ def _capture_locked(
         if done is None or not done[batch_slice(plan, number)].all()
     ]
     if client is not None:
+        # dask.distributed is optional (the "dask" extra): import it only when asked for.
         try:
             from .distributed import run_batches
         except ImportError as err:
             raise ValueError(
                 "client= needs dask.distributed; install it with pip install 'lenscape[dask]'."
             ) from err
-        run_batches(client, plan, options, todo, path, progress=progress)
+        run_batches(client, planner, plan, options, todo, path, progress=progress)
     else:
         with tqdm(
             total=len(todo) * plan.steps_per_batch,
@@ -218,4 +225,5 @@ def _capture_locked(
         ) as bar:
             for number in todo:
                 write_batch(plan, number, path, bar.update)
-    return store.open_result(path, lazy=importlib.util.find_spec("dask") is not None)
+    # The store holds what plan.finish returns: an R again.
+    return cast(R, store.open_result(path, lazy=importlib.util.find_spec("dask") is not None))
