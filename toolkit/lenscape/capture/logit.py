@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import xarray as xr
@@ -28,12 +28,12 @@ DLA_METRICS = ("logit_diff", "logit")
 
 
 def _rms_scale(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+    eps = getattr(norm, "variance_epsilon", 0.0) or getattr(norm, "eps", 1e-6)
     return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
 
 
 def _norm_weight(norm: torch.nn.Module, offset: float) -> torch.Tensor:
-    return norm.weight.float() + offset
+    return cast(torch.Tensor, norm.weight).float() + offset
 
 
 def _head_outputs(model, layer: int, z: torch.Tensor) -> torch.Tensor:

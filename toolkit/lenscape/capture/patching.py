@@ -228,7 +228,10 @@ def _gradient_effects(
     for k in range(steps):
 
         def interpolate(site: Site, value: torch.Tensor, alpha=k / steps) -> torch.Tensor:
-            return value + alpha * (clean_input - value) if site == INPUT_SITE else value
+            if site != INPUT_SITE:
+                return value
+            assert clean_input is not None  # steps > 1 comes with clean_input (see Args)
+            return value + alpha * (clean_input - value)
 
         run = runner.run(
             base,
@@ -292,6 +295,7 @@ def _patching_estimator(
     sites = _sites(variants)
 
     def estimate(batch: Batch) -> torch.Tensor:
+        assert batch.corrupt is not None  # inputs prepared with needs_corrupt=True
         with torch.no_grad():
             clean = runner.run(batch.clean, sites=[INPUT_SITE, *sites] if steps > 1 else sites).acts
         products = _gradient_effects(
