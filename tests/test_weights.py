@@ -116,12 +116,34 @@ def test_weight_grid_draws_only_what_each_model_has(tokenizer, factual):
         lsc.weight_grid({})
 
 
-def test_tied_embeddings_reported_once(smol):
-    ds = lsc.weight_change(smol, smol)
-    assert ds.attrs["tied_embeddings"] and np.isnan(
-        float(ds["model_level"].sel(component="lm_head"))
+def test_tied_embeddings_reported_once(tokenizer):
+    """A tiny Llama whose unembedding is its embedding (as in SmolLM2): the shared matrix is
+    reported once, under ``embed``; ``lm_head`` is NaN (not computed), never a second 0."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
     )
-    assert float(ds["model_level"].sel(component="embed")) == 0
+    torch.manual_seed(0)
+    tied = models.from_hf(transformers.LlamaForCausalLM(config), tokenizer, device="cpu")
+    assert tied.hf.lm_head.weight is tied.hf.model.embed_tokens.weight
+    same = lsc.weight_change(tied, tied)
+    assert same.attrs["tied_embeddings"]
+    assert np.isnan(float(same["model_level"].sel(component="lm_head")))
+    assert float(same["model_level"].sel(component="embed")) == 0
+    other = copy.copy(tied)
+    other.hf = copy.deepcopy(tied.hf)
+    with torch.no_grad():
+        other.hf.model.embed_tokens.weight.add_(0.01)
+    changed = lsc.weight_change(tied, other)["model_level"]
+    assert float(changed.sel(component="embed")) > 0
+    assert np.isnan(float(changed.sel(component="lm_head")))
 
 
 def test_normalize_and_combine():
