@@ -98,7 +98,6 @@ def test_dla_rejects_nonlinear_metrics(tiny_llama, factual):
 def test_nan_metric_is_detected(tiny_llama, factual, method):
     broken = copy.copy(tiny_llama)
     broken.hf = copy.deepcopy(tiny_llama.hf)
-    broken.backends = {}
     with torch.no_grad():
         broken.hf.lm_head.weight[:] = float("nan")
     with pytest.raises(ValueError, match="not finite"):

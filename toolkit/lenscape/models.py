@@ -65,7 +65,7 @@ TOKENIZER_FILES: tuple[tuple[str, ...], ...] = (
 )
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: the capture seam keeps per-model state by model
 class LensModel:
     """A causal LM ready for capture.
 
@@ -86,7 +86,6 @@ class LensModel:
     name: str
     device: torch.device
     dtype: torch.dtype
-    backends: dict[str, Any] = field(default_factory=dict, repr=False)
     recipe: Callable[[], LensModel] | None = field(default=None, repr=False)
 
     def module(self, path: str, layer: int | None = None) -> torch.nn.Module:

@@ -17,28 +17,41 @@ starts at block ``layer`` from a residual stream kept by an earlier pass over th
 tokens: blocks ``0..layer-1`` are not run at all (exact sweeps re-run only the suffix of
 the model after the component they edit). Everything else (metrics, sweeps, attribution)
 lives above this seam and is backend-agnostic.
+
+The seam owns three things: the ``Backend`` protocol (what a backend must do), the table
+``BACKEND_CLASSES`` (name -> class) with ``get_backend``'s per-model cache, and *standing
+edits* (``standing_edit``): an edit that every forward pass of a model applies while it is
+active -- direct ``model.hf(...)`` calls and generation, nnsight passes (module hooks on
+``model.hf``, the module nnsight traces) and TransformerLens passes (hook points on the
+bridge, which runs its own copy of the weights). Block masks and head gates are standing
+edits, so a capture inside ``lsc.apply_mask`` sees the masked model on either backend.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
-from ..models import LensModel
+from .._layouts import ArchLayout
+from ..models import LensModel, ModelSpec
 
 Site = tuple[str, int]
 #: ``edit(site, activation) -> activation``; called once per requested site per pass.
 EditFn = Callable[[Site, torch.Tensor], torch.Tensor]
+#: ``before(input_ids, attention_mask)``: called with a pass's tokens (batch, pos) first.
+BeforeFn = Callable[[torch.Tensor, torch.Tensor | None], None]
 #: ``(layer, resid)``: start the pass at block ``layer`` (>= 1) with ``resid`` (batch, pos,
 #: d_model) as the residual stream entering it; earlier blocks are skipped.
 Resume = tuple[int, torch.Tensor]
 
 SITE_KINDS = ("resid_pre", "z", "pattern", "attn", "mlp", "resid_final")
-BACKENDS = ("nnsight", "transformer_lens")
 
 
 @dataclass
@@ -93,6 +106,63 @@ def site_order(site: Site) -> tuple[int, int]:
     return (10**9, 0) if kind == "resid_final" else (layer, SITE_KINDS.index(kind))
 
 
+@dataclass(frozen=True)
+class SiteModule:
+    """Where a site lives in the HF module tree: the ``input`` (first argument) or the
+    ``output`` of the module at ``path``, item ``item`` of it when that is a tuple."""
+
+    path: str
+    port: str
+    item: int | None = None
+
+
+def site_module(layout: ArchLayout, site: Site) -> SiteModule:
+    """The module (relative to the HF model) whose input or output is ``site``."""
+    kind, layer = site
+    block = f"{layout.layers}.{layer}"
+    if kind == "resid_final":
+        return SiteModule(layout.final_norm, "input")
+    if kind == "resid_pre":
+        return SiteModule(block, "input")
+    if kind == "z":
+        return SiteModule(f"{block}.{layout.o_proj}", "input")
+    if kind == "attn":
+        return SiteModule(
+            f"{block}.{layout.attn_out}", "output", 0 if layout.attn_out_tuple else None
+        )
+    if kind == "mlp":
+        return SiteModule(f"{block}.{layout.mlp_out}", "output")
+    if kind == "pattern":  # attention modules return (output, weights)
+        return SiteModule(f"{block}.{layout.o_proj.rsplit('.', 1)[0]}", "output", 1)
+    raise ValueError(f"Unknown site kind {kind!r}; sites are {list(SITE_KINDS)}.")
+
+
+class Backend(Protocol):
+    """What a backend does: one forward pass over a ``TokenBatch``, editing and keeping the
+    activations at ``sites`` (in forward order), with standing edits applied first."""
+
+    name: ClassVar[str]
+
+    def run(
+        self,
+        batch: TokenBatch,
+        *,
+        sites: Sequence[Site] = (),
+        edit: EditFn | None = None,
+        grad: bool = False,
+        resume: Resume | None = None,
+    ) -> RunResult:
+        """Returns the logits at ``batch.read_pos`` and the kept activations.
+
+        Args:
+            sites: where to edit and keep activations.
+            edit: ``edit(site, activation) -> activation``, once per site.
+            grad: build an autograd graph from the embeddings on (weights stay frozen).
+            resume: ``(layer, resid)``: start at block ``layer`` from ``resid``.
+        """
+        ...
+
+
 def _model_kwargs(batch: TokenBatch) -> dict[str, torch.Tensor]:
     """Forward kwargs; ``logits_to_keep`` unembeds only the read positions (saves the
     (batch, pos, vocab) projection, most of the compute for big-vocabulary models)."""
@@ -104,14 +174,15 @@ def _model_kwargs(batch: TokenBatch) -> dict[str, torch.Tensor]:
 
 
 class NNsightBackend:
-    """Runs passes through ``nnsight.NNsight`` wrapping the HF module itself."""
+    """Runs passes through ``nnsight.NNsight`` wrapping the HF module itself (standing
+    edits are module hooks on that module, so they apply inside the trace)."""
 
-    name = "nnsight"
+    name: ClassVar[str] = "nnsight"
 
-    def __init__(self, model: LensModel):
-        import nnsight
+    def __init__(self, model: LensModel, standing: list[_Standing]):
+        import nnsight  # imported on first use: importing it takes seconds
 
-        self.model = model
+        self.spec = model.spec
         self.envoy = nnsight.NNsight(model.hf)
 
     def _envoy(self, path: str):
@@ -119,21 +190,6 @@ class NNsightBackend:
         for part in path.split("."):
             envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
         return envoy
-
-    def _site_envoy(self, site: Site):
-        kind, layer = site
-        layout = self.model.spec.layout
-        if kind == "resid_final":
-            return self._envoy(layout.final_norm)
-        if kind == "resid_pre":
-            return self._envoy(f"{layout.layers}.{layer}")
-        path = {
-            "z": layout.o_proj,
-            "attn": layout.attn_out,
-            "mlp": layout.mlp_out,
-            "pattern": layout.o_proj.rsplit(".", 1)[0],
-        }[kind]
-        return self._envoy(f"{layout.layers}.{layer}.{path}")
 
     def run(
         self,
@@ -144,7 +200,7 @@ class NNsightBackend:
         grad: bool = False,
         resume: Resume | None = None,
     ) -> RunResult:
-        spec, layout = self.model.spec, self.model.spec.layout
+        spec, layout = self.spec, self.spec.layout
         acts: dict[Site, torch.Tensor] = {}
         with (
             torch.set_grad_enabled(grad),
@@ -160,29 +216,23 @@ class NNsightBackend:
                 for layer in range(start):
                     self._envoy(f"{layout.layers}.{layer}").skip(resid)
             for site in sorted(sites, key=site_order):
-                kind, _ = site
-                envoy = self._site_envoy(site)
-                if kind in ("resid_pre", "z", "resid_final"):
+                where = site_module(layout, site)
+                envoy = self._envoy(where.path)
+                if where.port == "input":
                     value = envoy.input
                     shape = value.shape
-                    if kind == "z":
+                    if site[0] == "z":
                         value = value.view(*shape[:2], spec.n_heads, spec.d_head)
                     if edit is not None:
                         value = edit(site, value)
                     # Feed the (viewed) tensor back so gradients w.r.t. it exist.
                     envoy.input = value.reshape(shape)
-                elif kind == "attn" and layout.attn_out_tuple:
+                elif where.item is not None:
                     output = envoy.output
-                    value = output[0]
+                    value = output[where.item]
                     if edit is not None:
                         value = edit(site, value)
-                        envoy.output = (value, *output[1:])
-                elif kind == "pattern":  # attention modules return (output, weights)
-                    output = envoy.output
-                    value = output[1]
-                    if edit is not None:
-                        value = edit(site, value)
-                        envoy.output = (output[0], value, *output[2:])
+                        envoy.output = (*output[: where.item], value, *output[where.item + 1 :])
                 else:
                     value = envoy.output
                     if edit is not None:
@@ -196,21 +246,21 @@ class NNsightBackend:
 class TransformerLensBackend:
     """Runs passes through a TransformerLens 4 ``TransformerBridge`` with hook points.
 
-    The bridge rewires the HF module it boots from, so it boots from a deep copy and the
-    HF model used by other backends stays untouched (one extra copy of the weights).
+    The bridge rewires the HF module it boots from, so it boots from a deep copy (made
+    without the standing edits' module hooks) and the HF model used by other backends stays
+    untouched (one extra copy of the weights). Standing edits run as hook points here.
     """
 
-    name = "transformer_lens"
+    name: ClassVar[str] = "transformer_lens"
 
-    def __init__(self, model: LensModel):
-        from transformer_lens.model_bridge import TransformerBridge
+    def __init__(self, model: LensModel, standing: list[_Standing]):
+        from transformer_lens.model_bridge import TransformerBridge  # slow import, on use
 
-        self.model = model
+        self.standing = standing
+        with _detached(standing):
+            hf_copy = copy.deepcopy(model.hf)
         self.bridge = TransformerBridge.boot_transformers(
-            model.name,
-            hf_model=copy.deepcopy(model.hf),
-            tokenizer=model.tokenizer,
-            device=str(model.device),
+            model.name, hf_model=hf_copy, tokenizer=model.tokenizer, device=str(model.device)
         )
         self.bridge.requires_grad_(False)
 
@@ -236,21 +286,30 @@ class TransformerLensBackend:
         resume: Resume | None = None,
     ) -> RunResult:
         acts: dict[Site, torch.Tensor] = {}
+        kept = set(sites)
+        edited = kept | {site for entry in self.standing for site in entry.sites}
 
         def make_hook(site: Site):
             def hook(value: torch.Tensor, hook=None) -> torch.Tensor:
-                if edit is not None:
-                    value = edit(site, value)
-                acts[site] = value
+                for entry in self.standing:
+                    if site in entry.sites:
+                        value = entry.edit(site, value)
+                if site in kept:
+                    if edit is not None:
+                        value = edit(site, value)
+                    acts[site] = value
                 return value
 
             return hook
 
-        hooks = [(self.hook_name(site), make_hook(site)) for site in sites]
+        hooks = [(self.hook_name(site), make_hook(site)) for site in sorted(edited, key=site_order)]
         if grad:
             hooks.insert(
                 0, ("hook_embed", lambda value, hook=None: value.detach().requires_grad_(True))
             )
+        for entry in self.standing:
+            if entry.before is not None:
+                entry.before(batch.input_ids, batch.attention_mask)
         with (
             torch.set_grad_enabled(grad),
             self.bridge.hooks(fwd_hooks=hooks),
@@ -283,11 +342,146 @@ def _skipping(blocks: Sequence[torch.nn.Module], resume: Resume | None):
             del block.__dict__["forward"]
 
 
-def get_backend(model: LensModel, name: str):
-    """The (cached) backend ``name`` for ``model``."""
-    if name not in BACKENDS:
+#: Backend name -> class; a class is built as ``cls(model, standing)``.
+BACKEND_CLASSES: dict[str, Callable[[LensModel, list[_Standing]], Backend]] = {
+    NNsightBackend.name: NNsightBackend,
+    TransformerLensBackend.name: TransformerLensBackend,
+}
+BACKENDS = tuple(BACKEND_CLASSES)
+
+
+@dataclass
+class _ModelState:
+    """What the seam keeps per model: its booted backends and its active standing edits.
+    Neither refers back to the model, so the model can be garbage-collected."""
+
+    backends: dict[str, Backend] = field(default_factory=dict)
+    standing: list[_Standing] = field(default_factory=list)
+
+
+_STATES: weakref.WeakKeyDictionary[LensModel, _ModelState] = weakref.WeakKeyDictionary()
+
+
+def _state(model: LensModel) -> _ModelState:
+    if model not in _STATES:
+        _STATES[model] = _ModelState()
+    return _STATES[model]
+
+
+def get_backend(model: LensModel, name: str) -> Backend:
+    """The backend ``name`` for ``model``, booted on first use and cached with the model.
+
+    Raises:
+        ValueError: an unknown backend name.
+    """
+    if name not in BACKEND_CLASSES:
         raise ValueError(f"Unknown backend '{name}'; choose one of {list(BACKENDS)}.")
-    if name not in model.backends:
-        cls = NNsightBackend if name == "nnsight" else TransformerLensBackend
-        model.backends[name] = cls(model)
-    return model.backends[name]
+    state = _state(model)
+    if name not in state.backends:
+        state.backends[name] = BACKEND_CLASSES[name](model, state.standing)
+    return state.backends[name]
+
+
+@dataclass
+class _Standing:
+    """One active standing edit: its sites, its function, and the module hooks that apply
+    it to ``model.hf`` (``hf``: that module; ``spec``: its sizes and layout)."""
+
+    sites: frozenset[Site]
+    edit: EditFn
+    before: BeforeFn | None
+    hf: torch.nn.Module
+    spec: ModelSpec
+    handles: list[RemovableHandle] = field(default_factory=list)
+
+    def install(self) -> None:
+        if self.before is not None:
+            self.handles.append(
+                self.hf.register_forward_pre_hook(self._before_hook, with_kwargs=True)
+            )
+        for site in sorted(self.sites, key=site_order):
+            where = site_module(self.spec.layout, site)
+            module = self.hf.get_submodule(where.path)
+            if where.port == "input":
+                self.handles.append(
+                    module.register_forward_pre_hook(self._input_hook(site), with_kwargs=True)
+                )
+            else:
+                self.handles.append(module.register_forward_hook(self._output_hook(site, where)))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _before_hook(self, module, args, kwargs) -> None:
+        assert self.before is not None
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is not None:
+            self.before(input_ids, kwargs.get("attention_mask"))
+
+    def _input_hook(self, site: Site):
+        spec = self.spec
+
+        def hook(module, args, kwargs):
+            value = args[0] if args else kwargs["hidden_states"]
+            shape = value.shape
+            if site[0] == "z":
+                value = value.view(*shape[:2], spec.n_heads, spec.d_head)
+            value = self.edit(site, value).reshape(shape)
+            if args:
+                return (value, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": value}
+
+        return hook
+
+    def _output_hook(self, site: Site, where: SiteModule):
+        def hook(module, args, output):
+            if where.item is None:
+                return self.edit(site, output)
+            value = self.edit(site, output[where.item])
+            return (*output[: where.item], value, *output[where.item + 1 :])
+
+        return hook
+
+
+@contextlib.contextmanager
+def standing_edit(
+    model: LensModel, sites: Sequence[Site], edit: EditFn, *, before: BeforeFn | None = None
+) -> Iterator[None]:
+    """While active, every forward pass of ``model`` applies ``edit`` at ``sites``.
+
+    That is direct ``model.hf(...)`` calls and ``generate``, and every backend's ``run``
+    (before the run's own edit, so the run keeps and edits the standing-edited
+    activation). ``edit(site, activation) -> activation`` sees canonical shapes (``z``:
+    (batch, pos, n_heads, d_head)). Standing edits nest; inner ones apply after outer ones.
+    ``before(input_ids, attention_mask)``, when given, is called at the start of every pass
+    with its tokens (batch, pos) (attention_mask may be None), e.g. to route each row.
+
+    Raises:
+        ValueError: a ``pattern`` site (attention weights are read, not edited, here).
+    """
+    if any(kind == "pattern" for kind, _ in sites):
+        raise ValueError("A standing edit cannot edit attention patterns; edit 'z' instead.")
+    state = _state(model)
+    entry = _Standing(frozenset(sites), edit, before, model.hf, model.spec)
+    entry.install()
+    state.standing.append(entry)
+    try:
+        yield
+    finally:
+        state.standing.remove(entry)
+        entry.remove()
+
+
+@contextlib.contextmanager
+def _detached(standing: list[_Standing]) -> Iterator[None]:
+    """Within the block the standing edits' module hooks are off (for copying ``model.hf``
+    without them); they are reinstalled, in order, after it."""
+    for entry in standing:
+        entry.remove()
+    try:
+        yield
+    finally:
+        for entry in standing:
+            entry.install()

@@ -24,6 +24,7 @@ Reference: "Causal Head Gating" (arXiv 2505.13737).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,6 +35,7 @@ from tqdm.auto import tqdm
 from .. import schema
 from ..data import PromptSet
 from ..models import LensModel
+from ._backend import Site, standing_edit
 from ._fit import fit_until_still
 from ._inputs import _as_prompt_set
 
@@ -71,34 +73,25 @@ def _pad(items: list[tuple[list[int], int]], pad_id: int, device) -> tuple[torch
 
 
 class _Gates:
-    """Installs o_proj pre-hooks that scale each row's heads by ``row_gates`` (rows, layer, head)."""
+    """Scales each row's heads by ``row_gates`` (rows, layer, head): a standing edit of the
+    ``z`` sites (head outputs entering the output projection) while the block is active."""
 
     def __init__(self, model: LensModel):
         self.model = model
         self.row_gates: torch.Tensor | None = None
+        self._edit = contextlib.ExitStack()
+
+    def _scale(self, site: Site, z: torch.Tensor) -> torch.Tensor:
+        assert self.row_gates is not None, "set row_gates before a gated pass"
+        return z * self.row_gates[:, site[1]].to(z.dtype)[:, None, :, None]
 
     def __enter__(self) -> _Gates:
-        spec = self.model.spec
-
-        def hook(layer):
-            def scale(module, args):
-                z = args[0]
-                shape = z.shape
-                gates = self.row_gates[:, layer].to(z.dtype)[:, None, :, None]
-                z = (z.view(*shape[:2], spec.n_heads, spec.d_head) * gates).reshape(shape)
-                return (z, *args[1:])
-
-            return scale
-
-        self.handles = [
-            self.model.module(spec.layout.o_proj, layer).register_forward_pre_hook(hook(layer))
-            for layer in range(spec.n_layers)
-        ]
+        sites = [("z", layer) for layer in range(self.model.spec.n_layers)]
+        self._edit.enter_context(standing_edit(self.model, sites, self._scale))
         return self
 
     def __exit__(self, *exc) -> None:
-        for handle in self.handles:
-            handle.remove()
+        self._edit.close()
 
 
 def _row_nll(

@@ -24,7 +24,7 @@ all texts vs random masks, at equal sparsity.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from .. import schema
 from ..cluster import Clustering
 from ..data import PromptSet
 from ..models import LensModel
+from ._backend import BeforeFn, Site, standing_edit
 from ._fit import fit_until_still
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete temperature and stretch
@@ -43,35 +44,23 @@ LOSSES = ("nll", "kl")
 STRATEGIES = ("routed", "global", "random")
 
 
-def _block_paths(model: LensModel) -> dict[str, str]:
-    layout = model.spec.layout
-    return {"attn": layout.attn_out, "mlp": layout.mlp_out}
-
-
 @contextlib.contextmanager
-def _scaled_blocks(model: LensModel, row_scale) -> Iterator[None]:
-    """Scale each block's output per row: ``row_scale()`` -> (rows, layer, component)."""
-    tuple_attn = model.spec.layout.attn_out_tuple
-    handles = []
-    for layer in range(model.spec.n_layers):
-        for c, (name, path) in enumerate(_block_paths(model).items()):
+def _scaled_blocks(
+    model: LensModel, row_scale: Callable[[], torch.Tensor], before: BeforeFn | None = None
+) -> Iterator[None]:
+    """Scale each block's output per row: ``row_scale()`` -> (rows, layer, component); a
+    standing edit of the ``attn`` and ``mlp`` sites while the block is active (``before``:
+    see ``standing_edit``)."""
 
-            def hook(
-                module, args, output, layer=layer, c=c, is_tuple=tuple_attn and name == "attn"
-            ):
-                scale = row_scale()[:, layer, c].to((output[0] if is_tuple else output).dtype)[
-                    :, None, None
-                ]
-                if is_tuple:
-                    return (output[0] * scale, *output[1:])
-                return output * scale
+    def scale(site: Site, output: torch.Tensor) -> torch.Tensor:
+        kind, layer = site
+        return (
+            output * row_scale()[:, layer, COMPONENTS.index(kind)].to(output.dtype)[:, None, None]
+        )
 
-            handles.append(model.module(path, layer).register_forward_hook(hook))
-    try:
+    sites = [(kind, layer) for layer in range(model.spec.n_layers) for kind in COMPONENTS]
+    with standing_edit(model, sites, scale, before=before):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _check_model(model: LensModel, masks: xr.DataArray | xr.Dataset) -> None:
@@ -165,19 +154,14 @@ def apply_mask(
     ).to(model.device)
     current: dict[str, torch.Tensor] = {}
 
-    def route(module, args, kwargs):
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        if input_ids is not None and (input_ids.shape[1] > 1 or "scale" not in current):
-            texts = _row_texts(model, input_ids, kwargs.get("attention_mask"))
+    def route(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+        if input_ids.shape[1] > 1 or "scale" not in current:
+            texts = _row_texts(model, input_ids, attention_mask)
             current["clusters"] = torch.as_tensor(clusters.route(texts))
             current["scale"] = per_cluster[current["clusters"].to(model.device)]
 
-    handle = model.hf.register_forward_pre_hook(route, with_kwargs=True)
-    try:
-        with _scaled_blocks(model, lambda: current["scale"]):
-            yield model
-    finally:
-        handle.remove()
+    with _scaled_blocks(model, lambda: current["scale"], before=route):
+        yield model
 
 
 def _encode(model: LensModel, prompts: PromptSet) -> list[list[int]]:
