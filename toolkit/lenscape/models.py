@@ -119,9 +119,10 @@ def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     if dtype is None:
         return torch.float32
     if isinstance(dtype, str):
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        resolved = getattr(torch, dtype, None)
+        if not isinstance(resolved, torch.dtype):
             raise ValueError(f"Unknown dtype '{dtype}'; use 'float32', 'bfloat16' or 'float16'.")
-        dtype = getattr(torch, dtype)
+        return resolved
     return dtype
 
 
@@ -328,7 +329,8 @@ def _tiny_configs(vocab: int, n_layers: int) -> dict[str, Callable[[], Any]]:
     """Family -> config of a tiny random model (d_model 64, 4 heads, 2 KV heads)."""
     import transformers
 
-    common = dict(
+    # dict[str, Any]: the config classes type each keyword apart.
+    common: dict[str, Any] = dict(
         vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
@@ -338,7 +340,7 @@ def _tiny_configs(vocab: int, n_layers: int) -> dict[str, Callable[[], Any]]:
         max_position_embeddings=256,
         tie_word_embeddings=False,
     )
-    experts = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+    experts: dict[str, Any] = dict(num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16)
     return {
         "llama": lambda: transformers.LlamaConfig(**common),
         "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None),
@@ -353,9 +355,7 @@ def _tiny_configs(vocab: int, n_layers: int) -> dict[str, Callable[[], Any]]:
         "olmo2": lambda: transformers.Olmo2Config(**common),
         "phi3": lambda: transformers.Phi3Config(**common, pad_token_id=0),
         "gemma2": lambda: transformers.Gemma2Config(**common, head_dim=16),
-        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
-            **common, **experts, head_dim=16, num_experts=4
-        ),
+        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**common, **experts, num_experts=4),
         "mixtral": lambda: transformers.MixtralConfig(
             **common, num_local_experts=4, num_experts_per_tok=2
         ),

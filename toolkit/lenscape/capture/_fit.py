@@ -85,7 +85,7 @@ def fit_until_still(
     for step in range(1, max_steps + 1):
         optimizer.zero_grad()
         loss_and_grad(params, active.nonzero().flatten().tolist())
-        if grad_clip is not None:
+        if grad_clip is not None and params.grad is not None:
             params.grad = clip_per_set(params.grad, grad_clip)
         stopped = params.detach()[~active].clone()
         optimizer.step()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,11 +34,12 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import schema
-from ..data import PromptSet
+from ..data import PromptSet, as_prompt_set
 from ..models import LensModel
 from ._backend import Site, standing_edit
 from ._fit import fit_until_still
-from ._inputs import _as_prompt_set
+from ._inputs import pad
+from ._result import provenance
 
 CLIP = 4.0
 STAGES = ("stage0", "plus", "minus")
@@ -59,17 +61,13 @@ def _encode(model: LensModel, prompts: PromptSet) -> list[tuple[list[int], int]]
 
 
 def _pad(items: list[tuple[list[int], int]], pad_id: int, device) -> tuple[torch.Tensor, ...]:
-    """Right-pad; returns input_ids, attention_mask (rows, pos) and the target mask marking
-    the positions whose *next* token is a target token (rows, pos)."""
-    width = max(len(ids) for ids, _ in items)
-    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    predicts = torch.zeros((len(items), width), dtype=torch.bool)
+    """Right-pad (``_inputs.pad``); returns input_ids, attention_mask (rows, pos) and the
+    target mask marking the positions whose *next* token is a target token (rows, pos)."""
+    tokens = pad([seq for seq, _ in items], pad_id, "right")
+    predicts = torch.zeros(tokens.input_ids.shape, dtype=torch.bool)
     for row, (seq, n_target) in enumerate(items):
-        ids[row, : len(seq)] = torch.tensor(seq)
-        mask[row, : len(seq)] = 1
         predicts[row, len(seq) - 1 - n_target : len(seq) - 1] = True
-    return ids.to(device), mask.to(device), predicts.to(device)
+    return tokens.input_ids.to(device), tokens.attention_mask.to(device), predicts.to(device)
 
 
 class _Gates:
@@ -121,7 +119,7 @@ def _row_nll(
 class _Batches:
     """Per gate set, minibatches drawn by reshuffling the items every epoch (seeded)."""
 
-    def __init__(self, n_items: int, keys: list[tuple[int, ...]], batch_size: int):
+    def __init__(self, n_items: int, keys: Sequence[tuple[int, ...]], batch_size: int):
         self.n_items, self.batch_size = n_items, batch_size
         self.rngs = [np.random.default_rng(list(key)) for key in keys]
         self.queues: list[list[int]] = [[] for _ in keys]
@@ -224,7 +222,7 @@ def task_loss(
         (sets,) mean over prompts of each prompt's mean NLL on its target tokens, in nats.
     """
     gates = _check_gates(model, gates)
-    items = _encode(model, _as_prompt_set(prompts))
+    items = _encode(model, as_prompt_set(prompts))
     with _Gates(model) as hooks:
         return _validation_loss(model, hooks, gates, items, batch_size).cpu()
 
@@ -289,17 +287,17 @@ def head_gating(
         raise ValueError(
             "max_steps, batch_size, window and rows_per_pass must be positive integers."
         )
-    prompts = _as_prompt_set(task)
+    prompts = as_prompt_set(task)
     if len(prompts) == 0:
         raise ValueError("The task has no prompts; use lsc.data.task('math') or pass prompts.")
     items = _encode(model, prompts)
-    val_items = items if validation is None else _encode(model, _as_prompt_set(validation))
+    val_items = items if validation is None else _encode(model, as_prompt_set(validation))
     spec = model.spec
     n = len(seed_list)
     starts = torch.stack([_uniform_logits(s, (spec.n_layers, spec.n_heads)) for s in seed_list]).to(
         model.device
     )
-    settings = dict(
+    settings: dict[str, Any] = dict(
         lambda_=lambda_,
         lr=lr,
         grad_clip=grad_clip,
@@ -343,31 +341,28 @@ def head_gating(
         )
     bar.close()
     g0, g_plus, g_minus = all_gates[:n], all_gates[n : 2 * n], all_gates[2 * n :]
-    attrs = {
-        "method": "head_gating",
-        "metric": "loss",
-        "model": model.name,
-        "backend": "torch",
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "architecture": spec.architecture,
-        "prompt_set": prompts.name,
-        "n_prompts": len(prompts),
-        "n_seeds": n,
-        "lambda_": float(lambda_),
-        "lr": float(lr),
-        "batch_size": batch_size,
-        "grad_clip": float(grad_clip),
-        "clip": CLIP,
-        "max_steps": max_steps,
-        "window": window,
-        "tol": float(tol),
-        "init": "gates uniform in (0, 1)",
-        "steps_stage0": int(base.steps.max()),
-        "steps_plus": int(signed.steps[:n].max()),
-        "steps_minus": int(signed.steps[n:].max()),
-        "converged": int(base.converged.all() and signed.converged.all()),
-        "val_loss_ungated": float(val[-1]),
-    }
+    attrs = provenance(
+        model,
+        "head_gating",
+        metric="loss",
+        prompt_set=prompts.name,
+        n_prompts=len(prompts),
+        n_seeds=n,
+        lambda_=float(lambda_),
+        lr=float(lr),
+        batch_size=batch_size,
+        grad_clip=float(grad_clip),
+        clip=CLIP,
+        max_steps=max_steps,
+        window=window,
+        tol=float(tol),
+        init="gates uniform in (0, 1)",
+        steps_stage0=int(base.steps.max()),
+        steps_plus=int(signed.steps[:n].max()),
+        steps_minus=int(signed.steps[n:].max()),
+        converged=int(base.converged.all() and signed.converged.all()),
+        val_loss_ungated=float(val[-1]),
+    )
     coords = {"seed": seed_list}
 
     def score(values, long_name, units="gate"):
@@ -483,7 +478,7 @@ def gating_check(
         "k": k,
         "n_random": n_random,
         "seed": seed,
-        "n_validation": len(_as_prompt_set(validation)),
+        "n_validation": len(as_prompt_set(validation)),
         "prompt_set": gating.attrs.get("prompt_set", ""),
         "units": "nats",
         "criterion": "facilitating off > random p95; interfering off < random p5 and <= intact",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,10 +34,12 @@ from tqdm.auto import tqdm
 
 from .. import schema
 from ..cluster import Clustering
-from ..data import PromptSet
+from ..data import PromptSet, as_texts
 from ..models import LensModel
 from ._backend import BeforeFn, Site, standing_edit
 from ._fit import fit_until_still
+from ._inputs import pad
+from ._result import provenance
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete temperature and stretch
 COMPONENTS = schema.BLOCK_COMPONENTS  # ("attn", "mlp")
@@ -165,16 +168,7 @@ def apply_mask(
 
 
 def _encode(model: LensModel, prompts: PromptSet) -> list[list[int]]:
-    return [model.tokenizer(p.text + p.target)["input_ids"] for p in prompts]
-
-
-def _pad(model: LensModel, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), model.tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, seq in enumerate(rows):
-        ids[i, : len(seq)], mask[i, : len(seq)] = torch.tensor(seq), 1
-    return ids.to(model.device), mask.to(model.device)
+    return [model.tokenizer(text)["input_ids"] for text in as_texts(prompts, with_target=True)]
 
 
 def _row_loss(
@@ -185,7 +179,8 @@ def _row_loss(
     ``loss="nll"``: negative log-likelihood of the text; ``"kl"``: KL(unmasked || masked)
     of the next-token distributions (the unmasked pass runs without gradients).
     """
-    ids, mask = _pad(model, rows)
+    tokens = pad(rows, model.tokenizer.pad_token_id, "right").to(model.device)
+    ids, mask = tokens.input_ids, tokens.attention_mask
     logp = torch.log_softmax(
         model.hf(input_ids=ids, attention_mask=mask).logits[:, :-1].float(), -1
     )
@@ -292,15 +287,17 @@ def _binary_masks(log_alpha: torch.Tensor, keep: float) -> torch.Tensor:
     return kept.view(sets, n_layers, 2)
 
 
-def _check_sparsities(target_sparsity) -> list[float]:
-    values = [target_sparsity] if np.isscalar(target_sparsity) else list(target_sparsity)
-    bad = [s for s in values if not 0 < s < 1]
-    if not values or bad:
+def _check_sparsities(target_sparsity: float | Sequence[float]) -> list[float]:
+    try:
+        values = [float(s) for s in np.atleast_1d(np.asarray(target_sparsity, dtype=float))]
+    except (TypeError, ValueError):  # not numbers
+        values = []
+    if not values or any(not 0 < s < 1 for s in values):  # NaN fails too
         raise ValueError(
             f"target_sparsity must lie in (0, 1), got {target_sparsity}; "
             "e.g. 0.3 (skip 30% of blocks) or [0.1, 0.3, 0.5]."
         )
-    return [float(s) for s in values]
+    return values
 
 
 def _members(clusters: Clustering, n_prompts: int) -> list[np.ndarray]:
@@ -377,27 +374,24 @@ def block_masks(
         progress=progress,
     )
     spec, k = model.spec, clusters.k
-    attrs = {
-        "method": "block_masks",
-        "metric": loss,
-        "model": model.name,
-        "backend": "torch",
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "architecture": spec.architecture,
-        "prompt_set": prompts.name,
-        "n_prompts": len(prompts),
-        "k": k,
-        "loss": loss,
-        "max_steps": max_steps,
-        "window": window,
-        "tol": tol,
-        "lr": lr,
-        "penalty": penalty,
-        "seed": seed,
-        "batch_size": batch_size,
-        "steps": int(fit.steps.max()),
-        "converged": int(fit.converged.all()),
-    }
+    attrs = provenance(
+        model,
+        "block_masks",
+        metric=loss,
+        prompt_set=prompts.name,
+        n_prompts=len(prompts),
+        k=k,
+        loss=loss,
+        max_steps=max_steps,
+        window=window,
+        tol=tol,
+        lr=lr,
+        penalty=penalty,
+        seed=seed,
+        batch_size=batch_size,
+        steps=int(fit.steps.max()),
+        converged=int(fit.converged.all()),
+    )
     parts = []
     for i, sparsity in enumerate(sparsities):
         rows = slice(i * k, (i + 1) * k)
@@ -518,7 +512,7 @@ def mask_comparison(
         )
     members = _members(clusters, len(train))
     groups = [*members, np.arange(len(train))]
-    options = dict(
+    options: dict[str, Any] = dict(
         lr=0.25, penalty=10.0, max_steps=300, window=20, tol=0.005, rows_per_pass=32, batch_size=4
     )
     options.update(
