@@ -1,13 +1,34 @@
-"""save/open round trips: values, NaN, dims, int and string coords, attrs, names, kinds."""
+"""Saving and opening results (``lenscape.store``).
+
+- round trips: values, NaN, dims, int and string coords, attrs, names, kinds;
+- stores cannot lose data silently (issue 15, group 2): saving over the store a result is
+  lazily read from, failed writes, missing/unreadable chunks, corrupt metadata;
+- one writer per store (issue 15, group 3): a second writer fails at once naming the first,
+  the first finishes as if alone, and a dead writer's lock does not block resuming.
+"""
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import dask.array
 import numpy as np
 import pytest
 import xarray as xr
+from _helpers import TESTS
 
 import lenscape as lsc
-from lenscape import schema
+from lenscape import schema, store
+from lenscape.store import StoreError
 
 ATTRS = {
     "long_name": "Change in logit difference",
@@ -87,3 +108,334 @@ def test_errors(tmp_path):
         lsc.open(tmp_path / "missing.zarr")
     with pytest.raises(ValueError, match="takes an xarray"):
         lsc.save(np.zeros(3), tmp_path / "r.nc")
+
+
+# ----------------------------------------------------------------------------- integrity
+
+
+def chunked_result(n_prompts: int = 4) -> xr.DataArray:
+    """(prompt, layer, head) scores chunked 2 prompts at a time: zarr writes 2+ chunks."""
+    values = np.arange(n_prompts * 3 * 2, dtype=np.float32).reshape(n_prompts, 3, 2) / 7
+    da = schema.make(
+        values,
+        dims=("prompt", "layer", "head"),
+        coords={"text": [f"text {i}" for i in range(n_prompts)], "category": ["a"] * n_prompts},
+        attrs={
+            "long_name": "score",
+            "units": "logits",
+            "method": "ablation",
+            "metric": "logit_diff",
+            "model": "tiny",
+            "backend": "nnsight",
+            "dtype": "float32",
+        },
+        n_layers=3,
+    )
+    return da.copy(data=dask.array.from_array(values, chunks=(2, 3, 2)))
+
+
+def chunk_file(path, name="__xarray_dataarray_variable__", key="c/1/0/0"):
+    return path / name / key
+
+
+# ------------------------------------------------------------------ saving over a lazy input
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".nc"])
+def test_saving_a_lazy_result_over_its_own_store_keeps_it(tmp_path, suffix):
+    path = lsc.save(chunked_result(), tmp_path / f"r{suffix}")
+    lazy = lsc.open(path, lazy=True)
+    lsc.save(lazy, path)
+    xr.testing.assert_identical(lsc.open(path), chunked_result().compute())
+    lsc.save(lsc.open(path, lazy=True) * 2, path)
+    np.testing.assert_array_equal(lsc.open(path).values, chunked_result().values * 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"r{suffix}"]
+
+
+def test_failed_overwrite_keeps_the_old_result(tmp_path):
+    path = lsc.save(chunked_result(), tmp_path / "r.zarr")
+
+    def explode(block):
+        raise RuntimeError("boom while computing")
+
+    failing = chunked_result().copy(
+        data=dask.array.map_blocks(explode, chunked_result().data, dtype=np.float32)
+    )
+    with pytest.raises(RuntimeError, match="boom"):
+        lsc.save(failing, path)
+    xr.testing.assert_identical(lsc.open(path), chunked_result().compute())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.zarr"]
+
+
+# ------------------------------------------------------------------ completeness on open
+
+
+def test_all_nan_chunk_is_written_and_opens(tmp_path):
+    da = chunked_result()
+    da = da.where(da["prompt"] < 2)  # prompts 2-3, one whole chunk, all NaN: "not computed"
+    path = lsc.save(da, tmp_path / "r.zarr")
+    assert chunk_file(path).exists()
+    xr.testing.assert_identical(lsc.open(path), da.compute())
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_missing_chunk_is_an_error_naming_store_and_chunk(tmp_path, lazy):
+    path = lsc.save(chunked_result(), tmp_path / "r.zarr")
+    chunk_file(path).unlink()
+    with pytest.raises(
+        StoreError,
+        match=rf"'{re.escape(str(path))}' is missing the chunk "
+        r"'__xarray_dataarray_variable__/c/1/0/0'",
+    ):
+        lsc.open(path, lazy=lazy)
+    rescued = lsc.open(path, verify=False)
+    np.testing.assert_array_equal(rescued.values[:2], chunked_result().values[:2])
+    assert np.isnan(rescued.values[2:]).all()
+
+
+def test_missing_coordinate_chunk_is_an_error(tmp_path):
+    path = lsc.save(chunked_result(), tmp_path / "r.zarr")
+    chunk_file(path, "text", "c/0").unlink()
+    with pytest.raises(StoreError, match="missing the chunk 'text/c/0' of 'text'"):
+        lsc.open(path)
+
+
+def test_truncated_chunk_is_an_error_naming_it(tmp_path):
+    path = lsc.save(chunked_result(), tmp_path / "r.zarr")
+    chunk = chunk_file(path)
+    chunk.write_bytes(chunk.read_bytes()[:5])
+    with pytest.raises(
+        StoreError,
+        match=r"chunk '__xarray_dataarray_variable__/c/1/0/0' of "
+        r"'__xarray_dataarray_variable__' in the store "
+        rf"'{re.escape(str(path))}' "
+        "cannot be read",
+    ):
+        lsc.open(path, lazy=True)
+
+
+@pytest.mark.parametrize("metadata", ["zarr.json", "layer/zarr.json"])
+def test_corrupt_metadata_is_an_error_naming_the_path(tmp_path, metadata):
+    path = lsc.save(chunked_result(), tmp_path / "r.zarr")
+    (path / metadata).write_text('{"zarr_format": 3, "node_type": ')
+    with pytest.raises(
+        StoreError, match=rf"metadata of the store '{re.escape(str(path))}' cannot be read"
+    ):
+        lsc.open(path)
+    with pytest.raises(StoreError, match=rf"Cannot read the saved result '{re.escape(str(path))}'"):
+        lsc.open(path, verify=False)
+
+
+def test_truncated_netcdf_is_an_error_naming_the_path(tmp_path):
+    path = lsc.save(chunked_result(), tmp_path / "r.nc")
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(StoreError, match=rf"Cannot read the saved result '{re.escape(str(path))}'"):
+        lsc.open(path)
+
+
+# ------------------------------------------------------------------ unfinished captures
+
+
+def _half_captured(tmp_path):
+    """A streaming store of 4 prompts in chunks of 2 with only prompts 0-1 written."""
+    path = tmp_path / "s.zarr"
+    template = chunked_result().copy(data=np.full((4, 3, 2), np.nan, dtype=np.float32))
+    store.create(template, path, chunk=2, settings={"method": "test"})
+    store.write_part(chunked_result().isel(prompt=slice(0, 2)), path, start=0)
+    return path
+
+
+def test_unfinished_capture_opens_with_not_computed_nan(tmp_path):
+    path = _half_captured(tmp_path)
+    opened = lsc.open(path)
+    np.testing.assert_array_equal(opened.values[:2], chunked_result().values[:2])
+    assert np.isnan(opened.values[2:]).all()
+    assert store.progress(path)[1].tolist() == [True, True, False, False]
+
+
+def test_missing_chunk_of_finished_prompts_is_an_error(tmp_path):
+    path = _half_captured(tmp_path)
+    chunk_file(path, key="c/0/0/0").unlink()
+    with pytest.raises(
+        StoreError, match="missing the chunk '__xarray_dataarray_variable__/c/0/0/0'"
+    ):
+        lsc.open(path)
+
+
+def test_damaged_settings_on_resume_say_so(tiny_llama, factual, tmp_path):
+    path = tmp_path / "r.zarr"
+    lsc.capture_to(path, "ablation", tiny_llama, factual[:2], batch_size=1, progress=False)
+    meta = json.loads((path / "zarr.json").read_text())
+    meta["attributes"]["_lenscape_capture"] = "{not json"
+    (path / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"metadata is damaged.*overwrite=True"):
+        lsc.capture_to(path, "ablation", tiny_llama, factual[:2], batch_size=1, progress=False)
+
+
+def test_path_of_wrong_type(tmp_path):
+    with pytest.raises(TypeError, match="path must be a file path"):
+        lsc.save(chunked_result(), None)
+    with pytest.raises(TypeError, match="path must be a file path"):
+        lsc.open(42)
+
+
+# ----------------------------------------------------------------------------- one writer per store
+
+N_PROMPTS, BATCH = 6, 2
+
+#: A capture of the tiny Llama (as the ``tiny_llama`` fixture builds it) into argv[1].
+#: argv[2] ("hold:FILE" or "start:FILE"): stop before the second batch until FILE exists,
+#: holding the store's lock with one batch written; or start only once FILE exists (so
+#: imports overlap with the first writer's run).
+WRITER = textwrap.dedent(f"""
+    import pathlib, sys, time
+    sys.path.insert(0, {TESTS!r})
+    import lenscape as lsc
+    from lenscape import models
+    from lenscape.capture import streaming
+    from _helpers import small_tokenizer
+
+    model = models.tiny("llama", n_layers=3, seed=0, tokenizer=small_tokenizer())
+    prompts = lsc.data.prompts("factual")[:{N_PROMPTS}]
+    mode, _, file = sys.argv[2].partition(":")
+    file = pathlib.Path(file)
+    while mode == "start" and not file.exists():
+        time.sleep(0.05)
+    if mode == "hold":
+        gate, write_batch = file, streaming.write_batch
+
+        def gated(plan, number, path, step=lambda *_: None):
+            while number == 1 and not gate.exists():
+                time.sleep(0.05)
+            write_batch(plan, number, path, step)
+        streaming.write_batch = gated
+    started = time.monotonic()
+    try:
+        lsc.capture_to(sys.argv[1], "ablation", model, prompts, batch_size={BATCH},
+                       progress=False)
+    except lsc.store.StoreError as err:
+        print("REFUSED", round(time.monotonic() - started, 3), err, flush=True)
+        sys.exit(3)
+""")
+
+
+def _capture(model, factual, path):
+    return lsc.capture_to(
+        path, "ablation", model, factual[:N_PROMPTS], batch_size=BATCH, progress=False
+    )
+
+
+def _lock_file(path):
+    return path.with_name(path.name + ".lock")
+
+
+def _wait_until_gated(child, path):
+    """Wait until ``child`` holds the lock of ``path`` with its first batch written."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert child.poll() is None, "the first writer exited early"
+        try:
+            owner = json.loads(_lock_file(path).read_text())
+            if owner["pid"] == child.pid and store.progress(path)[1].sum() >= BATCH:
+                return owner
+        except (OSError, ValueError, KeyError):  # not created or being written yet
+            pass
+        time.sleep(0.05)
+    pytest.fail("the first writer did not get to its second batch in 300 s")
+
+
+def _start(path, mode, file):
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), f"{mode}:{file}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_second_writer_fails_fast_and_first_finishes(tiny_llama, factual, tmp_path):
+    path, gate, start = tmp_path / "r.zarr", tmp_path / "go", tmp_path / "start"
+    first, second = _start(path, "hold", gate), _start(path, "start", start)
+    try:
+        owner = _wait_until_gated(first, path)
+        assert owner["host"] == socket.gethostname()
+        start.touch()
+        stdout, stderr = second.communicate(timeout=300)
+        assert second.returncode == 3, stderr[-2000:]
+        seconds, message = stdout.split(maxsplit=2)[1:]
+        assert float(seconds) < 5, f"the second writer took {seconds} s to fail"
+        assert (
+            f"'{path}' is being written by another process (pid {first.pid} on host "
+            f"{socket.gethostname()}, since " in message
+        )
+        assert "wait for it to finish, or write to another path" in message
+        gate.touch()
+        assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
+    finally:
+        for child in (first, second):
+            if child.poll() is None:
+                child.kill()
+    assert not _lock_file(path).exists()
+    alone = _capture(tiny_llama, factual, tmp_path / "alone.zarr")
+    xr.testing.assert_identical(lsc.open(path), alone.compute())
+
+
+def test_writer_killed_holding_the_lock_is_resumed(tiny_llama, factual, tmp_path):
+    path = tmp_path / "r.zarr"
+    first = _start(path, "hold", tmp_path / "never")
+    try:
+        _wait_until_gated(first, path)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert json.loads(_lock_file(path).read_text())["pid"] == first.pid  # a stale lock file
+    assert store.progress(path)[1].sum() == BATCH
+    resumed = _capture(tiny_llama, factual, path)
+    alone = _capture(tiny_llama, factual, tmp_path / "alone.zarr")
+    xr.testing.assert_identical(resumed.compute(), alone.compute())
+    assert not _lock_file(path).exists()
+
+
+def test_lock_held_in_this_process_refuses_other_writers(tiny_llama, factual, tmp_path):
+    path = tmp_path / "r.zarr"
+    scores = _capture(tiny_llama, factual, path).compute()
+    with store.writer_lock(path):
+        with pytest.raises(
+            StoreError,
+            match=rf"'{re.escape(str(path))}' is being written by "
+            r"another process "
+            rf"\(pid {os.getpid()} on host ",
+        ):
+            _capture(tiny_llama, factual, path)
+        with pytest.raises(StoreError, match="is being written by another process"):
+            lsc.save(scores, path)
+    lsc.save(scores, path)  # released
+    xr.testing.assert_identical(lsc.open(path), scores)
+
+
+def test_stale_lock_file_of_a_dead_process_is_taken_over(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = tmp_path / "r.nc"
+    _lock_file(path).write_text(
+        json.dumps(
+            {"pid": dead.pid, "host": socket.gethostname(), "since": "2026-01-01 00:00:00 UTC"}
+        )
+    )
+    scores = xr.DataArray([1.0, 2.0], dims=("layer",), coords={"layer": [0, 1]})
+    lsc.save(scores, path)
+    xr.testing.assert_identical(lsc.open(path), scores)
+    assert not _lock_file(path).exists()
+
+
+def test_file_system_without_locks_warns(tmp_path, monkeypatch):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(store.fcntl, "flock", no_locks)
+    scores = xr.DataArray([1.0, 2.0], dims=("layer",), coords={"layer": [0, 1]})
+    with pytest.warns(UserWarning, match="does not support locks.*run one writer only"):
+        lsc.save(scores, tmp_path / "r.zarr")
+    xr.testing.assert_identical(lsc.open(tmp_path / "r.zarr"), scores)
