@@ -25,9 +25,6 @@ from ._backend import TokenBatch
 
 LEVELS = ("head", "block")
 PADDING_SIDES = ("right", "left")
-#: Temporary alias for modules that still import the old private name (streaming.py);
-#: remove once they import ``lenscape.data.as_prompt_set``.
-_as_prompt_set = as_prompt_set
 
 
 @dataclass
