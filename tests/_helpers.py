@@ -22,6 +22,10 @@ from pathlib import Path
 #: The tests folder, for fresh-process scripts that import this module.
 TESTS = str(Path(__file__).resolve().parent)
 
+#: Version of the cut-down recipe below; bump it when the recipe changes (the built
+#: tokenizer is cached in a temp folder keyed by this and by its inputs).
+RECIPE = 1
+
 
 def corpus() -> list[str]:
     """Every text, target and counterfactual of the built-in prompt sets and tasks."""
@@ -98,14 +102,18 @@ def small_tokenizer_folder() -> Path:
 
     from transformers import PreTrainedTokenizerFast
 
-    text = small_tokenizer_json()
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    folder = Path(tempfile.gettempdir()) / f"lenscape-test-tokenizer-{digest}"
+    from lenscape import models
+
+    # Keyed by what the tokenizer is made from, so a process finding it skips the build.
+    digest = hashlib.sha256(f"recipe {RECIPE}\n".encode())
+    digest.update((models.bundled_folder(models.DEFAULT_MODEL) / "tokenizer.json").read_bytes())
+    digest.update("\n".join(corpus()).encode())
+    folder = Path(tempfile.gettempdir()) / f"lenscape-test-tokenizer-{digest.hexdigest()[:12]}"
     if not (folder / "tokenizer_config.json").exists():
         import tokenizers
 
         tokenizer = PreTrainedTokenizerFast(
-            tokenizer_object=tokenizers.Tokenizer.from_str(text),
+            tokenizer_object=tokenizers.Tokenizer.from_str(small_tokenizer_json()),
             bos_token="<|im_start|>",
             eos_token="<|im_end|>",
             unk_token="<|endoftext|>",
