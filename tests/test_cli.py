@@ -11,7 +11,7 @@ import pytest
 
 import lenscape as lsc
 from lenscape import cli
-from lenscape.schema import _version
+from lenscape.schema import package_version
 
 
 def test_no_command_prints_help(capsys):
@@ -52,7 +52,9 @@ def test_bad_arguments_exit_2_with_the_reason(capsys, argv, message):
 def test_version(capsys):
     with pytest.raises(SystemExit) as done:
         cli.main(["--version"])
-    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"lenscape {_version()}"
+    assert (
+        done.value.code == 0 and capsys.readouterr().out.strip() == f"lenscape {package_version()}"
+    )
 
 
 def test_the_installed_command_runs_and_fails_cleanly():
@@ -62,7 +64,7 @@ def test_the_installed_command_runs_and_fails_cleanly():
     if not script.exists():
         pytest.skip(f"no console script next to {sys.executable} (package not installed)")
     version = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=300)
-    assert version.returncode == 0 and version.stdout.strip() == f"lenscape {_version()}"
+    assert version.returncode == 0 and version.stdout.strip() == f"lenscape {package_version()}"
     bad = subprocess.run(
         [script, "install-models", "gpt-17"], capture_output=True, text=True, timeout=300
     )

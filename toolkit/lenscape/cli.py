@@ -4,7 +4,8 @@
     lenscape demo [--out out] [--model smollm2-135m] [--prompts N] [--device auto]
     lenscape --version
 
-With no command it prints this help.
+With no command it prints this help. Library modules are imported inside the commands, so
+``lenscape --help`` answers without loading torch.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _demo(args: argparse.Namespace) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The command line: sub-commands, every option with its help and default."""
-    from .schema import _version
+    from .schema import package_version
 
     formatter = argparse.ArgumentDefaultsHelpFormatter
     root = argparse.ArgumentParser(
@@ -80,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
         description="lenscape: see which parts of a language model do the work. Install the "
         "bundled weights, or run the demo job.",
     )
-    root.add_argument("--version", action="version", version=f"lenscape {_version()}")
+    root.add_argument("--version", action="version", version=f"lenscape {package_version()}")
     sub = root.add_subparsers(dest="command", metavar="COMMAND")
     install = sub.add_parser(
         "install-models",

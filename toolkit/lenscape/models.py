@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from . import selfcheck
 from ._bundled import (
     BUNDLED,
     DEFAULT_MODEL,
@@ -170,9 +171,7 @@ def from_hf(
         dtype,
     )
     if check:
-        from .selfcheck import check as check_layout
-
-        check_layout(model)
+        selfcheck.check(model)
     return model
 
 

@@ -90,7 +90,7 @@ PROVENANCE_ATTRS: tuple[str, ...] = (
 _SCALAR_TYPES = (str, int, float, bool, np.integer, np.floating, np.bool_)
 
 
-def _version() -> str:
+def package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -162,7 +162,7 @@ def make(
             full_coords[name] = value
     if n_layers is not None and "layer" in dims:
         full_coords["depth"] = ("layer", depth_coord(n_layers, full_coords["layer"][1]))
-    all_attrs = {"lenscape_version": _version(), "schema_version": SCHEMA_VERSION, **attrs}
+    all_attrs = {"lenscape_version": package_version(), "schema_version": SCHEMA_VERSION, **attrs}
     if n_layers is not None:
         all_attrs.setdefault("n_layers", int(n_layers))
     da = xr.DataArray(values, dims=tuple(dims), coords=full_coords, attrs=all_attrs)

@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import xarray as xr
 
-from .models import LensModel
+from . import schema
+from ._parts import head_outputs, norm_weight, rms_scale
+
+if TYPE_CHECKING:  # type-only: models.from_hf runs this check
+    from .models import LensModel
 
 #: Relative mismatch allowed per model dtype (see the module docstring). The check recomputes
 #: in float32, as direct logit attribution does, so float64 models get float32's limit.
@@ -141,10 +145,8 @@ def _head_sum(model: LensModel, layer: int, z: torch.Tensor) -> torch.Tensor:
     Returns:
         (pos, d_model) in float32.
     """
-    from .capture.logit import _head_outputs
-
     spec = model.spec
-    heads = _head_outputs(model, layer, z.view(z.shape[0], spec.n_heads, spec.d_head))
+    heads = head_outputs(model, layer, z.view(z.shape[0], spec.n_heads, spec.d_head))
     total = heads.sum(1)
     bias = getattr(model.module(spec.layout.o_proj, layer), "bias", None)
     return total if bias is None else total + bias.float()
@@ -152,8 +154,6 @@ def _head_sum(model: LensModel, layer: int, z: torch.Tensor) -> torch.Tensor:
 
 def _final_logits(model: LensModel, resid: torch.Tensor) -> torch.Tensor:
     """Final norm, unembedding and soft-capping of resid (pos, d_model) -> (pos, vocab)."""
-    from .capture.logit import _norm_weight, _rms_scale
-
     layout, x = model.spec.layout, resid.float()
     norm = model.hf.get_submodule(layout.final_norm)
     if layout.layer_norm:
@@ -163,7 +163,7 @@ def _final_logits(model: LensModel, resid: torch.Tensor) -> torch.Tensor:
             x, x.shape[-1:], norm.weight.float(), None if bias is None else bias.float(), eps
         )
     else:
-        normed = x * _rms_scale(x, norm) * _norm_weight(norm, layout.norm_offset)
+        normed = x * rms_scale(x, norm) * norm_weight(norm, layout.norm_offset)
     unembed = model.hf.get_submodule(layout.unembed)
     # In the weights' own dtype, as the model does: no float32 copy of the (vocab, d_model)
     # matrix per check.
@@ -218,8 +218,6 @@ def check(model: LensModel, *, strict: bool = True) -> xr.Dataset:
         LayoutCheckError: (a ValueError) naming the identity, the first layer where it
             fails and the size of the mismatch.
     """
-    from . import schema
-
     input_ids = torch.tensor([model.tokenizer(PROBE_TEXT)["input_ids"]], device=model.device)
     acts, logits = _capture(model, input_ids)
     values = _residuals(model, acts, logits)

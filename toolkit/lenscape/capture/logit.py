@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import torch
 import xarray as xr
 
+from .._parts import head_outputs, norm_weight, rms_scale
 from ..models import LensModel
 from ._backend import get_backend
 from ._inputs import prepare
@@ -25,30 +26,6 @@ from ._result import components, to_dataarray
 from .streaming import execute
 
 DLA_METRICS = ("logit_diff", "logit")
-
-
-def _rms_scale(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-    eps = getattr(norm, "variance_epsilon", 0.0) or getattr(norm, "eps", 1e-6)
-    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-
-
-def _norm_weight(norm: torch.nn.Module, offset: float) -> torch.Tensor:
-    return cast(torch.Tensor, norm.weight).float() + offset
-
-
-def _head_outputs(model, layer: int, z: torch.Tensor) -> torch.Tensor:
-    """Per-head outputs in residual space: z (batch, n_heads, d_head) -> (batch, n_heads,
-    d_model)."""
-    spec, layout = model.spec, model.spec.layout
-    weight = model.module(layout.o_proj, layer).weight.float()
-    if layout.qkv_split:  # GPT-2 Conv1D stores (in, out)
-        weight = weight.T
-    w_o = weight.view(spec.d_model, spec.n_heads, spec.d_head)
-    out = torch.einsum("bhk,dhk->bhd", z.float(), w_o)
-    if layout.post_attn_norm:  # frozen post-attention norm (Gemma)
-        norm = model.module(layout.post_attn_norm, layer)
-        out = out * _rms_scale(out.sum(1), norm)[:, None] * _norm_weight(norm, layout.norm_offset)
-    return out
 
 
 @dataclass(frozen=True)
@@ -143,13 +120,13 @@ def plan_direct_logit_attribution(
             if layout.layer_norm:
                 scale = torch.rsqrt(resid.var(-1, unbiased=False, keepdim=True) + final_norm.eps)
             else:
-                scale = _rms_scale(resid, final_norm)
+                scale = rms_scale(resid, final_norm)
             # (batch, d_model): contribution . effective_direction == its logit share.
-            effective = direction * _norm_weight(final_norm, layout.norm_offset) * scale
+            effective = direction * norm_weight(final_norm, layout.norm_offset) * scale
             columns = []
             for layer in range(spec.n_layers):
                 if level == "head":
-                    parts = _head_outputs(model, layer, at_read[("z", layer)])
+                    parts = head_outputs(model, layer, at_read[("z", layer)])
                 else:
                     parts = torch.stack([at_read[("attn", layer)], at_read[("mlp", layer)]], 1)
                 parts = parts.float()

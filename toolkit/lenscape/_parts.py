@@ -1,0 +1,42 @@
+"""Arithmetic of a model's parts, shared by direct logit attribution and the layout self-check.
+
+Both need the same three pieces computed outside the model's own forward: each head's
+output in residual space (through the output projection, and the frozen post-attention
+norm where the family has one), and an RMS norm's scale and weight. One home keeps the
+self-check checking exactly the arithmetic that capture uses.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import torch
+
+if TYPE_CHECKING:  # type-only: models imports selfcheck, which imports this module
+    from .models import LensModel
+
+
+def rms_scale(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """1 / RMS(x) over the last dim with ``norm``'s epsilon: (..., d) -> (..., 1), float32."""
+    eps = getattr(norm, "variance_epsilon", 0.0) or getattr(norm, "eps", 1e-6)
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
+def norm_weight(norm: torch.nn.Module, offset: float) -> torch.Tensor:
+    """The norm's effective gain: weight + ``offset`` (1 for Gemma's ``1 + w``), float32."""
+    return cast(torch.Tensor, norm.weight).float() + offset
+
+
+def head_outputs(model: LensModel, layer: int, z: torch.Tensor) -> torch.Tensor:
+    """Per-head outputs in residual space: z (batch, n_heads, d_head) -> (batch, n_heads,
+    d_model), float32, without the output projection's bias."""
+    spec, layout = model.spec, model.spec.layout
+    weight = model.module(layout.o_proj, layer).weight.float()
+    if layout.qkv_split:  # GPT-2 Conv1D stores (in, out)
+        weight = weight.T
+    w_o = weight.view(spec.d_model, spec.n_heads, spec.d_head)
+    out = torch.einsum("bhk,dhk->bhd", z.float(), w_o)
+    if layout.post_attn_norm:  # frozen post-attention norm (Gemma)
+        norm = model.module(layout.post_attn_norm, layer)
+        out = out * rms_scale(out.sum(1), norm)[:, None] * norm_weight(norm, layout.norm_offset)
+    return out
