@@ -157,48 +157,49 @@ def _voila(tmp_path, source):
         "PYTHONPATH": os.pathsep.join([source, *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
     log_path = tmp_path / "voila.log"
-    log = open(log_path, "w")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "voila",
-            str(notebook),
-            "--no-browser",
-            "--Voila.ip=127.0.0.1",
-            f"--Voila.port={port}",
-            "--Voila.port_retries=0",
-            # Notebook 7's lab extension fails to load inside Voila (a module-federation error
-            # unrelated to lenscape) and adds nothing to a dashboard.
-            "--VoilaConfiguration.extension_denylist=@jupyter-notebook/lab-extension",
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    raise RuntimeError(f"Voila did not start:\n{log_path.read_text()}")
-                time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "voila",
+                str(notebook),
+                "--no-browser",
+                "--Voila.ip=127.0.0.1",
+                f"--Voila.port={port}",
+                "--Voila.port_retries=0",
+                # Notebook 7's lab extension fails to load inside Voila (a module-federation error
+                # unrelated to lenscape) and adds nothing to a dashboard.
+                "--VoilaConfiguration.extension_denylist=@jupyter-notebook/lab-extension",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}/"
         try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=5)
-        log.close()
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        log.flush()
+                        raise RuntimeError(
+                            f"Voila did not start:\n{log_path.read_text()}"
+                        ) from None
+                    time.sleep(0.5)
+            yield url
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=5)
 
 
 def _open(browser, url, errors, outside):

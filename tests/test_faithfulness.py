@@ -179,7 +179,7 @@ def test_parse_estimator(label, parsed):
 
 @pytest.mark.parametrize("label", ["ig:x", "atp:3", "gradients", "ig:0"])
 def test_parse_estimator_rejects(label):
-    with pytest.raises(ValueError, match="estimator|step"):
+    with pytest.raises(ValueError, match=r"estimator|step"):
         parse_estimator(label)
 
 

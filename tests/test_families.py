@@ -162,6 +162,6 @@ def test_a_family_without_a_layout_says_how_to_add_one(tokenizer):
     )
     hf = transformers.AutoModelForCausalLM.from_config(config)
     with pytest.raises(
-        ValueError, match="Unsupported architecture 'falcon'.*layout=lsc.ArchLayout.*self-check"
+        ValueError, match=r"Unsupported architecture 'falcon'.*layout=lsc\.ArchLayout.*self-check"
     ):
         models.from_hf(hf, tokenizer)

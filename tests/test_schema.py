@@ -44,7 +44,7 @@ def test_validate_rejects_unknown_dim():
 
 
 def test_validate_rejects_misordered_dims():
-    with pytest.raises(ValueError, match="out of order; use da.transpose"):
+    with pytest.raises(ValueError, match=r"out of order; use da\.transpose"):
         schema.validate(make().transpose("head", "layer", "prompt"), provenance=False)
 
 

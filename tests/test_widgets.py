@@ -279,10 +279,10 @@ def test_each_combination_is_labelled_for_what_it_is(data, view, title, legend, 
 
 def test_reducers_that_do_not_fit_the_data_are_refused_with_the_fix():
     scores = per_prompt(SIGNED)
-    with pytest.raises(ValueError, match="'any' over prompt.*turn on binarize"):
+    with pytest.raises(ValueError, match=r"'any' over prompt.*turn on binarize"):
         reduce(scores, View("head", "layer", {"prompt": "any"}))
     mask = per_prompt(SIGNED > 0).assign_attrs(units="bool")
-    with pytest.raises(ValueError, match="'mean' over prompt.*share"):
+    with pytest.raises(ValueError, match=r"'mean' over prompt.*share"):
         reduce(mask, View("head", "layer", {"prompt": "mean"}))
     with pytest.raises(ValueError, match="already a mask; turn binarize off"):
         reduce(mask, View("head", "layer", {"prompt": "any"}, threshold=0.5))
