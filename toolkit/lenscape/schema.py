@@ -13,10 +13,13 @@ NaN means "not computed"; never fill it with 0.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
+
+if TYPE_CHECKING:  # type-only: models imports selfcheck, which imports schema
+    from .models import LensModel
 
 SCHEMA_VERSION = 1
 
@@ -167,6 +170,22 @@ def make(
         all_attrs.setdefault("n_layers", int(n_layers))
     da = xr.DataArray(values, dims=tuple(dims), coords=full_coords, attrs=all_attrs)
     return validate(da)
+
+
+def provenance(
+    model: LensModel, method: str, *, backend: str = "torch", **params: Any
+) -> dict[str, Any]:
+    """Attrs naming what produced a result: ``method``, ``model``, ``architecture``,
+    ``backend`` and ``dtype`` (e.g. "float32"), then ``params`` (scalars).
+    ``schema.make`` adds ``lenscape_version`` and ``schema_version``."""
+    return {
+        "method": method,
+        "model": model.name,
+        "architecture": model.spec.architecture,
+        "backend": backend,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        **params,
+    }
 
 
 def validate(da: xr.DataArray, *, provenance: bool = True) -> xr.DataArray:

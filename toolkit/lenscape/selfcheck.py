@@ -227,15 +227,14 @@ def check(model: LensModel, *, strict: bool = True) -> xr.Dataset:
     attrs = {
         "long_name": "Layout self-check mismatch",
         "units": "relative",
-        "method": "check",
         "metric": "relative mismatch",
-        "backend": "torch",
-        "model": model.name,
-        "architecture": model.spec.architecture,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "tolerance": tolerance,
-        "passed": all(passed.values()),
-        "probe_tokens": int(input_ids.shape[1]),
+        **schema.provenance(
+            model,
+            "check",
+            tolerance=tolerance,
+            passed=all(passed.values()),
+            probe_tokens=int(input_ids.shape[1]),
+        ),
     }
     n_layers = model.spec.n_layers
     result = xr.Dataset(

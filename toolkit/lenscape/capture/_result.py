@@ -1,8 +1,5 @@
-"""Turn per-prompt tensors into validated result DataArrays with provenance.
-
-``provenance`` is the one place that writes the attrs naming what produced a result;
-every capture method builds its attrs from it.
-"""
+"""Turn per-prompt tensors into validated result DataArrays with provenance
+(``schema.provenance``, the one place that writes the attrs naming what produced a result)."""
 
 from __future__ import annotations
 
@@ -13,26 +10,9 @@ import numpy as np
 import xarray as xr
 
 from .. import schema
-from ..models import LensModel
 from ._backend import Site
 from ._inputs import Inputs
 from .metrics import LONG_NAMES, UNITS
-
-
-def provenance(
-    model: LensModel, method: str, *, backend: str = "torch", **params: Any
-) -> dict[str, Any]:
-    """Attrs naming what produced a result: ``method``, ``model``, ``architecture``,
-    ``backend`` and ``dtype`` (e.g. "float32"), then ``params`` (scalars).
-    ``schema.make`` adds ``lenscape_version`` and ``schema_version``."""
-    return {
-        "method": method,
-        "model": model.name,
-        "architecture": model.spec.architecture,
-        "backend": backend,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        **params,
-    }
 
 
 def components(inputs: Inputs) -> list[tuple[Site, int | None]]:
@@ -88,7 +68,7 @@ def to_dataarray(
     attrs = {
         "long_name": f"{effect} {LONG_NAMES[inputs.metric]}",
         "units": UNITS[inputs.metric],
-        **provenance(
+        **schema.provenance(
             model,
             method,
             backend=inputs.backend,

@@ -118,12 +118,8 @@ def attention_pattern(
         attrs={
             "long_name": "attention weight",
             "units": "probability",
-            "method": "attention_pattern",
             "metric": "none",
-            "model": model.name,
-            "backend": backend,
-            "dtype": str(model.dtype).removeprefix("torch."),
-            "text": text,
+            **schema.provenance(model, "attention_pattern", backend=backend, text=text),
         },
     )
     da = da.assign_coords(layer=int(layer))

@@ -39,7 +39,6 @@ from ..models import LensModel
 from ._backend import Site, standing_edit
 from ._fit import fit_until_still
 from ._inputs import pad
-from ._result import provenance
 
 CLIP = 4.0
 STAGES = ("stage0", "plus", "minus")
@@ -341,7 +340,7 @@ def head_gating(
         )
     bar.close()
     g0, g_plus, g_minus = all_gates[:n], all_gates[n : 2 * n], all_gates[2 * n :]
-    attrs = provenance(
+    attrs = schema.provenance(
         model,
         "head_gating",
         metric="loss",

@@ -39,7 +39,6 @@ from ..models import LensModel
 from ._backend import BeforeFn, Site, standing_edit
 from ._fit import fit_until_still
 from ._inputs import pad
-from ._result import provenance
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete temperature and stretch
 COMPONENTS = schema.BLOCK_COMPONENTS  # ("attn", "mlp")
@@ -374,7 +373,7 @@ def block_masks(
         progress=progress,
     )
     spec, k = model.spec, clusters.k
-    attrs = provenance(
+    attrs = schema.provenance(
         model,
         "block_masks",
         metric=loss,

@@ -28,7 +28,6 @@ from tqdm.auto import tqdm
 from .. import schema
 from ..data import as_texts
 from ..models import LensModel
-from ._result import provenance
 
 IMPORTANCE_KINDS = ("grad_x_weight", "fisher")
 #: How a tensor's per-entry scores become one cell: their sum (the tensor's total
@@ -86,7 +85,7 @@ def _to_dataset(
             model_level[components.index(component)] = value
         else:
             per_layer[layer, components.index(component)] = value
-    attrs = provenance(model, method, tied_embeddings=spec.tied_embeddings, **params)
+    attrs = schema.provenance(model, method, tied_embeddings=spec.tied_embeddings, **params)
     coords = {"component": components}
     return xr.Dataset(
         {
