@@ -31,7 +31,7 @@ def head_outputs(model: LensModel, layer: int, z: torch.Tensor) -> torch.Tensor:
     """Per-head outputs in residual space: z (batch, n_heads, d_head) -> (batch, n_heads,
     d_model), float32, without the output projection's bias."""
     spec, layout = model.spec, model.spec.layout
-    weight = model.module(layout.o_proj, layer).weight.float()
+    weight = cast(torch.Tensor, model.module(layout.o_proj, layer).weight).float()
     if layout.qkv_split:  # GPT-2 Conv1D stores (in, out)
         weight = weight.T
     w_o = weight.view(spec.d_model, spec.n_heads, spec.d_head)

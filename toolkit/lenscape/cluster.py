@@ -35,6 +35,7 @@ def embed(prompts: Any, encoder: str | LensModel = "minilm", *, batch_size: int 
     texts = as_texts(prompts)
     if not texts:
         raise ValueError("No prompts to embed; pass a PromptSet or a list of strings.")
+    device: str | torch.device
     if isinstance(encoder, LensModel):
         model, tokenizer, device = encoder.hf, encoder.tokenizer, encoder.device
     elif encoder == "minilm":

@@ -137,7 +137,9 @@ def faithfulness(
         raise ValueError("estimators is empty; pass e.g. ('atp', 'ig').")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}.")
-    options = dict(metric=metric, batch_size=batch_size, backend=backend, progress=progress)
+    options: dict[str, Any] = dict(
+        metric=metric, batch_size=batch_size, backend=backend, progress=progress
+    )
 
     exact, exact_seconds = {}, {}
     for level in ("head", "block"):
@@ -146,7 +148,7 @@ def faithfulness(
         exact_seconds[level] = time.perf_counter() - start
     exact_types = _by_type(exact["head"], exact["block"])
 
-    stats: dict[str, list[list[float]]] = {}
+    stats: dict[str, list[float]] = {}  # stat -> one value per (estimator, component type)
     costs: dict[str, list[float]] = {"seconds": [], "forward_passes": [], "backward_passes": []}
     head_maps, block_maps = [], []
     for label in labels:

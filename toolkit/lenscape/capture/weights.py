@@ -177,6 +177,7 @@ def weight_importance(
             model.hf.zero_grad(set_to_none=True)
             model.hf(**batch, labels=labels).loss.backward()
             for layer, comp, param, cols in tensors:
+                assert param.grad is not None, f"no gradient reached {comp}"
                 grad = _view(param.grad, cols).float()
                 weight = _view(param, cols).detach().float()
                 entries = (weight * grad).abs() if kind == "grad_x_weight" else grad.pow(2)
@@ -310,8 +311,8 @@ def weight_change(
             f"{tuned.spec.architecture}); compare checkpoints of one model."
         )
     values = {}
-    for (layer, comp, w0, cols), (_, _, w1, _) in zip(_tensors(base), _tensors(tuned), strict=True):
-        w0, w1 = _view(w0, cols).float(), _view(w1, cols).float().to(w0.device)
+    for (layer, comp, p0, cols), (_, _, p1, _) in zip(_tensors(base), _tensors(tuned), strict=True):
+        w0, w1 = _view(p0, cols).float(), _view(p1, cols).float().to(p0.device)
         if w0.shape != w1.shape:
             where = comp if layer is None else f"layer {layer} {comp}"
             raise ValueError(
