@@ -30,11 +30,12 @@ import html
 import json
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import altair as alt
 import numpy as np
 import xarray as xr
+from altair.typing import ChartType
 from altair.utils.schemapi import debug_mode
 
 from lenscape.schema import LABEL_COORDS, name_from_attrs
@@ -67,15 +68,18 @@ _VALUE = "value"
 _STATE = "state"
 _INFINITE = "infinite"
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
-def _unchecked_build(build: Callable[..., Any]) -> Callable[..., Any]:
+
+def _unchecked_build(build: Callable[_P, _R]) -> Callable[_P, _R]:
     """Run a chart builder with Altair's per-object schema checks off. In its default debug
     mode Altair validates every encoding, scale and property as it is made, about half the
     time of an Explorer redraw; the finished spec is still validated whole by ``to_dict``
     (when it is displayed, exported or swapped into a ``JupyterChart``)."""
 
     @functools.wraps(build)
-    def built(*args: Any, **kwargs: Any) -> Any:
+    def built(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with debug_mode(False):
             return build(*args, **kwargs)
 
@@ -114,7 +118,7 @@ def heatmap(
     tooltip: bool = True,
     independent: bool = False,
     actions: bool = False,
-) -> alt.TopLevelMixin:
+) -> ChartType:
     """Draw a DataArray as a grid of coloured cells, optionally faceted into panels.
 
     Args:
@@ -192,8 +196,9 @@ def heatmap(
     values = da.values
     is_float = values.dtype.kind == "f"
     infinite = np.isinf(values) if is_float else np.zeros(values.shape, bool)
+    states: tuple[str, ...] = labels  # legend names of the codes 0, 1 (, 2 ...)
     if categories is not None:
-        binary, labels = True, tuple(categories)
+        binary, states = True, tuple(categories)
     elif binary is None:
         binary = is_mask(da)
     if binary and infinite.any():
@@ -215,28 +220,28 @@ def heatmap(
             has_nan=has_nan,
             center=center,
             color=color,
-            labels=labels,
+            labels=states,
             title=legend,
         )
     }
     if tooltip:
         enc["tooltip"] = _tooltip(da, binary, full)
     ticks = {**{d: c for d, c in TOKEN_COORDS.items() if c in da.coords}, **(tick_labels or {})}
-    panel = {
+    panel: dict[str, Any] = {  # keyword arguments of _panel
         "x": x,
         "y": y,
         "enc": enc,
-        "labels": labels if binary else None,
+        "labels": states if binary else None,
         "ticks": ticks,
         "has_inf": has_inf,
         "legend": full,
     }
-    chart: alt.TopLevelMixin
+    chart: ChartType
     if not (facet_row or facet_col):
         chart = _panel(da, **panel)
     elif independent:  # one chart per facet: Vega-Lite's faceted independent scales break sorting
 
-        def part(at: dict) -> alt.TopLevelMixin:
+        def part(at: dict[str, Any]) -> alt.Chart | alt.LayerChart:
             heading = " · ".join(_facet_label(da, k, v) for k, v in at.items())
             return _panel(da.sel(at), **panel).properties(title=heading)
 
@@ -266,6 +271,7 @@ def heatmap(
         )
     else:
         name = facet_row or facet_col
+        assert name  # the first branch took the case of neither facet
         chart = _panel(da, **panel).facet(
             facet=alt.Facet(
                 f"{name}:{_kind(da, name)}", sort=_order(da, name), header=_header(da, name)
@@ -345,7 +351,7 @@ class Summary:
         lines: the summary as text lines.
     """
 
-    def __init__(self, da: xr.DataArray, lines: list[str]):
+    def __init__(self, da: xr.DataArray, lines: list[str]) -> None:
         self.da, self.lines = da, lines
 
     def __repr__(self) -> str:
@@ -416,7 +422,7 @@ def _panel(
     x: str,
     y: str,
     enc: dict[str, Any],
-    labels: tuple[str, str] | None,
+    labels: tuple[str, ...] | None,
     ticks: Mapping[str, str],
     has_inf: bool,
     legend: str,
@@ -428,12 +434,13 @@ def _panel(
         x: coord on the horizontal axis.
         y: coord on the vertical axis.
         enc: colour (and tooltip) encodings, computed from the whole array so panels agree.
-        labels: names of the 0 and 1 states for a binary mask, else None.
+        labels: names of the 0 and 1 states for a binary mask (of codes 0..K-1 for
+            categories), else None.
         ticks: axis dim -> label coord giving its tick labels.
         has_inf: some cell of the whole array is +-inf: add the layer that marks them.
         legend: the full value description, for the tooltip of infinite cells.
     """
-    edges = {}
+    edges: dict[str, tuple[tuple[Hashable, ...], np.ndarray]] = {}
     for n in (x, y):
         if _kind(da, n) == "Q":
             edges[f"{n}_start"], edges[f"{n}_end"] = _edges(da[n], _axis_dim(da, n, "axis"))
@@ -486,7 +493,7 @@ def _facet_label(da: xr.DataArray, dim: Hashable, value: Any) -> str:
     return f"{dim} {value}" if _kind(da, str(dim)) == "O" else str(value)
 
 
-def _cells(da: xr.DataArray, dim: str | None) -> list[dict]:
+def _cells(da: xr.DataArray, dim: str | None) -> list[dict[str, Any]]:
     """Selections ``{dim: value}`` for each coordinate of a facet dim (``[{}]`` when None)."""
     return [{dim: v} for v in da[dim].values.tolist()] if dim else [{}]
 
@@ -511,7 +518,7 @@ def _coord_names(da: xr.DataArray) -> list[str]:
     return [str(n) for n in [*da.dims, *rest]]
 
 
-def _columns(da: xr.DataArray) -> dict[str, list]:
+def _columns(da: xr.DataArray) -> dict[str, list[Any]]:
     """One flat list per coord (see ``_coord_names``) and the values, cell-aligned.
 
     NaN and +-inf become ``None`` (JSON null) so Vega-Lite sees "missing", never 0, and the
@@ -519,7 +526,7 @@ def _columns(da: xr.DataArray) -> dict[str, list]:
     "−∞" for those cells (None elsewhere).
     """
     shape = da.shape
-    cols: dict[str, list] = {}
+    cols: dict[str, list[Any]] = {}
     for name in _coord_names(da):
         coord = da[name]
         own = [d for d in da.dims if d in coord.dims]
@@ -530,13 +537,13 @@ def _columns(da: xr.DataArray) -> dict[str, list]:
     values = da.values.ravel()
     cols[_VALUE] = _jsonable(values)
     if values.dtype.kind == "f" and np.isinf(values).any():
-        cols[_INFINITE] = np.where(
-            np.isinf(values), np.where(values > 0, "+∞", "−∞"), None
-        ).tolist()
+        marks = np.where(values > 0, "+∞", "−∞").astype(object)
+        marks[~np.isinf(values)] = None
+        cols[_INFINITE] = marks.tolist()
     return cols
 
 
-def _jsonable(arr: np.ndarray) -> list:
+def _jsonable(arr: np.ndarray) -> list[Any]:
     """Plain Python values with NaN and +-inf as None (JSON has no such numbers)."""
     if arr.dtype == bool:
         return arr.astype(int).tolist()
@@ -552,7 +559,7 @@ def _jsonable(arr: np.ndarray) -> list:
     return [str(v) for v in arr.tolist()]
 
 
-def _drop_outside(cols: dict[str, list], coord_names: list[str]) -> dict[str, list]:
+def _drop_outside(cols: dict[str, list[Any]], coord_names: list[str]) -> dict[str, list[Any]]:
     """Drop cells whose coordinates are NaN: positions outside a model, e.g. layers past a
     shallower model's depth after ``xr.concat`` along ``model``."""
     bad = [n for n in coord_names if None in cols[n]]
@@ -562,7 +569,9 @@ def _drop_outside(cols: dict[str, list], coord_names: list[str]) -> dict[str, li
     return {k: [v for v, ok in zip(col, keep, strict=True) if ok] for k, col in cols.items()}
 
 
-def _edges(coord: xr.DataArray, dim: Hashable) -> tuple[tuple, tuple]:
+def _edges(
+    coord: xr.DataArray, dim: Hashable
+) -> tuple[tuple[tuple[Hashable, ...], np.ndarray], tuple[tuple[Hashable, ...], np.ndarray]]:
     """Start and end of each cell along a continuous axis: midpoints between neighbours.
 
     Args:
@@ -593,14 +602,18 @@ def _kind(da: xr.DataArray, name: str) -> str:
     return "O" if kind in "iub" else "Q" if kind == "f" else "N"
 
 
-def _order(da: xr.DataArray, name: str) -> list:
+def _order(da: xr.DataArray, name: str) -> list[Any]:
     """Coordinate values in array order, for sorting axes and facets as stored."""
     return list(dict.fromkeys(_jsonable(da[name].values.ravel())))
 
 
 def _position(
-    da: xr.DataArray, name: str, channel: str, cols: dict[str, list], ticks: Mapping[str, str]
-) -> dict:
+    da: xr.DataArray,
+    name: str,
+    channel: str,
+    cols: dict[str, list[Any]],
+    ticks: Mapping[str, str],
+) -> dict[str, Any]:
     """Encoding for one axis: banded for discrete coords, start and end for continuous ones.
 
     A discrete axis named in ``ticks`` shows that label coord's values as its tick labels
@@ -646,10 +659,13 @@ def _color(
     has_nan: bool,
     center: float | None,
     color: str | Sequence[str] | None,
-    labels: tuple[str, str],
+    labels: tuple[str, ...],
     title: str | list[str],
 ) -> alt.Color:
     """Colour encoding chosen from the data: binary, diverging or sequential."""
+    # A scheme is the caller's str; Altair's stubs type ``scheme=`` as a Literal of Vega's
+    # names (hence the two ``type: ignore[arg-type]``), and ``to_dict`` checks it against the
+    # schema when the spec is built.
     scheme = color if isinstance(color, str) else None
     custom = None if color is None or scheme else list(color)
     if binary:
@@ -659,12 +675,12 @@ def _color(
             scale = (
                 alt.Scale(domain=domain, range=custom + [NAN_COLOR] * len(nan))
                 if custom
-                else alt.Scale(domain=domain, scheme=scheme or "category10")
+                else alt.Scale(domain=domain, scheme=scheme or "category10")  # type: ignore[arg-type]
             )
             return alt.Color(f"{_STATE}:N", scale=scale, title=title)
         domain = [labels[1], labels[0], *nan]
         if scheme:
-            scale = alt.Scale(domain=domain, scheme=scheme)
+            scale = alt.Scale(domain=domain, scheme=scheme)  # type: ignore[arg-type]
         else:
             off, on = custom or BINARY_COLORS
             scale = alt.Scale(domain=domain, range=[on, off, NAN_COLOR][: len(domain)])
@@ -687,16 +703,13 @@ def _color(
     return alt.Color(f"{_VALUE}:Q", scale=alt.Scale(**kw), title=title)
 
 
-def _tooltip(da: xr.DataArray, binary: bool, legend: str) -> list:
+def _tooltip(da: xr.DataArray, binary: bool, legend: str) -> list[alt.Tooltip]:
     """Every coordinate of a cell (dims, then label coords, then scalar coords), then its value."""
     tips = []
     for name in _coord_names(da):
         kind = _kind(da, name)
-        tips.append(
-            alt.Tooltip(
-                f"{name}:{kind}", title=str(name), **({"format": ".3f"} if kind == "Q" else {})
-            )
-        )
+        fmt: dict[str, Any] = {"format": ".3f"} if kind == "Q" else {}
+        tips.append(alt.Tooltip(f"{name}:{kind}", title=str(name), **fmt))
     if binary:
         tips.append(alt.Tooltip(f"{_STATE}:N", title="state"))
     tips.append(alt.Tooltip(f"{_VALUE}:Q", title=legend, format=".4g"))

@@ -37,6 +37,7 @@ import altair as alt
 import ipywidgets as widgets
 import numpy as np
 import xarray as xr
+from altair.typing import ChartType, is_chart_type
 from altair.utils.schemapi import debug_mode
 
 from lenscape.plot import bars, enable_offline, heatmap, is_mask, label_from_attrs
@@ -49,27 +50,31 @@ Data = xr.DataArray | xr.Dataset
 DetailFn = Callable[[dict[Hashable, Any]], Any]
 
 
-def _any(da: xr.DataArray, dim: str) -> xr.DataArray:
-    valid = da.notnull()
-    return ((da != 0) & valid).any(dim).where(valid.any(dim))
+# A dim name is any Hashable; xarray's reductions take one dim as a str or a collection of
+# names, so the reducers reduce over ``[dim]`` (the same as ``dim`` for a str name).
 
 
-def _all(da: xr.DataArray, dim: str) -> xr.DataArray:
+def _any(da: xr.DataArray, dim: Hashable) -> xr.DataArray:
     valid = da.notnull()
-    return ((da != 0) | ~valid).all(dim).where(valid.any(dim))
+    return ((da != 0) & valid).any([dim]).where(valid.any([dim]))
+
+
+def _all(da: xr.DataArray, dim: Hashable) -> xr.DataArray:
+    valid = da.notnull()
+    return ((da != 0) | ~valid).all([dim]).where(valid.any([dim]))
 
 
 #: Reductions of scores; NaN ("not computed") is skipped, a cell with nothing computed
 #: along the dim stays NaN.
-SCORE_REDUCERS: dict[str, Callable[[xr.DataArray, str], xr.DataArray]] = {
-    "mean": lambda da, dim: da.mean(dim),
-    "max": lambda da, dim: da.max(dim),
-    "min": lambda da, dim: da.min(dim),
+SCORE_REDUCERS: dict[str, Callable[[xr.DataArray, Hashable], xr.DataArray]] = {
+    "mean": lambda da, dim: da.mean([dim]),
+    "max": lambda da, dim: da.max([dim]),
+    "min": lambda da, dim: da.min([dim]),
 }
 #: Reductions of masks: any/all keep a mask (non-zero is true); share is the fraction of
 #: true values, a number in [0, 1].
-MASK_REDUCERS: dict[str, Callable[[xr.DataArray, str], xr.DataArray]] = {
-    "share": lambda da, dim: da.mean(dim),
+MASK_REDUCERS: dict[str, Callable[[xr.DataArray, Hashable], xr.DataArray]] = {
+    "share": lambda da, dim: da.mean([dim]),
     "any": _any,
     "all": _all,
 }
@@ -163,7 +168,9 @@ def reduce(data: Data, view: View) -> xr.DataArray:
         name = f"{name} >= {view.threshold:g}"
         attrs.update(long_name=name, units="bool")
         mask = True
-    steps, pooled, shared = [], [], []
+    steps: list[str] = []
+    pooled: list[tuple[Hashable, str]] = []  # (dim, REDUCERS name), reduced in this order
+    shared: list[tuple[Hashable, str]] = []  # (dim, "share"), averaged together last
     for dim, how in view.pick.items():
         if dim not in da.dims or dim == view.facet:
             continue
@@ -203,7 +210,7 @@ def reduce(data: Data, view: View) -> xr.DataArray:
     return out
 
 
-def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, alt.TopLevelMixin]:
+def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, ChartType]:
     """The pure core of the Explorer: state in, reduced DataArray and chart out.
 
     Args:
@@ -293,7 +300,7 @@ class Explorer:
         threshold: float | None = None,
         detail: DetailFn | None = None,
         **options: Any,
-    ):
+    ) -> None:
         dims = _dims(data)
         for role, name in (("x", x), ("y", y)):
             if name not in dims and name not in data.coords:
@@ -380,9 +387,11 @@ class Explorer:
             control.observe(self._on_change, names="value")
 
     @property
-    def chart(self) -> alt.TopLevelMixin:
+    def chart(self) -> ChartType:
         """The Altair chart now shown (export it with ``lenscape.export``)."""
-        return self._chart.chart
+        chart = self._chart.chart
+        assert is_chart_type(chart)  # the widget holds only charts from render (never None)
+        return chart
 
     def _current(self) -> xr.DataArray:
         if isinstance(self.data, xr.DataArray):
@@ -445,7 +454,7 @@ class Explorer:
         if "prompt" in c and c["prompt"].value not in REDUCERS:
             c["prompt"].tooltip = str(c["prompt"].label)
 
-    def _on_change(self, change: dict) -> None:
+    def _on_change(self, change: dict[str, Any]) -> None:
         if self._busy:
             return
         self._busy = True
@@ -500,7 +509,7 @@ class Explorer:
         if "cell" in self._chart.selections.trait_names():
             self._chart.selections.observe(self._on_select, names=["cell"])
 
-    def _on_select(self, change: dict) -> None:
+    def _on_select(self, change: dict[str, Any]) -> None:
         points = change["new"].value
         if points:
             self.show_cell(points[0])
@@ -547,12 +556,12 @@ class Explorer:
             except ValueError as err:
                 self._cell_error.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
                 shown = self._cell_error
-            if isinstance(shown, alt.TopLevelMixin):
+            if is_chart_type(shown):  # any Altair chart (the subclasses of alt.TopLevelMixin)
                 shown = self._detail_chart("detail", shown)
             parts.append(shown)
         self._details.children = tuple(parts)
 
-    def _detail_chart(self, slot: str, chart: alt.TopLevelMixin) -> alt.JupyterChart:
+    def _detail_chart(self, slot: str, chart: ChartType) -> alt.JupyterChart:
         """The details' chart widget for ``slot`` ("bars" or "detail"): created on the first
         click, its chart swapped in place afterwards (a new widget costs the browser far more)."""
         widget = self._detail_charts.get(slot)
@@ -605,7 +614,7 @@ class PromptForm:
 
     def __init__(
         self, run: Callable[[dict[str, str | None]], Data], *, example: Any, **options: Any
-    ):
+    ) -> None:
         self.run = run
         record = example if isinstance(example, Mapping) else dataclasses.asdict(example)
         self.fields = {
