@@ -99,6 +99,11 @@ class PromptSet(Sequence[Prompt]):
         return [p.category for p in self._prompts]
 
 
+#: What lenscape's methods accept as prompts: a ``PromptSet``, or ``Prompt``s or dicts with
+#: their fields (``as_prompt_set`` turns any of them into a ``PromptSet``).
+Prompts = PromptSet | Iterable[Prompt | dict[str, Any]]
+
+
 def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom") -> PromptSet:
     """Build a ``PromptSet`` from ``Prompt``s or dicts with keys ``text``, ``target`` and
     optionally ``corrupt``, ``distractor``, ``category``.
@@ -137,7 +142,7 @@ def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom
     return PromptSet(prompts, name=name)
 
 
-def as_prompt_set(prompts: PromptSet | Iterable[Prompt | dict[str, Any]]) -> PromptSet:
+def as_prompt_set(prompts: Prompts) -> PromptSet:
     """``prompts`` as a ``PromptSet``: a PromptSet as it is, or a list of Prompts or record
     dicts (``from_records``). What every method taking prompts with targets accepts.
 

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from . import _validate
-from .data import as_texts
+from .data import Prompt, as_texts
 from .models import LensModel, from_hf
 
 
 def finetune(
     model: LensModel,
-    prompts,
+    prompts: Iterable[Prompt | str],
     *,
     steps: int = 200,
     lr: float = 1e-4,

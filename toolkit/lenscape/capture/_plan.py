@@ -39,7 +39,7 @@ Imports go one way: ``_plan`` <- ``distributed`` <- ``streaming`` (which imports
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -50,13 +50,10 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import _validate, store
-from ..data import Prompt, PromptSet
 from . import metrics
 from ._backend import BACKENDS
 from ._inputs import PADDING_SIDES, Batch, Inputs
 
-#: What the per-prompt methods take as prompts (see ``data.as_prompt_set``).
-Prompts = PromptSet | Iterable[Prompt | dict[str, Any]]
 #: What a plan's ``finish`` returns: a DataArray, or a Dataset of several.
 Result = xr.DataArray | xr.Dataset
 #: The result type of one plan (``xr.DataArray`` for all but ``attribution_patching``).

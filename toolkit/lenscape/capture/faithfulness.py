@@ -19,6 +19,8 @@ import pandas as pd
 import xarray as xr
 
 from .. import schema
+from ..data import Prompts
+from ..models import LensModel
 from .patching import DEFAULT_IG_STEPS, ESTIMATORS, activation_patching, attribution_patching
 
 #: Component types compared: per-head outputs, attention blocks, MLP blocks.
@@ -92,8 +94,8 @@ def _by_type(heads: xr.DataArray, blocks: xr.DataArray) -> dict[str, xr.DataArra
 
 
 def faithfulness(
-    model,
-    prompts,
+    model: LensModel,
+    prompts: Prompts,
     *,
     estimators: Sequence[str] = ("atp", "ig"),
     metric: str = "logit_diff",

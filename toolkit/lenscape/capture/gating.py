@@ -34,7 +34,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import schema
-from ..data import PromptSet, as_prompt_set
+from ..data import Prompts, PromptSet, as_prompt_set
 from ..models import LensModel
 from ._backend import Site, standing_edit
 from ._fit import fit_until_still
@@ -209,7 +209,7 @@ def _check_gates(model: LensModel, gates) -> torch.Tensor:
 
 
 def task_loss(
-    model: LensModel, prompts, gates: torch.Tensor | None = None, *, batch_size: int = 8
+    model: LensModel, prompts: Prompts, gates: torch.Tensor | None = None, *, batch_size: int = 8
 ) -> torch.Tensor:
     """Mean target NLL of ``prompts`` under each gate set: a causal check of gate results.
 
@@ -234,7 +234,7 @@ def _uniform_logits(seed: int, shape: tuple[int, int]) -> torch.Tensor:
 
 def head_gating(
     model: LensModel,
-    task,
+    task: Prompts,
     *,
     seeds: int | Sequence[int] = 10,
     lambda_: float = 0.1,
@@ -245,7 +245,7 @@ def head_gating(
     window: int = 20,
     tol: float = 0.01,
     rows_per_pass: int = 64,
-    validation=None,
+    validation: Prompts | None = None,
     progress: bool = True,
 ) -> xr.Dataset:
     """Fit causal head gates on a task at the reference protocol and score every head's role.
@@ -409,7 +409,7 @@ def _top_cells(scores: np.ndarray, k: int) -> np.ndarray:
 def gating_check(
     model: LensModel,
     gating: xr.Dataset,
-    validation,
+    validation: Prompts,
     *,
     k: int = 10,
     n_random: int = 20,

@@ -18,10 +18,11 @@ import torch
 import xarray as xr
 
 from .._parts import head_outputs, norm_weight, rms_scale
+from ..data import Prompts
 from ..models import LensModel
 from ._backend import get_backend
 from ._inputs import prepare
-from ._plan import CaptureOptions, Plan, Prompts
+from ._plan import CaptureOptions, Plan
 from ._result import components, to_dataarray
 from .streaming import execute
 

@@ -44,11 +44,12 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import _validate
+from ..data import Prompts
 from ..models import LensModel
 from . import memory, metrics
 from ._backend import Site, TokenBatch, get_backend
 from ._inputs import Batch, Inputs, prepare
-from ._plan import CaptureOptions, Plan, Prompts, Result
+from ._plan import CaptureOptions, Plan, Result
 from ._result import components, to_dataarray
 from .streaming import execute
 

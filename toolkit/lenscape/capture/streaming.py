@@ -30,13 +30,12 @@ from typing import Any, cast
 from tqdm.auto import tqdm
 
 from .. import store
-from ..data import as_prompt_set
+from ..data import Prompts, as_prompt_set
 from ..models import LensModel
 from ._inputs import fingerprint
 from ._plan import (
     CaptureOptions,
     Planner,
-    Prompts,
     R,
     batch_slice,
     nan_values,

@@ -14,9 +14,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..data import Prompts
 from ..models import LensModel
 from . import logit, patching
-from ._plan import CaptureOptions, Planner, Prompts, Result
+from ._plan import CaptureOptions, Planner, Result
 from .streaming import stream
 
 

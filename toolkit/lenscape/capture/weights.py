@@ -17,7 +17,7 @@ and the attr ``tied_embeddings`` is True.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import schema
-from ..data import as_texts
+from ..data import Prompt, as_texts
 from ..models import LensModel
 
 IMPORTANCE_KINDS = ("grad_x_weight", "fisher")
@@ -121,7 +121,7 @@ def min_max(ds: xr.Dataset) -> xr.Dataset:
 
 def weight_importance(
     model: LensModel,
-    prompts,
+    prompts: Iterable[Prompt | str],
     *,
     kind: str = "grad_x_weight",
     aggregation: str = "sum",
