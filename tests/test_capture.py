@@ -258,14 +258,23 @@ def test_attribution_patching_is_the_first_order_effect(tokenizer, factual):
             model, p.text, p.target, p.distractor, [(o_proj_module(model, layer), save, True)]
         )
         sl = slice(head * model.spec.d_head, (head + 1) * model.spec.d_head)
-        hook = head_replacer(
-            model, head, lambda z: z[..., sl] + eps * (clean_z["z"][..., sl] - z[..., sl])
-        )
-        moved = logit_diff(
-            model, p.corrupt, p.target, p.distractor, [(o_proj_module(model, layer), hook, True)]
-        )
-        base = logit_diff(model, p.corrupt, p.target, p.distractor)
-        assert (moved - base) / eps == pytest.approx(float(scores[0, layer, head]), rel=2e-3)
+        moved = {}
+        for step in (eps, -eps):
+            hook = head_replacer(
+                model,
+                head,
+                lambda z, step=step: z[..., sl] + step * (clean_z["z"][..., sl] - z[..., sl]),
+            )
+            moved[step] = logit_diff(
+                model,
+                p.corrupt,
+                p.target,
+                p.distractor,
+                [(o_proj_module(model, layer), hook, True)],
+            )
+        # Central difference: its error is O(eps^2), so the comparison is tight.
+        slope = (moved[eps] - moved[-eps]) / (2 * eps)
+        assert slope == pytest.approx(float(scores[0, layer, head]), rel=2e-3)
 
 
 def test_attribution_patching_all_levels(tiny_llama, factual):
