@@ -95,7 +95,7 @@ def reference_activation_patching(model, prompts):
         hooks = []
         for layer in range(spec.n_layers):
 
-            def save(module, args, layer=layer):
+            def save(module, args, layer=layer, clean_z=clean_z):
                 clean_z[layer] = args[0].clone()
 
             hooks.append((o_proj_module(model, layer), save, True))
@@ -105,7 +105,9 @@ def reference_activation_patching(model, prompts):
             for head in range(spec.n_heads):
                 sl = slice(head * d_head, (head + 1) * d_head)
                 hook = head_replacer(
-                    model, head, lambda z, layer=layer, sl=sl: clean_z[layer][..., sl]
+                    model,
+                    head,
+                    lambda z, layer=layer, sl=sl, clean_z=clean_z: clean_z[layer][..., sl],
                 )
                 out[i, layer, head] = (
                     logit_diff(
@@ -251,7 +253,7 @@ def test_attribution_patching_is_the_first_order_effect(tokenizer, factual):
     for layer, head in [(0, 1), (1, 3)]:
         clean_z = {}
 
-        def save(module, args):
+        def save(module, args, clean_z=clean_z):
             clean_z["z"] = args[0].clone()
 
         logit_diff(
@@ -260,11 +262,11 @@ def test_attribution_patching_is_the_first_order_effect(tokenizer, factual):
         sl = slice(head * model.spec.d_head, (head + 1) * model.spec.d_head)
         moved = {}
         for step in (eps, -eps):
-            hook = head_replacer(
-                model,
-                head,
-                lambda z, step=step: z[..., sl] + step * (clean_z["z"][..., sl] - z[..., sl]),
-            )
+
+            def moved_by(z, step=step, sl=sl, clean=clean_z["z"]):
+                return z[..., sl] + step * (clean[..., sl] - z[..., sl])
+
+            hook = head_replacer(model, head, moved_by)
             moved[step] = logit_diff(
                 model,
                 p.corrupt,
@@ -299,7 +301,7 @@ def test_dla_adds_up_to_the_logit_difference(tiny_llama, factual):
         ids = torch.tensor([model.tokenizer(p.text)["input_ids"]])
         seen = {}
 
-        def keep(module, args):
+        def keep(module, args, seen=seen):
             seen["resid"] = args[0][0, -1].clone()
 
         handle = final.register_forward_pre_hook(keep)

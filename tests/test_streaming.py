@@ -116,7 +116,7 @@ def test_unusable_store_paths(tiny_llama, factual, tmp_path):
 
     with pytest.raises(ValueError, match="does not exist"):
         capture(tmp_path / "missing" / "r.zarr")
-    with pytest.raises(ValueError, match="ending in '.zarr'"):
+    with pytest.raises(ValueError, match=r"ending in '\.zarr'"):
         capture(tmp_path / "r.nc")
     (tmp_path / "file.zarr").write_text("x")
     with pytest.raises(ValueError, match="is a file"):
