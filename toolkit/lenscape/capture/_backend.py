@@ -34,7 +34,7 @@ import copy
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -112,7 +112,7 @@ class SiteModule:
     ``output`` of the module at ``path``, item ``item`` of it when that is a tuple."""
 
     path: str
-    port: str
+    port: Literal["input", "output"]
     item: int | None = None
 
 
