@@ -9,6 +9,9 @@ pieces, down to bytes). Tiny models built on it have a vocabulary of about 2,000
 49,152, which makes their embeddings, logits and backward passes cheap.
 
 Fresh-process scripts import it with ``sys.path.insert(0, TESTS)`` (``TESTS`` below).
+
+The rest are reference computations written with plain PyTorch hooks (no lenscape
+internals), shared by the capture tests and the bundled-model tests.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import hashlib
 import itertools
 import json
 from pathlib import Path
+
+import numpy as np
+import torch
 
 #: The tests folder, for fresh-process scripts that import this module.
 TESTS = str(Path(__file__).resolve().parent)
@@ -136,3 +142,117 @@ def small_tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(small_tokenizer_folder(), local_files_only=True)
+
+
+# ----------------------------------------------------------------------------- references
+# Reference computations with plain PyTorch hooks. They deliberately avoid lenscape
+# internals: they tokenize one prompt at a time (no padding), hook the HF modules directly
+# and read the last token's logits.
+
+
+def o_proj_module(model, layer):
+    """The HF output projection of one block, found without lenscape's layout table."""
+    hf = model.hf
+    if hasattr(hf, "transformer"):  # GPT-2
+        return hf.transformer.h[layer].attn.c_proj
+    return hf.model.layers[layer].self_attn.o_proj
+
+
+def block_outputs(model, layer):
+    """(attention, MLP) modules whose outputs are added to the residual stream."""
+    hf = model.hf
+    if hasattr(hf, "transformer"):
+        block = hf.transformer.h[layer]
+        return block.attn, block.mlp
+    block = hf.model.layers[layer]
+    if hasattr(block, "post_feedforward_layernorm"):  # Gemma
+        return block.post_attention_layernorm, block.post_feedforward_layernorm
+    return block.self_attn, block.mlp
+
+
+def logit_diff(model, text, target, distractor, hooks=()):
+    """Logit difference at the last token of one unpadded prompt, with forward hooks."""
+    tok = model.tokenizer
+    ids = torch.tensor([tok(text)["input_ids"]])
+    t = tok(target, add_special_tokens=False)["input_ids"][0]
+    d = tok(distractor, add_special_tokens=False)["input_ids"][0]
+    handles = [
+        module.register_forward_pre_hook(fn) if pre else module.register_forward_hook(fn)
+        for module, fn, pre in hooks
+    ]
+    try:
+        with torch.no_grad():
+            logits = model.hf(ids).logits[0, -1].double()
+    finally:
+        for h in handles:
+            h.remove()
+    return float(logits[t] - logits[d])
+
+
+def head_replacer(model, head, value):
+    """Pre-hook replacing one head's slice of the o_proj input; value(ids_shape)->tensor."""
+    d_head = model.spec.d_head
+
+    def hook(module, args):
+        z = args[0].clone()
+        z[..., head * d_head : (head + 1) * d_head] = value(z)
+        return (z, *args[1:])
+
+    return hook
+
+
+def reference_zero_ablation(model, prompts, layers=None):
+    spec = model.spec
+    layers = range(spec.n_layers) if layers is None else layers
+    out = np.zeros((len(prompts), len(layers), spec.n_heads))
+    for i, p in enumerate(prompts):
+        base = logit_diff(model, p.text, p.target, p.distractor)
+        for li, layer in enumerate(layers):
+            for head in range(spec.n_heads):
+                hook = head_replacer(model, head, lambda z: 0.0)
+                out[i, li, head] = (
+                    logit_diff(
+                        model,
+                        p.text,
+                        p.target,
+                        p.distractor,
+                        [(o_proj_module(model, layer), hook, True)],
+                    )
+                    - base
+                )
+    return out
+
+
+def reference_activation_patching(model, prompts):
+    spec, d_head = model.spec, model.spec.d_head
+    out = np.zeros((len(prompts), spec.n_layers, spec.n_heads))
+    for i, p in enumerate(prompts):
+        clean_z = {}
+        hooks = []
+        for layer in range(spec.n_layers):
+
+            def save(module, args, layer=layer, clean_z=clean_z):
+                clean_z[layer] = args[0].clone()
+
+            hooks.append((o_proj_module(model, layer), save, True))
+        logit_diff(model, p.text, p.target, p.distractor, hooks)
+        base = logit_diff(model, p.corrupt, p.target, p.distractor)
+        for layer in range(spec.n_layers):
+            for head in range(spec.n_heads):
+                sl = slice(head * d_head, (head + 1) * d_head)
+                hook = head_replacer(
+                    model,
+                    head,
+                    lambda z, layer=layer, sl=sl, clean_z=clean_z: clean_z[layer][..., sl],
+                )
+                out[i, layer, head] = (
+                    logit_diff(
+                        model,
+                        p.corrupt,
+                        p.target,
+                        p.distractor,
+                        [(o_proj_module(model, layer), hook, True)],
+                    )
+                    - base
+                )
+    return out

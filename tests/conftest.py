@@ -71,6 +71,22 @@ def factual():
 
 
 @pytest.fixture(scope="session")
+def mixed():
+    """32 texts of the mixed set, 4 of each kind (clustering and block masks)."""
+    import lenscape as lsc
+
+    return lsc.data.prompts("mixed")[::10]
+
+
+@pytest.fixture(scope="session")
+def clusters(mixed):
+    """``mixed`` embedded with the bundled sentence encoder, in 4 k-means clusters."""
+    from lenscape import cluster
+
+    return cluster.kmeans(cluster.embed(mixed), 4, prompts=mixed)
+
+
+@pytest.fixture(scope="session")
 def fresh_runs():
     """``fresh_runs(code)`` runs ``code`` in two fresh Python processes and returns the JSON
     each printed on its last line: for checks that a result does not depend on the process."""

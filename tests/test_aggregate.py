@@ -1,4 +1,5 @@
-"""Always / Any / fraction across seeds, and head roles."""
+"""Always / Any / fraction across seeds, head roles, their thresholds; shares over a dim
+and stacking models of different depth."""
 
 from __future__ import annotations
 
@@ -89,3 +90,54 @@ def test_always_any_scores_are_min_and_max_and_match_thresholds():
             (high >= threshold).where(computed).values,
             aggregate.any_(da, threshold=threshold).values,
         )
+
+
+def _seeds() -> xr.DataArray:
+    return xr.DataArray(
+        np.linspace(0, 1, 12).reshape(3, 2, 2),
+        dims=("seed", "layer", "head"),
+        coords={"seed": [0, 1, 2], "layer": [0, 1], "head": [0, 1]},
+    )
+
+
+@pytest.mark.parametrize("function", [aggregate.always, aggregate.any_, aggregate.fraction])
+@pytest.mark.parametrize(
+    "threshold, error",
+    [
+        ("0.5", TypeError),
+        (None, TypeError),
+        (True, TypeError),
+        (float("nan"), ValueError),
+        (2, ValueError),
+    ],
+)
+def test_threshold_type_and_range_in_every_function(function, threshold, error):
+    with pytest.raises(error, match=r"threshold must be a (finite )?number in \[0, 1\]"):
+        function(_seeds(), threshold=threshold)
+
+
+def test_integer_and_numpy_thresholds_work():
+    assert aggregate.always(_seeds(), threshold=1).sum() == 0
+    xr.testing.assert_identical(
+        aggregate.any_(_seeds(), threshold=np.float32(0.5)), aggregate.any_(_seeds(), threshold=0.5)
+    )
+
+
+def test_normalize_and_combine():
+    a = xr.DataArray(
+        np.arange(6.0).reshape(3, 2) + 1,
+        dims=("layer", "component"),
+        coords={
+            "layer": [0, 1, 2],
+            "component": ["q_proj", "k_proj"],
+            "depth": ("layer", [0, 0.5, 1]),
+        },
+    )
+    b = a.isel(layer=[0, 1]).assign_coords(depth=("layer", [0, 1.0]))
+    np.testing.assert_allclose(aggregate.normalize(a).sum("component").values, 1)
+    both = aggregate.combine_models({"a": a, "b": b})
+    assert both.dims == ("model", "layer", "component") and both.shape == (2, 3, 2)
+    assert np.isnan(both.sel(model="b", layer=2)).all()
+    np.testing.assert_allclose(both["depth"].sel(model="b").values[:2], [0, 1])
+    with pytest.raises(ValueError, match="Cannot normalise over 'head'"):
+        aggregate.normalize(a, over="head")

@@ -95,3 +95,16 @@ def test_standing_edit_refuses_patterns(tiny_llama):
         standing_edit(tiny_llama, [("pattern", 0)], lambda site, value: value),
     ):
         pass
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["ablation", "activation_patching", "attribution_patching", "direct_logit_attribution"],
+)
+@pytest.mark.parametrize("level", ["head", "block"])
+def test_backends_agree(tiny_model, factual, method, level):
+    fn = getattr(lsc, method)
+    a = fn(tiny_model, factual[:3], level=level, backend="nnsight", progress=False)
+    b = fn(tiny_model, factual[:3], level=level, backend="transformer_lens", progress=False)
+    np.testing.assert_allclose(a.values, b.values, atol=1e-4)
+    assert b.attrs["backend"] == "transformer_lens"

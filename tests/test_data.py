@@ -9,7 +9,9 @@ import torch
 
 import lenscape as lsc
 from lenscape.capture import metrics
-from lenscape.data import Prompt
+from lenscape.data import Prompt, from_records
+
+PARIS = {"text": "The capital of France is the city of", "target": " Paris", "distractor": " Rome"}
 
 
 def test_factual_set_shape(factual):
@@ -145,3 +147,29 @@ def test_ioi_pairs_tokenize_and_the_model_answers_both_sides(smol):
             ]
         correct += diffs[0] > 0 and diffs[1] < 0
     assert correct >= 57, correct
+
+
+def test_empty_text_is_refused():
+    with pytest.raises(ValueError, match="Prompt text '' is empty"):
+        Prompt("", " Paris")
+    with pytest.raises(ValueError, match="Prompt text '  ' is empty"):
+        Prompt("  ", " Paris")
+    with pytest.raises(ValueError, match=r"Prompt corrupt '' is empty.*corrupt=None"):
+        Prompt("The capital of France is", " Paris", corrupt="")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("text", 7), ("target", 5), ("target", None), ("corrupt", 1.0), ("category", None)],
+)
+def test_field_of_wrong_type_names_the_field(field, value):
+    with pytest.raises(TypeError, match=f"Prompt {field} must be a string"):
+        Prompt(**{**PARIS, field: value})
+    with pytest.raises(TypeError, match=f"Record 0: Prompt {field} must be a string"):
+        from_records([{**PARIS, field: value}])
+
+
+@pytest.mark.parametrize("records", [PARIS, Prompt(**PARIS), "The capital", None])
+def test_from_records_wants_a_list(records):
+    with pytest.raises(TypeError, match=r"records must be a list of Prompts or dicts.*\[record\]"):
+        from_records(records)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
+import lenscape as lsc
 from lenscape.capture import metrics
 
 # Two rows over a 3-token vocabulary; targets (2, 0), distractors (1, 2).
@@ -50,3 +52,15 @@ def test_not_finite_values_name_the_prompts():
         metrics.check_finite(values, torch.tensor([4, 7, 9]), "loss")
     ok = values[:1]
     assert metrics.check_finite(ok, torch.tensor([0]), "loss") is ok
+
+
+@pytest.mark.parametrize(
+    "method", [lsc.ablation, lsc.activation_patching, lsc.attribution_patching]
+)
+def test_nan_metric_is_detected(tiny_llama, factual, method):
+    broken = copy.copy(tiny_llama)
+    broken.hf = copy.deepcopy(tiny_llama.hf)
+    with torch.no_grad():
+        broken.hf.lm_head.weight[:] = float("nan")
+    with pytest.raises(ValueError, match="not finite"):
+        method(broken, factual[:2], progress=False)

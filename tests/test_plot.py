@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-import lenscape.accessor  # noqa: F401  (registers da.lsc)
+import lenscape as lsc
+import lenscape.accessor
 from lenscape import plot, schema
 from lenscape.plot import export, heatmap
 
@@ -421,3 +422,18 @@ def test_summary_is_a_few_lines_with_the_strongest_cells():
         "strongest (mean over prompt): layer 2, head 1: 4",
     ]
     assert plot.summary(da)._repr_html_().startswith("<div")
+
+
+def test_agreement_chart(tiny_llama, factual):
+    pairs = factual[:4]
+    report = lsc.faithfulness(tiny_llama, pairs, estimators=("atp",), progress=False)
+    spec = lsc.agreement(report).to_dict()
+    panels = spec["hconcat"]
+    assert [p["title"]["text"] for p in panels] == ["heads", "attention blocks", "MLP blocks"]
+    r_mlp = float(report["pearson_means"].sel(estimator="atp", component_type="mlp"))
+    assert panels[2]["title"]["subtitle"] == f"r {r_mlp:.2f} (atp)"
+    points = next(layer for layer in panels[0]["layer"] if layer["mark"]["type"] == "circle")
+    assert len(points["data"]["values"]) == 12  # 3 layers x 4 heads, one estimator
+    first = points["data"]["values"][0]
+    assert first["exact"] == pytest.approx(float(report["exact_heads"].mean("prompt")[0, 0]))
+    assert points["encoding"]["x"]["title"].startswith("exact patching effect")

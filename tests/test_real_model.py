@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_capture import reference_zero_ablation
+from _helpers import reference_zero_ablation
 
 import lenscape as lsc
 

@@ -124,12 +124,6 @@ def test_unusable_store_paths(tiny_llama, factual, tmp_path):
     (tmp_path / "junk.zarr").mkdir()
     with pytest.raises(ValueError, match="not a lenscape capture store"):
         capture(tmp_path / "junk.zarr")
-    with pytest.raises(ValueError, match="cannot stream 'head_gating'"):
-        lsc.capture_to(tmp_path / "g.zarr", lsc.head_gating, tiny_llama, factual[:2])
-    with pytest.raises(ValueError, match=r"ablation has no option\(s\) \['levle'\]"):
-        lsc.capture_to(tmp_path / "o.zarr", "ablation", tiny_llama, factual[:2], levle="block")
-    with pytest.raises(ValueError, match="pass store="):
-        lsc.ablation(tiny_llama, factual[:2], client=object(), progress=False)
 
 
 def _make_read_only(folder) -> bool:

@@ -1,4 +1,5 @@
-"""Weight importance and change maps, normalisation, combining models, fine-tuning."""
+"""Weight importance and change maps, and the weight grid across models
+(``capture/weights.py``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import copy
 import numpy as np
 import pytest
 import torch
-import xarray as xr
 
 import lenscape as lsc
-from lenscape import aggregate, models
+from lenscape import models
 
 
 def test_change_with_itself_is_zero_and_one_perturbation_shows(tiny_model):
@@ -146,26 +146,6 @@ def test_tied_embeddings_reported_once(tokenizer):
     assert np.isnan(float(changed.sel(component="lm_head")))
 
 
-def test_normalize_and_combine():
-    a = xr.DataArray(
-        np.arange(6.0).reshape(3, 2) + 1,
-        dims=("layer", "component"),
-        coords={
-            "layer": [0, 1, 2],
-            "component": ["q_proj", "k_proj"],
-            "depth": ("layer", [0, 0.5, 1]),
-        },
-    )
-    b = a.isel(layer=[0, 1]).assign_coords(depth=("layer", [0, 1.0]))
-    np.testing.assert_allclose(aggregate.normalize(a).sum("component").values, 1)
-    both = aggregate.combine_models({"a": a, "b": b})
-    assert both.dims == ("model", "layer", "component") and both.shape == (2, 3, 2)
-    assert np.isnan(both.sel(model="b", layer=2)).all()
-    np.testing.assert_allclose(both["depth"].sel(model="b").values[:2], [0, 1])
-    with pytest.raises(ValueError, match="Cannot normalise over 'head'"):
-        aggregate.normalize(a, over="head")
-
-
 def test_errors(tiny_llama, tokenizer, factual):
     with pytest.raises(ValueError, match="Unknown importance kind"):
         lsc.weight_importance(tiny_llama, factual[:1], kind="taylor", progress=False)
@@ -183,15 +163,3 @@ def test_errors(tiny_llama, tokenizer, factual):
     wider.hf.model.layers[0].mlp.up_proj.weight = torch.nn.Parameter(torch.zeros(256, 64))
     with pytest.raises(ValueError, match="Tensor shapes differ at layer 0 up_proj"):
         lsc.weight_change(tiny_llama, wider)
-
-
-def test_finetune_copies_and_is_deterministic(tiny_llama, factual, tmp_path):
-    before = tiny_llama.hf.lm_head.weight.clone()
-    a = lsc.finetune(
-        tiny_llama, factual[:8], steps=2, batch_size=2, lr=1e-3, progress=False, out_dir=tmp_path
-    )
-    b = lsc.finetune(tiny_llama, factual[:8], steps=2, batch_size=2, lr=1e-3, progress=False)
-    assert torch.equal(tiny_llama.hf.lm_head.weight, before)
-    assert torch.equal(a.hf.lm_head.weight, b.hf.lm_head.weight)
-    assert float(lsc.weight_change(tiny_llama, a)["per_layer"].max()) > 0
-    assert lsc.load(str(tmp_path), device="cpu").spec == tiny_llama.spec

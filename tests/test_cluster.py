@@ -1,0 +1,37 @@
+"""Embedding prompts, k-means clusters, routing to the nearest centroid, held-out splits
+(``cluster.py``); ``mixed`` and ``clusters`` come from conftest.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lenscape import cluster
+
+
+def test_embed_and_kmeans(mixed, clusters):
+    emb = cluster.embed(mixed)
+    assert emb.shape == (32, 384)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1, rtol=1e-5)
+    assert clusters.labels.dims == ("prompt",) and "category" in clusters.labels.coords
+    assert sorted(set(clusters.labels.values)) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(clusters.assign(emb), clusters.labels.values)
+    np.testing.assert_array_equal(clusters.route(mixed.texts), clusters.labels.values)
+
+
+def test_kmeans_errors(mixed):
+    emb = cluster.embed(mixed[:3])
+    with pytest.raises(ValueError, match="k=5 clusters for 3 prompts"):
+        cluster.kmeans(emb, 5)
+    with pytest.raises(ValueError, match="left cluster"):
+        cluster.kmeans(np.repeat(emb[:1], 4, axis=0), 2)
+
+
+def test_split_holds_out_each_kind(mixed):
+    train, held_out = cluster.split(mixed, held_out=0.25, seed=0)
+    assert len(train) == 24 and len(held_out) == 8
+    assert not set(train.texts) & set(held_out.texts)
+    assert sorted(held_out.categories) == sorted(set(mixed.categories))  # one of each kind
+    assert cluster.split(mixed, seed=1)[1].texts != held_out.texts
+    with pytest.raises(ValueError, match=r"held_out must lie in \(0, 1\)"):
+        cluster.split(mixed, held_out=1.0)
