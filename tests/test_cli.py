@@ -58,13 +58,12 @@ def test_version(capsys):
 
 
 def test_the_installed_command_runs_and_fails_cleanly():
-    """The console script from pyproject's [project.scripts]: --version works, and a
-    command that fails (an unknown bundled model) exits non-zero naming the fix."""
+    """The console script from pyproject's [project.scripts] reaches ``main``, and a command
+    that fails (an unknown bundled model) exits non-zero naming the fix. One process: each
+    start imports torch and transformers (--version is checked in-process above)."""
     script = Path(sys.executable).with_name("lenscape")
     if not script.exists():
         pytest.skip(f"no console script next to {sys.executable} (package not installed)")
-    version = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=300)
-    assert version.returncode == 0 and version.stdout.strip() == f"lenscape {package_version()}"
     bad = subprocess.run(
         [script, "install-models", "gpt-17"], capture_output=True, text=True, timeout=300
     )
