@@ -26,11 +26,11 @@ EXACTNESS = """\
   (tests/test_real_model.py). In float32 the two differ by up to 4.1e-5, only through
   reduction order (batched, padded vs single-prompt passes): exactness is checked in float64.
 - nnsight vs TransformerLens: agree to 1e-4 (float32) for all four methods on tiny models
-  (tests/test_capture.py) and for integrated gradients (tests/test_faithfulness.py).
+  (tests/test_backend.py) and for integrated gradients (tests/test_patching.py).
 - AtP and integrated gradients equal exact patching on a model that is linear in the patched
   activation (a tiny GPT-2 whose last block and final norm are linear), and "ig" with
   steps=1 equals AtP; `refine=k` values equal the full sweep's exactly for the refined
-  components (tests/test_faithfulness.py)."""
+  components (tests/test_patching.py)."""
 
 STATS = (
     "pearson_cells",

@@ -25,6 +25,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+#: Provenance attrs of the synthetic results the plot, widget and accessor tests draw.
+ATTRS = dict(
+    long_name="attribution",
+    units="logit diff",
+    method="attribution_patching",
+    metric="logit_diff",
+    model="tiny",
+    backend="nnsight",
+    dtype="float32",
+)
+
 #: The tests folder, for fresh-process scripts that import this module.
 TESTS = str(Path(__file__).resolve().parent)
 
@@ -201,58 +212,51 @@ def head_replacer(model, head, value):
     return hook
 
 
-def reference_zero_ablation(model, prompts, layers=None):
+def reference_head_effects(model, prompts, replacement, *, source="text", layers=None):
+    """Per prompt, layer and head: logit difference on the prompt's ``source`` text ("text"
+    or "corrupt") with that head's o_proj input replaced by ``replacement(i, layer, head)``
+    (its (..., d_head) slice, or a scalar), minus the unedited logit difference.
+
+    Returns:
+        (prompt, len(layers), n_heads) array.
+    """
     spec = model.spec
     layers = range(spec.n_layers) if layers is None else layers
     out = np.zeros((len(prompts), len(layers), spec.n_heads))
     for i, p in enumerate(prompts):
-        base = logit_diff(model, p.text, p.target, p.distractor)
+        text = getattr(p, source)
+        base = logit_diff(model, text, p.target, p.distractor)
         for li, layer in enumerate(layers):
             for head in range(spec.n_heads):
-                hook = head_replacer(model, head, lambda z: 0.0)
-                out[i, li, head] = (
-                    logit_diff(
-                        model,
-                        p.text,
-                        p.target,
-                        p.distractor,
-                        [(o_proj_module(model, layer), hook, True)],
-                    )
-                    - base
-                )
+                value = replacement(i, layer, head)
+                hook = head_replacer(model, head, lambda z, value=value: value)
+                edited = [(o_proj_module(model, layer), hook, True)]
+                out[i, li, head] = logit_diff(model, text, p.target, p.distractor, edited) - base
     return out
+
+
+def reference_zero_ablation(model, prompts, layers=None):
+    return reference_head_effects(model, prompts, lambda i, layer, head: 0.0, layers=layers)
 
 
 def reference_activation_patching(model, prompts):
+    """Clean -> corrupt patching of each head, from the clean run's o_proj inputs."""
     spec, d_head = model.spec, model.spec.d_head
-    out = np.zeros((len(prompts), spec.n_layers, spec.n_heads))
-    for i, p in enumerate(prompts):
-        clean_z = {}
+    clean_z: list[dict[int, torch.Tensor]] = []
+    for p in prompts:
+        saved: dict[int, torch.Tensor] = {}
         hooks = []
         for layer in range(spec.n_layers):
 
-            def save(module, args, layer=layer, clean_z=clean_z):
-                clean_z[layer] = args[0].clone()
+            def save(module, args, layer=layer, saved=saved):
+                saved[layer] = args[0].clone()
 
             hooks.append((o_proj_module(model, layer), save, True))
         logit_diff(model, p.text, p.target, p.distractor, hooks)
-        base = logit_diff(model, p.corrupt, p.target, p.distractor)
-        for layer in range(spec.n_layers):
-            for head in range(spec.n_heads):
-                sl = slice(head * d_head, (head + 1) * d_head)
-                hook = head_replacer(
-                    model,
-                    head,
-                    lambda z, layer=layer, sl=sl, clean_z=clean_z: clean_z[layer][..., sl],
-                )
-                out[i, layer, head] = (
-                    logit_diff(
-                        model,
-                        p.corrupt,
-                        p.target,
-                        p.distractor,
-                        [(o_proj_module(model, layer), hook, True)],
-                    )
-                    - base
-                )
-    return out
+        clean_z.append(saved)
+    return reference_head_effects(
+        model,
+        prompts,
+        lambda i, layer, head: clean_z[i][layer][..., head * d_head : (head + 1) * d_head],
+        source="corrupt",
+    )

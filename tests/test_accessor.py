@@ -4,20 +4,11 @@ same options (the accessor forwards only)."""
 from __future__ import annotations
 
 import numpy as np
+from _helpers import ATTRS
 
 import lenscape as lsc
 import lenscape.accessor  # registers da.lsc
 from lenscape import plot, schema
-
-ATTRS = dict(
-    long_name="attribution",
-    units="logit diff",
-    method="attribution_patching",
-    metric="logit_diff",
-    model="tiny",
-    backend="nnsight",
-    dtype="float32",
-)
 
 
 def scores():

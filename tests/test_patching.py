@@ -14,6 +14,7 @@ from _helpers import (
     logit_diff,
     o_proj_module,
     reference_activation_patching,
+    reference_head_effects,
     reference_zero_ablation,
 )
 
@@ -88,24 +89,11 @@ def test_mean_ablation_matches_plain_hooks(tiny_llama, factual):
             hooks.append((o_proj_module(model, layer), acc, True))
         logit_diff(model, p.text, p.target, p.distractor, hooks)
         count += len(model.tokenizer(p.text)["input_ids"])
-    expected = np.zeros((len(prompts), spec.n_layers, spec.n_heads))
-    for i, p in enumerate(prompts):
-        base = logit_diff(model, p.text, p.target, p.distractor)
-        for layer in range(spec.n_layers):
-            mean = (sums[layer] / count).float()
-            for head in range(spec.n_heads):
-                sl = slice(head * spec.d_head, (head + 1) * spec.d_head)
-                hook = head_replacer(model, head, lambda z, m=mean, sl=sl: m[sl])
-                expected[i, layer, head] = (
-                    logit_diff(
-                        model,
-                        p.text,
-                        p.target,
-                        p.distractor,
-                        [(o_proj_module(model, layer), hook, True)],
-                    )
-                    - base
-                )
+    means = {layer: (total / count).float() for layer, total in sums.items()}
+    d_head = spec.d_head
+    expected = reference_head_effects(
+        model, prompts, lambda i, layer, head: means[layer][head * d_head : (head + 1) * d_head]
+    )
     scores = lsc.ablation(model, prompts, kind="mean", batch_size=2, progress=False)
     np.testing.assert_allclose(scores.values, expected, atol=1e-5)
 

@@ -9,21 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from _helpers import ATTRS
 
 import lenscape as lsc
 import lenscape.accessor
 from lenscape import plot, schema
 from lenscape.plot import export, heatmap
-
-ATTRS = dict(
-    long_name="attribution",
-    units="logit diff",
-    method="attribution_patching",
-    metric="logit_diff",
-    model="tiny",
-    backend="nnsight",
-    dtype="float32",
-)
 
 
 def make(values, dims, n_layers=None, **coords):

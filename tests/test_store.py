@@ -30,6 +30,8 @@ import lenscape as lsc
 from lenscape import schema, store
 from lenscape.store import StoreError
 
+#: The plain provenance of a dask-backed score (no method parameters).
+SCORE_ATTRS = ("units", "method", "metric", "model", "backend", "dtype")
 ATTRS = {
     "long_name": "Change in logit difference",
     "units": "logits",
@@ -120,15 +122,7 @@ def chunked_result(n_prompts: int = 4) -> xr.DataArray:
         values,
         dims=("prompt", "layer", "head"),
         coords={"text": [f"text {i}" for i in range(n_prompts)], "category": ["a"] * n_prompts},
-        attrs={
-            "long_name": "score",
-            "units": "logits",
-            "method": "ablation",
-            "metric": "logit_diff",
-            "model": "tiny",
-            "backend": "nnsight",
-            "dtype": "float32",
-        },
+        attrs={"long_name": "score", **{k: ATTRS[k] for k in SCORE_ATTRS}},
         n_layers=3,
     )
     return da.copy(data=dask.array.from_array(values, chunks=(2, 3, 2)))

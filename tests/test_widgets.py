@@ -5,21 +5,12 @@ import ipywidgets as widgets
 import numpy as np
 import pytest
 import xarray as xr
+from _helpers import ATTRS
 
 import lenscape.accessor  # noqa: F401  (registers da.lsc)
 from lenscape import schema
 from lenscape.plot import export
 from lenscape.widgets import Explorer, View, reduce, render
-
-ATTRS = dict(
-    long_name="attribution",
-    units="logit diff",
-    method="attribution_patching",
-    metric="logit_diff",
-    model="tiny",
-    backend="nnsight",
-    dtype="float32",
-)
 
 
 @pytest.fixture

@@ -132,7 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         cli.print_help()
         return 0
-    args.func(args)
+    try:
+        args.func(args)
+    except (LookupError, ValueError, TypeError, OSError) as err:
+        # Bad input (an unknown model, a bad option, a missing folder): its message names
+        # the problem and the fix, so print that line, not a traceback.
+        print(f"lenscape {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
