@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import torch
 import xarray as xr
 
 import lenscape as lsc
-from lenscape.capture._backend import BACKENDS, get_backend, standing_edit
+from lenscape.capture._backend import _STATES, BACKENDS, get_backend, standing_edit
 
 
 def _mask(model, keep: list[list[bool]]) -> xr.DataArray:
@@ -108,3 +110,16 @@ def test_backends_agree(tiny_model, factual, method, level):
     b = fn(tiny_model, factual[:3], level=level, backend="transformer_lens", progress=False)
     np.testing.assert_allclose(a.values, b.values, atol=1e-4)
     assert b.attrs["backend"] == "transformer_lens"
+
+
+def test_the_seam_keeps_no_model_alive(tokenizer):
+    """The backend cache is keyed weakly by the model and refers nowhere back to it: a
+    model with booted backends is freed once the caller drops it."""
+    model = lsc.models.tiny("llama", n_layers=2, seed=0, tokenizer=tokenizer)
+    for name in BACKENDS:
+        get_backend(model, name)
+    assert model in _STATES
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
