@@ -210,6 +210,27 @@ def test_gating_check_table(fitted, tiny_llama):
     )
 
 
+def test_top_k_draws_from_a_tie_instead_of_taking_the_first_layers():
+    scores = np.full((4, 3), 1.0)  # a saturated tie: every head at 1.0 ...
+    scores[3, 2] = 1.5  # ... but one above it
+    scores[0, 0] = 1.0 - 5e-4  # within the tie tolerance
+    scores[0, 1] = 0.2  # below it
+    picks = [gating._top_cells(scores, 3, np.random.default_rng(s)) for s in range(20)]
+    assert {tied for _, tied in picks} == {10}
+    assert all(cells[0] == 11 for cells, _ in picks)  # the cell above the tie comes first
+    assert all(1 not in cells and len(set(cells)) == 3 for cells, _ in picks)
+    drawn = {int(c) for cells, _ in picks for c in cells[1:]}
+    assert len(drawn) > 4, "ties must be broken at random, not by layer order"
+
+
+def test_gating_check_reports_ties(fitted, tiny_llama):
+    tied = fitted.assign(facilitation=fitted["facilitation"] * 0 + 1.0)
+    check = lsc.gating_check(
+        tiny_llama, tied, lsc.data.task("syntax", split="validation")[:4], k=2, n_random=20
+    )
+    assert int(check["facilitating_tied"]) == tiny_llama.spec.n_layers * tiny_llama.spec.n_heads
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

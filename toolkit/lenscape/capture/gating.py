@@ -305,7 +305,7 @@ def head_gating(
         tol=tol,
         rows_per_pass=rows_per_pass,
     )
-    bar = tqdm(total=2 * max_steps, disable=not progress, desc=f"head gating ({n} seeds)")
+    bar = tqdm(total=2 * max_steps, disable=not progress, desc=f"head gating ({n} seeds), stage 0")
     with _Gates(model) as gates:
         base = _stage(
             model,
@@ -317,6 +317,7 @@ def head_gating(
             bar=bar,
             **settings,
         )
+        bar.set_description(f"head gating ({n} seeds), G+ and G- stages")
         signed_batches = _Batches(
             len(items), [(s, 1) for s in seed_list] + [(s, 2) for s in seed_list], batch_size
         )
@@ -401,9 +402,25 @@ def head_gating(
     return xr.Dataset(data, attrs=attrs)
 
 
-def _top_cells(scores: np.ndarray, k: int) -> np.ndarray:
-    """Flat (layer * n_heads + head) indices of the k largest cells of (layer, head) scores."""
-    return np.argsort(-scores, axis=None, kind="stable")[:k]
+TIE = 1e-3  # scores closer than this are one value: saturated gates differ only by float noise
+
+
+def _top_cells(scores: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """The k highest-scoring cells of (layer, head) scores, and how many cells tie with the k-th.
+
+    Cells within ``TIE`` of the k-th score tie; the cells above the tie are taken and the rest
+    are drawn at random from the tie, so a tie is never broken by layer order (converged gates
+    saturate, and dozens of heads can share a score of 1.0).
+
+    Returns:
+        Flat (layer * n_heads + head) indices, highest score first; the size of the tie.
+    """
+    flat = scores.ravel()
+    kth = np.sort(flat)[::-1][k - 1]
+    above = np.flatnonzero(flat > kth + TIE)
+    tied = np.flatnonzero(np.abs(flat - kth) <= TIE)
+    picked = np.concatenate([above, rng.choice(tied, k - len(above), replace=False)])
+    return picked[np.argsort(-flat[picked], kind="stable")], len(tied)
 
 
 def gating_check(
@@ -423,6 +440,8 @@ def gating_check(
     measures the task loss of ``validation`` each time. The check passes when removing the
     facilitating heads costs more than the random sets' 95th percentile, and removing the
     interfering heads costs less than their 5th percentile and no more than the intact model.
+    Converged gates saturate, so many heads can share the k-th score: the k are then completed
+    at random from that tie (seeded by ``seed``), and its size is reported.
 
     Args:
         model: the model the gates were fitted on.
@@ -436,7 +455,9 @@ def gating_check(
     Returns:
         Dataset: scalars ``loss_intact``, ``loss_facilitating_off``, ``loss_interfering_off``,
         ``random_p5``, ``random_p95``, ``facilitating_passes``, ``interfering_passes``,
-        ``passes``; ``loss_random_off`` over ``draw``; the switched-off heads as
+        ``passes``, ``facilitating_tied``/``interfering_tied`` (heads tied with the k-th
+        score; more than k means the top k are a draw from the tie); ``loss_random_off``
+        over ``draw``; the switched-off heads as
         ``facilitating_layer/_head`` and ``interfering_layer/_head`` over ``rank``.
     """
     spec = model.spec
@@ -457,8 +478,11 @@ def gating_check(
             f"{model.name} has {spec.n_layers} layers x {spec.n_heads} heads. "
             "Check it with the model it was fitted on."
         )
-    facilitating = _top_cells(gating["facilitation"].mean("seed").values, k)
-    interfering = _top_cells(gating["interference"].mean("seed").values, k)
+    ties = np.random.default_rng([seed, 1])
+    facilitating, facilitating_tied = _top_cells(
+        gating["facilitation"].mean("seed").values, k, ties
+    )
+    interfering, interfering_tied = _top_cells(gating["interference"].mean("seed").values, k, ties)
     rng = np.random.default_rng(seed)
     random_sets = [rng.choice(n_cells, k, replace=False) for _ in range(n_random)]
     gates = torch.ones(3 + n_random, n_cells)
@@ -481,6 +505,7 @@ def gating_check(
         "prompt_set": gating.attrs.get("prompt_set", ""),
         "units": "nats",
         "criterion": "facilitating off > random p95; interfering off < random p5 and <= intact",
+        "ties": f"scores within {TIE} of the k-th tie; the k are completed at random from them",
     }
     rank = np.arange(k)
     return xr.Dataset(
@@ -494,6 +519,8 @@ def gating_check(
             "facilitating_passes": fac_pass,
             "interfering_passes": int_pass,
             "passes": fac_pass and int_pass,
+            "facilitating_tied": facilitating_tied,
+            "interfering_tied": interfering_tied,
             "facilitating_layer": (("rank",), facilitating // spec.n_heads),
             "facilitating_head": (("rank",), facilitating % spec.n_heads),
             "interfering_layer": (("rank",), interfering // spec.n_heads),
