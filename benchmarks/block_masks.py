@@ -45,7 +45,9 @@ def main() -> None:
         prompts = prompts[:: max(1, len(prompts) // args.texts)][: args.texts]
     train, held_out = cluster.split(prompts, held_out=0.25, seed=0)
     clusters = cluster.kmeans(cluster.embed(train), args.k, prompts=train)
-    summary, ratios, per_cluster = [], [], []
+    summary, ratios, per_cluster, projections = [], [], [], []
+    full_sets = 5 * (8 + 1)  # the full setting: 5 sparsities x (K=8 clusters + the global mask)
+    sets = len(sparsities) * (args.k + 1)
     shown = 0.3 if 0.3 in sparsities else sparsities[0]
     for name in args.models.split(","):
         model = lsc.load(name, device="cpu")
@@ -75,6 +77,12 @@ def main() -> None:
                 "yes" if a["converged"] else "no",
                 f"{a['loss_unmasked']:.3f}",
             ]
+        )
+        projections.append(
+            f"{name}: {sets} stacked masks took {took:.0f} s for {a['steps']} updates; at the "
+            f"same updates, the full setting's {full_sets} masks would take about "
+            f"{took * full_sets / sets / 60:.0f} min on this machine (time grows with the "
+            "rows per update, one batch per mask)."
         )
         for strategy in result["strategy"].values:
             values = result["ppl_ratio"].sel(strategy=strategy).values
@@ -129,6 +137,7 @@ random = 3 random masks with as many kept blocks, averaged). Target: <= 10 min p
                 ["model", "cluster", "main kind", "held-out texts", "routed", "global", "better"],
                 per_cluster,
             ),
+            *projections,
             *([args.note] if args.note else []),
         ]
     )
