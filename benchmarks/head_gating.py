@@ -73,7 +73,7 @@ def main() -> None:
         per_seed.append(updates / args.seeds)
         if args.save:
             args.save.mkdir(parents=True, exist_ok=True)
-            ds.to_netcdf(args.save / f"{name}_threads2.nc")
+            ds.to_netcdf(args.save / f"{name}_threads{args.num_threads}.nc")
         steps = " / ".join(
             f"{int(ds[f'steps_{s}'].median())} ({int(ds[f'steps_{s}'].max())})"
             for s in ("stage0", "plus", "minus")
