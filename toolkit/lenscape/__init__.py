@@ -27,6 +27,7 @@ from .capture import (
 from .capture.attention import attention_pattern
 from .capture.faithfulness import faithfulness
 from .capture.inspection import inspect
+from .capture.lens import logit_lens
 from .finetune import finetune
 from .models import ArchLayout, LensModel, ModelSpec, from_hf, load
 from .plot import agreement, enable_offline, export, heatmap
@@ -67,6 +68,7 @@ __all__ = [
     "heatmap",
     "inspect",
     "load",
+    "logit_lens",
     "mask_comparison",
     "masked_loss",
     "open",
