@@ -31,6 +31,7 @@ from .capture.lens import logit_lens
 from .finetune import finetune
 from .models import ArchLayout, LensModel, ModelSpec, from_hf, load
 from .plot import agreement, enable_offline, export, heatmap
+from .recorded import recorded
 from .selfcheck import LayoutCheckError, check
 from .store import open_result as open
 from .store import save
@@ -72,6 +73,7 @@ __all__ = [
     "mask_comparison",
     "masked_loss",
     "open",
+    "recorded",
     "save",
     "schema",
     "task_loss",

@@ -9,10 +9,64 @@ every set's watched values (gates, keep probabilities) have stopped moving.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+
+Precision = Literal["float32", "bfloat16"]
+PRECISIONS: tuple[Precision, ...] = ("float32", "bfloat16")
+
+
+def check_precision(precision: object) -> Precision:
+    """``precision`` if it is one of ``PRECISIONS``, else a ValueError naming the choices."""
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"precision must be one of {list(PRECISIONS)}, got {precision!r}; 'bfloat16' "
+            "trains the gates under bfloat16 autocast (faster on CPUs with bf16 units and "
+            "on GPUs), 'float32' trains in full precision."
+        )
+    return precision  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def fit_passes(hf: torch.nn.Module, precision: Precision) -> Iterator[None]:
+    """The forward and backward passes of a gate fit, made fast without changing the fit.
+
+    - On a CPU, attention runs in eager mode: at a fit's short sequences the CPU kernel of
+      scaled-dot-product attention has a slow backward (measured in benchmarks/RESULTS.md,
+      ``fit_speed``); the numbers agree to float rounding.
+    - ``"bfloat16"``: bfloat16 autocast (mixed precision, as the reference head-gating
+      trainer); gates, Adam and the loss stay float32. Autocast casts a frozen weight anew
+      in every pass, so the weights of linear layers are cast once for the fit instead,
+      which gives bit-identical numbers (the embedding, and an output layer tied to it,
+      stay float32 as autocast leaves them).
+
+    Everything is restored on exit, also after an interruption.
+    """
+    device = next(hf.parameters()).device
+    attention = hf.config._attn_implementation
+    cast: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    try:
+        if device.type == "cpu" and attention != "eager":
+            hf.set_attn_implementation("eager")
+        with contextlib.ExitStack() as stack:
+            if precision == "bfloat16":
+                embedding = hf.get_input_embeddings().weight
+                for module in hf.modules():
+                    weight = getattr(module, "weight", None)
+                    if isinstance(module, torch.nn.Linear) and weight is not embedding:
+                        cast.append((weight, weight.data))
+                        weight.data = weight.data.to(torch.bfloat16)
+                stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
+            yield
+    finally:
+        for weight, data in cast:
+            weight.data = data
+        if hf.config._attn_implementation != attention:
+            hf.set_attn_implementation(attention)
 
 
 @dataclass

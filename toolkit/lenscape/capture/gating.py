@@ -37,7 +37,7 @@ from .. import schema
 from ..data import Prompts, PromptSet, as_prompt_set
 from ..models import LensModel
 from ._backend import Site, standing_edit
-from ._fit import fit_until_still
+from ._fit import Precision, check_precision, fit_passes, fit_until_still
 from ._inputs import pad
 
 CLIP = 4.0
@@ -246,6 +246,7 @@ def head_gating(
     tol: float = 0.01,
     rows_per_pass: int = 64,
     validation: Prompts | None = None,
+    precision: Precision = "float32",
     progress: bool = True,
 ) -> xr.Dataset:
     """Fit causal head gates on a task at the reference protocol and score every head's role.
@@ -267,6 +268,10 @@ def head_gating(
         rows_per_pass: rows per forward/backward pass (memory bound; results do not depend
             on it beyond float rounding).
         validation: held-out prompts for the validation loss (default: the task itself).
+        precision: ``"float32"`` or ``"bfloat16"`` (the fit's forward and backward passes
+            under bfloat16 autocast, as the reference trainer's mixed precision; gates,
+            Adam and the validation losses stay float32). benchmarks/RESULTS.md records
+            how much faster it is and how well its roles agree with float32.
         progress: show a progress bar.
 
     Returns:
@@ -286,6 +291,7 @@ def head_gating(
         raise ValueError(
             "max_steps, batch_size, window and rows_per_pass must be positive integers."
         )
+    precision = check_precision(precision)
     prompts = as_prompt_set(task)
     if len(prompts) == 0:
         raise ValueError("The task has no prompts; use lsc.data.task('math') or pass prompts.")
@@ -307,30 +313,31 @@ def head_gating(
     )
     bar = tqdm(total=2 * max_steps, disable=not progress, desc=f"head gating ({n} seeds), stage 0")
     with _Gates(model) as gates:
-        base = _stage(
-            model,
-            gates,
-            starts,
-            torch.zeros(n),
-            items,
-            _Batches(len(items), [(s, 0) for s in seed_list], batch_size),
-            bar=bar,
-            **settings,
-        )
-        bar.set_description(f"head gating ({n} seeds), G+ and G- stages")
-        signed_batches = _Batches(
-            len(items), [(s, 1) for s in seed_list] + [(s, 2) for s in seed_list], batch_size
-        )
-        signed = _stage(
-            model,
-            gates,
-            base.params.repeat(2, 1, 1),
-            torch.tensor([1.0] * n + [-1.0] * n),
-            items,
-            signed_batches,
-            bar=bar,
-            **settings,
-        )
+        with fit_passes(model.hf, precision):
+            base = _stage(
+                model,
+                gates,
+                starts,
+                torch.zeros(n),
+                items,
+                _Batches(len(items), [(s, 0) for s in seed_list], batch_size),
+                bar=bar,
+                **settings,
+            )
+            bar.set_description(f"head gating ({n} seeds), G+ and G- stages")
+            signed_batches = _Batches(
+                len(items), [(s, 1) for s in seed_list] + [(s, 2) for s in seed_list], batch_size
+            )
+            signed = _stage(
+                model,
+                gates,
+                base.params.repeat(2, 1, 1),
+                torch.tensor([1.0] * n + [-1.0] * n),
+                items,
+                signed_batches,
+                bar=bar,
+                **settings,
+            )
         all_gates = torch.sigmoid(torch.cat([base.params, signed.params]))
         val = _validation_loss(
             model,
@@ -357,6 +364,7 @@ def head_gating(
         window=window,
         tol=float(tol),
         init="gates uniform in (0, 1)",
+        precision=precision,
         steps_stage0=int(base.steps.max()),
         steps_plus=int(signed.steps[:n].max()),
         steps_minus=int(signed.steps[n:].max()),

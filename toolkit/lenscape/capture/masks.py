@@ -37,7 +37,7 @@ from ..cluster import Clustering
 from ..data import PromptSet, as_texts
 from ..models import LensModel
 from ._backend import BeforeFn, Site, standing_edit
-from ._fit import fit_until_still
+from ._fit import Precision, check_precision, fit_passes, fit_until_still
 from ._inputs import pad
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete temperature and stretch
@@ -218,6 +218,7 @@ def _fit_masks(
     seed: int,
     batch_size: int,
     rows_per_pass: int,
+    precision: Precision,
     progress: bool,
 ):
     """Fit gate logits for every (sparsity, group) pair in one stacked run.
@@ -260,7 +261,7 @@ def _fit_masks(
         return torch.cat(losses)
 
     start = torch.full((sets, spec.n_layers, 2), 2.0, device=model.device)
-    with _scaled_blocks(model, lambda: current["scale"]):
+    with _scaled_blocks(model, lambda: current["scale"]), fit_passes(model.hf, precision):
         fit = fit_until_still(
             start,
             loss_and_grad,
@@ -328,6 +329,7 @@ def block_masks(
     seed: int = 0,
     batch_size: int = 4,
     rows_per_pass: int = 32,
+    precision: Precision = "float32",
     progress: bool = True,
 ) -> xr.Dataset:
     """Learn one block mask per cluster (and per target sparsity), to convergence.
@@ -345,6 +347,8 @@ def block_masks(
         lr: Adam learning rate; penalty: weight of the sparsity term.
         seed: seeds gate noise and minibatches (same seed -> same masks).
         batch_size: texts per cluster per update; rows_per_pass: rows per forward pass.
+        precision: ``"float32"`` or ``"bfloat16"`` (the fit's passes under bfloat16
+            autocast; gate logits, Adam and the final ranking stay float32).
 
     Returns:
         Dataset over ([target_sparsity,] cluster, layer, component): ``mask`` (bool, True =
@@ -354,6 +358,7 @@ def block_masks(
     sparsities = _check_sparsities(target_sparsity)
     if loss not in LOSSES:
         raise ValueError(f"Unknown loss {loss!r}; choose one of {list(LOSSES)}.")
+    precision = check_precision(precision)
     clusters = _check_clusters(clusters)
     members = _members(clusters, len(prompts))
     fit = _fit_masks(
@@ -370,6 +375,7 @@ def block_masks(
         seed=seed,
         batch_size=batch_size,
         rows_per_pass=rows_per_pass,
+        precision=precision,
         progress=progress,
     )
     spec, k = model.spec, clusters.k
@@ -388,6 +394,7 @@ def block_masks(
         penalty=penalty,
         seed=seed,
         batch_size=batch_size,
+        precision=precision,
         steps=int(fit.steps.max()),
         converged=int(fit.converged.all()),
     )
@@ -492,7 +499,8 @@ def mask_comparison(
         n_random: random masks per sparsity (same number of kept blocks), averaged.
         loss: training loss, ``"nll"`` or ``"kl"``.
         fit_options: passed to the fit (``max_steps``, ``window``, ``tol``, ``lr``,
-            ``penalty``, ``batch_size`` is the evaluation batch; use ``train_batch_size``).
+            ``penalty``, ``precision``; ``batch_size`` is the evaluation batch, use
+            ``train_batch_size``).
 
     Returns:
         Dataset: ``ppl_ratio`` (strategy, target_sparsity) with strategies routed, global,
@@ -512,11 +520,19 @@ def mask_comparison(
     members = _members(clusters, len(train))
     groups = [*members, np.arange(len(train))]
     options: dict[str, Any] = dict(
-        lr=0.25, penalty=10.0, max_steps=300, window=20, tol=0.005, rows_per_pass=32, batch_size=4
+        lr=0.25,
+        penalty=10.0,
+        max_steps=300,
+        window=20,
+        tol=0.005,
+        rows_per_pass=32,
+        batch_size=4,
+        precision="float32",
     )
     options.update(
         {("batch_size" if k == "train_batch_size" else k): v for k, v in fit_options.items()}
     )
+    options["precision"] = check_precision(options["precision"])
     fit = _fit_masks(
         model,
         _encode(model, train),

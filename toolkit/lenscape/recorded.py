@@ -1,0 +1,270 @@
+"""Recorded results: reference-protocol fits that take hours, computed once and shipped.
+
+Some figures need fits that take hours on a laptop CPU (F4's 10 seeds of causal head gating
+per task, F1's converged per-cluster block masks). They are run once, resumably, by
+``benchmarks/record.py``, and the results ship inside the package as small netCDF files with
+their provenance in attrs (command, commit, date, machine, torch threads, wall time, updates
+per stage and whether every stage converged). A notebook loads them at once::
+
+    roles = lsc.recorded("head_roles", model="smollm2-135m", task="math")
+
+A recording is resumable: each unit of work (one seed of one task; one model's masks) is
+one file, written atomically when it finishes, and a restarted run skips the files that
+exist. Next to the units, each recording keeps a *checkpoint*: the result of the first few
+updates of its first unit, which ``tests/test_recorded.py`` recomputes, so the shipped data
+cannot drift from the code that made it.
+
+Layout: ``recorded_data/<name>/<model>/<task>/seed<N>.nc`` and ``.../checkpoint.nc`` for
+head roles; ``recorded_data/<name>/<model>/k<K>.nc`` for block masks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from . import cluster, data, schema
+from .capture.gating import head_gating
+from .capture.masks import mask_comparison
+from .models import LensModel
+
+RECORDED_DIR = Path(__file__).resolve().parent / "recorded_data"
+NAMES = ("head_roles", "block_masks")
+
+# F4: the reference protocol (head_gating's defaults, shared/FACTS.md); only these change.
+HEAD_ROLES_SEEDS = 10
+HEAD_ROLES_TASKS = ("math", "syntax")
+# The checkpoint: this many updates per stage of seed 0 on the first items.
+CHECKPOINT_STEPS = 3
+CHECKPOINT_ITEMS = 32
+
+# F1: K clusters of the mixed corpus, the sparsity the figure draws; routed vs global vs
+# random masks on held-out texts (mask_comparison). Block masks' defaults otherwise.
+BLOCK_MASKS_K = 8
+BLOCK_MASKS_SPARSITY = 0.3
+BLOCK_MASKS_HELD_OUT = 0.25
+BLOCK_MASKS_RANDOM = 20
+
+
+def _available(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def _unit_paths(name: str, model: str, task: str | None) -> tuple[Path, list[Path]]:
+    """The folder of a recording and its finished unit files; ValueError listing what exists."""
+    if name not in NAMES:
+        raise ValueError(f"No recorded result named {name!r}; recorded results: {list(NAMES)}.")
+    root = RECORDED_DIR / name
+    models = _available(root)
+    if model not in models:
+        raise ValueError(
+            f"No recorded {name!r} for model {model!r}; recorded for: {models or 'none yet'}. "
+            "Record one with `python benchmarks/record.py "
+            f"{name} --model {model}`."
+        )
+    folder = root / model
+    if name == "head_roles":
+        tasks = _available(folder)
+        if task not in tasks:
+            raise ValueError(
+                f"Recorded head roles of {model!r} exist for tasks {tasks}; got task={task!r}."
+            )
+        folder = folder / task
+        units = sorted(folder.glob("seed*.nc"), key=lambda p: int(p.stem.removeprefix("seed")))
+    else:
+        if task is not None:
+            raise ValueError(f"Recorded block masks have no task; drop task={task!r}.")
+        units = sorted(folder.glob("k*.nc"))
+    if not units:
+        raise ValueError(f"The recording {folder} has no finished unit yet.")
+    return folder, units
+
+
+def _open(path: Path) -> xr.Dataset:
+    """One recorded file, refused if another lenscape schema wrote it."""
+    with xr.open_dataset(path, engine="netcdf4") as ds:
+        ds = ds.load()
+    found = ds.attrs.get("schema_version")
+    if found != schema.SCHEMA_VERSION:
+        raise ValueError(
+            f"{path} was recorded with lenscape schema version {found}; this lenscape reads "
+            f"version {schema.SCHEMA_VERSION}. Re-record it with `python benchmarks/record.py` "
+            f"or use the lenscape version that wrote it ({ds.attrs.get('lenscape_version')})."
+        )
+    return ds
+
+
+def recorded(name: str, *, model: str = "smollm2-135m", task: str | None = None) -> xr.Dataset:
+    """Load a recorded reference-protocol result by name.
+
+    Args:
+        name: ``"head_roles"`` (F4: ``head_gating`` over seeds) or ``"block_masks"`` (F1:
+            ``mask_comparison`` at K clusters).
+        model: the bundled model's name, e.g. ``"smollm2-135m"``.
+        task: for head roles, ``"math"`` or ``"syntax"``.
+
+    Returns:
+        For head roles, the ``head_gating`` Dataset over the recorded seeds (seed, layer,
+        head), with per-seed provenance (``wall_time``, ``torch_threads`` ... over seed) and,
+        in attrs, ``n_seeds_recorded`` of ``n_seeds_planned`` and whether every seed's
+        stages converged. For block masks, the ``mask_comparison`` Dataset. Attrs name the
+        command, commit, date and machine of the recording.
+
+    Raises:
+        ValueError: an unknown name, model or task (the message lists what exists), or a file
+            written under another schema version (the message names the version it needs).
+    """
+    folder, units = _unit_paths(name, model, task)
+    if name == "block_masks":
+        return _open(units[-1])
+    seeds = [_open(path) for path in units]
+    per_seed = ("wall_time", "torch_threads", "commit", "date", "machine", "command")
+    combined = xr.concat(seeds, dim="seed", combine_attrs="override")
+    for key in per_seed:
+        combined[key] = ("seed", [ds.attrs[key] for ds in seeds])
+    attrs = {k: v for k, v in seeds[0].attrs.items() if k not in per_seed}
+    attrs.update(
+        n_seeds=len(seeds),
+        n_seeds_recorded=len(seeds),
+        n_seeds_planned=HEAD_ROLES_SEEDS,
+        converged=int(all(ds.attrs["converged"] for ds in seeds)),
+        steps_stage0=max(int(ds.attrs["steps_stage0"]) for ds in seeds),
+        steps_plus=max(int(ds.attrs["steps_plus"]) for ds in seeds),
+        steps_minus=max(int(ds.attrs["steps_minus"]) for ds in seeds),
+        recorded_in=str(folder.relative_to(RECORDED_DIR)),
+    )
+    for variable in combined.data_vars.values():
+        variable.attrs.update({k: v for k, v in attrs.items() if k in variable.attrs})
+    combined.attrs = attrs
+    return combined
+
+
+def _write(ds: xr.Dataset, path: Path) -> None:
+    """Write ``ds`` to ``path`` atomically (an interrupted write leaves no half file), with
+    the schema version that ``recorded`` checks."""
+    ds.attrs.update(schema_version=schema.SCHEMA_VERSION, lenscape_version=schema.package_version())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    ds.to_netcdf(partial, engine="netcdf4")
+    os.replace(partial, path)
+
+
+def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.Dataset:
+    """The first ``CHECKPOINT_STEPS`` updates per stage of seed 0 on the first
+    ``CHECKPOINT_ITEMS`` training items: what ``tests/test_recorded.py`` recomputes."""
+    return head_gating(
+        model,
+        data.task(task)[:CHECKPOINT_ITEMS],
+        seeds=[0],
+        max_steps=CHECKPOINT_STEPS,
+        validation=data.task(task, split="validation")[:8],
+        precision=precision,  # type: ignore[arg-type]
+        progress=False,
+    )
+
+
+def record_head_roles(
+    model: LensModel,
+    tasks: Sequence[str] = HEAD_ROLES_TASKS,
+    *,
+    seeds: Sequence[int] = range(HEAD_ROLES_SEEDS),
+    precision: str = "bfloat16",
+    provenance: Mapping[str, Any],
+    root: Path = RECORDED_DIR,
+    on_unit: Callable[[Path], None] | None = None,
+) -> list[Path]:
+    """Record F4's head roles: every (task, seed) not yet on disk, one seed at a time.
+
+    Seeds alternate between tasks (seed 0 of every task first), so an interrupted recording
+    leaves every task with about as many seeds. Each seed is ``head_gating`` at the reference
+    protocol (its defaults), on the task's training split with the validation split held out.
+
+    Args:
+        model: the bundled model (its name names the folder).
+        tasks: task names; seeds: seeds to record.
+        precision: passed to ``head_gating``.
+        provenance: attrs every file carries: ``command``, ``commit``, ``date``, ``machine``.
+        root: where the ``head_roles`` folder lives (the package's data by default).
+        on_unit: called with each file as it lands (e.g. to commit it).
+
+    Returns:
+        The files written by this call.
+    """
+    written = []
+    for task in tasks:
+        folder = root / "head_roles" / model.name / task
+        point = folder / "checkpoint.nc"
+        if not point.exists():
+            _write(head_roles_checkpoint(model, task, precision=precision), point)
+    todo = [(s, t) for s in seeds for t in tasks]
+    bar = tqdm(todo, desc="recording head roles (seed, task)")
+    for seed, task in bar:
+        path = root / "head_roles" / model.name / task / f"seed{seed}.nc"
+        if path.exists():
+            continue
+        bar.set_postfix(task=task, seed=seed)
+        start = time.perf_counter()
+        ds = head_gating(
+            model,
+            data.task(task),
+            seeds=[seed],
+            validation=data.task(task, split="validation"),
+            precision=precision,  # type: ignore[arg-type]
+            progress=False,
+        )
+        ds.attrs.update(
+            provenance,
+            task=task,
+            wall_time=round(time.perf_counter() - start, 1),
+            torch_threads=torch.get_num_threads(),
+        )
+        _write(ds, path)
+        written.append(path)
+        if on_unit is not None:
+            on_unit(path)
+    return written
+
+
+def record_block_masks(
+    model: LensModel,
+    *,
+    k: int = BLOCK_MASKS_K,
+    sparsity: float = BLOCK_MASKS_SPARSITY,
+    precision: str = "bfloat16",
+    provenance: Mapping[str, Any],
+    root: Path = RECORDED_DIR,
+    **fit_options: Any,
+) -> Path:
+    """Record F1 for one model: K clusters of the mixed corpus, per-cluster masks vs one
+    global mask vs random masks at ``sparsity``, on held-out texts (``mask_comparison``)."""
+    path = root / "block_masks" / model.name / f"k{k}.nc"
+    if path.exists():
+        return path
+    texts = data.prompts("mixed")
+    train, held_out = cluster.split(texts, held_out=BLOCK_MASKS_HELD_OUT)
+    clusters = cluster.kmeans(cluster.embed(train), k, prompts=train)
+    start = time.perf_counter()
+    ds = mask_comparison(
+        model,
+        train,
+        held_out,
+        clusters=clusters,
+        sparsities=[sparsity],
+        n_random=BLOCK_MASKS_RANDOM,
+        precision=precision,
+        **fit_options,
+    )
+    ds.attrs.update(
+        provenance,
+        wall_time=round(time.perf_counter() - start, 1),
+        torch_threads=torch.get_num_threads(),
+    )
+    _write(ds, path)
+    return path
