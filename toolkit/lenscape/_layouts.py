@@ -240,6 +240,18 @@ class ModelSpec:
     tied_embeddings: bool
     layout: ArchLayout = field(repr=False)
 
+    @property
+    def fingerprint(self) -> str:
+        """The architecture and sizes as one string, e.g. "llama/L30/H9/KV3/D64/d576/V49152".
+
+        Results record it (``layout_fingerprint`` attr), so a result passed back in is
+        checked against the model it is used with, not only by name.
+        """
+        return (
+            f"{self.architecture}/L{self.n_layers}/H{self.n_heads}/KV{self.n_kv_heads}"
+            f"/D{self.d_head}/d{self.d_model}/V{self.vocab_size}"
+        )
+
     @classmethod
     def from_config(cls, config: Any, layout: ArchLayout | str | None = None) -> ModelSpec:
         """Sizes from a Hugging Face config (its ``attribute_map`` covers GPT-2's names)."""

@@ -7,17 +7,30 @@ A value of the wrong type raises ``TypeError``; a value of the right type outsid
 allowed range raises ``ValueError``.
 
 - ``positive_int``: counts and sizes (``batch_size``, ``variants_per_pass``, ``steps``);
+- ``integer``: other whole numbers with a range (``seed``, ``n_random``);
+- ``seed_list``: a number of seeds or an explicit list of them;
 - ``number``: real-valued options with a closed range (``threshold``, ``lambda_``);
+- ``flag``: True or False (``progress``, ``check``);
 - ``choice``: one of a fixed set of strings (``metric``, ``level``, ``backend``);
+- ``strings``: a list of strings, where a plain string would be read letter by letter;
+- ``not_empty``: a collection that must hold something (prompts, validation sets);
+- ``values``: arrays of numbers passed in (gates, masks): finite, in range, binary;
+- ``result``: results passed back in: their kind, variables, dims and the model they
+  were computed on (by name and layout fingerprint);
 - ``context_lengths``: tokenized prompts against the model's maximum positions.
+
+Each check runs once per call, before any batch.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+import xarray as xr
 
 if TYPE_CHECKING:
     from .models import LensModel
@@ -64,6 +77,55 @@ def positive_int(name: str, value: Any, *, none_means: str | None = None) -> int
     return int(value)
 
 
+def integer(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
+    """Check that ``value`` is an integer in ``[low, high]`` (either bound may be open).
+
+    Returns:
+        ``int(value)``.
+
+    Raises:
+        TypeError: not an integer (a float, a string, a bool ...).
+        ValueError: outside ``[low, high]``.
+    """
+    wanted = "an integer" + (
+        f" from {low} to {high}"
+        if low is not None and high is not None
+        else f" >= {low}"
+        if low is not None
+        else f" <= {high}"
+        if high is not None
+        else ""
+    )
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be {wanted}, got {_shown(value)}.")
+    whole = int(value)
+    if (low is not None and whole < low) or (high is not None and whole > high):
+        raise ValueError(f"{name} must be {wanted}, got {value!r}.")
+    return whole
+
+
+def seed_list(name: str, value: Any) -> list[int]:
+    """A number of seeds (``n`` -> 0..n-1) or an explicit list of distinct seeds >= 0.
+
+    Raises:
+        TypeError: neither an integer nor a list of integers (a float, a string ...).
+        ValueError: no seeds, a negative seed or a repeated one.
+    """
+    fix = "pass a count such as 3 or a list such as [0, 1, 2]"
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1 seed, got {value!r}; {fix}.")
+        return list(range(int(value)))
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"{name} must be a number of seeds or a list of seeds, got {_shown(value)}; {fix}."
+        )
+    seeds = [integer(f"{name}[{i}]", seed, low=0) for i, seed in enumerate(value)]
+    if not seeds or len(set(seeds)) < len(seeds):
+        raise ValueError(f"{name} must hold at least one seed, each once, got {value!r}; {fix}.")
+    return seeds
+
+
 def number(name: str, value: Any, *, low: float | None = None, high: float | None = None) -> float:
     """Check that ``value`` is a finite real number in ``[low, high]``.
 
@@ -98,6 +160,17 @@ def number(name: str, value: Any, *, low: float | None = None, high: float | Non
     return real
 
 
+def flag(name: str, value: Any) -> bool:
+    """Check that ``value`` is True or False (numpy booleans too).
+
+    Raises:
+        TypeError: anything else (1, "yes", None ...).
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {_shown(value)}.")
+    return bool(value)
+
+
 def choice(name: str, value: Any, choices: Sequence[str]) -> str:
     """Check that ``value`` is one of ``choices``.
 
@@ -106,6 +179,164 @@ def choice(name: str, value: Any, choices: Sequence[str]) -> str:
     """
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"Unknown {name} {value!r}; choose one of {list(choices)}.")
+    return value
+
+
+def strings(name: str, value: Any, *, example: str) -> list[str]:
+    """Check that ``value`` is a non-empty list (or tuple) of strings, never one string
+    (which would be read letter by letter).
+
+    Args:
+        example: a valid value for the message, e.g. "('atp', 'ig')".
+
+    Raises:
+        TypeError: a plain string, or not a sequence of strings.
+        ValueError: an empty sequence.
+    """
+    if isinstance(value, str):
+        raise TypeError(
+            f"{name} must be a list of strings, got the string {value!r}; "
+            f"wrap it in a list: [{value!r}] (e.g. {example})."
+        )
+    if not isinstance(value, Sequence) or not all(isinstance(item, str) for item in value):
+        raise TypeError(f"{name} must be a list of strings such as {example}, got {_shown(value)}.")
+    if not value:
+        raise ValueError(f"{name} is empty; pass e.g. {example}.")
+    return list(value)
+
+
+def not_empty(name: str, value: Sized, *, fix: str) -> None:
+    """Refuse an empty collection (prompts, validation texts), whose mean would be NaN.
+
+    Args:
+        fix: what to pass instead, for the message.
+
+    Raises:
+        ValueError: ``len(value) == 0``.
+    """
+    if len(value) == 0:
+        raise ValueError(f"{name} is empty ({_shown(value)}); {fix}.")
+
+
+def values(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    binary: bool = False,
+    fix: str = "",
+) -> np.ndarray:
+    """An array of numbers passed in (a tensor, numpy array or DataArray's values), checked.
+
+    Args:
+        low, high: the allowed closed range.
+        binary: only 0/1 (or booleans) are allowed: a mask, not probabilities.
+        fix: what to pass instead, for the message.
+
+    Returns:
+        The values as a float64 numpy array (a copy; the input is untouched).
+
+    Raises:
+        TypeError: not numbers (strings, objects, a Dataset ...).
+        ValueError: NaN or infinite values, values outside the range, or non-binary values
+            where a mask is expected.
+    """
+    raw: Any = value.values if isinstance(value, xr.DataArray) else value
+    if hasattr(raw, "detach"):  # a torch tensor, without importing torch here
+        raw = raw.detach().cpu()
+        raw = (raw.float() if raw.is_floating_point() else raw).numpy()
+    array = np.asarray(raw) if not isinstance(raw, (str, bytes, dict, xr.Dataset)) else None
+    if array is None or array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be an array of numbers, got {_shown(value)}; {fix}.")
+    array = array.astype(np.float64)
+    if not np.isfinite(array).all():
+        raise ValueError(
+            f"{name} holds {int((~np.isfinite(array)).sum())} NaN or infinite value(s); "
+            f"they would turn every result into NaN; {fix}."
+        )
+    if binary and not np.isin(array, (0.0, 1.0)).all():
+        odd = array[~np.isin(array, (0.0, 1.0))]
+        raise ValueError(
+            f"{name} must be a binary mask (True/False or 0/1), got values such as "
+            f"{odd[:3].tolist()} (probabilities?); {fix}."
+        )
+    if (low is not None and array.min(initial=low) < low) or (
+        high is not None and array.max(initial=high) > high
+    ):
+        raise ValueError(
+            f"{name} must lie in [{low}, {high}], got values from {array.min()} to "
+            f"{array.max()}; {fix}."
+        )
+    return array
+
+
+def result(
+    name: str,
+    value: Any,
+    *,
+    kind: type[xr.DataArray] | type[xr.Dataset],
+    made_by: str,
+    model: LensModel | None = None,
+    variables: Sequence[str] = (),
+    dims: Sequence[str] = (),
+) -> Any:
+    """Check a result passed back in: its kind, its variables and dims, and that it was
+    computed on ``model`` (by name and, where recorded, layout fingerprint).
+
+    Args:
+        kind: ``xr.DataArray`` or ``xr.Dataset``.
+        made_by: the function that makes such a result, for the message (e.g.
+            "lsc.head_gating").
+        variables: data variables a Dataset must hold.
+        dims: dims the result (each of ``variables``, for a Dataset) must have.
+
+    Returns:
+        ``value``, unchanged.
+
+    Raises:
+        TypeError: the wrong kind (a DataArray for a Dataset, a tensor for a DataArray ...).
+        ValueError: a missing variable or dim, or a result from another model.
+    """
+    if not isinstance(value, kind):
+        hint = (
+            f"; pick one variable, e.g. {name}[{next(iter(value.data_vars))!r}]"
+            if isinstance(value, xr.Dataset) and value.data_vars
+            else ""
+        )
+        raise TypeError(
+            f"{name} must be an xarray.{kind.__name__} from {made_by}, got "
+            f"{type(value).__name__}{hint}."
+        )
+    if isinstance(value, xr.Dataset):
+        missing = [v for v in variables if v not in value.data_vars]
+        if missing:
+            raise ValueError(
+                f"{name} lacks the variable(s) {missing}: it is not a result of {made_by} "
+                f"(it holds {list(value.data_vars)})."
+            )
+    arrays = [value[v] for v in variables] if isinstance(value, xr.Dataset) else [value]
+    for array in arrays:
+        absent = [d for d in dims if d not in array.dims]
+        if absent:
+            raise ValueError(
+                f"{name} lacks the dim(s) {absent} (it has {list(array.dims)}); pass the "
+                f"result of {made_by}."
+            )
+    if model is not None:
+        attrs = {**(arrays[0].attrs if arrays else {}), **value.attrs}
+        origin, layout = attrs.get("model"), attrs.get("layout_fingerprint")
+        if origin is not None and origin != model.name:
+            raise ValueError(
+                f"{name} was computed on model {origin!r}, not {model.name!r}; compute it "
+                f"for this model with {made_by}."
+            )
+        if layout is not None and layout != model.spec.fingerprint:
+            raise ValueError(
+                f"{name} was computed on a model named {origin!r} with layout {layout!r}, "
+                f"but this one has layout {model.spec.fingerprint!r}; compute it for this "
+                f"model with {made_by}."
+            )
     return value
 
 

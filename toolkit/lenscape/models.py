@@ -15,6 +15,7 @@ downloaded from a hub, and a model's own Python code runs only with
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import selfcheck
+from . import _validate, selfcheck
 from ._bundled import (
     BUNDLED,
     DEFAULT_MODEL,
@@ -79,6 +80,8 @@ class LensModel:
         recipe: a picklable zero-argument callable that loads this model again (set by
             ``load`` and ``tiny``; None for models wrapped with ``from_hf``). Distributed
             capture sends it to each worker, which calls it once.
+        layout_checked: whether the layout self-check (``lsc.check``) passed on this
+            model; results record it in their ``layout_checked`` attr.
     """
 
     hf: Any
@@ -88,6 +91,7 @@ class LensModel:
     device: torch.device
     dtype: torch.dtype
     recipe: Callable[[], LensModel] | None = field(default=None, repr=False)
+    layout_checked: bool = False
 
     def module(self, path: str, layer: int | None = None) -> torch.nn.Module:
         """The submodule at ``path`` (relative to block ``layer`` when given)."""
@@ -127,11 +131,6 @@ def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return dtype
 
 
-def _require_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}.")
-
-
 def from_hf(
     hf_model: Any,
     tokenizer: Any,
@@ -156,7 +155,7 @@ def from_hf(
     Raises:
         ValueError: no layout for the family, or the self-check fails (``LayoutCheckError``).
     """
-    _require_bool("check", check)
+    check = _validate.flag("check", check)
     spec = ModelSpec.from_config(hf_model.config, layout)
     device, dtype = resolve_device(device), _resolve_dtype(dtype)
     hf_model = hf_model.to(device=device, dtype=dtype).eval().requires_grad_(False)
@@ -172,6 +171,7 @@ def from_hf(
     )
     if check:
         selfcheck.check(model)
+        model.layout_checked = True
     return model
 
 
@@ -192,9 +192,24 @@ def _local_folder(name_or_path: str) -> str:
 
 
 def _config_dict(name_or_path: str, folder: str) -> dict[str, Any]:
-    """The raw ``config.json`` (no classes resolved, no code run)."""
+    """The raw ``config.json`` (no classes resolved, no code run).
+
+    Raises:
+        ValueError: a ``config.json`` in ``folder`` that is not valid JSON.
+        LookupError: no config here nor in the local Hugging Face cache.
+    """
     from transformers import PretrainedConfig
 
+    config_file = Path(folder) / "config.json"
+    if config_file.is_file():
+        try:
+            json.loads(config_file.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ValueError(
+                f"The config of '{name_or_path}' ({config_file}) is malformed, not missing: "
+                f"{err}. The file is damaged or truncated; copy it again from where the "
+                "model came from."
+            ) from err
     try:
         return PretrainedConfig.get_config_dict(folder, local_files_only=True)[0]
     except OSError as err:
@@ -251,6 +266,34 @@ def _load_tokenizer(name_or_path: str, folder: str, trust_remote_code: bool) -> 
         ) from err
 
 
+def _refuse_partial_weights(name_or_path: str, loading_info: dict[str, Any]) -> None:
+    """Refuse weights that do not cover the config: transformers would initialise the
+    missing tensors at random (a layer the checkpoint lacks) and drop unexpected ones, and
+    the random model would still pass the layout self-check.
+
+    Args:
+        loading_info: ``from_pretrained(..., output_loading_info=True)``'s report.
+    """
+    problems = {
+        kind: sorted(map(str, loading_info.get(key) or ()))
+        for kind, key in (
+            ("missing from the weights", "missing_keys"),
+            ("in the weights but not in the config", "unexpected_keys"),
+            ("of another shape than the config says", "mismatched_keys"),
+        )
+    }
+    found = {kind: keys for kind, keys in problems.items() if keys}
+    if found:
+        listing = "; ".join(
+            f"{len(keys)} {kind} (e.g. {', '.join(keys[:3])})" for kind, keys in found.items()
+        )
+        raise ValueError(
+            f"The weights of '{name_or_path}' do not match its config.json: {listing}. "
+            "Loading them would fill the gaps with random numbers. Use the config saved "
+            "with these weights (e.g. num_hidden_layers as in the checkpoint)."
+        )
+
+
 def load(
     name_or_path: str = DEFAULT_MODEL,
     *,
@@ -283,8 +326,8 @@ def load(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    _require_bool("trust_remote_code", trust_remote_code)
-    _require_bool("check", check)
+    trust_remote_code = _validate.flag("trust_remote_code", trust_remote_code)
+    check = _validate.flag("check", check)
     device = resolve_device(device)
     folder = _local_folder(name_or_path)
     raw_config = _config_dict(name_or_path, folder)
@@ -295,12 +338,15 @@ def load(
     )
     ModelSpec.from_config(config, layout)  # fail on unsupported families before loading weights
     tokenizer = _load_tokenizer(name_or_path, folder, trust_remote_code)
-    hf_model = AutoModelForCausalLM.from_pretrained(
+    loaded: Any = AutoModelForCausalLM.from_pretrained(
         folder,
         local_files_only=True,
         dtype=_resolve_dtype(dtype),
         trust_remote_code=trust_remote_code,
+        output_loading_info=True,
     )
+    hf_model, loading_info = loaded
+    _refuse_partial_weights(name_or_path, loading_info)
     model = from_hf(
         hf_model,
         tokenizer,

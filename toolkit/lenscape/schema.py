@@ -176,12 +176,17 @@ def provenance(
     model: LensModel, method: str, *, backend: str = "torch", **params: Any
 ) -> dict[str, Any]:
     """Attrs naming what produced a result: ``method``, ``model``, ``architecture``,
-    ``backend`` and ``dtype`` (e.g. "float32"), then ``params`` (scalars).
-    ``schema.make`` adds ``lenscape_version`` and ``schema_version``."""
+    ``layout_fingerprint`` (``ModelSpec.fingerprint``, checked when the result is passed
+    back in), ``layout_checked`` (whether the layout self-check passed on the model: a
+    model loaded with ``check=False`` may be measured at the wrong places), ``backend`` and
+    ``dtype`` (e.g. "float32"), then ``params`` (scalars). ``schema.make`` adds
+    ``lenscape_version`` and ``schema_version``."""
     return {
         "method": method,
         "model": model.name,
         "architecture": model.spec.architecture,
+        "layout_fingerprint": model.spec.fingerprint,
+        "layout_checked": bool(model.layout_checked),
         "backend": backend,
         "dtype": str(model.dtype).removeprefix("torch."),
         **params,

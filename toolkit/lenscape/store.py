@@ -51,6 +51,9 @@ import xarray as xr
 FORMATS = {".zarr": "zarr", ".nc": "netcdf4"}
 _KIND = "_lenscape_kind"
 _BOOL_ATTRS = "_lenscape_bool_attrs"
+#: Where the provenance ``dtype`` attr is kept on disk: xarray's netCDF encoding of a
+#: boolean variable writes its own ``dtype`` attr and cannot if one is already there.
+_DTYPE_ATTR = "_lenscape_dtype"
 _UNNAMED = "__xarray_dataarray_variable__"
 _DONE = "_lenscape_done"
 _SETTINGS = "_lenscape_capture"
@@ -88,7 +91,9 @@ def _engine(path: Path) -> str:
 
 def _encode_attrs(attrs: dict[Any, Any]) -> dict[Any, Any]:
     bools = sorted(k for k, v in attrs.items() if isinstance(v, (bool, np.bool_)))
-    out = {k: int(v) if k in bools else v for k, v in attrs.items()}
+    out = {
+        _DTYPE_ATTR if k == "dtype" else k: int(v) if k in bools else v for k, v in attrs.items()
+    }
     if bools:
         out[_BOOL_ATTRS] = ",".join(bools)
     return out
@@ -97,7 +102,9 @@ def _encode_attrs(attrs: dict[Any, Any]) -> dict[Any, Any]:
 def _decode_attrs(attrs: dict[Any, Any]) -> dict[Any, Any]:
     bools = set(filter(None, str(attrs.pop(_BOOL_ATTRS, "")).split(",")))
     return {
-        k: bool(v) if k in bools else (v.item() if isinstance(v, np.generic) else v)
+        "dtype" if k == _DTYPE_ATTR else k: bool(v)
+        if k in bools
+        else (v.item() if isinstance(v, np.generic) else v)
         for k, v in attrs.items()
     }
 
@@ -449,15 +456,24 @@ def create(
     )
 
 
+#: Coords along ``prompt`` that a capture computes batch by batch with the numbers (the
+#: model's own answer, ``correct``): written part by part like the data.
+PART_COORDS = ("correct",)
+
+
 def _per_prompt_data(ds: xr.Dataset) -> list[Hashable]:
-    """Data variables filled part by part (those along ``prompt``); coords such as the
-    ``text`` and ``category`` labels are written whole by ``create``."""
-    return [name for name, var in ds.data_vars.items() if "prompt" in var.dims]
+    """Variables filled part by part: data variables along ``prompt`` and ``PART_COORDS``.
+    Other coords, such as the ``text`` and ``category`` labels, are written whole by
+    ``create``; a part coord reads as False until its prompts are written."""
+    return [name for name, var in ds.data_vars.items() if "prompt" in var.dims] + [
+        name for name in PART_COORDS if name in ds.coords
+    ]
 
 
 def write_part(part: xr.DataArray | xr.Dataset, path: str | Path, *, start: int) -> None:
     """Write the data of prompts ``start .. start + len(part)`` and then mark them done."""
     ds = _as_dataset(part, "zarr")
+    ds = ds.reset_coords([name for name in PART_COORDS if name in ds.coords])
     stop = start + ds.sizes["prompt"]
     region = {"prompt": slice(start, stop)}
     data = (
