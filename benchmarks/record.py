@@ -22,7 +22,7 @@ import _report
 import torch
 
 import lenscape as lsc
-from lenscape import recorded
+from lenscape import recordings
 
 
 def commit() -> str:
@@ -44,13 +44,13 @@ def commit() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("name", choices=recorded.NAMES)
+    parser.add_argument("name", choices=recordings.NAMES)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--tasks", default=",".join(recorded.HEAD_ROLES_TASKS))
-    parser.add_argument("--seeds", type=int, default=recorded.HEAD_ROLES_SEEDS)
+    parser.add_argument("--tasks", default=",".join(recordings.HEAD_ROLES_TASKS))
+    parser.add_argument("--seeds", type=int, default=recordings.HEAD_ROLES_SEEDS)
     parser.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--num-threads", type=int, default=1)
-    parser.add_argument("--root", type=Path, default=recorded.RECORDED_DIR)
+    parser.add_argument("--root", type=Path, default=recordings.RECORDED_DIR)
     args = parser.parse_args()
     torch.set_num_threads(args.num_threads)
     provenance = {
@@ -61,7 +61,7 @@ def main() -> None:
     }
     model = lsc.load(args.model, device="cpu")
     if args.name == "head_roles":
-        written = recorded.record_head_roles(
+        written = recordings.record_head_roles(
             model,
             args.tasks.split(","),
             seeds=range(args.seeds),
@@ -72,7 +72,7 @@ def main() -> None:
         )
     else:
         written = [
-            recorded.record_block_masks(
+            recordings.record_block_masks(
                 model, precision=args.precision, provenance=provenance, root=args.root
             )
         ]

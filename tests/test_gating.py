@@ -182,27 +182,40 @@ def test_zero_gate_equals_zeroed_head(tiny_llama, small_task):
     assert gated == pytest.approx(zeroed, rel=1e-6)
 
 
-def test_gating_check_table(fitted, tiny_llama):
+def _with_roles(fitted, facilitating=(), interfering=(), facilitation=0.0, interference=0.0):
+    """``fitted`` with every seed's scores set by hand: the listed (layer, head) cells at 1,
+    the rest at the given values."""
+    fac = np.full(fitted["facilitation"].shape, facilitation)
+    inter = np.full(fitted["interference"].shape, interference)
+    for cells, values in ((facilitating, fac), (interfering, inter)):
+        for layer, head in cells:
+            values[:, layer, head] = 1.0
+    return fitted.assign(
+        facilitation=fitted["facilitation"].copy(data=fac),
+        interference=fitted["interference"].copy(data=inter),
+    )
+
+
+def test_role_set_check_table(fitted, tiny_llama):
     val = lsc.data.task("syntax", split="validation")[:6]
-    check = lsc.gating_check(tiny_llama, fitted, val, k=2, n_random=20)
-    assert check["loss_random_off"].sizes == {"draw": 20}
-    top = fitted["facilitation"].mean("seed").values
-    cells = list(
-        zip(check["facilitating_layer"].values, check["facilitating_head"].values, strict=True)
-    )
-    assert top[cells[0]] == top.max() and top[cells[0]] >= top[cells[1]]
-    random_off = check["loss_random_off"].values
-    assert float(check["random_p95"]) == pytest.approx(np.percentile(random_off, 95))
-    assert bool(check["facilitating_passes"]) == (
-        float(check["loss_facilitating_off"]) > float(check["random_p95"])
-    )
-    assert bool(check["passes"]) == (
-        bool(check["facilitating_passes"]) and bool(check["interfering_passes"])
-    )
+    roles = _with_roles(fitted, facilitating=[(0, 1), (2, 3)], interfering=[(1, 0)])
+    check = lsc.gating_check(tiny_llama, roles, val, n_random=20)
+    assert check["loss_random_off"].sizes == {"role": 2, "draw": 20}
+    assert check["set_size"].values.tolist() == [2, 1]
+    assert np.argwhere(check["in_set"].sel(role="facilitating").values).tolist() == [[0, 1], [2, 3]]
+    for role in ("facilitating", "interfering"):
+        row = check.sel(role=role)
+        random_off = row["loss_random_off"].values
+        assert float(row["random_p95"]) == pytest.approx(np.percentile(random_off, 95))
+        assert float(row["percentile"]) == pytest.approx(
+            100 * (random_off < float(row["loss_off"])).mean()
+        )
+    fac = check.sel(role="facilitating")
+    assert bool(fac["passes"]) == (float(fac["loss_off"]) > float(fac["random_p95"]))
+    assert bool(check["all_pass"]) == bool(check["passes"].all())
     gates = np.ones((tiny_llama.spec.n_layers, tiny_llama.spec.n_heads))
-    for layer, head in cells:
-        gates[layer, head] = 0
-    assert float(check["loss_facilitating_off"]) == pytest.approx(
+    gates[0, 1] = gates[2, 3] = 0
+    assert float(fac["loss_off"]) == pytest.approx(
         _target_nll_by_hand(tiny_llama, val, gates), rel=1e-4
     )
     assert float(check["loss_intact"]) == pytest.approx(
@@ -210,25 +223,60 @@ def test_gating_check_table(fitted, tiny_llama):
     )
 
 
-def test_top_k_draws_from_a_tie_instead_of_taking_the_first_layers():
-    scores = np.full((4, 3), 1.0)  # a saturated tie: every head at 1.0 ...
-    scores[3, 2] = 1.5  # ... but one above it
-    scores[0, 0] = 1.0 - 5e-4  # within the tie tolerance
-    scores[0, 1] = 0.2  # below it
-    picks = [gating._top_cells(scores, 3, np.random.default_rng(s)) for s in range(20)]
-    assert {tied for _, tied in picks} == {10}
-    assert all(cells[0] == 11 for cells, _ in picks)  # the cell above the tie comes first
-    assert all(1 not in cells and len(set(cells)) == 3 for cells, _ in picks)
-    drawn = {int(c) for cells, _ in picks for c in cells[1:]}
-    assert len(drawn) > 4, "ties must be broken at random, not by layer order"
+def test_random_sets_come_from_the_other_heads():
+    others = np.array([1, 4, 5, 7, 9])
+    sets = gating._random_sets(others, 3, 200, np.random.default_rng(0))
+    assert sets.shape == (200, 3)
+    assert set(sets.ravel()) == set(others)
+    assert all(len(set(row)) == 3 for row in sets)
 
 
-def test_gating_check_reports_ties(fitted, tiny_llama):
-    tied = fitted.assign(facilitation=fitted["facilitation"] * 0 + 1.0)
-    check = lsc.gating_check(
-        tiny_llama, tied, lsc.data.task("syntax", split="validation")[:4], k=2, n_random=20
+def test_role_sets_need_every_seed(fitted):
+    scores = _with_roles(fitted, facilitating=[(1, 2)])
+    one_seed_only = scores["facilitation"].values.copy()
+    one_seed_only[0, 0, 0] = 1.0  # facilitating in seed 0 only: Any, not Always
+    scores = scores.assign(facilitation=scores["facilitation"].copy(data=one_seed_only))
+    n_heads = fitted.sizes["head"]
+    assert gating._role_cells(scores, "facilitation", 0.5).tolist() == [1 * n_heads + 2]
+
+
+def test_undefined_role_sets_are_nan_with_a_reason(fitted, tiny_llama):
+    val = lsc.data.task("syntax", split="validation")[:4]
+    roles = _with_roles(fitted, facilitation=0.0, interference=1.0)
+    check = lsc.gating_check(tiny_llama, roles, val, n_random=20)
+    for role, words in (("facilitating", "no head is facilitating"), ("interfering", "more than")):
+        row = check.sel(role=role)
+        assert np.isnan(float(row["loss_off"])) and np.isnan(float(row["random_p95"]))
+        assert not bool(row["passes"])
+        assert words in str(row["reason"].values)
+    assert not bool(check["all_pass"])
+
+
+def test_top_k_is_refused_when_the_kth_score_is_tied(fitted, tiny_llama):
+    tied = _with_roles(fitted, facilitation=1.0, interfering=[(0, 0), (1, 1)])
+    with pytest.raises(ValueError, match="tied"):
+        lsc.gating_check(
+            tiny_llama, tied, lsc.data.task("syntax", split="validation")[:4], k=2, n_random=20
+        )
+
+
+def test_top_k_without_a_tie(fitted, tiny_llama):
+    spec = tiny_llama.spec
+    distinct = np.linspace(0, 1, spec.n_layers * spec.n_heads).reshape(spec.n_layers, -1)
+    scores = fitted.assign(
+        facilitation=fitted["facilitation"].copy(
+            data=np.broadcast_to(distinct, fitted["facilitation"].shape)
+        ),
+        interference=fitted["interference"].copy(
+            data=np.broadcast_to(1 - distinct, fitted["interference"].shape)
+        ),
     )
-    assert int(check["facilitating_tied"]) == tiny_llama.spec.n_layers * tiny_llama.spec.n_heads
+    check = lsc.gating_check(
+        tiny_llama, scores, lsc.data.task("syntax", split="validation")[:4], k=2, n_random=20
+    )
+    top = np.argwhere(check["in_set"].sel(role="facilitating").values).tolist()
+    assert top == [[spec.n_layers - 1, spec.n_heads - 2], [spec.n_layers - 1, spec.n_heads - 1]]
+    assert check["set_size"].values.tolist() == [2, 2]
 
 
 @pytest.mark.parametrize(

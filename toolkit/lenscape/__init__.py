@@ -31,7 +31,7 @@ from .capture.lens import logit_lens
 from .finetune import finetune
 from .models import ArchLayout, LensModel, ModelSpec, from_hf, load
 from .plot import agreement, enable_offline, export, heatmap
-from .recorded import recorded
+from .recordings import recorded
 from .selfcheck import LayoutCheckError, check
 from .store import open_result as open
 from .store import save

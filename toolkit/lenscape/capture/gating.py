@@ -33,7 +33,7 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from .. import schema
+from .. import _validate, schema
 from ..data import Prompts, PromptSet, as_prompt_set
 from ..models import LensModel
 from ._backend import Site, standing_edit
@@ -219,7 +219,29 @@ def task_loss(
 
     Returns:
         (sets,) mean over prompts of each prompt's mean NLL on its target tokens, in nats.
+
+    Raises:
+        TypeError: gates that are not numbers (a Dataset: pick one of its gate variables).
+        ValueError: gates outside [0, 1] or NaN, gates from another model, no prompts.
     """
+    batch_size = _validate.positive_int("batch_size", batch_size)
+    _validate.not_empty("prompts", as_prompt_set(prompts), fix="pass at least one prompt")
+    if isinstance(gates, (xr.DataArray, xr.Dataset)):
+        gates = _validate.result(
+            "gates",
+            gates,
+            kind=xr.DataArray,
+            made_by="lsc.head_gating (e.g. gating['gate_plus'])",
+            model=model,
+            dims=("layer", "head"),
+        ).transpose(..., "layer", "head")
+    if gates is not None:
+        gates = torch.as_tensor(
+            _validate.values(
+                "gates", gates, low=0, high=1, fix="pass gate values in [0, 1] (0 removes a head)"
+            ),
+            dtype=torch.float32,
+        )
     gates = _check_gates(model, gates)
     items = _encode(model, as_prompt_set(prompts))
     with _Gates(model) as hooks:
@@ -282,14 +304,19 @@ def head_gating(
         validation loss, the most updates per stage (``steps_stage0``, ``steps_plus``,
         ``steps_minus``) and whether every set converged (``converged``) in attrs.
     """
-    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
-    if len(seed_list) < 1:
-        raise ValueError(f"seeds must be at least 1 (got {seeds!r}); Always/Any need >= 2.")
-    if lambda_ < 0:
-        raise ValueError(f"lambda_ must be >= 0 (got {lambda_}); its sign is set per stage.")
-    if min(max_steps, batch_size, window, rows_per_pass) < 1:
-        raise ValueError(
-            "max_steps, batch_size, window and rows_per_pass must be positive integers."
+    seed_list = _validate.seed_list("seeds", seeds)
+    lambda_ = _validate.number("lambda_", lambda_, low=0)  # its sign is set per stage
+    lr = _validate.number("lr", lr, above=0)
+    grad_clip = _validate.number("grad_clip", grad_clip, above=0)
+    tol = _validate.number("tol", tol, low=0)
+    max_steps = _validate.positive_int("max_steps", max_steps)
+    batch_size = _validate.positive_int("batch_size", batch_size)
+    window = _validate.positive_int("window", window)
+    rows_per_pass = _validate.positive_int("rows_per_pass", rows_per_pass)
+    progress = _validate.flag("progress", progress)
+    if validation is not None:
+        _validate.not_empty(
+            "validation", as_prompt_set(validation), fix="pass held-out prompts, or None"
         )
     precision = check_precision(precision)
     prompts = as_prompt_set(task)
@@ -411,24 +438,41 @@ def head_gating(
 
 
 TIE = 1e-3  # scores closer than this are one value: saturated gates differ only by float noise
+ROLES = {"facilitating": "facilitation", "interfering": "interference"}
+SETS_PER_PASS = 32  # gate sets evaluated together (rows = sets x validation batch)
 
 
-def _top_cells(scores: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """The k highest-scoring cells of (layer, head) scores, and how many cells tie with the k-th.
+def _role_cells(gating: xr.Dataset, score: str, threshold: float) -> np.ndarray:
+    """Flat (layer * n_heads + head) cells whose ``score`` is >= ``threshold`` in every seed."""
+    values = gating[score].transpose(..., "layer", "head").values
+    values = values.reshape(-1, *values.shape[-2:])  # (seed, layer, head), one seed or many
+    return np.flatnonzero((values >= threshold).all(axis=0).ravel())
 
-    Cells within ``TIE`` of the k-th score tie; the cells above the tie are taken and the rest
-    are drawn at random from the tie, so a tie is never broken by layer order (converged gates
-    saturate, and dozens of heads can share a score of 1.0).
 
-    Returns:
-        Flat (layer * n_heads + head) indices, highest score first; the size of the tie.
+def _top_cells(scores: np.ndarray, k: int) -> np.ndarray:
+    """The k highest-scoring cells of (layer, head) scores, flat, highest first.
+
+    Raises:
+        ValueError: when the k-th score is tied (within ``TIE``) with a cell left out, so
+            the top k would be a draw: converged gates saturate, and dozens of heads can
+            share a score of 1.0.
     """
     flat = scores.ravel()
-    kth = np.sort(flat)[::-1][k - 1]
-    above = np.flatnonzero(flat > kth + TIE)
-    tied = np.flatnonzero(np.abs(flat - kth) <= TIE)
-    picked = np.concatenate([above, rng.choice(tied, k - len(above), replace=False)])
-    return picked[np.argsort(-flat[picked], kind="stable")], len(tied)
+    order = np.argsort(-flat, kind="stable")
+    kth = flat[order[k - 1]]
+    tied = int((np.abs(flat - kth) <= TIE).sum())
+    if (np.abs(flat[order[k:]] - kth) <= TIE).any():
+        raise ValueError(
+            f"The {k}th highest score is tied with {tied} heads (within {TIE}), so a top-{k} "
+            "set would be a random draw from the tie. Use the role-set check (k=None), "
+            "which is defined when gates saturate."
+        )
+    return order[:k]
+
+
+def _random_sets(others: np.ndarray, size: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, size) cells, each row a set drawn without replacement from ``others``."""
+    return np.stack([rng.choice(others, size, replace=False) for _ in range(n)])
 
 
 def gating_check(
@@ -436,104 +480,165 @@ def gating_check(
     gating: xr.Dataset,
     validation: Prompts,
     *,
-    k: int = 10,
-    n_random: int = 20,
+    n_random: int = 200,
+    threshold: float = 0.5,
+    k: int | None = None,
     seed: int = 0,
     batch_size: int = 8,
 ) -> xr.Dataset:
-    """Causal check of head-gating roles on held-out items.
+    """Causal check of head-gating roles on held-out items, defined when gates saturate.
 
-    Switches off (gate 0) the ``k`` heads with the highest seed-mean facilitation, the ``k``
-    with the highest seed-mean interference, and ``n_random`` random sets of ``k`` heads, and
-    measures the task loss of ``validation`` each time. The check passes when removing the
-    facilitating heads costs more than the random sets' 95th percentile, and removing the
-    interfering heads costs less than their 5th percentile and no more than the intact model.
-    Converged gates saturate, so many heads can share the k-th score: the k are then completed
-    at random from that tie (seeded by ``seed``), and its size is reported.
+    For each role, switches off (gate 0) its whole *role set* (every head whose score is
+    >= ``threshold`` in every seed: facilitation for facilitating heads, interference for
+    interfering ones) and ``n_random`` random sets of the same size drawn from the other
+    heads, and measures the task loss of ``validation`` each time. The facilitating check
+    passes when switching off the role set costs more than the random sets' 95th
+    percentile; the interfering check passes when it costs less than their 5th percentile
+    and no more than the intact model. A role set that is empty, or larger than the heads
+    outside it, cannot be compared: its numbers are NaN and ``reason`` says why.
 
     Args:
         model: the model the gates were fitted on.
-        gating: a ``head_gating`` result.
+        gating: a ``head_gating`` result (one seed or many), or ``lsc.recorded("head_roles")``.
         validation: held-out prompts (never the training items).
-        k: heads switched off per set.
-        n_random: random k-head sets (at least 20 for meaningful percentiles).
+        n_random: random sets per role (at least 20; 200 or more for stable percentiles).
+        threshold: the role threshold (0.5 in the reference).
+        k: instead of the role sets, the ``k`` heads with the highest seed-mean score per
+            role; refused when the k-th score is tied (a top-k of tied heads is a draw).
         seed: seeds the random sets.
         batch_size: validation items per forward pass.
 
     Returns:
-        Dataset: scalars ``loss_intact``, ``loss_facilitating_off``, ``loss_interfering_off``,
-        ``random_p5``, ``random_p95``, ``facilitating_passes``, ``interfering_passes``,
-        ``passes``, ``facilitating_tied``/``interfering_tied`` (heads tied with the k-th
-        score; more than k means the top k are a draw from the tie); ``loss_random_off``
-        over ``draw``; the switched-off heads as
-        ``facilitating_layer/_head`` and ``interfering_layer/_head`` over ``rank``.
+        Dataset over ``role`` (facilitating, interfering): ``set_size``, ``loss_off``,
+        ``random_p5``/``random_p50``/``random_p95``, ``percentile`` (share of random sets
+        whose loss is below ``loss_off``, in %), ``passes``, ``reason`` ("" where
+        defined); ``loss_random_off`` (role, draw); ``in_set`` (role, layer, head);
+        ``loss_intact`` and ``all_pass`` (both roles pass) as scalars.
     """
+    _validate.result(
+        "gating",
+        gating,
+        kind=xr.Dataset,
+        made_by="lsc.head_gating",
+        model=model,
+        variables=tuple(ROLES.values()),
+        dims=("layer", "head"),
+    )
+    for score in ROLES.values():
+        _validate.values(f"gating[{score!r}]", gating[score], low=0, high=1, fix="refit it")
+    _validate.not_empty("validation", as_prompt_set(validation), fix="pass held-out prompts")
+    n_random = _validate.positive_int("n_random", n_random)
+    threshold = _validate.number("threshold", threshold, low=0, high=1)
+    k = _validate.positive_int("k", k, none_means="use the role sets")
+    seed = _validate.integer("seed", seed, low=0)
+    batch_size = _validate.positive_int("batch_size", batch_size)
     spec = model.spec
     n_cells = spec.n_layers * spec.n_heads
-    if not 1 <= k < n_cells:
-        raise ValueError(f"k must lie in [1, {n_cells - 1}] (heads of {model.name}), got {k}.")
     if n_random < 20:
         raise ValueError(
             f"n_random={n_random} random sets give no usable 5th/95th percentile; "
-            "use n_random >= 20."
+            "use n_random >= 20 (200 or more for stable percentiles)."
         )
-    if (
-        gating["facilitation"].sizes.get("layer") != spec.n_layers
-        or gating["facilitation"].sizes.get("head") != spec.n_heads
-    ):
+    if k is not None and not 1 <= k < n_cells:
+        raise ValueError(f"k must lie in [1, {n_cells - 1}] (heads of {model.name}), got {k}.")
+    sizes = {dim: gating["facilitation"].sizes.get(dim) for dim in ("layer", "head")}
+    if (sizes["layer"], sizes["head"]) != (spec.n_layers, spec.n_heads):
         raise ValueError(
             f"The gating result has {dict(gating['facilitation'].sizes)}; "
             f"{model.name} has {spec.n_layers} layers x {spec.n_heads} heads. "
             "Check it with the model it was fitted on."
         )
-    ties = np.random.default_rng([seed, 1])
-    facilitating, facilitating_tied = _top_cells(
-        gating["facilitation"].mean("seed").values, k, ties
-    )
-    interfering, interfering_tied = _top_cells(gating["interference"].mean("seed").values, k, ties)
     rng = np.random.default_rng(seed)
-    random_sets = [rng.choice(n_cells, k, replace=False) for _ in range(n_random)]
-    gates = torch.ones(3 + n_random, n_cells)
-    for row, cells in enumerate([facilitating, interfering, *random_sets], start=1):
-        gates[row, torch.as_tensor(cells)] = 0
-    losses = task_loss(
-        model, validation, gates.view(-1, spec.n_layers, spec.n_heads), batch_size=batch_size
+    sets: dict[str, np.ndarray] = {}
+    for role, score in ROLES.items():
+        if k is None:
+            sets[role] = _role_cells(gating, score, threshold)
+        else:
+            sets[role] = _top_cells(gating[score].mean("seed").values, k)
+    gate_rows, reasons, randoms = [np.ones(n_cells)], {}, {}
+    for role, cells in sets.items():
+        others = np.setdiff1d(np.arange(n_cells), cells)
+        if len(cells) == 0:
+            reasons[role] = f"no head is {role} in every seed (threshold {threshold})"
+        elif len(cells) > len(others):
+            reasons[role] = (
+                f"{len(cells)} {role} heads: more than the {len(others)} other heads, so no "
+                "random set of the same size can be drawn from them"
+            )
+        else:
+            reasons[role] = ""
+            randoms[role] = _random_sets(others, len(cells), n_random, rng)
+            for row in [cells, *randoms[role]]:
+                gates = np.ones(n_cells)
+                gates[row] = 0
+                gate_rows.append(gates)
+    all_gates = torch.as_tensor(np.stack(gate_rows), dtype=torch.float32)
+    all_gates = all_gates.view(-1, spec.n_layers, spec.n_heads)
+    losses = torch.cat(
+        [
+            task_loss(model, validation, part, batch_size=batch_size)
+            for part in all_gates.split(SETS_PER_PASS)
+        ]
     ).numpy()
-    intact, fac_off, int_off, random_off = losses[0], losses[1], losses[2], losses[3:]
-    p5, p95 = np.percentile(random_off, [5, 95])
-    fac_pass = bool(fac_off > p95)
-    int_pass = bool(int_off < p5 and int_off <= intact)
+    intact, row = float(losses[0]), 1
+    table: dict[str, list] = {name: [] for name in ("off", "p5", "p50", "p95", "pct", "pass")}
+    random_off = np.full((len(ROLES), n_random), np.nan)
+    for i, role in enumerate(ROLES):
+        if reasons[role]:
+            for name in ("off", "p5", "p50", "p95", "pct"):
+                table[name].append(np.nan)
+            table["pass"].append(False)
+            continue
+        off, random_off[i] = losses[row], losses[row + 1 : row + 1 + n_random]
+        row += 1 + n_random
+        p5, p50, p95 = np.percentile(random_off[i], [5, 50, 95])
+        passes = off > p95 if role == "facilitating" else off < p5 and off <= intact
+        for name, value in zip(
+            ("off", "p5", "p50", "p95", "pct", "pass"),
+            (off, p5, p50, p95, 100 * float((random_off[i] < off).mean()), bool(passes)),
+            strict=True,
+        ):
+            table[name].append(value)
+    in_set = np.zeros((len(ROLES), n_cells), dtype=bool)
+    for i, role in enumerate(ROLES):
+        in_set[i, sets[role]] = True
     attrs = {
         "method": "gating_check",
         "model": model.name,
-        "k": k,
+        "sets": "role sets (score >= threshold in every seed)" if k is None else f"top {k}",
+        "threshold": threshold,
         "n_random": n_random,
         "seed": seed,
+        "n_seeds": gating["facilitation"].sizes.get("seed", 1),
         "n_validation": len(as_prompt_set(validation)),
         "prompt_set": gating.attrs.get("prompt_set", ""),
         "units": "nats",
-        "criterion": "facilitating off > random p95; interfering off < random p5 and <= intact",
-        "ties": f"scores within {TIE} of the k-th tie; the k are completed at random from them",
+        "criterion": (
+            "facilitating off > random p95; interfering off < random p5 and <= intact; "
+            "random sets have the role set's size and are drawn from the other heads"
+        ),
     }
-    rank = np.arange(k)
+    role_dim = ("role",)
     return xr.Dataset(
         {
-            "loss_intact": float(intact),
-            "loss_facilitating_off": float(fac_off),
-            "loss_interfering_off": float(int_off),
-            "random_p5": float(p5),
-            "random_p95": float(p95),
-            "loss_random_off": (("draw",), random_off),
-            "facilitating_passes": fac_pass,
-            "interfering_passes": int_pass,
-            "passes": fac_pass and int_pass,
-            "facilitating_tied": facilitating_tied,
-            "interfering_tied": interfering_tied,
-            "facilitating_layer": (("rank",), facilitating // spec.n_heads),
-            "facilitating_head": (("rank",), facilitating % spec.n_heads),
-            "interfering_layer": (("rank",), interfering // spec.n_heads),
-            "interfering_head": (("rank",), interfering % spec.n_heads),
+            "set_size": (role_dim, [len(sets[r]) for r in ROLES]),
+            "loss_off": (role_dim, table["off"]),
+            "random_p5": (role_dim, table["p5"]),
+            "random_p50": (role_dim, table["p50"]),
+            "random_p95": (role_dim, table["p95"]),
+            "percentile": (role_dim, table["pct"]),
+            "passes": (role_dim, table["pass"]),
+            "reason": (role_dim, [reasons[r] for r in ROLES]),
+            "loss_random_off": (("role", "draw"), random_off),
+            "in_set": (("role", "layer", "head"), in_set.reshape(-1, spec.n_layers, spec.n_heads)),
+            "loss_intact": intact,
+            "all_pass": bool(all(table["pass"])),
         },
-        coords={"draw": np.arange(n_random), "rank": rank},
+        coords={
+            "role": list(ROLES),
+            "draw": np.arange(n_random),
+            "layer": np.arange(spec.n_layers),
+            "head": np.arange(spec.n_heads),
+        },
         attrs=attrs,
     )

@@ -11,7 +11,7 @@ per stage and whether every stage converged). A notebook loads them at once::
 A recording is resumable: each unit of work (one seed of one task; one model's masks) is
 one file, written atomically when it finishes, and a restarted run skips the files that
 exist. Next to the units, each recording keeps a *checkpoint*: the result of the first few
-updates of its first unit, which ``tests/test_recorded.py`` recomputes, so the shipped data
+updates of its first unit, which ``tests/test_recordings.py`` recomputes, so the shipped data
 cannot drift from the code that made it.
 
 Layout: ``recorded_data/<name>/<model>/<task>/seed<N>.nc`` and ``.../checkpoint.nc`` for
@@ -158,7 +158,7 @@ def _write(ds: xr.Dataset, path: Path) -> None:
 
 def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.Dataset:
     """The first ``CHECKPOINT_STEPS`` updates per stage of seed 0 on the first
-    ``CHECKPOINT_ITEMS`` training items: what ``tests/test_recorded.py`` recomputes."""
+    ``CHECKPOINT_ITEMS`` training items: what ``tests/test_recordings.py`` recomputes."""
     return head_gating(
         model,
         data.task(task)[:CHECKPOINT_ITEMS],
