@@ -30,7 +30,7 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from . import cluster, data, schema
+from . import cluster, data, schema, store
 from .capture.gating import head_gating
 from .capture.masks import mask_comparison
 from .models import LensModel
@@ -89,8 +89,9 @@ def _unit_paths(name: str, model: str, task: str | None) -> tuple[Path, list[Pat
 
 def _open(path: Path) -> xr.Dataset:
     """One recorded file, refused if another lenscape schema wrote it."""
-    with xr.open_dataset(path, engine="netcdf4") as ds:
-        ds = ds.load()
+    ds = store.open_result(path)
+    if not isinstance(ds, xr.Dataset):
+        raise ValueError(f"{path} holds one array, not a recorded Dataset: re-record it.")
     found = ds.attrs.get("schema_version")
     if found != schema.SCHEMA_VERSION:
         raise ValueError(
@@ -151,8 +152,9 @@ def _write(ds: xr.Dataset, path: Path) -> None:
     the schema version that ``recorded`` checks."""
     ds.attrs.update(schema_version=schema.SCHEMA_VERSION, lenscape_version=schema.package_version())
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    ds.to_netcdf(partial, engine="netcdf4")
+    partial = path.with_name(f".{path.stem}.partial.nc")  # hidden from the unit globs
+    partial.unlink(missing_ok=True)
+    store.save(ds, partial)
     os.replace(partial, path)
 
 
