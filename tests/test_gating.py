@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import textwrap
 
 import numpy as np
@@ -283,7 +284,7 @@ def test_top_k_without_a_tie(fitted, tiny_llama):
     "kwargs, message",
     [
         ({"n_random": 5}, "n_random >= 20"),
-        ({"k": 0}, "k must lie in"),
+        ({"k": 0}, "k must be a positive integer"),
     ],
 )
 def test_gating_check_errors(fitted, tiny_llama, kwargs, message):
@@ -296,10 +297,10 @@ def test_gating_check_errors(fitted, tiny_llama, kwargs, message):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"seeds": 0}, "seeds must be at least 1"),
-        ({"seeds": []}, "seeds must be at least 1"),
-        ({"lambda_": -0.1}, "lambda_ must be >= 0"),
-        ({"window": 0}, "must be positive integers"),
+        ({"seeds": 0}, "seeds must be at least 1 seed"),
+        ({"seeds": []}, "seeds must hold at least one seed"),
+        ({"lambda_": -0.1}, "lambda_ must be a finite number >= 0"),
+        ({"window": 0}, "window must be a positive integer"),
     ],
 )
 def test_bad_settings(tiny_llama, small_task, kwargs, message):
@@ -317,3 +318,70 @@ def test_empty_targets_and_task(tiny_llama):
 def test_bad_gate_shape(tiny_llama, small_task):
     with pytest.raises(ValueError, match="gates must have shape"):
         lsc.task_loss(tiny_llama, small_task, torch.ones(1, 2, 2))
+
+
+# ----------------------------------------------- options and results checked up front (issue 24)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"lambda_": float("nan")}, ValueError, r"lambda_ must be a finite number >= 0, got nan"),
+        ({"seeds": 2.5}, TypeError, r"seeds must be a number of seeds or a list.*2\.5"),
+        ({"seeds": "3"}, TypeError, r"seeds must be a number of seeds or a list.*'3'"),
+        ({"seeds": [0, 0]}, ValueError, r"seeds must hold at least one seed, each once"),
+        ({"seeds": [0, -1]}, ValueError, r"seeds\[1\] must be an integer >= 0, got -1"),
+        ({"max_steps": 0}, ValueError, r"max_steps must be a positive integer, got 0"),
+        ({"batch_size": "32"}, TypeError, r"batch_size must be a positive integer, got '32'"),
+        ({"rows_per_pass": 1.5}, TypeError, r"rows_per_pass must be a positive integer"),
+        ({"lr": 0}, ValueError, r"lr must be a finite number > 0, got 0"),
+        ({"grad_clip": float("inf")}, ValueError, r"grad_clip must be a finite number > 0"),
+        ({"tol": -1}, ValueError, r"tol must be a finite number >= 0"),
+        ({"progress": "no"}, TypeError, r"progress must be True or False, got 'no'"),
+        ({"validation": []}, ValueError, r"validation is empty"),
+    ],
+)
+def test_fit_options_are_checked_before_any_fit(tiny_llama, small_task, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        lsc.head_gating(tiny_llama, small_task, **{"progress": False, **kwargs})
+
+
+def test_task_loss_takes_a_gate_dataarray_and_checks_its_values(tiny_llama, fitted, small_task):
+    gates = fitted["gate_plus"]
+    from_array = lsc.task_loss(tiny_llama, small_task[:4], gates)
+    from_tensor = lsc.task_loss(tiny_llama, small_task[:4], torch.as_tensor(gates.values))
+    torch.testing.assert_close(from_array, from_tensor)
+    with pytest.raises(TypeError, match=r"gates must be an xarray.DataArray.*gating\['"):
+        lsc.task_loss(tiny_llama, small_task[:4], fitted)
+    with pytest.raises(ValueError, match=r"gates holds 2 NaN or infinite value"):
+        lsc.task_loss(tiny_llama, small_task[:4], gates.where(gates["layer"] + gates["head"] > 0))
+    with pytest.raises(ValueError, match=r"gates must lie in \[0, 1\], got values from"):
+        lsc.task_loss(tiny_llama, small_task[:4], gates * 2)
+    with pytest.raises(ValueError, match="prompts is empty"):
+        lsc.task_loss(tiny_llama, [], gates)
+
+
+def test_gating_results_are_checked_for_kind_and_origin(tiny_llama, fitted, tokenizer):
+    validation = lsc.data.task("syntax", split="validation")[:4]
+    with pytest.raises(TypeError, match=r"gating must be an xarray.Dataset from lsc.head_gating"):
+        lsc.gating_check(tiny_llama, fitted["facilitation"], validation)
+    with pytest.raises(TypeError, match=r"gating must be an xarray.Dataset.*got Tensor"):
+        lsc.gating_check(tiny_llama, torch.zeros(2, 2, 4), validation)
+    renamed = copy.copy(tiny_llama)
+    renamed.name = "another-llama"
+    with pytest.raises(ValueError, match="computed on model 'tiny-llama', not 'another-llama'"):
+        lsc.gating_check(renamed, fitted, validation)
+    # Same name, same number of layers and heads, another layout: the fingerprint tells.
+    n = tiny_llama.spec.n_layers
+    lookalike = lsc.models.tiny("qwen3", n_layers=n, tokenizer=tokenizer)
+    lookalike.name = tiny_llama.name
+    with pytest.raises(ValueError, match=rf"layout 'llama/L{n}/.*but this one has 'qwen3/L{n}/"):
+        lsc.gating_check(lookalike, fitted, validation)
+    broken = fitted.copy()
+    broken["facilitation"] = fitted["facilitation"] * np.nan
+    with pytest.raises(ValueError, match=r"gating\['facilitation'\] holds \d+ NaN"):
+        lsc.gating_check(tiny_llama, broken, validation)
+    with pytest.raises(ValueError, match="validation is empty"):
+        lsc.gating_check(tiny_llama, fitted, [])
+    with pytest.raises(ValueError, match=r"threshold must be a finite number in \[0, 1\]"):
+        lsc.gating_check(tiny_llama, fitted, validation, threshold=float("nan"))
