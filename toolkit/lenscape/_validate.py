@@ -126,15 +126,25 @@ def seed_list(name: str, value: Any) -> list[int]:
     return seeds
 
 
-def number(name: str, value: Any, *, low: float | None = None, high: float | None = None) -> float:
-    """Check that ``value`` is a finite real number in ``[low, high]``.
+def number(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    above: float | None = None,
+) -> float:
+    """Check that ``value`` is a finite real number in ``[low, high]`` (and ``> above``).
+
+    Args:
+        above: an open lower bound (e.g. 0 for a learning rate, which 0 would not move).
 
     Returns:
         ``float(value)``.
 
     Raises:
         TypeError: not a real number (a string such as "0.5", None, a bool ...).
-        ValueError: NaN, infinite, or outside ``[low, high]``.
+        ValueError: NaN, infinite, or outside the bounds.
     """
     bounds = (
         f" in [{low}, {high}]"
@@ -145,6 +155,8 @@ def number(name: str, value: Any, *, low: float | None = None, high: float | Non
         if high is not None
         else ""
     )
+    if above is not None:
+        bounds += f" and > {above}" if bounds else f" > {above}"
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(
             f"{name} must be a number{bounds}, got {_shown(value)}; pass it unquoted, e.g. 0.5."
@@ -155,6 +167,7 @@ def number(name: str, value: Any, *, low: float | None = None, high: float | Non
         not math.isfinite(real)
         or (low is not None and real < low)
         or (high is not None and real > high)
+        or (above is not None and real <= above)
     ):
         raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}.")
     return real
@@ -275,7 +288,7 @@ def result(
     name: str,
     value: Any,
     *,
-    kind: type[xr.DataArray] | type[xr.Dataset],
+    kind: type | tuple[type, ...],
     made_by: str,
     model: LensModel | None = None,
     variables: Sequence[str] = (),
@@ -285,7 +298,7 @@ def result(
     computed on ``model`` (by name and, where recorded, layout fingerprint).
 
     Args:
-        kind: ``xr.DataArray`` or ``xr.Dataset``.
+        kind: ``xr.DataArray``, ``xr.Dataset`` or a tuple of both.
         made_by: the function that makes such a result, for the message (e.g.
             "lsc.head_gating").
         variables: data variables a Dataset must hold.
@@ -298,14 +311,16 @@ def result(
         TypeError: the wrong kind (a DataArray for a Dataset, a tensor for a DataArray ...).
         ValueError: a missing variable or dim, or a result from another model.
     """
-    if not isinstance(value, kind):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds):
         hint = (
             f"; pick one variable, e.g. {name}[{next(iter(value.data_vars))!r}]"
             if isinstance(value, xr.Dataset) and value.data_vars
             else ""
         )
         raise TypeError(
-            f"{name} must be an xarray.{kind.__name__} from {made_by}, got "
+            f"{name} must be an xarray.{' or '.join(k.__name__ for k in kinds)} from "
+            f"{made_by}, got "
             f"{type(value).__name__}{hint}."
         )
     if isinstance(value, xr.Dataset):
@@ -334,7 +349,7 @@ def result(
         if layout is not None and layout != model.spec.fingerprint:
             raise ValueError(
                 f"{name} was computed on a model named {origin!r} with layout {layout!r}, "
-                f"but this one has layout {model.spec.fingerprint!r}; compute it for this "
+                f"but this one has {model.spec.fingerprint!r}; compute it for this "
                 f"model with {made_by}."
             )
     return value
