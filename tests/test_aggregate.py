@@ -141,3 +141,20 @@ def test_normalize_and_combine():
     np.testing.assert_allclose(both["depth"].sel(model="b").values[:2], [0, 1])
     with pytest.raises(ValueError, match="Cannot normalise over 'head'"):
         aggregate.normalize(a, over="head")
+
+
+def test_correct_only_keeps_the_prompts_the_model_gets_right():
+    values = np.arange(12.0).reshape(3, 2, 2)
+    da = schema.make(values, dims=("prompt", "layer", "head"), attrs=ATTRS, n_layers=2)
+    flagged = da.assign_coords(correct=("prompt", [True, False, True]))
+    kept = aggregate.correct_only(flagged)
+    assert kept["prompt"].values.tolist() == [0, 2]
+    np.testing.assert_array_equal(kept.values, values[[0, 2]])
+    assert kept.attrs["correct_only"] == "2 of 3 prompts the model gets right"
+    assert "correct_only" not in flagged.attrs  # a new object; the input is untouched
+    with pytest.raises(ValueError, match=r"needs a boolean 'correct' coord.*assign_coords"):
+        aggregate.correct_only(da)
+    with pytest.raises(ValueError, match=r"dims \('layer', 'head'\).*before \.mean\('prompt'\)"):
+        aggregate.correct_only(flagged.mean("prompt"))
+    with pytest.raises(ValueError, match="answers none of the 3 prompts right"):
+        aggregate.correct_only(da.assign_coords(correct=("prompt", [False] * 3)))

@@ -90,7 +90,7 @@ def test_mask_look_follows_the_dtype_never_the_values():
     zero_one = make(np.eye(4, 3), ("layer", "head")).assign_attrs(units="relative (0-1)")
     color = heatmap(zero_one, x="head", y="layer").to_dict()["encoding"]["color"]
     assert color["type"] == "quantitative" and color["scale"]["scheme"] == "viridis"
-    assert color["title"] == "relative (0-1)"
+    assert color["title"] == ["attribution (relative", "(0-1))"]  # wrapped, never cut
     assert not plot.is_mask(zero_one) and plot.is_mask(zero_one > 0.5)
 
 
@@ -283,6 +283,7 @@ def test_enable_offline_switches_renderer_and_bundles_javascript():
     plot.enable_offline()
     assert alt.renderers.active == "jupyter"
     assert alt.JupyterChart._is_offline
+    assert plot.SVG_ID_PREFIX in alt.JupyterChart._esm  # each chart widget's ids its own
 
 
 @pytest.mark.parametrize("module", ["plot", "widgets", "accessor"])
@@ -354,12 +355,14 @@ def test_infinities_are_marked_distinctly_and_the_spec_stays_json():
         heatmap(mask, x="head", y="layer")
 
 
-def test_long_descriptions_move_from_the_legend_to_the_subtitle():
+def test_long_legend_titles_wrap_whole_and_the_subtitle_says_them():
     da = signed().assign_attrs(
         long_name="change in logit difference (target - distractor)", units="logits"
     )
     spec = heatmap(da, x="head", y="layer", title="Heads").to_dict()
-    assert spec["encoding"]["color"]["title"] == "logits"
+    legend = spec["encoding"]["color"]["title"]
+    assert " ".join(legend) == "change in logit difference (target - distractor) (logits)"
+    assert all(len(line) <= plot.LEGEND_CHARS for line in legend)
     assert spec["title"]["subtitle"][0] == (
         "colour: change in logit difference (target - distractor) (logits)"
     )
@@ -422,9 +425,88 @@ def test_agreement_chart(tiny_llama, factual):
     panels = spec["hconcat"]
     assert [p["title"]["text"] for p in panels] == ["heads", "attention blocks", "MLP blocks"]
     r_mlp = float(report["pearson_means"].sel(estimator="atp", component_type="mlp"))
-    assert panels[2]["title"]["subtitle"] == f"r {r_mlp:.2f} (atp)"
+    assert panels[2]["title"]["subtitle"] == f"r over prompt means: {r_mlp:.2f} (atp)"
     points = next(layer for layer in panels[0]["layer"] if layer["mark"]["type"] == "circle")
     assert len(points["data"]["values"]) == 12  # 3 layers x 4 heads, one estimator
     first = points["data"]["values"][0]
     assert first["exact"] == pytest.approx(float(report["exact_heads"].mean("prompt")[0, 0]))
     assert points["encoding"]["x"]["title"].startswith("exact patching effect")
+
+
+def test_each_chart_widget_numbers_its_svg_definitions_apart():
+    alt.JupyterChart.enable_offline()
+    script = plot.unique_svg_ids(alt.JupyterChart._esm)
+    assert script.startswith(f"const {plot.SVG_ID_PREFIX} = Math.random()")
+    assert f'"gradient_"+{plot.SVG_ID_PREFIX}+' in script
+    assert f'"clip"+{plot.SVG_ID_PREFIX}+' in script
+    assert plot.unique_svg_ids(script) == script  # once only
+    with pytest.raises(ValueError, match="differs from the tested one"):
+        plot.unique_svg_ids("function render() {}")
+
+
+def test_agreement_and_exported_html_carry_no_actions_menu(tmp_path, tiny_llama, factual):
+    report = lsc.faithfulness(tiny_llama, factual[:2], estimators=("atp",), progress=False)
+    assert lsc.agreement(report).to_dict()["usermeta"] == {"embedOptions": {"actions": False}}
+    bare = alt.Chart(pd.DataFrame({"a": [1]})).mark_point().encode(x="a")  # no usermeta
+    page = export(bare, tmp_path / "bare.html").read_text()
+    assert '"actions": false' in page and '"actions": true' not in page
+    asked = export(heatmap(signed(), x="head", y="layer", actions=True), tmp_path / "a.html")
+    assert '"actions": true' in asked.read_text()
+
+
+def lens_result(n_layers=3, tokens=("The", " capital", " of")):
+    shape = (n_layers, len(tokens))
+    probs = np.linspace(0, 0.9, np.prod(shape)).reshape(shape)
+    return schema.make(
+        probs,
+        dims=("layer", "pos"),
+        coords={
+            "token": ("pos", list(tokens)),
+            "target_rank": (("layer", "pos"), np.arange(np.prod(shape)).reshape(shape)[::-1]),
+            "top_token": (("layer", "pos"), np.full(shape, " Paris")),
+            "top_tokens": (("layer", "pos"), np.full(shape, "' Paris' 0.41 | ' Rome' 0.12")),
+        },
+        attrs={**ATTRS, "long_name": "p(' Paris')", "units": "probability"},
+        n_layers=n_layers,
+    ).rename("target_prob")
+
+
+def test_logit_lens_chart_puts_tokens_in_order_on_x_and_top_tokens_in_the_tooltip():
+    da = lens_result()
+    spec = plot.logit_lens_chart(da).to_dict()
+    enc = spec["encoding"]
+    assert enc["x"]["field"] == "pos" and enc["y"]["field"] == "layer"
+    expr = enc["x"]["axis"]["labelExpr"]
+    assert expr == '["The", " capital", " of"][indexof([0, 1, 2], datum.value)]'
+    assert enc["x"]["sort"] == [0, 1, 2]
+    assert enc["color"]["scale"]["domain"] == [0.0, 1.0]  # probability: a fixed 0-1 scale
+    tips = [t["field"] for t in enc["tooltip"]]
+    assert {"token", "target_rank", "top_token", "top_tokens"} <= set(tips)
+    assert spec["title"]["text"] == "Logit lens: p(' Paris')"
+    assert any("residual stream" in line for line in spec["title"]["subtitle"])
+    cell = next(r for r in rows(spec) if r["layer"] == 2 and r["pos"] == 1)
+    assert cell["value"] == pytest.approx(float(da.sel(layer=2, pos=1)))
+    assert cell["target_rank"] == int(da["target_rank"].sel(layer=2, pos=1))
+    assert spec["usermeta"] == {"embedOptions": {"actions": False}}
+    with pytest.raises(ValueError, match=r"\(layer, pos\) DataArray.*select one prompt"):
+        plot.logit_lens_chart(da.expand_dims(prompt=[0]))
+    with pytest.raises(ValueError, match="needs the 'token' coord"):
+        plot.logit_lens_chart(da.drop_vars("token"))
+
+
+def test_bars_colour_the_prompts_the_model_gets_wrong():
+    da = make([1.0, -2.0, 0.5], ("prompt",)).assign_coords(
+        text=("prompt", ["a", "b", "c"]), correct=("prompt", [True, False, True])
+    )
+    spec = plot.bars(da, y="prompt").to_dict()
+    answers = [r["answer"] for r in rows(spec)]
+    assert answers == ["model right", "model wrong", "model right"]
+    assert spec["encoding"]["color"]["scale"]["range"] == list(plot.ANSWER_COLORS.values())
+    plain = plot.bars(da.drop_vars("correct"), y="prompt").to_dict()
+    assert "color" not in plain["encoding"]
+
+
+def test_the_depth_tooltip_says_what_depth_is():
+    da = make(np.ones((4, 3)), ("layer", "head"), n_layers=4)
+    tips = heatmap(da, x="head", y="layer").to_dict()["encoding"]["tooltip"]
+    assert {t["field"]: t["title"] for t in tips}["depth"].startswith("depth (layer / (layers − 1)")

@@ -40,8 +40,8 @@ def test_render_selects_and_reduces(scores):
     array, chart = render(scores, view)
     assert array.dims == ("layer", "head")
     xr.testing.assert_allclose(array, scores.sel(model="large").max("cluster"))
-    assert array.attrs["reduction"] == "model = large, max over cluster"
-    assert chart.to_dict()["title"]["text"] == "attribution · model = large, max over cluster"
+    assert array.attrs["reduction"] == "model = large, max over 3 clusters"
+    assert chart.to_dict()["title"]["text"] == "attribution · model = large, max over 3 clusters"
 
 
 def test_threshold_binarizes_before_reducing_like_always_and_any():
@@ -66,7 +66,7 @@ def test_threshold_binarizes_before_reducing_like_always_and_any():
 
 def test_controls_cover_every_other_dim(scores):
     e = Explorer(scores)
-    assert set(e.controls) == {"model", "cluster", "facet", "binarize", "threshold", "swap"}
+    assert set(e.controls) == {"model", "cluster", "facet", "binarize", "side", "threshold", "swap"}
     assert e.controls["model"].value == "small" and e.controls["cluster"].value == 0
     assert e.array.dims == ("layer", "head")
     enc = spec(e)["encoding"]
@@ -77,7 +77,7 @@ def test_each_control_changes_the_spec(scores):
     e = Explorer(scores)
     c = e.controls
     c["cluster"].value = "mean"
-    assert "mean over cluster" in spec(e)["title"]["text"]
+    assert "mean over 3 clusters" in spec(e)["title"]["text"]
     c["cluster"].value = 2
     assert "cluster = 2" in spec(e)["title"]["text"]
     got = {(r["layer"], r["head"]): r["value"] for r in cells(spec(e))}
@@ -94,8 +94,10 @@ def test_each_control_changes_the_spec(scores):
     c["binarize"].value = True
     color = spec(e)["spec"]["encoding"]["color"]
     t = f"{c['threshold'].value:g}"
-    assert color["type"] == "nominal" and color["scale"]["domain"] == [f">= {t}", f"< {t}"]
+    assert color["type"] == "nominal"  # signed scores binarize on |value| by default
+    assert color["scale"]["domain"] == [f"|value| >= {t}", f"|value| < {t}"]
     c["threshold"].value = 0.25
+    c["side"].value = "above"
     assert spec(e)["spec"]["encoding"]["color"]["scale"]["domain"] == [">= 0.25", "< 0.25"]
     c["binarize"].value = False
     assert spec(e)["spec"]["encoding"]["color"]["type"] == "quantitative"
@@ -109,10 +111,10 @@ def test_dataset_variable_selector_updates_chart_and_threshold_range(scores):
     e.controls["binarize"].value = True
     before = e.controls["threshold"].value
     e.controls["variable"].value = "gate"
-    assert spec(e)["title"]["text"].startswith("gate >= ")
+    assert spec(e)["title"]["text"].startswith("|gate| >= ")
     assert e.controls["threshold"].value == before  # never moved behind the user's back
     assert "data 7 to 9" in e._data_range.value
-    assert "at or below every value (min 7)" in e._message.value  # visible, not clamped
+    assert "at or below every |value| (min 7)" in e._message.value  # visible, not clamped
 
 
 def test_one_chart_widget_is_updated_in_place_and_displayed_once(scores, monkeypatch):
@@ -199,7 +201,7 @@ ZERO_ONE = (SIGNED > 0).astype(float)
         (
             per_prompt(SIGNED),
             View("head", "layer", {"prompt": "mean"}),
-            "attribution · mean over prompt",
+            "attribution · mean over 3 prompts",
             "attribution (logit diff)",
             "quantitative",
             None,
@@ -207,7 +209,7 @@ ZERO_ONE = (SIGNED > 0).astype(float)
         (
             per_prompt(SIGNED),
             View("head", "layer", {"prompt": "any"}, threshold=0.5),
-            "attribution >= 0.5 · any over prompt",
+            "attribution >= 0.5 · 33% of values pass, any over 3 prompts",
             "attribution >= 0.5",
             "nominal",
             [">= 0.5", "< 0.5"],
@@ -215,15 +217,15 @@ ZERO_ONE = (SIGNED > 0).astype(float)
         (
             per_prompt(SIGNED),
             View("head", "layer", {"prompt": "share"}, threshold=0.5),
-            "share of prompts with attribution >= 0.5",
-            "share of prompts",
+            "share of 3 prompts with attribution >= 0.5 · 33% of values pass",
+            ["share of 3 prompts with", "attribution >= 0.5", "(share of prompts)"],
             "quantitative",
             None,
         ),
         (
             per_prompt(SIGNED > 0).assign_attrs(long_name="kept", units="bool"),
             View("head", "layer", {"prompt": "all"}),
-            "kept · all over prompt",
+            "kept · all over 3 prompts",
             "kept",
             "nominal",
             ["kept", "skipped"],
@@ -231,15 +233,15 @@ ZERO_ONE = (SIGNED > 0).astype(float)
         (
             per_prompt(SIGNED > 0).assign_attrs(long_name="kept", units="bool"),
             View("head", "layer", {"prompt": "share"}),
-            "share of prompts where kept",
-            "share of prompts",
+            "share of 3 prompts where kept",
+            ["share of 3 prompts where", "kept (share of prompts)"],
             "quantitative",
             None,
         ),
         (
             per_prompt(ZERO_ONE, units="relative"),
             View("head", "layer", {"prompt": 0}),
-            "attribution · prompt = 0",
+            "attribution · prompt 0: The capital of France is the city of",
             "attribution (relative)",
             "quantitative",
             None,
@@ -286,7 +288,7 @@ def test_a_threshold_outside_the_data_gets_a_visible_note():
     assert any("threshold 50" in line for line in chart.to_dict()["title"]["subtitle"])
     e = Explorer(scores, threshold=50)
     assert e.controls["threshold"].value == 50  # kept exactly, never clamped to the data
-    assert "above every value" in e._message.value
+    assert "above every |value|" in e._message.value
 
 
 def test_defaults_never_average_dims_that_must_not_be_averaged():
@@ -311,7 +313,7 @@ def test_defaults_never_average_dims_that_must_not_be_averaged():
     assert [v for _, v in c["prompt"].options][:3] == ["share", "any", "all"]
     assert c["binarize"].disabled
     assert spec(e)["title"]["text"] == (
-        "share of prompts where Block kept · target_sparsity = 0.3, component = attn"
+        "share of 3 prompts where Block kept · target_sparsity = 0.3, component = attn"
     )
     c["prompt"].value = "all"
     assert spec(e)["encoding"]["color"]["scale"]["domain"][:2] == ["kept", "skipped"]
@@ -324,7 +326,7 @@ def test_binarize_swaps_the_offered_reducers_and_keeps_the_choice():
     c["binarize"].value = True
     assert c["prompt"].value == "share"
     assert [v for _, v in c["prompt"].options][:3] == ["share", "any", "all"]
-    assert spec(e)["title"]["text"].startswith("share of prompts with attribution >= ")
+    assert spec(e)["title"]["text"].startswith("share of 3 prompts with |attribution| >= ")
     c["prompt"].value = "any"
     c["binarize"].value = False
     assert c["prompt"].value == "max" and e._message.value == ""
@@ -426,6 +428,97 @@ def test_switching_to_a_mask_variable_turns_binarize_off():
     assert e.controls["prompt"].value == "share"
     e.controls["variable"].value = "kept"
     assert not e.controls["binarize"].value and e.controls["binarize"].disabled
-    assert e._message.value == "" and spec(e)["title"]["text"] == "share of prompts where kept"
+    assert e._message.value == "" and spec(e)["title"]["text"] == "share of 3 prompts where kept"
     e.controls["variable"].value = "score"
     assert e.controls["prompt"].value == "mean" and not e.controls["binarize"].disabled
+
+
+def flagged(values=SIGNED):
+    """``per_prompt`` with the model's answer on prompt 1 wrong."""
+    return per_prompt(values).assign_coords(correct=("prompt", [True, False, True]))
+
+
+def test_wrong_answers_are_flagged_and_can_be_left_out():
+    da = flagged()
+    e = Explorer(da)
+    labels = [label for label, _ in e.controls["prompt"].options]
+    assert labels[4].startswith("1 ✗ wrong answer: ") and "✗" not in labels[3] + labels[5]
+    assert not e.controls["correct"].value
+    xr.testing.assert_allclose(e.array, da.mean("prompt"), check_dim_order=False)
+    e.controls["correct"].value = True
+    xr.testing.assert_allclose(e.array, da.sel(prompt=[0, 2]).mean("prompt"))
+    title = spec(e)["title"]["text"]
+    assert (
+        "mean over 2 prompts" in title and "only the 2 of 3 prompts the model gets right" in title
+    )
+    e.controls["prompt"].value = 1  # one prompt is shown as it is, its wrong answer named
+    assert "prompt 1 ✗ wrong answer" in spec(e)["title"]["text"]
+    assert "correct" not in Explorer(per_prompt(SIGNED)).controls  # no coord, no switch
+
+
+def test_the_details_follow_the_selection_from_a_prompt_to_the_mean():
+    e = Explorer(flagged())
+    e.controls["prompt"].value = 2
+    e.show_cell({"layer": 1, "head": 0})
+    assert e.cell == {"layer": 1, "head": 0, "prompt": 2}
+    assert "prompt 2: " in e._cell_text.value
+    e.controls["prompt"].value = "mean"
+    assert e.cell == {"layer": 1, "head": 0}  # the old prompt's detail is gone
+    (bars_widget,) = e._details.children
+    rows = cells(bars_widget.chart.to_dict())
+    assert [r["prompt"] for r in rows] == [0, 1, 2]
+    assert [r["answer"] for r in rows] == ["model right", "model wrong", "model right"]
+    assert [r["value"] for r in rows] == pytest.approx(SIGNED[:, 1, 0].tolist())
+    e.controls["facet"].value = "prompt"  # the clicked cell is still drawn: details kept
+    assert e._details.children
+
+
+def test_binarize_offers_magnitude_or_one_sign_and_says_which():
+    values = np.array([[[-3.0, 0.1], [0.2, 2.0]]] * 3)  # strong negative and positive heads
+    da = per_prompt(values)
+    on_magnitude = reduce(da, View("head", "layer", {"prompt": "any"}, threshold=1, side="abs"))
+    assert on_magnitude.values.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    assert on_magnitude.attrs["long_name"] == "|attribution| >= 1"
+    above = reduce(da, View("head", "layer", {"prompt": "any"}, threshold=1, side="above"))
+    assert above.values.tolist() == [[0.0, 0.0], [0.0, 1.0]]
+    assert "3 strong negative values" in above.attrs["note"]  # hidden ones are named
+    assert "binarize on |value|" in above.attrs["note"]
+    below = reduce(da, View("head", "layer", {"prompt": "any"}, threshold=-1, side="below"))
+    assert below.values.tolist() == [[1.0, 0.0], [0.0, 0.0]]
+    assert below.attrs["long_name"] == "attribution <= -1"
+    with pytest.raises(ValueError, match=r"side='up' is not a binarize rule.*'abs'"):
+        reduce(da, View("head", "layer", {"prompt": "any"}, threshold=1, side="up"))
+
+
+def test_the_default_threshold_is_a_quantile_of_the_magnitude():
+    e = Explorer(per_prompt(SIGNED))
+    assert e.controls["side"].value == "abs"
+    expected = np.quantile(np.abs(SIGNED), 0.9)
+    assert e.controls["threshold"].value == pytest.approx(expected, rel=1e-2)
+    e.controls["binarize"].value = True
+    e.controls["prompt"].value = "share"
+    share = (np.abs(SIGNED) >= e.controls["threshold"].value).mean()
+    assert 0 < share <= 0.2 and f"{share:.0%} of values pass" in spec(e)["title"]["text"]
+    positive = Explorer(per_prompt(np.abs(SIGNED)))
+    assert positive.controls["side"].value == "above"  # one sign: no |value| needed
+
+
+def test_a_uniform_slice_gets_a_note_even_when_the_whole_array_is_not():
+    values = SIGNED.copy()
+    values[0] = 5.0  # prompt 0 is far above a threshold that splits the other prompts
+    e = Explorer(per_prompt(values), threshold=1.0, side="above")
+    e.controls["binarize"].value = True
+    e.controls["prompt"].value = 0
+    assert "at or below every value (min 5)" in e._message.value
+    flat = per_prompt(np.ones((3, 2, 2)))
+    array, chart = render(flat, View("head", "layer", {"prompt": "mean"}))
+    assert array.attrs["note"] == "every cell is 1: this view leaves the map one colour"
+    assert array.attrs["note"] in chart.to_dict()["title"]["subtitle"]
+
+
+def test_a_dim_of_length_zero_is_refused_with_a_clear_message():
+    with pytest.raises(ValueError, match=r"no values along \['prompt'\].*at least one"):
+        Explorer(per_prompt(SIGNED).isel(prompt=[]))
+    e = Explorer(per_prompt(SIGNED))
+    with pytest.raises(ValueError, match=r"no values along \['head'\]"):
+        e.update(per_prompt(SIGNED).isel(head=[]))

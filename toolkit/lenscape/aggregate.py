@@ -140,3 +140,42 @@ def combine_models(arrays: dict[str, xr.DataArray]) -> xr.DataArray:
         ]
         out = out.assign_coords(depth=(("model", "layer"), np.stack([d.values for d in depth])))
     return out.assign_attrs(models=", ".join(arrays))
+
+
+def correct_only(da: xr.DataArray) -> xr.DataArray:
+    """Keep the prompts the model answers right: those whose ``correct`` coord is True
+    (the model's own top prediction at the read position is the target's first token).
+
+    Args:
+        da: a result with a ``prompt`` dim and a boolean ``correct`` coord on it, e.g.
+            (prompt, layer, head) from a capture function.
+
+    Returns:
+        ``da`` without the wrongly answered prompts; ``correct_only`` in attrs names how many
+        of how many prompts were kept ("13 of 16 prompts the model gets right").
+
+    Raises:
+        ValueError: if ``da`` has no ``prompt`` dim or no ``correct`` coord on it, or the
+            model gets no prompt right (nothing would be left to draw).
+    """
+    if "prompt" not in da.dims:
+        raise ValueError(
+            f"correct_only keeps prompts, but da has dims {tuple(da.dims)}; "
+            "pass a result that still has its prompt dim (before .mean('prompt'))."
+        )
+    if "correct" not in da.coords or da["correct"].dims != ("prompt",):
+        raise ValueError(
+            "correct_only needs a boolean 'correct' coord on the prompt dim, and da has coords "
+            f"{tuple(map(str, da.coords))}; recompute the result with a capture function "
+            "(they record it), or assign one: da.assign_coords(correct=('prompt', flags))."
+        )
+    correct = da["correct"].values.astype(bool)
+    if not correct.any():
+        raise ValueError(
+            f"The model answers none of the {correct.size} prompts right (correct is False "
+            "everywhere), so correct_only would leave nothing; draw all prompts instead."
+        )
+    kept = da.isel(prompt=np.flatnonzero(correct))
+    return kept.assign_attrs(
+        correct_only=f"{int(correct.sum())} of {correct.size} prompts the model gets right"
+    )

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import html
 import json
+import textwrap
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -63,6 +64,11 @@ FACET_COLUMNS = 4
 SVG_FONT = "DejaVu Sans, Verdana, sans-serif"
 #: Label coords drawn as tick labels of their axis by default (tokens of an attention pattern).
 TOKEN_COORDS = {"query_pos": "query_token", "key_pos": "key_token", "pos": "token"}
+
+#: Tooltip titles that explain a coord's name.
+TIP_TITLES = {"depth": "depth (layer / (layers − 1), 0 first, 1 last)"}
+#: Bar colours of prompts the model answers right and wrong (the ``correct`` coord).
+ANSWER_COLORS = {"model right": "#4c78a8", "model wrong": "#d62728"}
 
 _VALUE = "value"
 _STATE = "state"
@@ -111,6 +117,7 @@ def heatmap(
     color: str | Sequence[str] | None = None,
     binary: bool | None = None,
     center: float | None = None,
+    domain: tuple[float, float] | None = None,
     labels: tuple[str, str] = ("skipped", "kept"),
     categories: Sequence[str] | None = None,
     title: str | None = None,
@@ -139,6 +146,8 @@ def heatmap(
         center: value at the middle of a diverging scale; giving it forces a diverging scale
             (default: diverging at 0, symmetric, when values have both signs). A centre other
             than 0 gives a scale that spans only the data.
+        domain: the ends of a sequential colour scale, e.g. ``(0, 1)`` for probabilities
+            (default: the data's finite range).
         labels: legend names of the 0/False and 1/True states of a binary mask.
         categories: draw integer codes 0..K-1 as K named categories (e.g. head roles from
             ``lenscape.aggregate.roles``) with ``color`` as their K colours.
@@ -212,13 +221,14 @@ def heatmap(
     has_nan = bool((np.isnan(values) & inside).any()) if is_float else False
     has_inf = bool((infinite & inside).any())
     full = label_from_attrs(da, "state" if binary else _VALUE)
-    legend = full if len(full) <= LEGEND_CHARS else _shorten(da)
+    legend = legend_title(full)
     enc: dict[str, Any] = {
         "color": _color(
             finite,
             binary=binary,
             has_nan=has_nan,
             center=center,
+            ends=domain,
             color=color,
             labels=states,
             title=legend,
@@ -324,13 +334,24 @@ def bars(da: xr.DataArray, *, y: str, title: str | None = None, actions: bool = 
         if d == y and c in da.coords and da[c].dtype.kind in "OUS"
     ]
     ticks = {y: labels[0]} if labels else {}
+    colour: dict[str, Any] = {}
+    if "correct" in da.coords and da["correct"].dims == (y,):  # flag wrong answers
+        answers = list(ANSWER_COLORS)
+        for row, right in zip(data["values"], cols["correct"], strict=True):
+            row["answer"] = answers[0] if right else answers[1]
+        colour["color"] = alt.Color(
+            "answer:N",
+            scale=alt.Scale(domain=answers, range=list(ANSWER_COLORS.values())),
+            title="model's answer",
+        )
     chart = (
         alt.Chart(data)
         .mark_bar(color="#4c78a8")
         .encode(
-            x=alt.X(f"{_VALUE}:Q", title=full if len(full) <= LEGEND_CHARS else _shorten(da)),
+            x=alt.X(f"{_VALUE}:Q", title=legend_title(full)),
             tooltip=_tooltip(da, False, full),
             **_position(da, y, "y", cols, ticks),
+            **colour,
         )
         .properties(
             width=220,
@@ -407,13 +428,12 @@ def summary(da: xr.DataArray, *, top: int = 3) -> Summary:
     return Summary(da, lines)
 
 
-def _shorten(da: xr.DataArray) -> str:
-    """A legend title of at most ``LEGEND_CHARS`` characters: the units, else the cut name."""
-    units = da.attrs.get("units")
-    if units and units != "bool" and len(units) <= LEGEND_CHARS:
-        return units
-    name = name_from_attrs(da)
-    return name if len(name) <= LEGEND_CHARS else name[: LEGEND_CHARS - 1].rstrip() + "…"
+def legend_title(text: str) -> str | list[str]:
+    """A legend title that is never cut: ``text`` itself, or its words wrapped into lines
+    of at most ``LEGEND_CHARS`` characters (a word longer than that is its own line)."""
+    if len(text) <= LEGEND_CHARS:
+        return text
+    return textwrap.wrap(text, LEGEND_CHARS, break_long_words=False, break_on_hyphens=False)
 
 
 def _panel(
@@ -658,6 +678,7 @@ def _color(
     binary: bool,
     has_nan: bool,
     center: float | None,
+    ends: tuple[float, float] | None = None,
     color: str | Sequence[str] | None,
     labels: tuple[str, ...],
     title: str | list[str],
@@ -686,6 +707,8 @@ def _color(
             scale = alt.Scale(domain=domain, range=[on, off, NAN_COLOR][: len(domain)])
         return alt.Color(f"{_STATE}:N", scale=scale, title=title)
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if ends is not None:
+        lo, hi = float(ends[0]), float(ends[1])
     hi = hi if hi > lo else lo + 1.0  # constant data: any non-empty domain
     if center is not None or lo < 0 < hi:
         mid = 0.0 if center is None else float(center)
@@ -709,7 +732,7 @@ def _tooltip(da: xr.DataArray, binary: bool, legend: str) -> list[alt.Tooltip]:
     for name in _coord_names(da):
         kind = _kind(da, name)
         fmt: dict[str, Any] = {"format": ".3f"} if kind == "Q" else {}
-        tips.append(alt.Tooltip(f"{name}:{kind}", title=str(name), **fmt))
+        tips.append(alt.Tooltip(f"{name}:{kind}", title=TIP_TITLES.get(name, name), **fmt))
     if binary:
         tips.append(alt.Tooltip(f"{_STATE}:N", title="state"))
     tips.append(alt.Tooltip(f"{_VALUE}:Q", title=legend, format=".4g"))
@@ -741,6 +764,50 @@ def _subtitle(da: xr.DataArray, *, has_nan: bool, has_inf: bool, colour: str | N
     return lines
 
 
+def logit_lens_chart(
+    da: xr.DataArray, *, title: str | None = None, actions: bool = False
+) -> ChartType:
+    """Draw a logit lens: the target's probability per layer (rows) and input token (columns).
+
+    Read a column upwards from layer 0: the layer where its colour turns bright is where the
+    residual stream first predicts the target; hover a cell for the top tokens there and
+    the target's rank.
+
+    Args:
+        da: ``lsc.logit_lens``'s ``target_prob`` (layer, pos) with coords ``token`` (pos),
+            ``target_rank``, ``top_token`` and ``top_tokens`` (layer, pos).
+        title: chart title (default: "Logit lens: " and the description from the attrs).
+        actions: show Vega's actions menu (its "Open in Vega Editor" link goes online).
+
+    Returns:
+        A heatmap with the input tokens in order on the x axis, layer on the y axis and
+        the probability on a fixed 0-1 colour scale.
+
+    Raises:
+        ValueError: if ``da`` is not (layer, pos) or lacks the ``token`` coord.
+    """
+    if not isinstance(da, xr.DataArray) or set(da.dims) != {"layer", "pos"}:
+        got = tuple(da.dims) if isinstance(da, xr.DataArray) else type(da).__name__
+        raise ValueError(
+            f"logit_lens_chart takes lsc.logit_lens(...)'s (layer, pos) DataArray, got {got}; "
+            "select one prompt first."
+        )
+    if "token" not in da.coords:
+        raise ValueError(
+            "logit_lens_chart needs the 'token' coord on pos (the input tokens) for the x "
+            f"axis; da has coords {tuple(map(str, da.coords))}."
+        )
+    how = "each row: the residual stream after that layer read as the output; hover: top tokens"
+    return heatmap(
+        da.assign_attrs(note=how),
+        x="pos",
+        y="layer",
+        domain=(0.0, 1.0),
+        title=title or f"Logit lens: {name_from_attrs(da)}",
+        actions=actions,
+    )
+
+
 def enable_offline() -> None:
     """Make Jupyter charts load Vega from vl-convert instead of a CDN (works with no internet).
 
@@ -751,6 +818,49 @@ def enable_offline() -> None:
     """
     alt.renderers.enable("jupyter", offline=True)
     alt.JupyterChart.enable_offline()
+    alt.JupyterChart._esm = unique_svg_ids(alt.JupyterChart._esm)
+
+
+#: Marks a chart-widget script whose SVG definition ids are made unique (``unique_svg_ids``).
+SVG_ID_PREFIX = "__lenscapeSvgIds"
+#: The id stems Vega's SVG renderer numbers from 0 in each copy of its script.
+_SVG_ID_STEMS = ('"gradient_"', '"clip"+')
+
+
+def unique_svg_ids(script: str) -> str:
+    """Give the SVG definitions of each chart widget ids of its own.
+
+    Every ``alt.JupyterChart`` widget loads its own copy of Vega, and each copy numbers legend
+    gradients and clip paths from 0 (``gradient_0``, ``clip1``); with two charts on one page
+    ``url(#gradient_0)`` then resolves to the first chart's gradient and a legend shows
+    another chart's colours. This prefixes the ids with a random stem drawn when the copy
+    loads, so they differ between charts.
+
+    Args:
+        script: the widget's offline JavaScript (``alt.JupyterChart._esm``).
+
+    Returns:
+        The script with prefixed ids (unchanged when already prefixed).
+
+    Raises:
+        ValueError: if the script does not name the ids as this Vega version does (a new
+            Vega: the patch must be updated, never silently skipped).
+    """
+    if SVG_ID_PREFIX in script:
+        return script
+    missing = [stem for stem in _SVG_ID_STEMS if script.count(stem) != 1]
+    if missing:
+        raise ValueError(
+            f"The chart script does not hold {missing} exactly once, so lenscape cannot make "
+            "its SVG ids unique; this Vega version differs from the tested one (see "
+            "constraints.txt for the tested altair and vl-convert-python)."
+        )
+    for stem in _SVG_ID_STEMS:
+        head = stem.removesuffix("+")
+        script = script.replace(
+            stem, f"{head}+{SVG_ID_PREFIX}" + ("+" if stem.endswith("+") else "")
+        )
+    return f"const {SVG_ID_PREFIX} = Math.random().toString(36).slice(2, 10) + '_';\n" + script
 
 
 def export(chart: Any, path: str | Path, *, scale: float = 2.0) -> Path:
@@ -775,8 +885,11 @@ def export(chart: Any, path: str | Path, *, scale: float = 2.0) -> Path:
         chart.save(path, format="png", scale_factor=scale)
     elif suffix == ".svg":
         chart.configure(font=SVG_FONT).save(path, format="svg")
-    elif suffix == ".html":
-        chart.save(path, format="html", inline=True)
+    elif suffix == ".html":  # no actions menu (its Vega Editor link goes online) unless asked
+        meta = chart.to_dict().get("usermeta", {}).get("embedOptions", {})
+        chart.save(
+            path, format="html", inline=True, embed_options={"actions": meta.get("actions", False)}
+        )
     else:
         raise ValueError(f"Cannot export to {path.name!r}; use a .png, .svg or .html suffix.")
     return path
@@ -793,7 +906,9 @@ def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt
     Returns:
         Panels for heads, attention blocks and MLP blocks side by side; x = exact activation
         patching, y = estimate, one colour per estimator, the line y = x for reference, and
-        each estimator's Pearson r over prompt means in the panel title.
+        each estimator's Pearson r over prompt means in the panel title (named so: the
+        report's ``pearson_cells`` is another statistic, r over single cells). No actions
+        menu: its "Open in Vega Editor" link sends the chart to an outside site.
     """
     names = {"head": "heads", "attn": "attention blocks", "mlp": "MLP blocks"}
     units = report["exact_heads"].attrs.get("units", "")
@@ -805,10 +920,13 @@ def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt
             exact = report["exact_blocks"].sel(component=ctype)
             estimate = report["estimate_blocks"].sel(component=ctype)
         exact, estimate = exact.mean("prompt"), estimate.mean("prompt")
-        rows = []
+        rows, not_computed = [], 0
         for label in report["estimator"].values.tolist():
             est = estimate.sel(estimator=label)
             for index in np.ndindex(exact.shape):
+                if not (np.isfinite(exact.values[index]) and np.isfinite(est.values[index])):
+                    not_computed += 1  # no place on the axes: counted in the subtitle
+                    continue
                 cell = {
                     dim: int(exact[dim].values[i]) for dim, i in zip(exact.dims, index, strict=True)
                 }
@@ -821,12 +939,14 @@ def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt
                     }
                 )
         values = [row[key] for row in rows for key in ("exact", "estimate")]
-        low, high = min(values), max(values)
+        low, high = (min(values), max(values)) if values else (0.0, 1.0)
         r_means = report["pearson_means"].sel(component_type=ctype)
-        r_text = ", ".join(
-            f"r {float(r):.2f} ({label})"
+        r_text = "r over prompt means: " + ", ".join(
+            f"{float(r):.2f} ({label})" if np.isfinite(r) else f"undefined ({label})"
             for label, r in zip(r_means["estimator"].values.tolist(), r_means.values, strict=True)
         )
+        if not_computed:
+            r_text += f"; {not_computed} cells {NAN_LABEL} (NaN), not drawn"
         base = alt.Chart(alt.Data(values=rows))
         diagonal = (
             alt.Chart(
@@ -868,6 +988,7 @@ def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt
                 subtitle=f"{attrs.get('model', '')}, {attrs.get('n_prompts', '?')} prompts of "
                 f"{attrs.get('prompt_set', '?')}, metric {attrs.get('metric', '?')}",
             ),
+            usermeta={"embedOptions": {"actions": False}},
         )
         .configure_view(stroke=None)
     )

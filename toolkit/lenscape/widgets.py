@@ -40,6 +40,7 @@ import xarray as xr
 from altair.typing import ChartType, is_chart_type
 from altair.utils.schemapi import debug_mode
 
+from lenscape.aggregate import correct_only
 from lenscape.plot import bars, enable_offline, heatmap, is_mask, label_from_attrs
 from lenscape.schema import name_from_attrs
 
@@ -87,6 +88,20 @@ REDUCIBLE_DIMS = ("seed", "prompt", "cluster", "layer", "head", "pos")
 SAMPLE_DIMS = ("seed", "prompt")
 
 
+#: Binarize rules: name -> (title template, test). ``abs`` keeps strong values of either sign.
+SIDES: dict[str, tuple[str, Callable[[xr.DataArray, float], xr.DataArray]]] = {
+    "abs": ("|{name}| >= {t}", lambda da, t: abs(da) >= t),
+    "above": ("{name} >= {t}", lambda da, t: da >= t),
+    "below": ("{name} <= {t}", lambda da, t: da <= t),
+}
+#: Labels of the ``SIDES`` in the Explorer's dropdown.
+SIDE_LABELS = {"abs": "|value| >=", "above": "value >=", "below": "value <="}
+#: Quantile of |value| (of value, for data of one sign) where the threshold box starts.
+DEFAULT_QUANTILE = 0.9
+#: Longest prompt text shown in a title or a dropdown label.
+PROMPT_CHARS = 48
+
+
 @dataclasses.dataclass(frozen=True)
 class View:
     """What the Explorer shows; each field is one control.
@@ -97,7 +112,10 @@ class View:
         pick: per other dim, a coordinate value to select or a ``REDUCERS`` name.
         variable: the Dataset variable to show (None for a DataArray).
         facet: a remaining dim drawn as side-by-side panels, or None.
-        threshold: binarize each score to ``value >= threshold`` before reducing, or None.
+        threshold: binarize each score by ``side`` at this value before reducing, or None.
+        side: the binarize rule (``SIDES``): ``"abs"`` |value| >= threshold, ``"above"``
+            value >= threshold, ``"below"`` value <= threshold.
+        correct_only: draw only the prompts the model answers right (the ``correct`` coord).
         swap: exchange the x and y axes.
     """
 
@@ -107,6 +125,8 @@ class View:
     variable: Hashable | None = None
     facet: str | None = None
     threshold: float | None = None
+    side: str = "above"
+    correct_only: bool = False
     swap: bool = False
 
 
@@ -117,27 +137,91 @@ def _range(da: xr.DataArray) -> tuple[float, float]:
     return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
 
 
-def threshold_note(da: xr.DataArray, threshold: float) -> str | None:
-    """A sentence when ``threshold`` lies outside the finite values of ``da``, else None."""
-    lo, hi = _range(da)
-    if threshold > hi:
-        return (
-            f"threshold {threshold:g} is above every value (max {hi:.3g}): every cell is below it"
-        )
-    if threshold <= lo:
-        return (
-            f"threshold {threshold:g} is at or below every value (min {lo:.3g}): "
-            "every cell is at or above it"
-        )
+def default_threshold(da: xr.DataArray) -> tuple[str, float]:
+    """A binarize rule and threshold with a meaning: ``DEFAULT_QUANTILE`` of |value| for
+    signed data (``"abs"``), of the values for data of one sign (``"above"``)."""
+    values = np.asarray(da.values, dtype=float)
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return "above", 0.5
+    side = "abs" if finite.min() < 0 < finite.max() else "above"
+    return side, float(
+        f"{np.quantile(np.abs(finite) if side == 'abs' else finite, DEFAULT_QUANTILE):.3g}"
+    )
+
+
+def threshold_note(da: xr.DataArray, threshold: float, side: str = "above") -> str | None:
+    """A sentence when binarizing ``da`` by ``side`` at ``threshold`` paints every cell one
+    colour (the threshold lies outside the values) or hides strong values of the other
+    sign, else None. ``da`` is the slice drawn, not the whole array."""
+    values = np.asarray(da.values, dtype=float)
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return None
+    t = f"{threshold:g}"
+    if side == "abs":
+        magnitude = np.abs(finite)
+        lo, hi, what = float(magnitude.min()), float(magnitude.max()), "|value|"
+    else:
+        lo, hi, what = float(finite.min()), float(finite.max()), "value"
+    if side == "below":
+        if threshold < lo:
+            return f"threshold {t} is below every value (min {lo:.3g}): every cell is above it"
+        if threshold >= hi:
+            return (
+                f"threshold {t} is at or above every value (max {hi:.3g}): "
+                "every cell is at or below it"
+            )
+    else:
+        if threshold > hi:
+            return f"threshold {t} is above every {what} (max {hi:.3g}): every cell is below it"
+        if threshold <= lo:
+            return (
+                f"threshold {t} is at or below every {what} (min {lo:.3g}): "
+                "every cell is at or above it"
+            )
+    if side != "abs" and threshold != 0:
+        other = finite <= -abs(threshold) if side == "above" else finite >= abs(threshold)
+        if other.any():
+            sign = "negative" if side == "above" else "positive"
+            return (
+                f"{int(other.sum())} strong {sign} values (|value| >= {abs(threshold):g}) "
+                "are drawn as off: binarize on |value| to see them"
+            )
     return None
 
 
-def reduce(data: Data, view: View) -> xr.DataArray:
-    """Apply a view's variable, threshold, selections and reductions.
+def shorten(text: str, limit: int = PROMPT_CHARS) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
-    Binarizing comes first, so ``all`` over ``seed`` answers "above threshold in every
-    seed". Then selections, then any/all, then share (a mask stops being a mask there), in
-    that order whatever the order of ``view.pick``.
+
+def _prompt_label(data: Data, value: Any) -> str:
+    """A prompt's index with its (shortened) text, marked when the model answers it wrong."""
+    label = str(value)
+    if "correct" in data.coords and not bool(data["correct"].sel(prompt=value)):
+        label += " ✗ wrong answer"
+    if "text" in data.coords:
+        label += f": {shorten(str(data['text'].sel(prompt=value).values))}"
+    return label
+
+
+def _uniform_note(da: xr.DataArray) -> str | None:
+    """A sentence when every drawn cell of ``da`` (more than one) has the same value."""
+    values = np.asarray(da.values, dtype=float)
+    finite = values[np.isfinite(values)]
+    if finite.size < 2 or finite.min() != finite.max():
+        return None
+    return f"every cell is {finite[0]:.4g}: this view leaves the map one colour"
+
+
+def reduce(data: Data, view: View) -> xr.DataArray:
+    """Apply a view's variable, prompt filter, selections, threshold and reductions.
+
+    Selections come first, then binarizing (so its note is about the slice drawn, and
+    ``all`` over ``seed`` answers "past the threshold in every seed"), then any/all, then
+    share (a mask stops being a mask there), in that order whatever the order of
+    ``view.pick``.
 
     Args:
         data: a DataArray, or a Dataset with ``view.variable``.
@@ -145,44 +229,43 @@ def reduce(data: Data, view: View) -> xr.DataArray:
 
     Returns:
         The DataArray with only the axis dims and the facet dim left. Its attrs say what
-        it now is: a binarized array is a mask (``units="bool"``, ``long_name`` "x >= t"),
-        a share has ``units`` "share of prompts" and ``long_name`` "share of prompts with
-        x >= t"; ``reduction`` lists the selections and other reductions; ``note`` warns
-        of a threshold outside the data.
+        it now is: a binarized array is a mask (``units="bool"``, ``long_name`` such as
+        "|x| >= t"), a share has ``units`` "share of prompts" and ``long_name`` "share of
+        prompts with |x| >= t"; ``reduction`` lists the filter, selections and reductions
+        ("mean over 16 prompts", "prompt 3 'The Eiffel…'"); ``note`` warns when the
+        threshold or the filter leaves the map one colour or hides values of the other sign.
 
     Raises:
-        ValueError: a mask reducer on scores, a score reducer on a mask, or binarizing a
-            mask (each message names the fix).
+        ValueError: a mask reducer on scores, a score reducer on a mask, binarizing a mask,
+            an unknown ``side``, or ``correct_only`` without a ``correct`` coord (each
+            message names the fix).
     """
     da = data[view.variable] if isinstance(data, xr.Dataset) else data
     attrs = dict(da.attrs)
     name = name_from_attrs(da)
     mask = is_mask(da)
-    if view.threshold is not None:
-        if mask:
-            raise ValueError(f"{name!r} is already a mask; turn binarize off to show it.")
-        note = threshold_note(da, view.threshold)
-        if note:
-            attrs["note"] = note
-        da = (da >= view.threshold).where(da.notnull())
-        name = f"{name} >= {view.threshold:g}"
-        attrs.update(long_name=name, units="bool")
-        mask = True
     steps: list[str] = []
+    notes: list[str] = []
+    one_prompt = "prompt" in view.pick and view.pick["prompt"] not in REDUCERS
+    if view.correct_only and "prompt" in da.dims and not one_prompt:  # pooled or facets
+        da = correct_only(da)
+        steps.append(f"only the {da.attrs['correct_only']}")
     pooled: list[tuple[Hashable, str]] = []  # (dim, REDUCERS name), reduced in this order
     shared: list[tuple[Hashable, str]] = []  # (dim, "share"), averaged together last
     for dim, how in view.pick.items():
         if dim not in da.dims or dim == view.facet:
             continue
         if not (isinstance(how, str) and how in REDUCERS):
+            steps.append(
+                f"prompt {_prompt_label(da, how)}" if dim == "prompt" else f"{dim} = {how}"
+            )
             da = da.sel({dim: how})
-            steps.append(f"{dim} = {how}")
             continue
-        allowed = MASK_REDUCERS if mask else SCORE_REDUCERS
+        allowed = MASK_REDUCERS if mask or view.threshold is not None else SCORE_REDUCERS
         if how not in allowed:
             fix = (
                 "turn on binarize to make a mask first"
-                if mask is False
+                if view.threshold is None and not mask
                 else "a mask reduces with share (its mean), any or all"
             )
             raise ValueError(
@@ -190,21 +273,44 @@ def reduce(data: Data, view: View) -> xr.DataArray:
                 f"one of {list(allowed)}."
             )
         (shared if how == "share" else pooled).append((dim, how))
+    if view.threshold is not None:
+        if mask:
+            raise ValueError(f"{name!r} is already a mask; turn binarize off to show it.")
+        if view.side not in SIDES:
+            raise ValueError(
+                f"side={view.side!r} is not a binarize rule; pick one of {list(SIDES)}."
+            )
+        note = threshold_note(da, view.threshold, view.side)
+        if note:
+            notes.append(note)
+        rule, test = SIDES[view.side]
+        valid = da.notnull()
+        da = test(da, view.threshold).where(valid)
+        share = float(da.sum()) / max(int(valid.sum()), 1)
+        steps.insert(0, f"{share:.0%} of values pass")
+        name = rule.format(name=name, t=f"{view.threshold:g}")
+        attrs.update(long_name=name, units="bool")
+        mask = True
     for dim, how in pooled:
+        steps.append(f"{how} over {da.sizes[dim]} {dim}s")
         da = REDUCERS[how](da, dim)
-        steps.append(f"{how} over {dim}")
     if shared:
         dims = [dim for dim, _ in shared]
+        over = " and ".join(f"{da.sizes[d]} {d}s" for d in dims)
         da = da.mean(dims)
-        over = " and ".join(f"{d}s" for d in dims)
         attrs.update(
             long_name=f"share of {over} with {name}"
             if view.threshold is not None
             else f"share of {over} where {name}",
-            units=f"share of {over}",
+            units="share of " + " and ".join(f"{d}s" for d in dims),
         )
+    uniform = _uniform_note(da)
+    if uniform and not notes:
+        notes.append(uniform)
     if steps:
         attrs["reduction"] = ", ".join(steps)
+    if notes:
+        attrs["note"] = "; ".join([*filter(None, [attrs.get("note")]), *notes])
     out = da.copy(deep=False)
     out.attrs = attrs
     return out
@@ -226,7 +332,12 @@ def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, ChartT
     x, y = (view.y, view.x) if view.swap else (view.x, view.y)
     if view.threshold is not None and is_mask(da):
         t = f"{view.threshold:g}"
-        options = {"labels": (f"< {t}", f">= {t}"), **options}
+        states = {
+            "abs": (f"|value| < {t}", f"|value| >= {t}"),
+            "above": (f"< {t}", f">= {t}"),
+            "below": (f"> {t}", f"<= {t}"),
+        }
+        options = {"labels": states[view.side], **options}
     facet = view.facet if view.facet in da.dims else None
     name = name_from_attrs(da)
     title = f"{name} · {da.attrs['reduction']}" if "reduction" in da.attrs else name
@@ -252,10 +363,19 @@ def _dims(data: Data) -> list[Hashable]:
 
 
 def _label(data: Data, dim: Hashable, value: Any) -> str:
-    """Dropdown label for a coordinate, with the prompt text when there is one."""
-    if dim == "prompt" and "text" in data.coords:
-        return f"{value}: {data['text'].sel(prompt=value).values}"
-    return str(value)
+    """Dropdown label for a coordinate; a prompt's has its text and its wrong-answer mark."""
+    return _prompt_label(data, value) if dim == "prompt" else str(value)
+
+
+def _check_sizes(data: Data) -> None:
+    """Raise when a dim of ``data`` has no coordinates: nothing could be drawn or picked."""
+    empty = [str(d) for d, n in data.sizes.items() if n == 0]
+    if empty:
+        raise ValueError(
+            f"The data has no values along {empty} (sizes {dict(data.sizes)}); an Explorer "
+            "needs at least one coordinate per dim: check the selection or the prompts "
+            "that produced it."
+        )
 
 
 class Explorer:
@@ -270,23 +390,29 @@ class Explorer:
         y: dim on the vertical axis.
         facet: a dim to draw as side-by-side panels from the start.
         variable: the Dataset variable shown first (default: the first).
-        threshold: start with binarizing at this value (default: off; the box starts at the
-            middle of the data's range).
+        threshold: start with binarizing at this value (default: off; the box starts at
+            ``DEFAULT_QUANTILE`` of |value|, see ``default_threshold``).
+        side: the binarize rule (``SIDES``; default: ``"abs"`` for signed data, else
+            ``"above"``).
+        correct_only: start with only the prompts the model answers right (needs a
+            ``correct`` coord; the ``correct`` checkbox toggles it).
         detail: called with a clicked cell's coordinates (see ``DetailFn``); what it returns
             (an Altair chart or a widget) is shown under the per-prompt values.
         **options: passed to ``heatmap`` on every redraw (``color``, ``center``, ...).
 
     Attributes:
         controls: widget per name: one per other dim (named by the dim), ``variable`` for
-            Datasets, ``facet`` (``"none"`` or a dim), ``binarize`` (checkbox), ``threshold``
-            (number box), ``swap`` (toggle).
+            Datasets, ``facet`` (``"none"`` or a dim), ``binarize`` (checkbox), ``side`` (the
+            rule), ``threshold`` (number box), ``correct`` (checkbox, only with a ``correct``
+            coord), ``swap`` (toggle).
         widget: the ipywidgets container holding the controls, the chart and the details.
         view: the current ``View``.
         array: the reduced DataArray behind the current chart.
         cell: the coordinates of the clicked cell, or None.
 
     Raises:
-        ValueError: if ``x`` or ``y`` is missing from the data, or ``facet`` is not another dim.
+        ValueError: if ``x`` or ``y`` is missing from the data, ``facet`` is not another dim,
+            or a dim has no coordinates.
     """
 
     def __init__(
@@ -298,9 +424,12 @@ class Explorer:
         facet: str | None = None,
         variable: Hashable | None = None,
         threshold: float | None = None,
+        side: str | None = None,
+        correct_only: bool = False,
         detail: DetailFn | None = None,
         **options: Any,
     ) -> None:
+        _check_sizes(data)
         dims = _dims(data)
         for role, name in (("x", x), ("y", y)):
             if name not in dims and name not in data.coords:
@@ -314,6 +443,7 @@ class Explorer:
         if facet is not None and facet not in self._others:
             raise ValueError(f"facet={facet!r} must be one of the other dims {self._others}.")
         self.cell: dict[Hashable, Any] | None = None
+        self._clicked: dict[Hashable, Any] | None = None  # the axis coordinates clicked
         self._busy = True  # no redraws while the controls are built
 
         self.controls: dict[str, widgets.Widget] = {}
@@ -336,19 +466,31 @@ class Explorer:
             description="facet",
             **wide,
         )
-        lo, hi = _range(self._current())
-        start = threshold if threshold is not None else float(f"{(lo + hi) / 2:.3g}")
+        start_side, start = default_threshold(self._current())
         c["binarize"] = widgets.Checkbox(
             value=threshold is not None,
             description="binarize at",
             indent=False,
             layout={"width": "auto"},
         )
-        c["threshold"] = widgets.FloatText(
-            value=start,
-            layout={"width": "90px"},
-            tooltip="binarize each value to value >= threshold",
+        c["side"] = widgets.Dropdown(
+            options=[(label, key) for key, label in SIDE_LABELS.items()],
+            value=side or start_side,
+            layout={"width": "110px"},
+            tooltip="binarize on |value| (either sign) or on one sign",
         )
+        c["threshold"] = widgets.FloatText(
+            value=start if threshold is None else threshold,
+            layout={"width": "90px"},
+            tooltip=f"starts at the {DEFAULT_QUANTILE:.0%} quantile of |value|",
+        )
+        if "correct" in data.coords:
+            c["correct"] = widgets.Checkbox(
+                value=correct_only,
+                description="only prompts the model gets right",
+                indent=False,
+                layout={"width": "auto"},
+            )
         c["swap"] = widgets.ToggleButton(
             value=False,
             description="swap axes",
@@ -364,20 +506,24 @@ class Explorer:
         self.array, chart = render(data, self.view, **options)
         self._note(self.array)
         self._chart = alt.JupyterChart(chart, embed_options={"renderer": "svg", "actions": False})
-        self._details = widgets.VBox(layout={"min_width": "260px"})
+        # the details wrap under the chart when the row is full, never clipped beside it
+        self._details = widgets.VBox(layout={"min_width": "260px", "overflow": "visible"})
         self._detail_charts: dict[str, alt.JupyterChart] = {}
         self._cell_text, self._cell_error = widgets.HTML(), widgets.HTML()
         dim_row = [c[str(d)] for d in self._others]
-        top = [c[k] for k in ("variable", "facet", "swap") if k in c]
+        top = [c[k] for k in ("variable", "facet", "swap", "correct") if k in c]
         self.widget = widgets.VBox(
             [
                 widgets.HBox(
-                    [*top, c["binarize"], c["threshold"], self._data_range],
+                    [*top, c["binarize"], c["side"], c["threshold"], self._data_range],
                     layout={"flex_flow": "row wrap", "align_items": "center"},
                 ),
                 widgets.HBox(dim_row, layout={"flex_flow": "row wrap"}),
                 self._message,
-                widgets.HBox([self._chart, self._details], layout={"align_items": "flex-start"}),
+                widgets.HBox(
+                    [self._chart, self._details],
+                    layout={"align_items": "flex-start", "flex_flow": "row wrap"},
+                ),
             ]
         )
         self._sync()
@@ -436,6 +582,8 @@ class Explorer:
             variable=c["variable"].value if "variable" in c else None,
             facet=None if c["facet"].value == "none" else c["facet"].value,
             threshold=c["threshold"].value if c["binarize"].value else None,
+            side=c["side"].value,
+            correct_only="correct" in c and c["correct"].value,
             swap=c["swap"].value,
         )
 
@@ -448,7 +596,7 @@ class Explorer:
             c[str(d)].disabled = d == c["facet"].value or d not in current.dims
         mask = is_mask(current)
         c["binarize"].disabled = mask
-        c["threshold"].disabled = mask or not c["binarize"].value
+        c["threshold"].disabled = c["side"].disabled = mask or not c["binarize"].value
         lo, hi = _range(current)
         self._data_range.value = "" if mask else f"<small>data {lo:.3g} to {hi:.3g}</small>"
         if "prompt" in c and c["prompt"].value not in REDUCERS:
@@ -480,8 +628,23 @@ class Explorer:
         self.view, self.array = view, array
         self._chart.chart = chart
         self._watch_selection()
-        if self.cell is not None:
-            self.show_cell(self.cell)
+        self._redo_details()
+
+    def _redo_details(self) -> None:
+        """Redraw the details of the clicked cell for the current selection (prompt -> mean
+        shows the mean's details, not the old prompt's), or clear them when the cell is
+        not on the new chart."""
+        if self._clicked is None:
+            return
+        shown = all(
+            d in self.array.dims and v in self.array[d].values.tolist()
+            for d, v in self._clicked.items()
+        )
+        if shown:
+            self.show_cell(self._clicked)
+        else:
+            self.cell = self._clicked = None
+            self._details.children = ()
 
     def _note(self, array: xr.DataArray) -> None:
         """Show the array's ``note`` (a threshold outside the data) above the chart, or clear."""
@@ -493,6 +656,7 @@ class Explorer:
     def update(self, data: Data) -> None:
         """Show new data (same dims, e.g. scores of other prompts) with the current settings:
         the dim controls get the new coordinates and the chart is swapped in place."""
+        _check_sizes(data)
         self.data = data
         self._busy = True
         try:
@@ -500,7 +664,7 @@ class Explorer:
             self._sync()
         finally:
             self._busy = False
-        self.cell = None
+        self.cell = self._clicked = None
         self._details.children = ()
         self.redraw()
 
@@ -522,7 +686,11 @@ class Explorer:
             cell: the cell's coordinates on the chart's dims, e.g. ``{"layer": 3, "head": 5}``.
         """
         da = self._current()
+        pooled = self.view.pick.get("prompt") in REDUCERS
+        if self.view.correct_only and "prompt" in da.dims and pooled:
+            da = correct_only(da)
         at = {d: v for d, v in cell.items() if d in da.dims}
+        self._clicked = {d: v for d, v in at.items() if d in self.array.dims}
         picks = {
             d: v
             for d, v in self.view.pick.items()
@@ -532,14 +700,19 @@ class Explorer:
         values = da.sel({**at, **picks})
         along = next((d for d in values.dims if d in SAMPLE_DIMS), None)
         where = ", ".join(f"{d} {v}" for d, v in at.items())
+        picked = ", ".join(
+            f"prompt {_prompt_label(da, v)}" if d == "prompt" else f"{d} {v}"
+            for d, v in picks.items()
+        )
         parts: list[widgets.Widget] = []
         if along is not None and values.ndim == 1:
-            parts.append(
-                self._detail_chart("bars", bars(values, y=along, title=f"{where}: per {along}"))
-            )
+            title = f"{where}: per {along}" + (f" ({picked})" if picked else "")
+            parts.append(self._detail_chart("bars", bars(values, y=along, title=title)))
         else:
+            value = np.asarray(values.mean().values).item()
             text = html.escape(
-                f"{label_from_attrs(da)} at {where}: {np.asarray(values.mean().values).item():.4g}"
+                f"{label_from_attrs(da)} at {where}: {value:.4g}"
+                + (f" ({picked})" if picked else "")
             )
             self._cell_text.value = f"<b>{text}</b>"
             parts.append(self._cell_text)

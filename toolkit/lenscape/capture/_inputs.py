@@ -114,10 +114,16 @@ def _single_token(tokenizer: Any, text: str, what: str, index: int) -> int:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         pieces = tokenizer.convert_ids_to_tokens(ids)
+        spaced = " " + text.strip()
+        one = spaced != text and len(tokenizer(spaced, add_special_tokens=False)["input_ids"]) == 1
+        fix = (
+            f"with a leading space, {spaced!r} is one token"
+            if one
+            else f"use a word that is one token, or its first token {tokenizer.decode(ids[:1])!r}"
+        )
         raise ValueError(
             f"Prompt {index}: {what} {text!r} tokenizes to {len(ids)} tokens "
-            f"{pieces}; targets must be single tokens (try a leading space, e.g. "
-            f"' {text.strip()}', or a shorter word)."
+            f"{pieces}; targets must be single tokens: {fix}."
         )
     return ids[0]
 
