@@ -222,3 +222,92 @@ def test_bad_inputs_name_the_fix(tiny_llama, tokenizer, mixed, clusters, learned
         pass
     with pytest.raises(ValueError, match="Pick one cluster"), apply_mask(tiny_llama, learned):
         pass
+
+
+# ----------------------------------------------- options and results checked up front (issue 24)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"max_steps": 0}, ValueError, r"max_steps must be a positive integer, got 0"),
+        ({"window": 2.0}, TypeError, r"window must be a positive integer, got 2\.0"),
+        ({"batch_size": 0}, ValueError, r"batch_size must be a positive integer, got 0"),
+        ({"lr": float("nan")}, ValueError, r"lr must be a finite number > 0, got nan"),
+        ({"penalty": -1.0}, ValueError, r"penalty must be a finite number >= 0"),
+        ({"tol": "0.1"}, TypeError, r"tol must be a number >= 0, got '0\.1'"),
+        ({"seed": -1}, ValueError, r"seed must be an integer >= 0, got -1"),
+        ({"progress": 1}, TypeError, r"progress must be True or False, got 1"),
+    ],
+)
+def test_block_mask_options_are_checked_before_the_fit(
+    tiny_llama, mixed, clusters, kwargs, error, message
+):
+    with pytest.raises(error, match=message):
+        block_masks(tiny_llama, mixed, clusters=clusters, **{**FAST, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"n_random": 0}, ValueError, r"n_random must be a positive integer, got 0"),
+        ({"train_batch_size": 0}, ValueError, r"train_batch_size must be a positive integer"),
+        ({"max_step": 3}, TypeError, r"unknown fit option\(s\) \['max_step'\]"),
+        ({"loss": "mse"}, ValueError, r"Unknown loss 'mse'"),
+    ],
+)
+def test_comparison_options_are_checked_before_the_fit(
+    tiny_llama, mixed, clusters, kwargs, error, message
+):
+    with pytest.raises(error, match=message):
+        mask_comparison(tiny_llama, mixed, mixed[:8], clusters=clusters, progress=False, **kwargs)
+
+
+def test_masks_passed_back_must_be_binary_finite_and_from_this_model(
+    tiny_llama, mixed, learned, tokenizer
+):
+    probabilities = learned["keep_prob"].sel(cluster=0)
+    with pytest.raises(ValueError, match=r"masks must be a binary mask.*probabilities"):
+        masked_loss(tiny_llama, mixed[:2], probabilities)
+    with (
+        pytest.raises(ValueError, match=r"binary mask.*result\['keep_prob'\]"),
+        apply_mask(tiny_llama, probabilities),
+    ):
+        pass
+    holed = learned["mask"].sel(cluster=0).astype(float).where(lambda m: m["layer"] > 0)
+    with pytest.raises(ValueError, match=r"masks holds 2 NaN or infinite value"):
+        masked_loss(tiny_llama, mixed[:2], holed)
+    with pytest.raises(TypeError, match=r"masks must be an xarray.DataArray.*result\['mask'\]"):
+        masked_loss(tiny_llama, mixed[:2], learned)
+    with (
+        pytest.raises(TypeError, match=r"masks must be an xarray.DataArray or Dataset"),
+        apply_mask(tiny_llama, torch.ones(tiny_llama.spec.n_layers, 2)),
+    ):
+        pass
+    with (
+        pytest.raises(ValueError, match=r"masks lacks the variable\(s\) \['mask'\]"),
+        apply_mask(tiny_llama, learned[["keep_prob"]]),
+    ):
+        pass
+    with pytest.raises(ValueError, match=r"masks must have shape \(sets, 3, 2\)"):
+        masked_loss(tiny_llama, mixed[:2], torch.ones(2, 2, 3))
+    n = tiny_llama.spec.n_layers
+    lookalike = lsc.models.tiny("qwen3", n_layers=n, tokenizer=tokenizer)
+    lookalike.name = tiny_llama.name  # same name and shape, another layout
+    with (
+        pytest.raises(ValueError, match=rf"but this one has 'qwen3/L{n}/"),
+        apply_mask(lookalike, learned["mask"].sel(cluster=0)),
+    ):
+        pass
+    with pytest.raises(ValueError, match=rf"but this one has 'qwen3/L{n}/"):
+        masked_loss(lookalike, mixed[:2], learned["mask"])
+
+
+def test_routing_with_the_masked_model_as_encoder_is_refused(tiny_llama, learned, clusters):
+    """Routing would embed every input with the masked model, whose passes route again."""
+    own = cluster.Clustering(clusters.labels, clusters.centroids, encoder=tiny_llama)
+    with (
+        pytest.raises(ValueError, match=r"clusters\.encoder is model"),
+        apply_mask(tiny_llama, learned, clusters=own),
+    ):
+        pass

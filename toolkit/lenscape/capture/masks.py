@@ -32,7 +32,7 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from .. import schema
+from .. import _validate, schema
 from ..cluster import Clustering
 from ..data import PromptSet, as_texts
 from ..models import LensModel
@@ -44,6 +44,7 @@ BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete temperature and stretch
 COMPONENTS = schema.BLOCK_COMPONENTS  # ("attn", "mlp")
 LOSSES = ("nll", "kl")
 STRATEGIES = ("routed", "global", "random")
+BINARY_FIX = "pass the binary masks (result['mask']), not the probabilities (result['keep_prob'])"
 
 
 @contextlib.contextmanager
@@ -126,11 +127,30 @@ def apply_mask(
             with its nearest cluster's mask; generation steps keep their row's mask.
 
     Raises:
-        ValueError: a mask from another model, a per-cluster mask without ``clusters`` (or
-            the reverse), or clusters without centroids.
+        TypeError: not a DataArray or a ``block_masks`` Dataset.
+        ValueError: a mask from another model, probabilities or NaN where a binary mask is
+            expected, a per-cluster mask without ``clusters`` (or the reverse), clusters
+            without centroids, or clusters whose encoder is the masked model itself.
     """
+    _validate.result(
+        "masks",
+        masks,
+        kind=(xr.DataArray, xr.Dataset),
+        made_by="lsc.block_masks",
+        variables=("mask",),
+        dims=("layer", "component"),
+    )
     mask = _as_mask_array(masks)
     _check_model(model, mask)
+    _validate.result("masks", mask, kind=xr.DataArray, made_by="lsc.block_masks", model=model)
+    _validate.values("masks", mask, binary=True, fix=BINARY_FIX)
+    encoder = getattr(clusters, "encoder", None)
+    if getattr(encoder, "hf", None) is model.hf:
+        raise ValueError(
+            "clusters were embedded with the masked model itself (clusters.encoder is "
+            "model), so routing an input would run the masked model again for every "
+            "input, without end; cluster with encoder='minilm' or with another model."
+        )
     if clusters is None:
         if set(mask.dims) != {"layer", "component"}:
             raise ValueError(
@@ -300,6 +320,36 @@ def _check_sparsities(target_sparsity: float | Sequence[float]) -> list[float]:
     return values
 
 
+#: The mask fit's options and their checks (``_validate``), by name.
+_FIT_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "lr": lambda name, value: _validate.number(name, value, above=0),
+    "penalty": lambda name, value: _validate.number(name, value, low=0),
+    "tol": lambda name, value: _validate.number(name, value, low=0),
+    "max_steps": _validate.positive_int,
+    "window": _validate.positive_int,
+    "batch_size": _validate.positive_int,
+    "train_batch_size": _validate.positive_int,
+    "rows_per_pass": _validate.positive_int,
+    "precision": lambda name, value: check_precision(value),
+}
+
+
+def _check_fit(options: dict[str, Any], *, caller: str) -> None:
+    """Check the mask fit's ``options`` (any subset of ``_FIT_CHECKS``) once, up front.
+
+    Raises:
+        TypeError: an unknown option, or a value of the wrong type.
+        ValueError: a value out of range (a zero count, a NaN rate ...).
+    """
+    unknown = sorted(set(options) - set(_FIT_CHECKS))
+    if unknown:
+        raise TypeError(
+            f"{caller} got unknown fit option(s) {unknown}; the fit takes {sorted(_FIT_CHECKS)}."
+        )
+    for name, value in options.items():
+        _FIT_CHECKS[name](name, value)
+
+
 def _members(clusters: Clustering, n_prompts: int) -> list[np.ndarray]:
     labels = clusters.labels.values
     if len(labels) != n_prompts:
@@ -358,6 +408,21 @@ def block_masks(
     sparsities = _check_sparsities(target_sparsity)
     if loss not in LOSSES:
         raise ValueError(f"Unknown loss {loss!r}; choose one of {list(LOSSES)}.")
+    _check_fit(
+        dict(
+            lr=lr,
+            penalty=penalty,
+            max_steps=max_steps,
+            window=window,
+            tol=tol,
+            batch_size=batch_size,
+            rows_per_pass=rows_per_pass,
+        ),
+        caller="block_masks",
+    )
+    seed = _validate.integer("seed", seed, low=0)
+    progress = _validate.flag("progress", progress)
+    _validate.not_empty("prompts", prompts, fix="pass the texts that were clustered")
     precision = check_precision(precision)
     clusters = _check_clusters(clusters)
     members = _members(clusters, len(prompts))
@@ -458,7 +523,30 @@ def masked_loss(
     *,
     batch_size: int = 16,
 ) -> torch.Tensor:
-    """Mean NLL of ``prompts`` under each of several masks (sets, layer, component) -> (sets,)."""
+    """Mean NLL of ``prompts`` under each of several masks (sets, layer, component) -> (sets,).
+
+    Raises:
+        TypeError: masks that are not numbers (a Dataset: pass ``result['mask']``).
+        ValueError: probabilities or NaN where a binary mask is expected, a mask of another
+            shape or from another model, no prompts.
+    """
+    batch_size = _validate.positive_int("batch_size", batch_size)
+    _validate.not_empty("prompts", prompts, fix="pass at least one text")
+    if isinstance(masks, (xr.DataArray, xr.Dataset)):
+        _validate.result(
+            "masks",
+            masks,
+            kind=xr.DataArray,
+            made_by="lsc.block_masks (e.g. result['mask'])",
+            model=model,
+            dims=("layer", "component"),
+        )
+    shape = np.shape(_validate.values("masks", masks, binary=True, fix=BINARY_FIX))
+    if len(shape) < 2 or shape[-2:] != (model.spec.n_layers, 2):
+        raise ValueError(
+            f"masks must have shape (sets, {model.spec.n_layers}, 2) (layer, component: "
+            f"attn, mlp of {model.name}), got {shape}."
+        )
     if isinstance(masks, xr.DataArray):
         _check_model(model, masks)
         masks = torch.as_tensor(masks.transpose(..., "layer", "component").values)
@@ -510,6 +598,12 @@ def mask_comparison(
         (target_sparsity, layer, component); the unmasked held-out NLL in attrs.
     """
     sparsities = _check_sparsities(sparsities)
+    n_random = _validate.positive_int("n_random", n_random)
+    _validate.choice("loss", loss, LOSSES)
+    seed = _validate.integer("seed", seed, low=0)
+    batch_size = _validate.positive_int("batch_size", batch_size)
+    progress = _validate.flag("progress", progress)
+    _check_fit(fit_options, caller="mask_comparison")
     clusters = _check_clusters(clusters)
     if len(held_out) < clusters.k:
         raise ValueError(
