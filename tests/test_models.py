@@ -221,3 +221,66 @@ def test_missing_tokenizer_names_the_files(saved_llama, tmp_path):
     ) as err:
         lsc.load(str(weights_only), device="cpu")
     assert "install" not in str(err.value) and "lsc.from_hf" in str(err.value)
+
+
+# ----------------------------------------------------------- weights that do not cover the config
+
+
+def with_config(source, target, **changes):
+    folder = copy_folder(source, target)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+def test_a_config_with_more_layers_than_the_weights_is_refused(saved_llama, tmp_path):
+    """transformers would add a randomly initialised third layer, which passes the self-check."""
+    folder = with_config(saved_llama, tmp_path / "deeper", num_hidden_layers=3)
+    with pytest.raises(
+        ValueError, match=r"do not match its config\.json: \d+ missing from the weights.*layers\.2"
+    ):
+        lsc.load(str(folder), device="cpu")
+
+
+def test_weights_the_config_does_not_name_are_refused(saved_llama, tmp_path):
+    folder = with_config(saved_llama, tmp_path / "shallower", num_hidden_layers=1)
+    with pytest.raises(ValueError, match=r"in the weights but not in the config.*layers\.1"):
+        lsc.load(str(folder), device="cpu")
+
+
+def test_a_matching_checkpoint_loads_with_the_same_weights(saved_llama):
+    model = lsc.load(str(saved_llama), device="cpu")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(saved_llama)
+    for name, tensor in reference.state_dict().items():
+        torch.testing.assert_close(model.hf.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+def test_a_truncated_config_is_called_malformed_not_missing(saved_llama, tmp_path):
+    folder = copy_folder(saved_llama, tmp_path / "truncated")
+    text = (folder / "config.json").read_text()
+    (folder / "config.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ValueError, match=r"config\.json\) is malformed, not missing") as err:
+        lsc.load(str(folder), device="cpu")
+    assert "hf download" not in str(err.value)
+
+
+# ------------------------------------------------------------------- layout provenance
+
+
+def test_results_record_whether_the_layout_was_checked(saved_llama, factual):
+    checked = lsc.load(str(saved_llama), device="cpu")
+    unchecked = lsc.load(str(saved_llama), device="cpu", check=False)
+    assert checked.layout_checked and not unchecked.layout_checked
+    for model in (checked, unchecked):
+        scores = lsc.direct_logit_attribution(model, factual[:2], progress=False)
+        assert scores.attrs["layout_checked"] is model.layout_checked
+        vocab = len(model.tokenizer)  # the small test tokenizer's
+        assert scores.attrs["layout_fingerprint"] == f"llama/L2/H4/KV2/D16/d64/V{vocab}"
+
+
+def test_fingerprints_tell_layouts_apart(tokenizer):
+    prints = {
+        models.tiny(arch, n_layers=n, tokenizer=tokenizer, check=False).spec.fingerprint
+        for arch, n in [("llama", 2), ("llama", 3), ("qwen3", 2), ("gpt2", 2)]
+    }
+    assert len(prints) == 4
