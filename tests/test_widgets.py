@@ -413,9 +413,32 @@ def test_prompt_form_scores_valid_prompts_and_explains_bad_ones():
     form.fields["corrupt"].value = ""
     form.fields["text"].value = "one two three four"
     assert form.record()["corrupt"] is None
+    assert form.submit() is False  # the metric needs the corrupt text: never "optional"
+    assert "the corrupt box is empty, and the metric compares" in form.message.value
+    form.needs_corrupt = False
     assert form.submit() is True and form.message.value == ""
     assert form.explorer._chart is chart_widget and form.explorer.chart is not first
     assert form.explorer.controls["prompt"].options[-1][0] == "0: one two three four"
+
+
+def test_prompt_form_shows_the_targets_spaces_and_names_no_record_index():
+    from lenscape.widgets import PromptForm
+
+    def run(record):
+        if record["target"] != " d":
+            raise ValueError(f"Prompt 0: target {record['target']!r} is not one token")
+        return per_prompt(SIGNED).isel(prompt=[0])
+
+    form = PromptForm(
+        run, example={"text": "a b c", "target": " d", "corrupt": "e f g", "distractor": " h"}
+    )
+    assert (
+        "<code>␣d</code>" in form.target_shown.value and "no leading" not in form.target_shown.value
+    )
+    form.fields["target"].value = "d"
+    assert "<code>d</code> (no leading space" in form.target_shown.value
+    assert form.submit() is False
+    assert form.message.value.startswith("<span style='color:#b00'>target 'd' is not one")
 
 
 def test_switching_to_a_mask_variable_turns_binarize_off():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import re
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -759,7 +760,7 @@ class Explorer:
 PROMPT_FIELDS = {
     "text": ("clean", "The Eiffel Tower is located in the city of"),
     "target": ("target", " Paris"),
-    "corrupt": ("corrupt", "The Colosseum is located in the city of"),
+    "corrupt": ("corrupt", "same token length: The Colosseum is located in the city of"),
     "distractor": ("distractor", " Rome"),
 }
 
@@ -776,6 +777,9 @@ class PromptForm:
     Args:
         run: record -> DataArray or Dataset (the capture call).
         example: the record scored first (a ``Prompt`` or a dict); it fills the boxes.
+        needs_corrupt: the metric compares clean with corrupt (``logit_diff``, the default
+            of the capture methods): an empty corrupt or distractor box is refused with
+            that reason before ``run`` is called. False makes both optional.
         **options: passed to the ``Explorer`` (``x``, ``y``, ``detail`` ...).
 
     Attributes:
@@ -786,9 +790,14 @@ class PromptForm:
     """
 
     def __init__(
-        self, run: Callable[[dict[str, str | None]], Data], *, example: Any, **options: Any
+        self,
+        run: Callable[[dict[str, str | None]], Data],
+        *,
+        example: Any,
+        needs_corrupt: bool = True,
+        **options: Any,
     ) -> None:
-        self.run = run
+        self.run, self.needs_corrupt = run, needs_corrupt
         record = example if isinstance(example, Mapping) else dataclasses.asdict(example)
         self.fields = {
             key: widgets.Text(
@@ -804,11 +813,14 @@ class PromptForm:
             description="run", icon="play", tooltip="score this prompt and redraw the chart"
         )
         self.message = widgets.HTML()
+        self.target_shown = widgets.HTML()  # the target as typed: a leading space is visible
+        self.fields["target"].observe(lambda _: self._show_target(), names="value")
+        self._show_target()
         self.explorer = Explorer(run(self.record()), **options)
         f = self.fields
         self.widget = widgets.VBox(
             [
-                widgets.HBox([f["text"], f["target"]]),
+                widgets.HBox([f["text"], f["target"], self.target_shown]),
                 widgets.HBox([f["corrupt"], f["distractor"]]),
                 widgets.HBox([self.button, self.message], layout={"align_items": "center"}),
                 self.explorer.widget,
@@ -830,14 +842,31 @@ class PromptForm:
         Returns:
             Whether the prompt was valid and is now shown.
         """
+        record = self.record()
+        missing = [k for k in ("corrupt", "distractor") if self.needs_corrupt and not record[k]]
         try:
-            result = self.run(self.record())
+            if missing:
+                raise ValueError(
+                    f"the {' and '.join(missing)} box{'es are' if len(missing) > 1 else ' is'} "
+                    "empty, and the metric compares the clean prompt with the corrupt one: "
+                    "fill in a corrupt prompt of the same token length and its answer."
+                )
+            result = self.run(record)
         except (ValueError, TypeError) as err:
-            self.message.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
+            # one prompt: "Prompt 0:" / "Record 0:" would name an index the form never shows
+            text = re.sub(r"^(Record|Prompt) 0: ", "", str(err))
+            self.message.value = f"<span style='color:#b00'>{html.escape(text)}</span>"
             return False
         self.message.value = ""
         self.explorer.update(result)
         return True
+
+    def _show_target(self) -> None:
+        """Show the target with its spaces visible (a next word starts with one)."""
+        target = self.fields["target"].value
+        visible = html.escape(target.replace(" ", "␣"))
+        hint = "" if target.startswith(" ") else " (no leading space: a next word has one)"
+        self.target_shown.value = f"<small>target as typed: <code>{visible}</code>{hint}</small>"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
