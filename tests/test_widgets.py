@@ -438,7 +438,7 @@ def test_prompt_form_shows_the_targets_spaces_and_names_no_record_index():
     form.fields["target"].value = "d"
     assert "<code>d</code> (no leading space" in form.target_shown.value
     assert form.submit() is False
-    assert form.message.value.startswith("<span style='color:#b00'>target 'd' is not one")
+    assert form.message.value.startswith("<span style='color:#b00'>target &#x27;d&#x27; is not one")
 
 
 def test_switching_to_a_mask_variable_turns_binarize_off():
