@@ -260,3 +260,43 @@ def reference_activation_patching(model, prompts):
         lambda i, layer, head: clean_z[i][layer][..., head * d_head : (head + 1) * d_head],
         source="corrupt",
     )
+
+
+def top_next_token(model, text):
+    """The HF model's top next token id after ``text`` (one unpadded forward pass)."""
+    ids = torch.tensor([model.tokenizer(text)["input_ids"]])
+    with torch.no_grad():
+        return int(model.hf(ids).logits[0, -1].argmax())
+
+
+def answered_prompts(model, prompts):
+    """``prompts`` with every other target set to the model's own top next token (where
+    that token is a non-empty text that tokenizes back to itself), so that even a random
+    tiny model answers some prompts right and the rest wrong."""
+    import dataclasses
+
+    import lenscape as lsc
+
+    tok, out = model.tokenizer, []
+    for i, p in enumerate(prompts):
+        top = top_next_token(model, p.text)
+        text = tok.decode([top])
+        if (
+            i % 2 == 0
+            and text.strip()
+            and tok(text, add_special_tokens=False)["input_ids"] == [top]
+        ):
+            p = dataclasses.replace(p, target=text)
+        out.append(p)
+    return lsc.data.PromptSet(out, name="answered")
+
+
+def reference_correct(model, prompts):
+    """(prompt,) bool: the HF model's top next token on the clean text is the target."""
+    tok = model.tokenizer
+    return np.array(
+        [
+            top_next_token(model, p.text) == tok(p.target, add_special_tokens=False)["input_ids"][0]
+            for p in prompts
+        ]
+    )

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+from _helpers import answered_prompts, reference_correct
 
 import lenscape as lsc
 from lenscape import models, store
@@ -101,3 +102,13 @@ def test_model_without_recipe_is_refused(client, tiny_llama, factual, tmp_path):
     with pytest.raises(ValueError, match="workers can load themselves"):
         lsc.ablation(wrapped, factual[:2], store=tmp_path / "r.zarr", client=client, progress=False)
     assert not (tmp_path / "r.zarr").exists()  # refused before anything was written
+
+
+def test_correct_flags_written_by_workers(client, tiny_llama, factual, tmp_path):
+    prompts = answered_prompts(tiny_llama, factual[:7])
+    expected = reference_correct(tiny_llama, prompts)
+    assert expected.any() and not expected.all()
+    got = lsc.direct_logit_attribution(
+        tiny_llama, prompts, batch_size=2, store=tmp_path / "d.zarr", client=client, progress=False
+    )
+    np.testing.assert_array_equal(got["correct"].values, expected)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from _helpers import answered_prompts, reference_correct
 
 import lenscape as lsc
 from lenscape.capture import metrics
@@ -39,7 +40,7 @@ def test_inspect_tabulates_top_tokens_and_metrics(tiny_llama, prompts):
 def test_inspect_shows_as_a_compact_table(tiny_llama, prompts):
     report = lsc.inspect(tiny_llama, prompts)
     table = report._repr_html_()
-    assert table.startswith("<table") and table.count("<tr>") == 1 + len(prompts)
+    assert table.startswith("<table") and table.count("<tr") == 1 + len(prompts)
     assert "The capital of France is the city of <b>→  Paris</b>" in table
     frame = report.to_dataframe()
     assert list(frame.index) == [0, 1, 2] and frame["clean_top"][0].count(",") == 4
@@ -61,3 +62,17 @@ def test_bad_options_are_named(tiny_llama, prompts):
         lsc.inspect(tiny_llama, prompts, top_k=0)
     with pytest.raises(ValueError, match="Unknown metric"):
         lsc.inspect(tiny_llama, prompts, metric="accuracy")
+
+
+def test_inspect_flags_the_prompts_the_model_gets_wrong(tiny_llama):
+    prompts = answered_prompts(tiny_llama, lsc.data.prompts("factual")[:5])
+    expected = reference_correct(tiny_llama, prompts)
+    assert expected.any() and not expected.all()
+    report = lsc.inspect(tiny_llama, prompts)
+    np.testing.assert_array_equal(report.data["correct"].values, expected)
+    top_is_target = report.data["clean_token"].values[:, 0] == report.data["target"].values
+    np.testing.assert_array_equal(report.data["correct"].values, top_is_target)
+    table = report._repr_html_()
+    assert f"right on {expected.sum()} of 5 prompts" in table
+    assert table.count("✗ wrong") == (~expected).sum() and table.count("✓ right") == expected.sum()
+    assert report.to_dataframe()["correct"].tolist() == expected.tolist()

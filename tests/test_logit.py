@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _helpers import answered_prompts, reference_correct
 
 import lenscape as lsc
 
@@ -45,3 +46,14 @@ def test_dla_adds_up_to_the_logit_difference(tiny_llama, factual):
 def test_dla_rejects_nonlinear_metrics(tiny_llama, factual):
     with pytest.raises(ValueError, match="direct_logit_attribution supports metric"):
         lsc.direct_logit_attribution(tiny_llama, factual[:1], metric="logprob", progress=False)
+
+
+@pytest.mark.parametrize("backend", ["nnsight", "transformer_lens"])
+def test_dla_records_whether_the_model_answers_each_prompt(tiny_llama, factual, backend):
+    prompts = answered_prompts(tiny_llama, factual[:7])
+    expected = reference_correct(tiny_llama, prompts)
+    assert expected.any() and not expected.all()
+    dla = lsc.direct_logit_attribution(
+        tiny_llama, prompts, batch_size=3, backend=backend, progress=False
+    )
+    np.testing.assert_array_equal(dla["correct"].values, expected)

@@ -9,11 +9,13 @@ import pytest
 import torch
 import xarray as xr
 from _helpers import (
+    answered_prompts,
     block_outputs,
     head_replacer,
     logit_diff,
     o_proj_module,
     reference_activation_patching,
+    reference_correct,
     reference_head_effects,
     reference_zero_ablation,
 )
@@ -338,3 +340,27 @@ def test_low_precision_runs_track_float32(tokenizer, factual, dtype):
         assert b.attrs["dtype"] == dtype and b.dtype == np.float32  # metrics in float32
         scale = np.abs(a.values).max()
         np.testing.assert_allclose(b.values, a.values, atol=0.1 * scale)
+
+
+# ------------------------------------------------------------------ wrong answers are data
+
+
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("ablation", {}),
+        ("ablation", {"kind": "mean", "level": "block", "padding_side": "left"}),
+        ("ablation", {"backend": "transformer_lens"}),
+        ("activation_patching", {"level": "block"}),
+        ("attribution_patching", {}),
+        ("attribution_patching", {"level": "all", "backend": "transformer_lens"}),
+    ],
+)
+def test_correct_is_the_models_own_top_answer(tiny_llama, factual, method, options):
+    prompts = answered_prompts(tiny_llama, factual[:7])
+    expected = reference_correct(tiny_llama, prompts)
+    assert expected.any() and not expected.all()  # the check can tell right from wrong
+    result = getattr(lsc, method)(tiny_llama, prompts, batch_size=3, progress=False, **options)
+    for da in result.data_vars.values() if isinstance(result, xr.Dataset) else [result]:
+        assert da["correct"].dims == ("prompt",) and da["correct"].dtype == bool
+        np.testing.assert_array_equal(da["correct"].values, expected)

@@ -24,7 +24,7 @@ import dask.array
 import numpy as np
 import pytest
 import xarray as xr
-from _helpers import TESTS
+from _helpers import TESTS, answered_prompts
 
 import lenscape as lsc
 from lenscape import schema, store
@@ -433,3 +433,14 @@ def test_file_system_without_locks_warns(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="does not support locks.*run one writer only"):
         lsc.save(scores, tmp_path / "r.zarr")
     xr.testing.assert_identical(lsc.open(tmp_path / "r.zarr"), scores)
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".nc"])
+def test_correct_flags_of_a_capture_round_trip(tiny_llama, factual, tmp_path, suffix):
+    result = lsc.direct_logit_attribution(
+        tiny_llama, answered_prompts(tiny_llama, factual[:5]), progress=False
+    )
+    assert result["correct"].values.any() and not result["correct"].values.all()
+    back = lsc.open(lsc.save(result, tmp_path / f"r{suffix}"))
+    assert back["correct"].dtype == bool
+    xr.testing.assert_identical(back, result)

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 import xarray as xr
+from _helpers import answered_prompts, reference_correct
 
 import lenscape as lsc
 from lenscape import store
@@ -195,3 +196,34 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(smol, factual, tmp_pat
     xr.testing.assert_identical(resumed, uninterrupted)
     assert np.isfinite(resumed.values).all()
     assert not list(path.rglob("*.partial"))
+
+
+@pytest.mark.parametrize(
+    "method, options",
+    [("direct_logit_attribution", {}), ("attribution_patching", {"level": "all"})],
+)
+def test_correct_flags_are_streamed_batch_by_batch_and_resumed(
+    tiny_llama, factual, tmp_path, monkeypatch, method, options
+):
+    from lenscape.capture import streaming
+
+    prompts = answered_prompts(tiny_llama, factual[:8])
+    expected = reference_correct(tiny_llama, prompts)
+    assert expected.any() and not expected.all()
+    path, fn, real_write = tmp_path / "r.zarr", getattr(lsc, method), streaming.write_batch
+
+    def failing_write(plan, number, *args, **kwargs):
+        if number == 2:
+            raise KeyboardInterrupt  # stopped after two batches of two
+        return real_write(plan, number, *args, **kwargs)
+
+    monkeypatch.setattr(streaming, "write_batch", failing_write)
+    with pytest.raises(KeyboardInterrupt):
+        fn(tiny_llama, prompts, batch_size=2, store=path, progress=False, **options)
+    partial = lsc.open(path)
+    np.testing.assert_array_equal(partial["correct"].values[:4], expected[:4])
+    monkeypatch.setattr(streaming, "write_batch", real_write)
+    resumed = fn(tiny_llama, prompts, batch_size=2, store=path, progress=False, **options)
+    np.testing.assert_array_equal(resumed["correct"].values, expected)
+    in_memory = fn(tiny_llama, prompts, batch_size=2, progress=False, **options)
+    xr.testing.assert_identical(resumed.compute(), in_memory)

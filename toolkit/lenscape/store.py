@@ -437,7 +437,8 @@ def create(
     ds[_DONE] = ("prompt", np.broadcast_to(np.False_, (n_prompts,)))
     ds.attrs[_SETTINGS] = json.dumps(settings, sort_keys=True)
     data = _per_prompt_data(ds)
-    ds = ds.assign({name: ds[name].chunk({"prompt": chunk}) for name in data})
+    # Chunk the variables alone: a DataArray's ``chunk`` would chunk its coords too.
+    ds = ds.assign({name: ds[name].variable.chunk({"prompt": chunk}) for name in data})
     encoding = {
         name: {
             "chunks": tuple(

@@ -22,11 +22,15 @@ options (``kind``, ``estimator`` ...) and the prompts (``_inputs.prepare``), doe
 that needs the whole prompt list (the mean activations of mean-ablation) and returns a
 ``Plan``:
 
-- ``score(batch, step)`` -> (rows, n_columns) float tensor: the method's numbers for one
-  batch of prompts, independent of every other batch (``step()`` is called
-  ``steps_per_batch`` times, for progress bars);
-- ``finish(values, index)`` -> the labelled, validated DataArray (or Dataset) for the prompts
-  ``index`` given their (len(index), n_columns) values.
+- ``score(batch, step)`` -> ``Scores``: the method's numbers for one batch of prompts,
+  (rows, n_columns), and whether the model answers each prompt correctly, independent of
+  every other batch (``step()`` is called ``steps_per_batch`` times, for progress bars);
+- ``finish(values, correct, index)`` -> the labelled, validated DataArray (or Dataset) for
+  the prompts ``index`` given their (len(index), n_columns) values and (len(index),) flags.
+
+Wrong answers are data: every result carries a boolean ``correct`` coord on ``prompt``,
+True where the model's own top prediction at the read position of the clean, unedited
+prompt is the target token. Each method reads it from a clean pass it already makes.
 
 A plan runs in memory (``run_in_memory``), into a zarr store (``streaming``) or on dask
 workers (``distributed``), the last two one ``write_batch`` at a time. Because batches are
@@ -113,24 +117,42 @@ class CaptureOptions:
 
 
 @dataclass
+class Scores:
+    """What a plan's ``score`` returns for one batch of prompts.
+
+    Attributes:
+        values: (rows, n_columns) the method's numbers.
+        correct: (rows,) bool: the model's top prediction at the read position of the
+            clean, unedited prompt is the target (``top_is_target``).
+    """
+
+    values: torch.Tensor
+    correct: torch.Tensor
+
+
+def top_is_target(clean_logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(rows,) bool: the top token of the clean logits (rows, vocab) is the target (rows,)."""
+    return clean_logits.argmax(-1) == target
+
+
+@dataclass
 class Plan(Generic[R]):
     """A capture split into independent prompt batches, whose result is an ``R``.
 
     Attributes:
         inputs: validated, tokenized inputs; ``inputs.batches()`` are the units of work.
         n_columns: numbers per prompt (e.g. n_layers * n_heads).
-        score: ``(Batch, step) -> (rows, n_columns)`` tensor; calls ``step()``
-            ``steps_per_batch`` times.
-        finish: ``(values (k, n_columns) array, index (k,) prompt positions or None for all)
-            -> R``, labels and provenance included.
+        score: ``(Batch, step) -> Scores``; calls ``step()`` ``steps_per_batch`` times.
+        finish: ``(values (k, n_columns) array, correct (k,) bool array, index (k,) prompt
+            positions or None for all) -> R``, labels and provenance included.
         desc: progress bar label.
         steps_per_batch: progress steps in one batch (e.g. layers of an exact sweep).
     """
 
     inputs: Inputs
     n_columns: int
-    score: Callable[[Batch, Callable[[], Any]], torch.Tensor]
-    finish: Callable[[Any, Sequence[int] | None], R]
+    score: Callable[[Batch, Callable[[], Any]], Scores]
+    finish: Callable[[Any, Any, Sequence[int] | None], R]
     desc: str
     steps_per_batch: int = 1
 
@@ -143,12 +165,15 @@ def run_in_memory(plan: Plan[R], *, progress: bool) -> R:
     """Score every batch into one (prompt, n_columns) buffer and label it."""
     inputs = plan.inputs
     values = torch.full((len(inputs.prompts), plan.n_columns), float("nan"))
+    correct = torch.zeros(len(inputs.prompts), dtype=torch.bool)
     with tqdm(
         total=inputs.n_batches() * plan.steps_per_batch, disable=not progress, desc=plan.desc
     ) as bar:
         for batch in inputs.batches():
-            values[batch.index] = plan.score(batch, bar.update).float().cpu()
-    return plan.finish(values, None)
+            scores = plan.score(batch, bar.update)
+            values[batch.index] = scores.values.float().cpu()
+            correct[batch.index] = scores.correct.cpu()
+    return plan.finish(values, correct.numpy(), None)
 
 
 def batch_slice(plan: Plan, number: int) -> slice:
@@ -161,12 +186,19 @@ def write_batch(plan: Plan, number: int, path: Path, step=lambda *_: None) -> No
     """Score batch ``number`` of ``plan`` and write it (then its done flags) to the zarr
     store ``path`` made by ``store.create``."""
     batch = plan.inputs.batch(number)
-    values = plan.score(batch, step)
+    scores = plan.score(batch, step)
     store.write_part(
-        plan.finish(values, batch.index.tolist()), path, start=batch_slice(plan, number).start
+        plan.finish(scores.values, scores.correct.cpu().numpy(), batch.index.tolist()),
+        path,
+        start=batch_slice(plan, number).start,
     )
 
 
 def nan_values(n_prompts: int, n_columns: int) -> np.ndarray:
     """A (n_prompts, n_columns) all-NaN float32 array that takes no memory (a broadcast view)."""
     return np.broadcast_to(np.float32("nan"), (n_prompts, n_columns))
+
+
+def not_yet_correct(n_prompts: int) -> np.ndarray:
+    """(n_prompts,) all-False flags for a result's layout before any prompt is scored."""
+    return np.broadcast_to(np.False_, (n_prompts,))

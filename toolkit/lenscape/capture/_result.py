@@ -35,6 +35,7 @@ def to_dataarray(
     inputs: Inputs,
     values: Any,
     *,
+    correct: Any,
     method: str,
     effect: str,
     index: Sequence[int] | None = None,
@@ -44,13 +45,16 @@ def to_dataarray(
 
     Args:
         values: (k, n_layers * n_heads) or (k, n_layers * 2), torch or numpy.
+        correct: (k,) bool: the model's top clean prediction is the target (coord
+            ``correct`` on ``prompt``).
         method: the method's name for attrs (e.g. "ablation").
         effect: how the value relates to the metric, for ``long_name`` (e.g. "change in").
         index: positions of the k prompts in the prompt list (default: all of them).
         params: method parameters recorded in attrs (scalars).
 
     Returns:
-        DataArray (prompt, layer, head) or (prompt, layer, component).
+        DataArray (prompt, layer, head) or (prompt, layer, component), with the coords
+        ``text``, ``category`` and ``correct`` on ``prompt``.
     """
     spec, model = inputs.model.spec, inputs.model
     rows = range(len(inputs.prompts)) if index is None else [int(i) for i in index]
@@ -62,6 +66,7 @@ def to_dataarray(
         "prompt": np.asarray(rows, dtype=np.int64),
         "text": [prompts[i].text for i in rows],
         "category": [prompts[i].category for i in rows],
+        "correct": ("prompt", np.asarray(correct, dtype=bool)),
     }
     if inputs.level == "block":
         coords["component"] = list(schema.BLOCK_COMPONENTS)

@@ -5,7 +5,9 @@ per prompt, the texts, the target and distractor, the model's top next tokens wi
 probabilities on both sides, the target's probability and the metric. Look at it before
 reading attributions: a head "carrying" a fact the model gets wrong explains nothing.
 The result is an ``Inspection``: its ``data`` is a tidy ``xarray.Dataset`` over
-(prompt, rank); in a notebook it shows as a compact HTML table.
+(prompt, rank); in a notebook it shows as a compact HTML table that flags the prompts the
+model gets wrong (its top next token is not the target) and counts those it gets right.
+Capture results carry the same flag as their ``correct`` coord.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..models import LensModel
 from . import metrics
 from ._backend import get_backend
 from ._inputs import prepare
-from ._plan import check_options
+from ._plan import check_options, top_is_target
 from .attention import token_labels
 
 
@@ -37,7 +39,9 @@ class Inspection:
             ``distractor``, ``category`` (prompt,); ``clean_token``, ``clean_prob``,
             ``corrupt_token``, ``corrupt_prob`` (prompt, rank), the top next tokens by
             probability; ``target_prob`` (prompt,), the target's probability on the clean
-            prompt; ``clean_metric`` and ``corrupt_metric`` (prompt,) in the metric's units.
+            prompt; ``correct`` (prompt,) bool, the model's top next token on the clean
+            prompt is the target; ``clean_metric`` and ``corrupt_metric`` (prompt,) in the
+            metric's units.
     """
 
     def __init__(self, data: xr.Dataset):
@@ -48,7 +52,7 @@ class Inspection:
         ds = self.data
         table: dict[str, Any] = {
             name: ds[name].values
-            for name in ("category", "text", "target", "target_prob", "clean_metric")
+            for name in ("category", "text", "target", "correct", "target_prob", "clean_metric")
         }
         table["clean_top"] = [_top(ds, "clean", i) for i in range(ds.sizes["prompt"])]
         if "corrupt_token" in ds:
@@ -67,13 +71,22 @@ class Inspection:
         ds = self.data
         metric = ds.attrs["metric"]
         corrupt = "corrupt_token" in ds
-        head = ["#", "clean prompt → target", "top next tokens (clean)", "p(target)", metric]
+        head = [
+            "#",
+            "answer",
+            "clean prompt → target",
+            "top next tokens (clean)",
+            "p(target)",
+            metric,
+        ]
         if corrupt:
             head += ["corrupt prompt → distractor", "top next tokens (corrupt)", metric]
         rows = []
         for i in range(ds.sizes["prompt"]):
+            right = bool(ds["correct"].values[i])
             cells = [
                 str(ds["prompt"].values[i]),
+                "✓ right" if right else "<b style='color:#b2182b'>✗ wrong</b>",
                 f"{_e(ds['text'].values[i])} <b>→ {_e(ds['target'].values[i])!s}</b>",
                 _top_html(ds, "clean", i, ds["target"].values[i]),
                 f"{ds['target_prob'].values[i]:.2f}",
@@ -85,12 +98,16 @@ class Inspection:
                     _top_html(ds, "corrupt", i, ds["distractor"].values[i]),
                     f"{ds['corrupt_metric'].values[i]:.2f}",
                 ]
+            shade = "" if right else " style='background:#fde0dd'"
             rows.append(
-                "<tr>" + "".join(f"<td style='text-align:left'>{c}</td>" for c in cells) + "</tr>"
+                f"<tr{shade}>"
+                + "".join(f"<td style='text-align:left'>{c}</td>" for c in cells)
+                + "</tr>"
             )
         caption = (
-            f"{ds.attrs['model']}: {ds.sizes['prompt']} prompts, metric "
-            f"{metric} ({ds.attrs['units']}); bold: the expected token"
+            f"{ds.attrs['model']}: right on {int(ds['correct'].sum())} of {ds.sizes['prompt']} "
+            f"prompts (its top next token is the target; the others are marked wrong), "
+            f"metric {metric} ({ds.attrs['units']}); bold: the expected token"
         )
         return (
             f"<table style='font-size:12px'><caption>{_e(caption)}</caption><thead><tr>"
@@ -192,6 +209,7 @@ def inspect(
             }
             if side == "clean":
                 parts["target_prob"] = probs[torch.arange(len(batch.index)), batch.target]
+                parts["correct"] = top_is_target(logits, batch.target)
             for key, part in parts.items():
                 found.setdefault(key, []).append(part.cpu())
     joined = {k: torch.cat(v).numpy() for k, v in found.items()}
@@ -204,6 +222,7 @@ def inspect(
         "corrupt": ("prompt", [p.corrupt or "" for p in prompt_set]),
         "category": ("prompt", prompt_set.categories),
         "target_prob": ("prompt", joined["target_prob"]),
+        "correct": ("prompt", joined["correct"]),
     }
     for side in sides:
         data[f"{side}_token"] = (

@@ -22,7 +22,7 @@ from ..data import Prompts
 from ..models import LensModel
 from ._backend import get_backend
 from ._inputs import prepare
-from ._plan import CaptureOptions, Plan
+from ._plan import CaptureOptions, Plan, Scores, top_is_target
 from ._result import components, to_dataarray
 from .streaming import execute
 
@@ -109,9 +109,10 @@ def plan_direct_logit_attribution(
     final_norm = model.hf.get_submodule(layout.final_norm)
     unembed = model.hf.get_submodule(layout.unembed).weight.float()
 
-    def score(batch, step) -> torch.Tensor:
+    def score(batch, step) -> Scores:
         with torch.no_grad():
-            acts = runner.run(batch.clean, sites=sites).acts
+            run = runner.run(batch.clean, sites=sites)
+            acts = run.acts
             rows = torch.arange(len(batch.index), device=model.device)
             at_read = {site: value[rows, batch.clean.read_pos] for site, value in acts.items()}
             resid = at_read[("resid_final", -1)].float()
@@ -135,15 +136,16 @@ def plan_direct_logit_attribution(
                     parts = parts - parts.mean(-1, keepdim=True)
                 columns.append(torch.einsum("bcd,bd->bc", parts, effective))
         step()
-        return torch.cat(columns, dim=1).cpu()
+        return Scores(torch.cat(columns, dim=1).cpu(), top_is_target(run.logits, batch.target))
 
     return Plan(
         inputs,
         len(components(inputs)),
         score,
-        lambda values, index: to_dataarray(
+        lambda values, correct, index: to_dataarray(
             inputs,
             values,
+            correct=correct,
             method="direct_logit_attribution",
             effect="Direct contribution to",
             index=index,

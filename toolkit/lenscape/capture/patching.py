@@ -49,7 +49,7 @@ from ..models import LensModel
 from . import memory, metrics
 from ._backend import Site, TokenBatch, get_backend
 from ._inputs import Batch, Inputs, prepare
-from ._plan import CaptureOptions, Plan, Result
+from ._plan import CaptureOptions, Plan, Result, Scores, top_is_target
 from ._result import components, to_dataarray
 from .streaming import execute
 
@@ -131,13 +131,17 @@ def _sweep_scorer(
     replacement_for,
     variants_per_pass: int | None,
     columns: list[int] | None = None,
-) -> Callable[[Batch, Callable], torch.Tensor]:
-    """``score(batch, step)``: metric change when each component is replaced, (rows, n_components).
+) -> Callable[[Batch, Callable], Scores]:
+    """``score(batch, step)``: metric change when each component is replaced, (rows,
+    n_components), and whether the model answers each clean prompt correctly.
 
     Args:
         source: which tokens the edited passes run on, "clean" or "corrupt".
-        replacement_for: ``(batch) -> replacement(site, head)`` giving the new value of
-            a component for the rows of one copy of ``batch``.
+        replacement_for: ``(batch) -> (replacement(site, head), clean logits)``:
+            ``replacement`` gives the new value of a component for the rows of one copy of
+            ``batch``; the clean logits (rows, vocab) at the read position come from a
+            clean pass it makes, or are None when ``source`` is "clean" (the unedited
+            pass is the clean one).
         variants_per_pass: copies per pass; None: one block's components, or fewer if
             they do not fit the memory budget.
         columns: the components to measure (positions in ``components(inputs)``); the
@@ -150,7 +154,7 @@ def _sweep_scorer(
     groups = _layer_groups(variants, columns)
     resid_sites = [("resid_pre", layer) for layer, _ in groups if layer > 0]
 
-    def score(batch: Batch, step) -> torch.Tensor:
+    def score(batch: Batch, step) -> Scores:
         tokens = getattr(batch, source)
         rows = len(batch.index)
         per_pass = variants_per_pass or memory.auto_variants_per_pass(
@@ -167,7 +171,10 @@ def _sweep_scorer(
                 batch.index,
                 metric,
             )
-            replacement = replacement_for(batch)
+            replacement, clean_logits = replacement_for(batch)
+            correct = top_is_target(
+                unedited.logits if clean_logits is None else clean_logits, batch.target
+            )
             for layer, group in groups:
                 for start in range(0, len(group), per_pass):
                     chunk_columns = group[start : start + per_pass]
@@ -195,7 +202,7 @@ def _sweep_scorer(
             for _ in range(model.spec.n_layers - len(groups)):  # blocks with nothing to measure
                 step()
         metrics.check_finite(effects[:, columns], batch.index, metric)
-        return effects
+        return Scores(effects, correct)
 
     return score
 
@@ -299,15 +306,17 @@ def _check_estimator(estimator: str, steps: int | None) -> int:
 
 def _patching_estimator(
     inputs: Inputs, variants: list[Variant], *, estimator: str, steps: int
-) -> Callable[[Batch], torch.Tensor]:
-    """``estimate(batch)`` -> (rows, len(variants)): gradient estimate of activation patching."""
+) -> Callable[[Batch], Scores]:
+    """``estimate(batch)`` -> (rows, len(variants)) gradient estimate of activation
+    patching, with whether the model answers each clean prompt correctly."""
     runner = get_backend(inputs.model, inputs.backend)
     sites = _sites(variants)
 
-    def estimate(batch: Batch) -> torch.Tensor:
+    def estimate(batch: Batch) -> Scores:
         assert batch.corrupt is not None  # inputs prepared with needs_corrupt=True
         with torch.no_grad():
-            clean = runner.run(batch.clean, sites=[INPUT_SITE, *sites] if steps > 1 else sites).acts
+            clean_run = runner.run(batch.clean, sites=[INPUT_SITE, *sites] if steps > 1 else sites)
+        clean = clean_run.acts
         products = _gradient_effects(
             runner,
             inputs.metric,
@@ -319,9 +328,10 @@ def _patching_estimator(
             clean_input=clean.get(INPUT_SITE),
         )
         mask = batch.corrupt.attention_mask.float()
-        return metrics.check_finite(
+        values = metrics.check_finite(
             _component_columns(products, variants, mask).cpu(), batch.index, inputs.metric
         )
+        return Scores(values, top_is_target(clean_run.logits, batch.target))
 
     return estimate
 
@@ -362,8 +372,14 @@ def _one_level_plan(
         inputs,
         len(components(inputs)),
         score,
-        lambda values, index: to_dataarray(
-            inputs, values, method=method_attr, effect=effect, index=index, **params
+        lambda values, correct, index: to_dataarray(
+            inputs,
+            values,
+            correct=correct,
+            method=method_attr,
+            effect=effect,
+            index=index,
+            **params,
         ),
         desc=desc,
         steps_per_batch=steps_per_batch,
@@ -472,7 +488,7 @@ def plan_ablation(
             return torch.zeros_like(act)
 
         def replacement_for(batch):
-            return lambda site, head: 0.0
+            return (lambda site, head: 0.0), None
     else:
         means = _site_means(inputs, _sites(variants), progress)
 
@@ -480,7 +496,7 @@ def plan_ablation(
             return means[site].expand_as(act)
 
         def replacement_for(batch):
-            return lambda site, head: means[site] if head is None else means[site][head]
+            return (lambda site, head: means[site] if head is None else means[site][head]), None
 
     columns = None
     if refine is not None:
@@ -605,16 +621,14 @@ def plan_activation_patching(
     sites = _sites(variants)
     columns = None
     if options.refine is not None:
+        estimate = _patching_estimator(inputs, variants, estimator=options.estimator, steps=points)
         columns = _refined_columns(
-            inputs,
-            _patching_estimator(inputs, variants, estimator=options.estimator, steps=points),
-            options.refine,
-            progress,
+            inputs, lambda batch: estimate(batch).values, options.refine, progress
         )
 
     def replacement_for(batch):  # called under no_grad
-        clean = runner.run(batch.clean, sites=sites).acts
-        return lambda site, head: clean[site][_index(head)]
+        clean = runner.run(batch.clean, sites=sites)
+        return (lambda site, head: clean.acts[site][_index(head)]), clean.logits
 
     score = _sweep_scorer(
         inputs,
@@ -744,10 +758,10 @@ def plan_attribution_patching(
         steps=points,
     )
 
-    def score(batch: Batch, step) -> torch.Tensor:
-        values = estimate(batch)
+    def score(batch: Batch, step) -> Scores:
+        scores = estimate(batch)
         step()
-        return values
+        return scores
 
     effect = (
         "Attribution patching (clean -> corrupt) of"
@@ -755,12 +769,13 @@ def plan_attribution_patching(
         else f"Integrated-gradient estimate ({points} steps, clean -> corrupt) of"
     )
 
-    def finish(values, index):
+    def finish(values, correct, index):
         results, start = {}, 0
         for lvl, width in zip(levels, widths, strict=True):
             results[lvl] = to_dataarray(
                 inputs_by_level[lvl],
                 values[:, start : start + width],
+                correct=correct,
                 method="attribution_patching",
                 effect=effect,
                 index=index,

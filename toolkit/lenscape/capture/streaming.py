@@ -39,6 +39,7 @@ from ._plan import (
     R,
     batch_slice,
     nan_values,
+    not_yet_correct,
     run_in_memory,
     write_batch,
 )
@@ -200,7 +201,10 @@ def _stream_locked(
     plan = planner(model, prompts, options, progress=progress)
     settings["batch_size"] = plan.inputs.batch_size
     if not resume:
-        template = plan.finish(nan_values(len(plan.inputs.prompts), plan.n_columns), None)
+        n_prompts = len(plan.inputs.prompts)
+        template = plan.finish(
+            nan_values(n_prompts, plan.n_columns), not_yet_correct(n_prompts), None
+        )
         store.create(template, path, chunk=plan.inputs.batch_size, settings=settings)
     todo = [
         number
