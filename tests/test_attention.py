@@ -80,3 +80,17 @@ def test_bad_layers_heads_and_backends_are_named(tiny_gqa, kwargs, message):
         attention_pattern(tiny_gqa, TEXT, **kwargs)
     with pytest.raises(ValueError, match="non-empty string"):
         attention_pattern(tiny_gqa, "  ", layer=0)
+
+
+def test_a_text_longer_than_the_context_is_refused(tiny_gqa):
+    """The capture methods refuse it; rotary models would run past their trained positions."""
+    limit = tiny_gqa.hf.config.max_position_embeddings
+    long_text = " the" * (limit + 10)
+    with pytest.raises(ValueError, match=rf"the text is \d+ tokens long, more than the {limit}"):
+        attention_pattern(tiny_gqa, long_text, layer=0)
+
+
+@pytest.mark.parametrize("kwargs", [{"layer": True}, {"layer": 0, "head": False}])
+def test_booleans_are_not_layers_or_heads(tiny_gqa, kwargs):
+    with pytest.raises(ValueError, match=r"(layer|head)=(True|False) is not a"):
+        attention_pattern(tiny_gqa, TEXT, **kwargs)

@@ -52,7 +52,11 @@ def _heads(head: int | Sequence[int] | None, n_heads: int) -> list[int]:
     heads = (
         list(range(n_heads)) if head is None else [head] if isinstance(head, int) else list(head)
     )
-    bad = [h for h in heads if not isinstance(h, (int, np.integer)) or not 0 <= h < n_heads]
+    bad = [
+        h
+        for h in heads
+        if not isinstance(h, (int, np.integer)) or isinstance(h, bool) or not 0 <= h < n_heads
+    ]
     if bad or not heads:
         raise ValueError(
             f"head={head!r} is not a query head of this model; pass an int in "
@@ -85,19 +89,25 @@ def attention_pattern(
         the tokens; attrs the provenance and the ``text``.
 
     Raises:
-        ValueError: empty text, unknown backend, or a layer or head the model lacks.
+        ValueError: empty text, a text longer than the model's context, unknown backend,
+            or a layer or head the model lacks.
     """
     text = prompt.text if isinstance(prompt, Prompt) else prompt
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"prompt must be a non-empty string or lsc.data.Prompt, got {prompt!r}.")
     _validate.choice("backend", backend, BACKENDS)
     spec = model.spec
-    if not isinstance(layer, (int, np.integer)) or not 0 <= layer < spec.n_layers:
+    if (
+        not isinstance(layer, (int, np.integer))
+        or isinstance(layer, bool)
+        or not 0 <= layer < spec.n_layers
+    ):
         raise ValueError(
             f"layer={layer!r} is not a layer of this model; pass an int in 0..{spec.n_layers - 1}."
         )
     heads = _heads(head, spec.n_heads)
     ids = model.tokenizer(text)["input_ids"]
+    _validate.context_lengths(model, [len(ids)], what="text")
     tokens = pad([ids], model.tokenizer.pad_token_id, "right").to(model.device)
     site = ("pattern", int(layer))
     with torch.no_grad(), eager_attention(model):

@@ -18,13 +18,27 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from .. import schema
+from .. import _validate, schema
 from ..data import Prompts
 from ..models import LensModel
-from .patching import DEFAULT_IG_STEPS, ESTIMATORS, activation_patching, attribution_patching
+from .patching import (
+    DEFAULT_IG_STEPS,
+    ESTIMATORS,
+    MAX_IG_STEPS,
+    activation_patching,
+    attribution_patching,
+)
 
 #: Component types compared: per-head outputs, attention blocks, MLP blocks.
 COMPONENT_TYPES = ("head", "attn", "mlp")
+#: Why a statistic can be NaN, recorded in the report's attrs: undefined, never perfect.
+UNDEFINED = {
+    "top_overlap": "NaN where top_k >= the number of components of the type: the top k "
+    "would be every component, so the overlap would be 1.0 whatever the estimate",
+    "correlation": "NaN where the exact or the estimated map is constant over the cells "
+    "compared (or fewer than 2 cells): a correlation is undefined",
+    "sign_agreement": "NaN where every exact effect is 0: no sign to agree with",
+}
 
 
 def parse_estimator(label: str) -> tuple[str, int]:
@@ -36,8 +50,11 @@ def parse_estimator(label: str) -> tuple[str, int]:
         )
     if not steps:
         return name, 1 if name == "atp" else DEFAULT_IG_STEPS
-    if int(steps) < 1:
-        raise ValueError(f"Estimator {label!r} needs at least 1 step, e.g. 'ig:8'.")
+    if not 1 <= int(steps) <= MAX_IG_STEPS:
+        raise ValueError(
+            f"Estimator {label!r}: steps={int(steps)} must lie in 1..{MAX_IG_STEPS} "
+            "(each step is a forward and a backward pass per batch), e.g. 'ig:8'."
+        )
     return name, int(steps)
 
 
@@ -65,20 +82,24 @@ def agreement(exact: xr.DataArray, estimate: xr.DataArray, *, top_k: int = 10) -
         ``pearson_cells``/``spearman_cells``: correlation over every (prompt, component)
         cell; ``pearson_means``/``spearman_means``: over prompt-mean components;
         ``top_overlap``: share of the exact top-k components (by |prompt mean|) that are in
-        the estimate's top-k; ``sign_agreement``: share of cells with a nonzero exact effect
-        whose estimate has the same sign.
+        the estimate's top-k, NaN when ``top_k`` is not below the number of components
+        (every component would be in both sets); ``sign_agreement``: share of cells with a
+        nonzero exact effect whose estimate has the same sign. NaN means undefined
+        (``UNDEFINED`` says when), never a perfect score.
     """
+    top_k = _validate.positive_int("top_k", top_k)
     exact, estimate = xr.align(exact, estimate, join="exact")
     x, y = exact.values, estimate.values
     x_mean, y_mean = exact.mean("prompt").values, estimate.mean("prompt").values
-    k = min(top_k, x_mean.size)
     nonzero = x != 0
     return {
         "pearson_cells": _pearson(x, y),
         "spearman_cells": _spearman(x, y),
         "pearson_means": _pearson(x_mean, y_mean),
         "spearman_means": _spearman(x_mean, y_mean),
-        "top_overlap": len(_top(x_mean, k) & _top(y_mean, k)) / k,
+        "top_overlap": len(_top(x_mean, top_k) & _top(y_mean, top_k)) / top_k
+        if top_k < x_mean.size
+        else float("nan"),
         "sign_agreement": float((np.sign(x[nonzero]) == np.sign(y[nonzero])).mean())
         if nonzero.any()
         else float("nan"),
@@ -114,13 +135,17 @@ def faithfulness(
         prompts: clean/corrupt pairs (e.g. ``lsc.data.prompts("factual")`` or ``("ioi")``).
         estimators: "atp", "ig" (``DEFAULT_IG_STEPS`` steps) or "ig:N"; the report labels
             them "atp" and "ig:N".
-        top_k: size of the top sets compared by ``top_overlap``.
+        top_k: size of the top sets compared by ``top_overlap``; a type with ``top_k`` or
+            fewer components gets NaN there (the overlap would be 1.0 for any estimate).
         metric, batch_size, backend, progress: as in ``lsc.activation_patching``.
 
     Returns:
         Dataset with
         - (estimator, component_type): ``pearson_cells``, ``spearman_cells``,
-          ``pearson_means``, ``spearman_means``, ``top_overlap``, ``sign_agreement``;
+          ``pearson_means``, ``spearman_means``, ``top_overlap``, ``sign_agreement`` (NaN
+          where undefined; each variable's ``undefined`` attr says when);
+        - (component_type,): ``n_components`` and ``top_k_used`` (the k of
+          ``top_overlap``, NaN where it is undefined);
         - (estimator,): ``seconds``, ``forward_passes`` and ``backward_passes`` per batch,
           ``cost_vs_atp`` (seconds / the "atp" estimator's seconds, NaN without it),
           ``speedup_vs_exact`` (exact head + block seconds / seconds);
@@ -129,16 +154,15 @@ def faithfulness(
           ``estimate_blocks`` (estimator, prompt, layer, component);
         - attrs: model, metric, prompt set and fingerprint, backend, top_k, exact seconds.
     """
+    estimators = _validate.strings("estimators", estimators, example="('atp', 'ig:8')")
+    top_k = _validate.positive_int("top_k", top_k)
+    progress = _validate.flag("progress", progress)
     # Labels name the step count ("ig" -> "ig:2"), so a report says what it measured.
     parsed = {}
     for given in estimators:
         name, steps = parse_estimator(given)
         parsed[name if name == "atp" else f"{name}:{steps}"] = (name, steps)
     labels = list(parsed)
-    if not labels:
-        raise ValueError("estimators is empty; pass e.g. ('atp', 'ig').")
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-        raise ValueError(f"top_k must be a positive integer, got {top_k!r}.")
     options: dict[str, Any] = dict(
         metric=metric, batch_size=batch_size, backend=backend, progress=progress
     )
@@ -172,9 +196,21 @@ def faithfulness(
         stat: (
             ("estimator", "component_type"),
             np.asarray(values).reshape(len(labels), len(COMPONENT_TYPES)),
+            {
+                "undefined": UNDEFINED[
+                    stat if stat in ("top_overlap", "sign_agreement") else "correlation"
+                ]
+            },
         )
         for stat, values in stats.items()
     }
+    sizes = np.array([exact_types[ctype].isel(prompt=0).size for ctype in COMPONENT_TYPES])
+    data["n_components"] = (("component_type",), sizes)
+    data["top_k_used"] = (
+        ("component_type",),
+        np.where(top_k < sizes, float(top_k), np.nan),
+        {"undefined": UNDEFINED["top_overlap"]},
+    )
     data.update({cost: (("estimator",), np.asarray(values)) for cost, values in costs.items()})
     seconds = np.asarray(costs["seconds"])
     data["cost_vs_atp"] = (
@@ -194,6 +230,8 @@ def faithfulness(
             "method": "faithfulness",
             "metric": metric,
             "model": first.attrs["model"],
+            "layout_fingerprint": first.attrs["layout_fingerprint"],
+            "layout_checked": first.attrs["layout_checked"],
             "backend": backend,
             "dtype": first.attrs["dtype"],
             "prompt_set": first.attrs["prompt_set"],
