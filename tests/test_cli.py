@@ -34,19 +34,72 @@ def test_help_lists_the_commands_and_exits_zero(capsys):
 
 
 @pytest.mark.parametrize(
-    "argv, message",
+    "argv, usage, message",
     [
-        (["frobnicate"], "invalid choice: 'frobnicate'"),
-        (["demo", "--prompts", "many"], "argument --prompts: invalid int value: 'many'"),
-        (["demo", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+        (["frobnicate"], "lenscape [-h]", "invalid choice: 'frobnicate'"),
+        (["--no-such-option"], "lenscape [-h]", "unrecognized arguments: --no-such-option"),
+        (["demo", "--no-such-option"], "lenscape demo", "unrecognized arguments: --no-such"),
+        (["demo", "--out", "o", "extra"], "lenscape demo", "unrecognized arguments: extra"),
+        (["install-models", "--bogus"], "lenscape install-models", "unrecognized arguments"),
+        (["demo", "--prompts", "many"], "lenscape demo", "at least 1, got 'many'; leave"),
+        (["demo", "--prompts", "-3"], "lenscape demo", "at least 1, got '-3'; leave --prompts"),
+        (["demo", "--prompts", "0"], "lenscape demo", "at least 1, got '0'"),
+        (["demo", "--device", "gpu"], "lenscape demo", "'gpu' is not a device name; use auto"),
+        (["demo", "--model", "minilm"], "lenscape demo", "sentence encoder used by lsc.cluster"),
+        (["demo", "--model", " "], "lenscape demo", "the model name is empty"),
+        (["install-models", "gpt-17"], "lenscape install-models", "unknown bundled weights"),
+        (["install-models", "--all", "minilm"], "lenscape install-models", "names or --all"),
     ],
 )
-def test_bad_arguments_exit_2_with_the_reason(capsys, argv, message):
+def test_bad_arguments_exit_2_with_the_subcommands_usage_and_the_fix(capsys, argv, usage, message):
     with pytest.raises(SystemExit) as done:
         cli.main(argv)
     err = capsys.readouterr().err
     assert done.value.code == 2
-    assert err.startswith("usage: lenscape") and message in err
+    assert err.startswith(f"usage: {usage}") and message in " ".join(err.split())
+
+
+def test_a_device_this_machine_lacks_is_refused_before_any_work(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--device", "cuda:3"])
+    assert "this machine has 1 CUDA device(s), numbered from 0" in capsys.readouterr().err
+
+
+def test_an_out_path_that_is_a_file_is_refused(capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--out", str(tmp_path / "file")])
+    assert "is not a folder; give a folder" in capsys.readouterr().err
+
+
+def test_only_language_models_are_offered_to_load(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    demo_help = " ".join(capsys.readouterr().out.split())
+    assert "smollm2-135m, gemma3-270m" in demo_help and "minilm" not in demo_help
+    with pytest.raises(SystemExit):
+        cli.main(["install-models", "--help"])
+    install_help = " ".join(capsys.readouterr().out.split())
+    assert "minilm (sentence encoder for lsc.cluster, default)" in install_help
+
+
+def test_an_unexpected_error_is_one_line_unless_traceback_is_asked(capsys, monkeypatch):
+    def broken_load(*args, **kwargs):
+        raise RuntimeError("CUDA error: invalid device ordinal\nCompile with TORCH_USE_CUDA_DSA")
+
+    monkeypatch.setattr(lsc, "load", broken_load)
+    assert cli.main(["demo", "--out", "o", "--device", "cpu"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        "lenscape demo: unexpected RuntimeError: CUDA error: invalid device ordinal Compile "
+        "with TORCH_USE_CUDA_DSA (run again with --traceback to see where)"
+    )
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        cli.main(["demo", "--out", "o", "--device", "cpu", "--traceback"])
 
 
 def test_version(capsys):
@@ -57,21 +110,25 @@ def test_version(capsys):
     )
 
 
-def test_the_installed_command_runs_and_fails_cleanly():
+def test_the_installed_command_runs_and_fails_cleanly(tmp_path):
     """The console script from pyproject's [project.scripts] reaches ``main``, and a command
-    that fails (an unknown bundled model) exits non-zero naming the fix. One process: each
-    start imports torch and transformers (--version is checked in-process above)."""
+    that fails while working (a model folder that does not exist) exits 1 naming it. One
+    process: each start imports torch and transformers (--version is checked in-process)."""
     script = Path(sys.executable).with_name("lenscape")
     if not script.exists():
         pytest.skip(f"no console script next to {sys.executable} (package not installed)")
     bad = subprocess.run(
-        [script, "install-models", "gpt-17"], capture_output=True, text=True, timeout=300
+        [script, "demo", "--model", "./no-such-model", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert bad.returncode == 1
-    # One line naming the problem and what exists, not a traceback.
+    # One line naming the problem, not a traceback.
     (line,) = bad.stderr.strip().splitlines()
-    assert line.startswith("lenscape install-models: LookupError: Unknown bundled model 'gpt-17'")
-    assert "smollm2-135m" in line
+    assert (
+        line == "lenscape demo: LookupError: No model folder at './no-such-model'; check the path."
+    )
 
 
 def test_demo_runs_on_a_tiny_model_folder(tmp_path, monkeypatch, capsys, tokenizer, factual):
@@ -109,26 +166,20 @@ def test_demo_runs_on_a_tiny_model_folder(tmp_path, monkeypatch, capsys, tokeniz
     np.testing.assert_allclose(exact.transpose(*expected.dims).values, expected.values, atol=1e-5)
 
 
-def _subparsers(parser):
-    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return action.choices
-
-
 @pytest.mark.parametrize("command", ["install-models", "demo"])
-def test_every_option_has_help_and_shows_its_default(command):
-    sub = _subparsers(cli.parser())[command]
+def test_every_option_has_help_and_shows_its_default_once(command):
+    sub = cli._subcommands(cli.parser())[command]
     for action in sub._actions:
         if isinstance(action, argparse._HelpAction):
             continue
         assert action.help, f"{command} {action.dest} has no help text"
-    text = sub.format_help()
+    text = " ".join(sub.format_help().split())
     for action in sub._actions:
-        if (
-            action.option_strings
-            and action.default not in (None, argparse.SUPPRESS)
-            and not isinstance(action, argparse._HelpAction)
-        ):
-            assert f"(default: {action.default})" in " ".join(text.split())
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            assert f"(default: {action.default})" in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+    options = text.split("options:")[1].split(" -")  # one entry per option
+    assert all(entry.count("(default:") <= 1 for entry in options)
 
 
 def test_make_lab_passes_allow_root_only_as_root():

