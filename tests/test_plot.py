@@ -510,3 +510,21 @@ def test_the_depth_tooltip_says_what_depth_is():
     da = make(np.ones((4, 3)), ("layer", "head"), n_layers=4)
     tips = heatmap(da, x="head", y="layer").to_dict()["encoding"]["tooltip"]
     assert {t["field"]: t["title"] for t in tips}["depth"].startswith("depth (layer / (layers − 1)")
+
+
+def test_agreement_chart_counts_not_computed_cells_and_stays_valid_json(tiny_llama, factual):
+    """A NaN cell has no place on the axes: it is left out and counted, never written as NaN
+    (invalid JSON) or silently dropped; an undefined r reads "undefined" (issue 24)."""
+    report = lsc.faithfulness(tiny_llama, factual[:2], estimators=("atp",), progress=False)
+    holed = report.copy()
+    holed["exact_heads"] = report["exact_heads"].where(report["exact_heads"]["layer"] > 0)
+    holed["pearson_means"] = report["pearson_means"].where(report["component_type"] != "head")
+    spec = lsc.agreement(holed).to_dict()
+    json.dumps(spec, allow_nan=False)
+    heads = spec["hconcat"][0]
+    points = next(layer for layer in heads["layer"] if layer["mark"]["type"] == "circle")
+    n_heads = tiny_llama.spec.n_heads
+    assert len(points["data"]["values"]) == (tiny_llama.spec.n_layers - 1) * n_heads
+    assert heads["title"]["subtitle"] == (
+        f"r over prompt means: undefined (atp); {n_heads} cells not computed (NaN), not drawn"
+    )
