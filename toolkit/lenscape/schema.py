@@ -35,6 +35,9 @@ DIMS: tuple[str, ...] = (
     "pos",
     "query_pos",
     "key_pos",
+    # Edges (capture/edges.py): labelled "embed", "L3.H2", "L3.MLP" / "L3.H2.q", "logits".
+    "sender",
+    "receiver",
 )
 #: Dims whose coords are integers counting from 0.
 INT_DIMS: tuple[str, ...] = (

@@ -1,5 +1,6 @@
 """Capture methods: each takes a model and prompts and returns a validated DataArray."""
 
+from .edges import circuit, circuit_faithfulness, edge_attribution, edge_patching
 from .gating import gating_check, head_gating, task_loss
 from .logit import direct_logit_attribution
 from .masks import apply_mask, block_masks, mask_comparison, masked_loss
@@ -14,7 +15,11 @@ __all__ = [
     "attribution_patching",
     "block_masks",
     "capture_to",
+    "circuit",
+    "circuit_faithfulness",
     "direct_logit_attribution",
+    "edge_attribution",
+    "edge_patching",
     "gating_check",
     "head_gating",
     "mask_comparison",

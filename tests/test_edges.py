@@ -1,0 +1,338 @@
+"""Edge attribution, circuits and exact edge patching (capture/edges.py).
+
+Exactness is checked two ways on tiny float64 Llamas with grouped-query attention (4 query
+heads, 2 key/value heads):
+- on the real (non-linear) model, every edge's EAP score is the derivative of exact
+  single-edge patching (a central difference of patching a scaled clean-minus-corrupt
+  difference into that one receiver), for q, k, v, MLP and logits receivers;
+- on a model made linear in its residual inputs (identity norms, constant MLP gate, zero
+  queries: uniform attention), EAP equals exact patching of whole edge sets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+import lenscape as lsc
+from lenscape import data, models
+from lenscape.capture import edges
+from lenscape.capture._inputs import prepare
+
+IOI = data.prompts("ioi")
+
+
+def _float64(tokenizer, seed: int = 0, **changes) -> models.LensModel:
+    """A fresh tiny Llama (3 layers) in float64; ``changes`` edit its config first."""
+    import transformers
+
+    base = models.tiny("llama", n_layers=3, seed=seed, tokenizer=tokenizer, check=False)
+    config = base.hf.config
+    for key, value in changes.items():
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    hf = transformers.LlamaForCausalLM(config) if changes else base.hf
+    return models.from_hf(hf, tokenizer, name="tiny-llama64", dtype="float64", check=False)
+
+
+class _RMSNorm64(torch.nn.Module):
+    """Llama's RMS norm without its float32 round trip (exact in float64)."""
+
+    def __init__(self, norm: torch.nn.Module):
+        super().__init__()
+        self.weight, self.variance_epsilon = norm.weight, norm.variance_epsilon
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (
+            self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        )
+
+
+@pytest.fixture(scope="module")
+def gqa64(tokenizer):
+    model = _float64(tokenizer)
+    hf = model.hf
+    hf.model.norm = _RMSNorm64(hf.model.norm)
+    for block in hf.model.layers:
+        block.input_layernorm = _RMSNorm64(block.input_layernorm)
+        block.post_attention_layernorm = _RMSNorm64(block.post_attention_layernorm)
+    return model
+
+
+class _Ones(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(x)
+
+
+@pytest.fixture(scope="module")
+def linear64(tokenizer):
+    """Affine in the residual stream: identity norms, MLP = down(up(x)), q = 0 so every
+    pattern is uniform over the prefix (attention = a fixed average of v)."""
+    model = _float64(tokenizer, seed=1)
+    hf = model.hf
+    hf.model.norm = torch.nn.Identity()
+    for block in hf.model.layers:
+        block.input_layernorm = torch.nn.Identity()
+        block.post_attention_layernorm = torch.nn.Identity()
+        block.mlp.act_fn = _Ones()
+        block.self_attn.q_proj.weight.zero_()
+    hf.lm_head.weight.mul_(1000.0)  # effects of order 1 (the metric is float32)
+    return model
+
+
+def _inputs(model, prompts):
+    return prepare(
+        model,
+        prompts,
+        metric="logit_diff",
+        level="head",
+        backend="nnsight",
+        batch_size=8,
+        padding_side="right",
+        needs_corrupt=True,
+    )
+
+
+def _logit_diff(logits: torch.Tensor, batch) -> torch.Tensor:
+    """Logit difference in the model's precision (the library's metrics use float32)."""
+    rows = torch.arange(len(logits))
+    return logits[rows, batch.target] - logits[rows, batch.distractor]
+
+
+def _patch_derivative(model, prompts, weights: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """d/dt of the metric when ``weights``' edges read corrupt + t (clean - corrupt), at
+    t = 0 (central difference in float64), per prompt."""
+    inputs = _inputs(model, prompts)
+    batch = inputs.batch(0)
+    clean, _ = edges._senders(inputs, batch.clean)
+    values = []
+    for t in (eps, -eps):
+        state = edges._Pass(
+            edges.Graph.of(model), other=clean, patched=torch.as_tensor(t * weights)
+        )
+        with torch.no_grad():
+            logits = edges._run(model, "nnsight", batch.corrupt, state, grad=False)
+        values.append(_logit_diff(logits, batch))
+    return ((values[0] - values[1]) / (2 * eps)).numpy()
+
+
+def test_graph_counts_senders_receivers_and_edges(gqa64):
+    scores = edges.edge_attribution(gqa64, IOI[:2], progress=False)
+    layers, heads, kv = 3, 4, 2
+    assert scores.sizes == {"sender": 1 + layers * (heads + 1), "receiver": layers * 9 + 1}
+    assert list(scores["receiver_kind"].values[:9]) == ["q"] * 4 + ["k"] * 2 + ["v"] * 2 + ["mlp"]
+    # An MLP reads its own layer's heads; q/k/v read only earlier layers.
+    mlp0 = scores.sel(receiver="L0.MLP")
+    assert np.isfinite(mlp0.sel(sender=["embed", "L0.H3"])).all()
+    assert np.isnan(mlp0.sel(sender="L0.MLP"))
+    assert np.isnan(scores.sel(sender="L1.H0", receiver="L1.KV0.k"))
+    assert np.isfinite(scores.sel(sender="L0.MLP", receiver="L1.KV1.v"))
+    graph = edges.Graph(layers, heads, kv)
+    assert int(np.isfinite(scores.values).sum()) == int(graph.valid.sum())
+
+
+@pytest.mark.parametrize(
+    "sender, receiver",
+    [
+        ("embed", "L0.H2.q"),
+        ("embed", "L0.KV1.k"),
+        ("L0.H1", "L2.KV0.k"),
+        ("L0.MLP", "L1.KV1.v"),
+        ("L1.H3", "L2.H0.q"),
+        ("L1.H2", "L1.MLP"),
+        ("L2.MLP", "logits"),
+        ("L0.H0", "logits"),
+    ],
+)
+def test_eap_is_the_derivative_of_exact_single_edge_patching(gqa64, sender, receiver):
+    """GQA: a k/v receiver is the key/value head itself, so its score is the effect of
+    patching that one input once (a repeat-and-resum over its query group would count it
+    twice)."""
+    prompts = IOI[:3]
+    scores = edges.edge_attribution(gqa64, prompts, per_prompt=True, progress=False)
+    weights = xr.zeros_like(scores.isel(prompt=0), dtype=float)
+    weights.loc[{"sender": sender, "receiver": receiver}] = 1.0
+    expected = _patch_derivative(gqa64, prompts, weights.values)
+    got = scores.sel(sender=sender, receiver=receiver).values
+    assert np.abs(expected).max() > 1e-6  # the edge matters: the check can fail
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-8)
+
+
+def test_query_head_scores_sum_to_patching_the_shared_query_input(gqa64):
+    """Patching one sender into every query head of a layer at once: its derivative is
+    the sum of the per-query-head scores (and likewise for a group's k and v)."""
+    prompts = IOI[:3]
+    scores = edges.edge_attribution(gqa64, prompts, per_prompt=True, progress=False)
+    q_heads = [f"L2.H{h}.q" for h in range(4)]
+    weights = xr.zeros_like(scores.isel(prompt=0), dtype=float)
+    weights.loc[{"sender": "L1.MLP", "receiver": q_heads}] = 1.0
+    expected = _patch_derivative(gqa64, prompts, weights.values)
+    summed = scores.sel(sender="L1.MLP", receiver=q_heads).sum("receiver").values
+    np.testing.assert_allclose(summed, expected, rtol=1e-5, atol=1e-8)
+
+
+def test_eap_equals_exact_edge_patching_on_a_linear_model(linear64):
+    """Patched edges from senders no patch reaches (the embeddings and layer 0) into
+    receivers of layers 1 and up: in a linear model their joint effect is exactly the sum
+    of their EAP scores (a chain of patched edges would instead cut the paths through it)."""
+    prompts = IOI[:4]
+    scores = edges.edge_attribution(linear64, prompts, per_prompt=True, progress=False)
+    graph = edges.Graph(3, 4, 2)
+    early = scores["sender_layer"].values <= 0
+    late = scores["receiver_layer"].values >= 1
+    rng = np.random.default_rng(0)
+    patched_edges = graph.valid & early[:, None] & late[None, :]
+    patched_edges &= rng.random(graph.valid.shape) < 0.5
+    kept = graph.valid & ~patched_edges
+    circuit = xr.DataArray(kept, dims=("sender", "receiver"), coords=scores.isel(prompt=0).coords)
+    # The corrupt run with every edge outside the circuit reading the clean run.
+    patched = edges.edge_patching(linear64, prompts, circuit, base="corrupt", progress=False)
+    inputs = _inputs(linear64, prompts)
+    _, corrupt, clean = edges._patched_metrics(inputs, inputs.batch(0), [], base="corrupt")
+    estimate = corrupt.numpy() + np.where(patched_edges[None], scores.values, 0).sum((1, 2))
+    assert np.abs(patched.values - corrupt.numpy()).max() > 1e-3
+    np.testing.assert_allclose(patched.values, estimate, rtol=1e-5, atol=1e-5)
+    # All edges into the logits carry the whole clean - corrupt difference.
+    into_logits = scores.sel(receiver="logits").sum("sender").values
+    np.testing.assert_allclose(into_logits, (clean - corrupt).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_eap_ig_with_one_step_is_eap_and_more_steps_differ(tiny_llama):
+    prompts = IOI[:4]
+    eap = edges.edge_attribution(tiny_llama, prompts, progress=False)
+    one = edges.edge_attribution(tiny_llama, prompts, estimator="eap-ig", steps=1, progress=False)
+    xr.testing.assert_equal(eap.drop_attrs(), one.drop_attrs())
+    three = edges.edge_attribution(tiny_llama, prompts, estimator="eap-ig", steps=3, progress=False)
+    assert three.attrs["steps"] == 3
+    assert np.nanmax(np.abs(three.values - eap.values)) > 1e-6
+
+
+def test_patching_every_edge_gives_the_other_run_and_none_gives_the_base(gqa64):
+    prompts = IOI[:5]
+    inputs = _inputs(gqa64, prompts)
+    valid = edges.Graph.of(gqa64).valid
+    for base in ("clean", "corrupt"):
+        patched, base_metric, other_metric = edges._patched_metrics(
+            inputs, inputs.batch(0), [valid, np.zeros_like(valid)], base=base
+        )
+        np.testing.assert_allclose(patched[0], other_metric, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(patched[1], base_metric, rtol=1e-10, atol=1e-10)
+        assert (base_metric - other_metric).abs().max() > 1e-3
+
+
+def test_scores_do_not_depend_on_padding_side_or_batching(tiny_llama):
+    prompts = IOI[:5]
+    right = edges.edge_attribution(tiny_llama, prompts, batch_size=5, progress=False)
+    left = edges.edge_attribution(
+        tiny_llama, prompts, batch_size=2, padding_side="left", progress=False
+    )
+    np.testing.assert_allclose(left.values, right.values, rtol=1e-4, atol=1e-6)
+
+
+def test_circuit_keeps_top_edges_on_paths_and_round_trips(gqa64, tmp_path):
+    scores = edges.edge_attribution(gqa64, IOI[:4], progress=False)
+    chosen = edges.circuit(scores, edges=20)
+    assert chosen.dtype == bool and chosen.attrs["budget"] == 20
+    assert 0 < chosen.attrs["n_edges"] <= 20 == int(chosen.attrs["budget"])
+    kept = chosen.values
+    magnitude = np.abs(np.nan_to_num(scores.values))
+    assert magnitude[kept].min() >= np.sort(magnitude.ravel())[-20]  # from the top 20
+    graph = edges.Graph.of(gqa64)
+    np.testing.assert_array_equal(edges._on_paths(graph, kept), kept)  # pruning is stable
+    assert kept[:, -1].any()  # something reaches the logits
+    every = edges.circuit(scores, fraction=1.0)
+    assert every.attrs["n_edges"] == int(graph.valid.sum())
+    path = lsc.save(chosen, tmp_path / "circuit.zarr")
+    loaded = lsc.open(path)
+    xr.testing.assert_identical(loaded, chosen)
+
+
+def test_pruning_drops_edges_that_lead_nowhere():
+    graph = edges.Graph(2, 2, 1)
+    kept = np.zeros(graph.valid.shape, dtype=bool)
+    receivers = {label: r for r, label in enumerate(graph.receiver_labels())}
+    senders = {label: s for s, label in enumerate(graph.sender_labels())}
+    kept[senders["embed"], receivers["L0.H1.q"]] = True  # embed -> head 0.1 ...
+    kept[senders["L0.H1"], receivers["logits"]] = True  # ... -> logits: a path
+    kept[senders["embed"], receivers["L1.KV0.v"]] = True  # L1 heads reach nothing: dropped
+    kept[senders["L1.MLP"], receivers["logits"]] = True  # L1 MLP reads nothing: dropped
+    pruned = edges._on_paths(graph, kept)
+    assert pruned.sum() == 2
+    assert pruned[senders["embed"], receivers["L0.H1.q"]]
+    assert pruned[senders["L0.H1"], receivers["logits"]]
+
+
+def test_faithfulness_curve_ends_at_one_and_beats_random(gqa64):
+    prompts = IOI[:6]
+    scores = edges.edge_attribution(gqa64, prompts, progress=False)
+    result = edges.circuit_faithfulness(
+        gqa64, prompts, scores, fractions=(0.05, 0.2, 1.0), n_random=2, progress=False
+    )
+    assert result["faithfulness"].sizes == {"budget": 3}
+    assert result["random_faithfulness"].sizes == {"seed": 2, "budget": 3}
+    np.testing.assert_allclose(result["faithfulness"].sel(budget=1.0), 1.0, rtol=1e-9)
+    np.testing.assert_allclose(result["random_faithfulness"].sel(budget=1.0), 1.0, rtol=1e-9)
+    curve = result["faithfulness"].values
+    expected_cpr = ((curve[1:] + curve[:-1]) / 2 * np.diff([0.05, 0.2, 1.0])).sum() / 0.95
+    np.testing.assert_allclose(float(result["cpr"]), expected_cpr)
+    assert float(result["m_full"]) != float(result["m_empty"])
+    assert list(result["n_edges"].values) == sorted(result["n_edges"].values)
+
+
+def test_transformer_lens_backend_is_refused_naming_nnsight(tiny_llama):
+    with pytest.raises(ValueError, match="backend='nnsight'"):
+        edges.edge_attribution(tiny_llama, IOI[:2], backend="transformer_lens", progress=False)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"steps": 0}, "steps"),
+        ({"estimator": "eap", "steps": 3}, "eap-ig"),
+        ({"estimator": "atp"}, "estimator"),
+        ({"metric": "accuracy"}, "metric"),
+    ],
+)
+def test_bad_options_are_refused(tiny_llama, options, match):
+    with pytest.raises(ValueError, match=match):
+        edges.edge_attribution(tiny_llama, IOI[:2], progress=False, **options)
+
+
+def test_corrupt_prompt_of_another_length_is_refused(tiny_llama):
+    prompt = data.Prompt(
+        text=IOI[0].text,
+        target=IOI[0].target,
+        distractor=IOI[0].distractor,
+        corrupt=IOI[0].text + " and so on",
+    )
+    with pytest.raises(ValueError, match="differ in length"):
+        edges.edge_attribution(tiny_llama, [prompt], progress=False)
+
+
+def test_bad_budgets_and_foreign_circuits_are_refused(gqa64, tiny_llama, tokenizer):
+    scores = edges.edge_attribution(gqa64, IOI[:2], progress=False)
+    n_edges = int(edges.Graph.of(gqa64).valid.sum())
+    for budget, match in [
+        ({"edges": 0}, "edges"),
+        ({"edges": n_edges + 1}, "edges"),
+        ({"fraction": 0.0}, "fraction"),
+        ({}, "exactly one"),
+        ({"edges": 3, "fraction": 0.1}, "exactly one"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            edges.circuit(scores, **budget)
+    with pytest.raises(ValueError, match="mean"):
+        edges.circuit(
+            edges.edge_attribution(gqa64, IOI[:2], per_prompt=True, progress=False), edges=3
+        )
+    two_layers = models.tiny("llama", n_layers=2, seed=0, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="this model"):
+        edges.edge_patching(two_layers, IOI[:2], edges.circuit(scores, edges=5), progress=False)
+
+
+def test_unsupported_architecture_is_refused(tokenizer):
+    gpt2 = models.tiny("gpt2", n_layers=2, seed=0, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match=r"lsc\.attribution_patching"):
+        edges.edge_attribution(gpt2, IOI[:2], progress=False)
