@@ -119,3 +119,17 @@ def test_text_longer_than_the_context_is_refused(tiny_llama):
 def test_unknown_backend_is_refused(tiny_llama):
     with pytest.raises(ValueError, match="choose one of"):
         logit_lens(tiny_llama, TEXT, backend="torch")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["nnsight", "transformer_lens"])
+def test_bundled_model_last_layer_and_its_answer(smol, backend):
+    text = "The Eiffel Tower is in the city of"
+    lens = logit_lens(smol, text, target=" Paris", backend=backend)
+    probs = hf_probs(smol, text)
+    target = smol.tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
+    np.testing.assert_allclose(lens.isel(layer=-1).values, probs[:, target].numpy(), atol=1e-4)
+    answer = lens.isel(layer=-1, pos=-1)
+    assert str(answer["top_token"].values) == " Paris" and int(answer["target_rank"]) == 0
+    # the answer forms inside the model: early layers do not rank it first yet
+    assert int(lens.isel(layer=0, pos=-1)["target_rank"]) > 0
