@@ -91,6 +91,28 @@ def test_dataset_round_trip(tmp_path, suffix):
     assert back.attrs["flag"] is True
 
 
+@pytest.mark.parametrize("suffix", [".zarr", ".nc"])
+def test_boolean_results_round_trip(tmp_path, suffix):
+    """Block masks are boolean and carry the provenance ``dtype`` attr, which xarray's
+    netCDF encoding of booleans also writes: it is kept under its own key on disk."""
+    kept = schema.make(
+        np.array([[[True, False], [False, True], [True, True]]]),
+        dims=("cluster", "layer", "component"),
+        coords={"component": ["attn", "mlp"]},
+        attrs={**ATTRS, "units": "bool"},
+        n_layers=3,
+    )
+    keep_prob = xr.full_like(kept, 0.5, dtype=np.float32)  # attrs kept, dtype attr too
+    masks = xr.Dataset({"mask": kept, "keep_prob": keep_prob}, attrs=ATTRS)
+    for obj in (kept, masks):
+        back = lsc.open(lsc.save(obj, tmp_path / f"m{suffix}"))
+        xr.testing.assert_identical(back, obj)
+    assert back["mask"].dtype == bool and back["mask"].attrs["dtype"] == "float32"
+    on_disk = xr.open_dataset(tmp_path / f"m{suffix}", engine="zarr" if suffix == ".zarr" else None)
+    assert on_disk["mask"].attrs["_lenscape_dtype"] == "float32"
+    on_disk.close()
+
+
 def test_lazy_open(tmp_path):
     back = lsc.open(lsc.save(result(), tmp_path / "r.zarr"), lazy=True)
     assert back.chunks is not None
