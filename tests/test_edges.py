@@ -336,3 +336,61 @@ def test_unsupported_architecture_is_refused(tokenizer):
     gpt2 = models.tiny("gpt2", n_layers=2, seed=0, tokenizer=tokenizer)
     with pytest.raises(ValueError, match=r"lsc\.attribution_patching"):
         edges.edge_attribution(gpt2, IOI[:2], progress=False)
+
+
+def test_eap_equals_transformer_lens_edge_attribution(tokenizer):
+    """Peer check: TransformerLens 4.3's ``attribution_patch(granularity="edge")`` on a tiny
+    random Llama with as many key/value heads as query heads (it refuses GQA).
+
+    Same sign convention (denoising: (clean - corrupt sender) . gradient at the corrupt
+    run, positive = the edge carries the clean answer) and the same metric (logit
+    difference at the last token). TransformerLens scores edges per position and averages
+    over prompts; lenscape sums over positions, so its per-position scores are summed
+    here. Tolerance: 1e-4 relative to the largest score (float32 runs of two different
+    hook stacks)."""
+    import copy
+
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.tools.analysis import attribution_patching as tl
+
+    model = _float64(tokenizer, seed=2, num_key_value_heads=4)
+    model = models.from_hf(model.hf, tokenizer, name="tiny-llama-mha", dtype="float32")
+    prompts = IOI[:2]
+    ours = edges.edge_attribution(model, prompts, progress=False)
+    # Its own bridge with trainable weights: TransformerLens differentiates through them.
+    bridge = TransformerBridge.boot_transformers(
+        model.name, hf_model=copy.deepcopy(model.hf), tokenizer=tokenizer, device="cpu"
+    ).requires_grad_(True)
+    kinds = {"q_input": "q", "k_input": "k", "v_input": "v", "mlp_in": "mlp", "logits": "logits"}
+    theirs = xr.zeros_like(ours)
+    for prompt in prompts:
+        clean = torch.tensor([tokenizer(prompt.text)["input_ids"]])
+        corrupt = torch.tensor([tokenizer(prompt.corrupt)["input_ids"]])
+        target = tokenizer(prompt.target, add_special_tokens=False)["input_ids"][0]
+        distractor = tokenizer(prompt.distractor, add_special_tokens=False)["input_ids"][0]
+
+        def metric(logits, target=target, distractor=distractor):
+            return logits[0, -1, target] - logits[0, -1, distractor]
+
+        result = tl.attribution_patch(
+            bridge, clean, corrupt, metric, tl.EdgeAttributionConfig(granularity="edge")
+        )
+        for (writer, reader), score in result.edge_scores.items():
+            sender = {
+                "embed": "embed",
+                "attn_head_out": f"L{writer.layer}.H{writer.head}",
+                "mlp_out": f"L{writer.layer}.MLP",
+            }[writer.kind]
+            kind = kinds[reader.kind]
+            receiver = {
+                "q": f"L{reader.layer}.H{reader.head}.q",
+                "k": f"L{reader.layer}.KV{reader.head}.k",
+                "v": f"L{reader.layer}.KV{reader.head}.v",
+                "mlp": f"L{reader.layer}.MLP",
+                "logits": "logits",
+            }[kind]
+            theirs.loc[{"sender": sender, "receiver": receiver}] += score / len(prompts)
+    valid = np.isfinite(ours.values)
+    assert np.abs(ours.values[valid]).max() > 1e-5
+    scale = np.abs(ours.values[valid]).max()
+    np.testing.assert_allclose(ours.values[valid], theirs.values[valid], rtol=0, atol=1e-4 * scale)
