@@ -35,3 +35,28 @@ def test_split_holds_out_each_kind(mixed):
     assert cluster.split(mixed, seed=1)[1].texts != held_out.texts
     with pytest.raises(ValueError, match=r"held_out must lie in \(0, 1\)"):
         cluster.split(mixed, held_out=1.0)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda e: cluster.kmeans(e, 2.0), TypeError, r"k must be a positive integer, got 2\.0"),
+        (lambda e: cluster.kmeans(e, 2, seed=-1), ValueError, r"seed must be an integer >= 0"),
+        (lambda e: cluster.kmeans(e * np.nan, 2), ValueError, r"embeddings holds \d+ NaN"),
+        (lambda e: cluster.kmeans(e[0], 2), ValueError, r"embeddings must be \(prompt, d\)"),
+        (lambda e: cluster.kmeans("abc", 2), TypeError, r"embeddings must be an array of numbers"),
+    ],
+)
+def test_kmeans_checks_its_inputs(call, error, message):
+    embeddings = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    with pytest.raises(error, match=message):
+        call(embeddings)
+
+
+def test_split_and_embed_check_their_options(mixed):
+    with pytest.raises(ValueError, match=r"held_out must be a finite number > 0, got nan"):
+        cluster.split(mixed, held_out=float("nan"))
+    with pytest.raises(TypeError, match=r"held_out must be a number > 0, got '0\.25'"):
+        cluster.split(mixed, held_out="0.25")
+    with pytest.raises(ValueError, match=r"batch_size must be a positive integer, got 0"):
+        cluster.embed(mixed, batch_size=0)

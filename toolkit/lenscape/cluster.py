@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from . import _validate
 from .data import PromptSet, as_texts
 from .models import LensModel, bundled_folder
 
@@ -32,6 +33,7 @@ def embed(prompts: Any, encoder: str | LensModel = "minilm", *, batch_size: int 
     """
     from transformers import AutoModel, AutoTokenizer
 
+    batch_size = _validate.positive_int("batch_size", batch_size)
     texts = as_texts(prompts)
     if not texts:
         raise ValueError("No prompts to embed; pass a PromptSet or a list of strings.")
@@ -120,6 +122,13 @@ def kmeans(
     """
     from sklearn.cluster import KMeans
 
+    k = _validate.positive_int("k", k)
+    seed = _validate.integer("seed", seed, low=0)
+    shape = _validate.values("embeddings", embeddings, fix="pass cluster.embed(prompts)").shape
+    if len(shape) != 2:
+        raise ValueError(
+            f"embeddings must be (prompt, d), got shape {shape}; pass cluster.embed(prompts)."
+        )
     n = len(embeddings)
     if not 1 <= k <= n:
         raise ValueError(
@@ -156,7 +165,9 @@ def split(
         held_out: share of each ``category`` held out, in (0, 1).
         seed: seeds the shuffle.
     """
-    if not 0 < held_out < 1:
+    held_out = _validate.number("held_out", held_out, above=0)
+    seed = _validate.integer("seed", seed, low=0)
+    if not held_out < 1:
         raise ValueError(f"held_out must lie in (0, 1), got {held_out}; e.g. 0.25.")
     rng = np.random.default_rng(seed)
     categories = np.asarray(prompts.categories)
