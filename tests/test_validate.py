@@ -129,3 +129,78 @@ def test_number_helper():
         _validate.number("lambda_", -0.1, low=0)
     with pytest.raises(ValueError, match="lr must be a finite number, got inf"):
         _validate.number("lr", float("inf"))
+
+
+def test_integer_and_seed_list_helpers():
+    assert _validate.integer("seed", np.int32(0), low=0) == 0
+    with pytest.raises(TypeError, match=r"seed must be an integer >= 0, got True \(bool\)"):
+        _validate.integer("seed", True, low=0)
+    with pytest.raises(ValueError, match=r"k must be an integer from 1 to 3, got 4"):
+        _validate.integer("k", 4, low=1, high=3)
+    assert _validate.seed_list("seeds", 3) == [0, 1, 2]
+    assert _validate.seed_list("seeds", (4, np.int64(7))) == [4, 7]
+    with pytest.raises(TypeError, match=r"seeds must be a number of seeds or a list"):
+        _validate.seed_list("seeds", "012")
+    with pytest.raises(TypeError, match=r"seeds\[1\] must be an integer >= 0, got 1\.5"):
+        _validate.seed_list("seeds", [0, 1.5])
+
+
+def test_number_with_an_open_bound():
+    assert _validate.number("lr", 1e-9, above=0) == 1e-9
+    with pytest.raises(ValueError, match=r"lr must be a finite number > 0, got 0"):
+        _validate.number("lr", 0, above=0)
+    with pytest.raises(ValueError, match=r"p must be a finite number in \[0, 1\] and > 0"):
+        _validate.number("p", 0.0, low=0, high=1, above=0)
+
+
+def test_flag_strings_and_not_empty_helpers():
+    assert _validate.flag("progress", np.bool_(True)) is True
+    with pytest.raises(TypeError, match=r"progress must be True or False, got 1"):
+        _validate.flag("progress", 1)
+    assert _validate.strings("estimators", ("atp",), example="('atp',)") == ["atp"]
+    with pytest.raises(TypeError, match=r"got the string 'ig'; wrap it in a list: \['ig'\]"):
+        _validate.strings("estimators", "ig", example="('atp',)")
+    with pytest.raises(ValueError, match="estimators is empty"):
+        _validate.strings("estimators", [], example="('atp',)")
+    with pytest.raises(ValueError, match=r"validation is empty \(\[\] \(list\)\); pass one"):
+        _validate.not_empty("validation", [], fix="pass one")
+
+
+def test_values_helper():
+    np.testing.assert_array_equal(_validate.values("gates", [[0, 1]], binary=True), [[0.0, 1.0]])
+    with pytest.raises(ValueError, match=r"gates holds 1 NaN or infinite value"):
+        _validate.values("gates", np.array([0.5, np.inf]))
+    with pytest.raises(ValueError, match=r"masks must be a binary mask.*values such as \[0\.5\]"):
+        _validate.values("masks", np.array([1, 0.5, 0]), binary=True)
+    with pytest.raises(ValueError, match=r"gates must lie in \[0, 1\], got values from -1\.0"):
+        _validate.values("gates", [-1, 1], low=0, high=1)
+    with pytest.raises(TypeError, match=r"gates must be an array of numbers, got 'abc'"):
+        _validate.values("gates", "abc")
+    with pytest.raises(TypeError, match=r"gates must be an array of numbers"):
+        _validate.values("gates", xr.Dataset({"g": ("layer", [1.0])}))
+
+
+def test_result_helper(tiny_llama):
+    scores = lsc.direct_logit_attribution(tiny_llama, [PARIS], progress=False)
+    assert _validate.result("r", scores, kind=xr.DataArray, made_by="f", model=tiny_llama) is scores
+    with pytest.raises(TypeError, match=r"r must be an xarray.Dataset from f, got DataArray"):
+        _validate.result("r", scores, kind=xr.Dataset, made_by="f")
+    with pytest.raises(TypeError, match=r"got Dataset; pick one variable, e.g. r\['s'\]"):
+        _validate.result("r", scores.to_dataset(name="s"), kind=xr.DataArray, made_by="f")
+    with pytest.raises(ValueError, match=r"r lacks the variable\(s\) \['t'\]"):
+        _validate.result(
+            "r", scores.to_dataset(name="s"), kind=xr.Dataset, made_by="f", variables=["t"]
+        )
+    with pytest.raises(ValueError, match=r"r lacks the dim\(s\) \['seed'\]"):
+        _validate.result("r", scores, kind=xr.DataArray, made_by="f", dims=["seed"])
+    with pytest.raises(ValueError, match="computed on model 'other', not 'tiny-llama'"):
+        _validate.result(
+            "r",
+            scores.assign_attrs(model="other"),
+            kind=xr.DataArray,
+            made_by="f",
+            model=tiny_llama,
+        )
+    moved = scores.assign_attrs(layout_fingerprint="llama/L9")
+    with pytest.raises(ValueError, match=r"with layout 'llama/L9', but this one has 'llama/L"):
+        _validate.result("r", moved, kind=xr.DataArray, made_by="f", model=tiny_llama)
