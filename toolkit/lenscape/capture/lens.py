@@ -117,21 +117,27 @@ def logit_lens(
     n_layers = model.spec.n_layers
     sites = lens_sites(n_layers)
     tokens = pad([ids], tokenizer.pad_token_id, "right").to(model.device)
+    source = "given" if target is not None else "model's top prediction"
     with torch.no_grad():
         acts = get_backend(model, backend).run(tokens, sites=sites).acts
-        resid = torch.stack([acts[site][0] for site in sites])  # (layer, pos, d_model)
-        probs = torch.softmax(read_out(model, resid), dim=-1)  # (layer, pos, vocab)
-    source = "given" if target is not None else "model's top prediction"
-    if target_id is None:
-        target_id = int(probs[-1, -1].argmax())
-        target = tokenizer.decode([target_id])
-    target_prob = probs[..., target_id]
-    rank = (probs > target_prob[..., None]).sum(-1)
-    top = probs.topk(TOP_K, dim=-1)
-    top_ids = top.indices.cpu().numpy()
+        if target_id is None:
+            final = read_out(model, acts[sites[-1]][0, -1])  # (vocab,) the model's own output
+            target_id = int(final.argmax())
+            target = tokenizer.decode([target_id])
+        # One layer at a time: (pos, vocab) probabilities, never (layer, pos, vocab).
+        target_probs, ranks, top_values, top_indices = [], [], [], []
+        for site in sites:
+            probs = torch.softmax(read_out(model, acts[site][0]), dim=-1)
+            target_probs.append(probs[:, target_id])
+            ranks.append((probs > probs[:, target_id, None]).sum(-1))
+            top = probs.topk(TOP_K, dim=-1)
+            top_values.append(top.values)
+            top_indices.append(top.indices)
+    target_prob, rank = torch.stack(target_probs), torch.stack(ranks)  # (layer, pos)
+    top_ids = torch.stack(top_indices).cpu().numpy()  # (layer, pos, TOP_K)
     shown, where = np.unique(top_ids, return_inverse=True)  # decode each token once
     top_labels = np.asarray(token_labels(tokenizer, shown.tolist()))[where.reshape(top_ids.shape)]
-    top_probs = top.values.cpu().numpy()
+    top_probs = torch.stack(top_values).cpu().numpy()
     top_tokens = [
         [
             " | ".join(f"{str(t)!r} {p:.2f}" for t, p in zip(cell_t, cell_p, strict=True))
