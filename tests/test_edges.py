@@ -394,3 +394,31 @@ def test_eap_equals_transformer_lens_edge_attribution(tokenizer):
     assert np.abs(ours.values[valid]).max() > 1e-5
     scale = np.abs(ours.values[valid]).max()
     np.testing.assert_allclose(ours.values[valid], theirs.values[valid], rtol=0, atol=1e-4 * scale)
+
+
+def test_agreement_is_perfect_where_the_model_is_linear(linear64):
+    """In a linear model EAP and EAP-IG both equal exact single-edge patching; queries are
+    zero there, so q and k edges have no effect and their correlations are undefined."""
+    result = edges.edge_agreement(linear64, IOI[:4], steps=3, n_top=10, n_random=30, progress=False)
+    assert list(result["estimator"].values) == ["eap", "eap-ig"]
+    for kind in ("v", "mlp", "logits"):
+        if kind in result["receiver_kind"].values:
+            np.testing.assert_allclose(
+                result["pearson_cells"].sel(receiver_kind=kind), 1.0, atol=1e-6
+            )
+    np.testing.assert_allclose(
+        result["estimate"].sel(estimator="eap"), result["exact"], rtol=1e-4, atol=1e-6
+    )
+    assert int(result["n_edges"].sum()) == result.sizes["edge"] >= 30
+
+
+def test_agreement_samples_the_top_edges_of_each_estimator(gqa64):
+    result = edges.edge_agreement(gqa64, IOI[:3], steps=2, n_top=5, n_random=0, progress=False)
+    scores = edges.edge_attribution(gqa64, IOI[:3], progress=False)
+    top = np.argsort(-np.abs(np.nan_to_num(scores.values)).ravel())[:5]
+    labels = {
+        (scores["sender"].values[s], scores["receiver"].values[r])
+        for s, r in zip(*np.unravel_index(top, scores.shape), strict=True)
+    }
+    sampled = set(zip(result["sender"].values, result["receiver"].values, strict=True))
+    assert labels <= sampled and 5 <= len(sampled) <= 10

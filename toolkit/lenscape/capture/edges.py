@@ -54,6 +54,7 @@ from ..models import LensModel
 from . import metrics
 from ._backend import BACKENDS, TokenBatch, get_backend
 from ._inputs import PADDING_SIDES, Batch, Inputs, prepare
+from .faithfulness import agreement
 from .metrics import LONG_NAMES, METRICS, UNITS
 
 ESTIMATORS = ("eap", "eap-ig")
@@ -927,4 +928,148 @@ def circuit_faithfulness(
         },
         coords={"budget": x, "n_edges": ("budget", np.asarray(sizes)), "seed": np.arange(n_random)},
         attrs=attrs,
+    )
+
+
+# -------------------------------------------------------------------------------- trust
+
+
+def edge_agreement(
+    model: LensModel,
+    prompts: Prompts,
+    *,
+    estimators: Sequence[str] = ESTIMATORS,
+    steps: int = DEFAULT_IG_STEPS,
+    n_top: int = 20,
+    n_random: int = 20,
+    top_k: int = 5,
+    seed: int = 0,
+    metric: str = "logit_diff",
+    batch_size: int | None = 8,
+    backend: str = "nnsight",
+    padding_side: str = "right",
+    progress: bool = True,
+) -> xr.Dataset:
+    """How far to trust edge scores: each estimator vs exact single-edge patching.
+
+    The sample: each estimator's ``n_top`` edges by |prompt-mean score| and ``n_random``
+    valid edges drawn at random. Each is patched alone, exactly (the corrupt run with that
+    one receiver reading its sender from the clean run; effect = m(patched) - m(corrupt),
+    the quantity EAP estimates), and compared per receiver kind with the statistics of
+    ``lsc.faithfulness`` (``capture.faithfulness.agreement``).
+
+    Args:
+        estimators: "eap" and/or "eap-ig" (with ``steps`` points).
+        n_top, n_random: edges sampled from the top of each estimator and at random.
+        top_k: size of the top sets compared per receiver kind (NaN where a kind has
+            ``top_k`` sampled edges or fewer).
+        seed: seeds the random sample.
+        Others as in ``edge_attribution``.
+
+    Returns:
+        Dataset with (estimator, receiver_kind) ``pearson_cells``, ``spearman_cells``,
+        ``pearson_means``, ``spearman_means``, ``top_overlap``, ``sign_agreement``;
+        (receiver_kind,) ``n_edges`` sampled; and the maps compared: ``exact``
+        (prompt, edge) and ``estimate`` (estimator, prompt, edge), with ``sender`` and
+        ``receiver`` coords on ``edge``.
+    """
+    estimators = _validate.strings("estimators", estimators, example="('eap', 'eap-ig')")
+    for name in estimators:
+        _validate.choice("estimators", name, ESTIMATORS)
+    n_top = _validate.integer("n_top", n_top, low=0)
+    n_random = _validate.integer("n_random", n_random, low=0)
+    options: dict[str, Any] = dict(
+        metric=metric,
+        batch_size=batch_size,
+        backend=backend,
+        padding_side=padding_side,
+        progress=progress,
+    )
+    scores = {
+        name: edge_attribution(
+            model,
+            prompts,
+            estimator=name,
+            steps=steps if name == "eap-ig" else 1,
+            per_prompt=True,
+            **options,
+        )
+        for name in estimators
+    }
+    graph = Graph.of(model)
+    valid = np.flatnonzero(graph.valid)
+    chosen: set[int] = set()
+    for result in scores.values():
+        magnitude = np.abs(np.nan_to_num(result.mean("prompt").values)).ravel()
+        chosen |= set(np.argsort(-magnitude[valid], kind="stable")[:n_top].tolist())
+    rng = np.random.default_rng(seed)
+    chosen |= set(rng.choice(len(valid), size=min(n_random, len(valid)), replace=False).tolist())
+    sample = valid[sorted(chosen)]
+    if sample.size == 0:
+        raise ValueError("n_top=0 and n_random=0 sample no edge; sample at least one.")
+    senders, receivers = np.unravel_index(sample, graph.valid.shape)
+    one_hot = []
+    for s, r in zip(senders, receivers, strict=True):
+        weights = np.zeros(graph.valid.shape)
+        weights[s, r] = 1.0
+        one_hot.append(weights)
+    inputs = _prepare(
+        model,
+        prompts,
+        metric=metric,
+        backend=backend,
+        batch_size=batch_size,
+        padding_side=padding_side,
+    )
+    effects = []
+    for batch in tqdm(
+        inputs.batches(), total=inputs.n_batches(), disable=not progress, desc="edge patching"
+    ):
+        patched, corrupt, _ = _patched_metrics(inputs, batch, one_hot, base="corrupt")
+        effects.append((patched - corrupt).T)
+    edge_coords = {
+        "sender": ("edge", np.asarray(graph.sender_labels())[senders]),
+        "receiver": ("edge", np.asarray(graph.receiver_labels())[receivers]),
+        "receiver_kind": ("edge", np.asarray([graph.receivers[r][0] for r in receivers])),
+    }
+    exact = xr.DataArray(
+        torch.cat(effects).double().numpy(), dims=("prompt", "edge"), coords=edge_coords
+    )
+    estimate = xr.concat(
+        [
+            xr.DataArray(result.values[:, senders, receivers], dims=("prompt", "edge"))
+            for result in scores.values()
+        ],
+        dim="estimator",
+    ).assign_coords({**edge_coords, "estimator": list(estimators)})
+    kinds = [kind for kind in RECEIVER_KINDS if (exact["receiver_kind"] == kind).any()]
+    stats: dict[str, list[list[float]]] = {}
+    for name in estimators:
+        rows: dict[str, list[float]] = {}
+        for kind in kinds:
+            where = exact["receiver_kind"] == kind
+            pair = agreement(
+                exact.where(where, drop=True),
+                estimate.sel(estimator=name, drop=True).where(where, drop=True),
+                top_k=top_k,
+            )
+            for stat, value in pair.items():
+                rows.setdefault(stat, []).append(value)
+        for stat, values in rows.items():
+            stats.setdefault(stat, []).append(values)
+    return xr.Dataset(
+        {
+            **{
+                stat: (("estimator", "receiver_kind"), np.asarray(values))
+                for stat, values in stats.items()
+            },
+            "n_edges": (
+                ("receiver_kind",),
+                [int((exact["receiver_kind"] == kind).sum()) for kind in kinds],
+            ),
+            "exact": exact,
+            "estimate": estimate,
+        },
+        coords={"estimator": list(estimators), "receiver_kind": kinds},
+        attrs=_attrs(model, inputs, "edge_agreement", steps=steps, top_k=top_k, seed=seed),
     )
