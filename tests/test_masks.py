@@ -311,3 +311,31 @@ def test_routing_with_the_masked_model_as_encoder_is_refused(tiny_llama, learned
         apply_mask(tiny_llama, learned, clusters=own),
     ):
         pass
+
+
+def test_estimate_is_the_first_order_cost_of_skipping_each_block(tiny_llama, mixed, clusters):
+    estimate = lsc.block_mask_estimate(
+        tiny_llama, mixed, clusters=clusters, target_sparsity=[0.25, 0.5], progress=False
+    )
+    cost = estimate["removal_cost"].isel(target_sparsity=0)
+    assert cost.dims == ("cluster", "layer", "component")
+    n_layers = tiny_llama.spec.n_layers
+    cluster = 1
+    texts = masks_module._encode(tiny_llama, mixed)
+    members = np.flatnonzero(clusters.labels.values == cluster)
+    rows = [texts[i] for i in members]
+    eps = 1e-3
+    for layer, component in [(0, 0), (n_layers - 1, 1)]:
+        soft = torch.ones(len(rows), n_layers, 2)
+        soft[:, layer, component] = 1 - eps
+        nudged = masks_module._losses_per_row(tiny_llama, rows, soft, 8).mean()
+        intact = masks_module._losses_per_row(tiny_llama, rows, torch.ones_like(soft), 8).mean()
+        expected = float(nudged - intact) / eps
+        got = float(cost.sel(cluster=cluster).values[layer, component])
+        assert got == pytest.approx(expected, rel=2e-2, abs=1e-3)
+    for i, sparsity in enumerate([0.25, 0.5]):
+        kept = estimate["mask"].isel(target_sparsity=i)
+        assert (kept.sum(("layer", "component")) == round((1 - sparsity) * 2 * n_layers)).all()
+        lowest_kept = cost.where(kept).min(("layer", "component"))
+        highest_skipped = cost.where(~kept).max(("layer", "component"))
+        assert (lowest_kept >= highest_skipped).all()

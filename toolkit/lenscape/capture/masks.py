@@ -501,6 +501,89 @@ def block_masks(
     )
 
 
+def block_mask_estimate(
+    model: LensModel,
+    prompts: PromptSet,
+    *,
+    clusters: Clustering,
+    target_sparsity: float | Sequence[float] = 0.3,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> xr.Dataset:
+    """An instant estimate of ``block_masks``: each block's removal cost to first order.
+
+    In the spirit of attribution patching: with every block's gate at 1, one forward and
+    backward pass per batch gives dL/dg for every block, and the loss change of skipping a
+    block alone (g: 1 -> 0) is about -dL/dg. Per cluster, the cost is averaged over the
+    cluster's texts, and the mask keeps the round((1 - sparsity) x 2L) blocks that cost the
+    most to skip, as ``block_masks`` keeps the blocks with the largest gate logits. Seconds
+    instead of hours; how far it agrees with the learned masks is measured, not assumed
+    (``benchmarks/block_masks.py`` reports the overlap).
+
+    Args:
+        model: a ``LensModel`` (frozen).
+        prompts: the clustered texts (same order as ``clusters.labels``).
+        clusters: from ``lenscape.cluster.kmeans``.
+        target_sparsity: share of blocks to skip, in (0, 1), or a list.
+        batch_size: texts per forward and backward pass.
+        progress: show a progress bar.
+
+    Returns:
+        Dataset over ([target_sparsity,] cluster, layer, component): ``mask`` (bool, True =
+        kept) and ``removal_cost`` (estimated increase of the mean next-token NLL, in nats,
+        when the block alone is skipped).
+    """
+    sparsities = _check_sparsities(target_sparsity)
+    clusters = _check_clusters(clusters)
+    members = _members(clusters, len(prompts))
+    items = _encode(model, prompts)
+    spec = model.spec
+    grads = torch.zeros(len(items), spec.n_layers, 2)
+    current: dict[str, torch.Tensor] = {}
+    batches = range(0, len(items), batch_size)
+    with _scaled_blocks(model, lambda: current["scale"]):
+        for start in tqdm(batches, disable=not progress, desc="block mask estimate"):
+            rows = items[start : start + batch_size]
+            scale = torch.ones(len(rows), spec.n_layers, 2, device=model.device)
+            current["scale"] = scale.requires_grad_(True)
+            _row_loss(model, rows, current).sum().backward()
+            grads[start : start + len(rows)] = scale.grad.cpu()
+    cost = torch.stack([-grads[torch.as_tensor(m)].mean(0) for m in members])
+    attrs = schema.provenance(
+        model,
+        "block_mask_estimate",
+        metric="nll",
+        prompt_set=prompts.name,
+        n_prompts=len(prompts),
+        k=clusters.k,
+        estimate="first-order removal cost -dL/dg at g = 1 (gradient, one pass)",
+    )
+    dims, coords = ("cluster", "layer", "component"), {"component": list(COMPONENTS)}
+    parts = []
+    for sparsity in sparsities:
+        part_attrs = {**attrs, "target_sparsity": sparsity}
+        mask = schema.make(
+            _binary_masks(cost, 1 - sparsity).numpy(),
+            dims=dims,
+            coords=coords,
+            attrs={**part_attrs, "long_name": "Block kept (estimate)", "units": "bool"},
+            n_layers=spec.n_layers,
+        )
+        removal = schema.make(
+            cost.numpy(),
+            dims=dims,
+            coords=coords,
+            attrs={**part_attrs, "long_name": "Estimated cost of skipping", "units": "nats"},
+            n_layers=spec.n_layers,
+        )
+        parts.append(xr.Dataset({"mask": mask, "removal_cost": removal}, attrs=part_attrs))
+    if np.isscalar(target_sparsity):
+        return parts[0]
+    return xr.concat(parts, dim="target_sparsity", combine_attrs="drop_conflicts").assign_coords(
+        target_sparsity=sparsities
+    )
+
+
 @torch.no_grad()
 def _losses_per_row(
     model: LensModel, items: list[list[int]], row_masks: torch.Tensor, batch_size: int

@@ -1,0 +1,109 @@
+"""Recorded results (``lsc.recorded``): loading by name, refusals that list what exists, the
+schema check, and the shipped checkpoints recomputed so the data cannot drift from the code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lenscape as lsc
+from lenscape import recordings, schema
+
+PROVENANCE = {"command": "test", "commit": "abc", "date": "2026-11-24", "machine": "test"}
+
+
+@pytest.fixture
+def recorded_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(recordings, "RECORDED_DIR", tmp_path)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def two_seeds(tiny_llama):
+    task = lsc.data.task("syntax")[:12]
+    options = dict(batch_size=3, max_steps=4, window=2, progress=False)
+    return [lsc.head_gating(tiny_llama, task, seeds=[s], **options) for s in (0, 1)]
+
+
+def _record(root, fits, model="tiny", task="syntax"):
+    for fit in fits:
+        seed = int(fit["seed"][0])
+        ds = fit.copy()
+        ds.attrs.update(PROVENANCE, wall_time=1.5 + seed, torch_threads=1)
+        recordings._write(ds, root / "head_roles" / model / task / f"seed{seed}.nc")
+
+
+def test_seeds_load_as_one_dataset(recorded_dir, two_seeds):
+    _record(recorded_dir, two_seeds)
+    roles = lsc.recorded("head_roles", model="tiny", task="syntax")
+    assert roles["facilitation"].dims == ("seed", "layer", "head")
+    assert roles["seed"].values.tolist() == [0, 1]
+    for i, fit in enumerate(two_seeds):
+        np.testing.assert_array_equal(roles["gate_plus"][i].values, fit["gate_plus"][0].values)
+    assert roles["wall_time"].values.tolist() == [1.5, 2.5]
+    assert roles.attrs["n_seeds_recorded"] == 2
+    assert roles.attrs["n_seeds_planned"] == recordings.HEAD_ROLES_SEEDS
+    assert roles["facilitation"].attrs["n_seeds"] == 2
+    assert roles["facilitation"].attrs["long_name"] == "Facilitation (G-)"
+    assert roles.attrs["schema_version"] == schema.SCHEMA_VERSION
+
+
+def test_a_half_written_file_is_not_a_seed(recorded_dir, two_seeds):
+    _record(recorded_dir, two_seeds[:1])
+    folder = recorded_dir / "head_roles" / "tiny" / "syntax"
+    (folder / ".seed1.partial.nc").write_bytes(b"interrupted")
+    assert lsc.recorded("head_roles", model="tiny", task="syntax")["seed"].values.tolist() == [0]
+
+
+@pytest.mark.parametrize(
+    "name, model, task, message",
+    [
+        ("head_role", "tiny", "syntax", r"recorded results: \['head_roles', 'block_masks'\]"),
+        ("head_roles", "gpt2", "syntax", r"recorded for: \['tiny'\]"),
+        ("head_roles", "tiny", "maths", r"tasks \['syntax'\]"),
+        ("block_masks", "tiny", None, "recorded for: none yet"),
+    ],
+)
+def test_a_wrong_name_lists_what_exists(recorded_dir, two_seeds, name, model, task, message):
+    _record(recorded_dir, two_seeds)
+    with pytest.raises(ValueError, match=message):
+        lsc.recorded(name, model=model, task=task)
+
+
+def test_another_schema_is_refused_with_the_version_needed(recorded_dir, two_seeds):
+    _record(recorded_dir, two_seeds[:1])
+    path = recorded_dir / "head_roles" / "tiny" / "syntax" / "seed0.nc"
+    old = lsc.open(path).load()
+    old.attrs["schema_version"] = schema.SCHEMA_VERSION + 1
+    path.unlink()
+    lsc.save(old, path)
+    with pytest.raises(ValueError, match=f"reads version {schema.SCHEMA_VERSION}"):
+        lsc.recorded("head_roles", model="tiny", task="syntax")
+
+
+def _shipped_checkpoints():
+    root = recordings.RECORDED_DIR / "head_roles"
+    return sorted(root.glob("*/*/checkpoint.nc")) if root.is_dir() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "path", _shipped_checkpoints(), ids=lambda p: f"{p.parent.parent.name}-{p.parent.name}"
+)
+def test_shipped_checkpoint_is_reproduced(path):
+    """The first updates of a recorded fit, recomputed: the recorded files and today's code
+    agree. Tolerance 1e-4 on gates: float rounding may differ between CPUs (Adam's first
+    updates move every logit by about lr, so a different code path shows as O(1))."""
+    recorded = lsc.open(path)
+    model = lsc.load(path.parent.parent.name, device="cpu")
+    again = recordings.head_roles_checkpoint(
+        model, path.parent.name, precision=recorded.attrs["precision"]
+    )
+    for name in ("gate", "gate_plus", "gate_minus"):
+        np.testing.assert_allclose(again[name].values, recorded[name].values, atol=1e-4)
+    for name in ("val_loss", "val_loss_plus", "val_loss_minus"):
+        np.testing.assert_allclose(again[name].values, recorded[name].values, rtol=1e-4)
+
+
+def test_checkpoints_ship_with_the_package():
+    assert _shipped_checkpoints(), "no recorded head-roles checkpoint in recorded_data/"
