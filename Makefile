@@ -26,11 +26,14 @@ demo: install
 	$(VENV)/bin/lenscape demo --out out --picture
 
 # Static checks first, so a lint, format or type finding fails fast, before the long test run
-# (any finding fails the target; the settings live in pyproject.toml).
+# (any finding fails the target; the settings live in pyproject.toml). The real-browser tests
+# need Debian's chromium: .ci/ensure-chromium installs it (as root) or fails loudly, unless
+# LENSCAPE_SKIP_BROWSER=1 opts out.
 test: install
 	$(VENV)/bin/ruff check toolkit tests benchmarks
 	$(VENV)/bin/ruff format --check toolkit tests benchmarks
 	$(VENV)/bin/mypy
+	./.ci/ensure-chromium
 	$(PY) -m pytest -q -rs
 
 # JupyterLab refuses to run as root without --allow-root; pass it only then.

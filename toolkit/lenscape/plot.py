@@ -55,6 +55,9 @@ ROLE_COLORS = ("#000000", "#2ca02c", "#d62728", "#ffbf00")
 NAN_LABEL = "not computed"
 #: Longest legend title; longer descriptions move to the subtitle.
 LEGEND_CHARS = 24
+#: Widest title and subtitle line in pixels: Vega-Lite would cut them at the chart's width
+#: (a 3-head chart is 66 px wide), hiding what a view shows.
+TITLE_LIMIT = 1600
 #: Facet panels per row when ``columns`` is not given.
 FACET_COLUMNS = 4
 #: Font of SVG exports: vl-convert measures text with the first family it has and viewers draw
@@ -294,7 +297,11 @@ def heatmap(
         da, has_nan=has_nan, has_inf=has_inf, colour=None if described else full
     )  # the title may not say it
     if heading or subtitle:
-        chart = chart.properties(title=alt.TitleParams(heading, subtitle=subtitle or alt.Undefined))
+        chart = chart.properties(
+            title=alt.TitleParams(
+                heading, subtitle=subtitle or alt.Undefined, anchor="start", limit=TITLE_LIMIT
+            )
+        )
     chart = chart.properties(usermeta={"embedOptions": {"actions": actions}})
     chart = chart.configure_scale(invalid={"color": {"value": NAN_COLOR}})
     return chart.configure_view(stroke=None)
