@@ -90,6 +90,7 @@ def test_top_level_api():
         "data",
         "models",
         "plot",
+        "plot_circuit",
         "schema",
         "store",
         "widgets",

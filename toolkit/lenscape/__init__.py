@@ -37,6 +37,7 @@ from .capture.lens import logit_lens
 from .finetune import finetune
 from .models import ArchLayout, LensModel, ModelSpec, from_hf, load
 from .plot import agreement, enable_offline, export, heatmap
+from .plot_circuit import circuit_graph, edge_heatmap, faithfulness_curve
 from .recordings import recorded
 from .selfcheck import LayoutCheckError, check
 from .store import open_result as open
@@ -65,15 +66,18 @@ __all__ = [
     "check",
     "circuit",
     "circuit_faithfulness",
+    "circuit_graph",
     "cluster",
     "data",
     "direct_logit_attribution",
     "edge_agreement",
     "edge_attribution",
+    "edge_heatmap",
     "edge_patching",
     "enable_offline",
     "export",
     "faithfulness",
+    "faithfulness_curve",
     "finetune",
     "from_hf",
     "gating_check",

@@ -1,0 +1,91 @@
+"""Circuit pictures (plot_circuit.py), checked through ``chart.to_dict()`` on synthetic
+edge results laid out like ``lsc.edge_attribution``'s (2 layers, 4 heads, 2 KV heads)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import lenscape as lsc
+from lenscape import plot_circuit
+from lenscape.capture.edges import Graph
+
+
+@pytest.fixture
+def scores() -> xr.DataArray:
+    graph = Graph(2, 4, 2)
+    values = np.random.default_rng(0).normal(size=graph.valid.shape)
+    values[~graph.valid] = np.nan
+    return xr.DataArray(
+        values, dims=("sender", "receiver"), coords=graph.coords(), attrs={"long_name": "EAP"}
+    )
+
+
+def _layer(spec: dict, mark: str) -> dict:
+    return next(layer for layer in spec["layer"] if layer["mark"]["type"] == mark)
+
+
+def test_graph_draws_the_top_edges_with_score_tooltips(scores):
+    spec = plot_circuit.circuit_graph(scores, edges=7).to_dict()
+    lines = _layer(spec, "rule")
+    rows = lines["data"]["values"]
+    assert len(rows) == 7
+    magnitude = np.sort(np.abs(np.nan_to_num(scores.values)).ravel())[::-1]
+    np.testing.assert_allclose(sorted(r["magnitude"] for r in rows)[::-1], magnitude[:7])
+    tips = {t["field"] for t in lines["encoding"]["tooltip"]}
+    assert {"sender", "receiver", "score"} <= tips
+    assert lines["encoding"]["color"]["scale"]["domainMid"] == 0
+    # Layers run bottom to top: the embeddings at -1, the logits above the last layer.
+    nodes = _layer(spec, "circle")["data"]["values"]
+    assert {"node": "logits", "x": 2.0, "y": 2.0} in nodes
+    assert {"node": "embed", "x": 2.0, "y": -1.0} in nodes
+    assert len(nodes) == 1 + 2 * 5 + 1
+
+
+def test_graph_of_a_circuit_with_a_kind_filter(scores):
+    graph = Graph(2, 4, 2)
+    kept = np.zeros(graph.valid.shape, dtype=bool)
+    labels = graph.receiver_labels()
+    kept[0, labels.index("L1.KV1.k")] = True  # embed -> key head 1 of layer 1
+    kept[0, labels.index("logits")] = True
+    circuit = xr.zeros_like(scores, dtype=bool).copy(data=kept)
+    rows = _layer(plot_circuit.circuit_graph(scores, circuit).to_dict(), "rule")["data"]["values"]
+    assert {r["receiver"] for r in rows} == {"L1.KV1.k", "logits"}
+    k_edge = next(r for r in rows if r["kind"] == "k")
+    assert (k_edge["x2"], k_edge["y2"]) == (2.5, 1.0)  # the middle of query heads 2 and 3
+    only_k = plot_circuit.circuit_graph(scores, circuit, kinds=["k"]).to_dict()
+    assert [r["receiver"] for r in _layer(only_k, "rule")["data"]["values"]] == ["L1.KV1.k"]
+    with pytest.raises(ValueError, match="receiver kind"):
+        plot_circuit.circuit_graph(scores, kinds=["z"])
+    with pytest.raises(ValueError, match="mean"):
+        plot_circuit.circuit_graph(scores.expand_dims(prompt=[0]))
+
+
+def test_heatmap_puts_receivers_across_and_senders_down(scores):
+    spec = plot_circuit.edge_heatmap(scores).to_dict()
+    assert spec["encoding"]["x"]["field"] == "receiver"
+    assert spec["encoding"]["y"]["field"] == "sender"
+
+
+def test_faithfulness_curve_shows_both_series_and_the_areas(tmp_path):
+    result = xr.Dataset(
+        {
+            "faithfulness": (("budget",), [0.2, 0.7, 1.0]),
+            "random_faithfulness": (("seed", "budget"), [[0.0, 0.1, 1.0], [0.1, 0.3, 1.0]]),
+            "cpr": 0.7,
+            "cmd": 0.3,
+            "random_cpr": 0.3,
+            "random_cmd": 0.7,
+        },
+        coords={"budget": [0.01, 0.1, 1.0], "n_edges": ("budget", [3, 30, 300])},
+    )
+    chart = plot_circuit.faithfulness_curve(result)
+    spec = chart.to_dict()
+    rows = spec["layer"][0]["data"]["values"]
+    random = [r["faithfulness"] for r in rows if r["circuit"] == "random"]
+    np.testing.assert_allclose(random, [0.05, 0.2, 1.0])
+    assert spec["layer"][0]["encoding"]["x"]["scale"]["type"] == "log"
+    assert "CPR 0.700 (random 0.300)" in str(spec["title"])
+    path = lsc.export(chart, tmp_path / "curve.html")
+    assert path.stat().st_size > 1000
