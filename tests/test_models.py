@@ -284,3 +284,18 @@ def test_fingerprints_tell_layouts_apart(tokenizer):
         for arch, n in [("llama", 2), ("llama", 3), ("qwen3", 2), ("gpt2", 2)]
     }
     assert len(prints) == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"device": "gpu0"}, ValueError, r"device='gpu0' is not a device; use 'auto', 'cpu'"),
+        ({"device": 0.5}, TypeError, r"device must be a string such as 'cpu'"),
+        ({"dtype": "int8"}, ValueError, r"Unknown dtype 'int8'.*floating-point"),
+        ({"dtype": 1.5}, ValueError, r"Unknown dtype 1\.5"),
+    ],
+)
+def test_devices_and_dtypes_that_do_not_exist_are_named(tiny_llama, kwargs, error, message):
+    """torch would raise a RuntimeError (a traceback in the CLI) or move weights to int8."""
+    with pytest.raises(error, match=message):
+        lsc.from_hf(tiny_llama.hf, tiny_llama.tokenizer, **kwargs)

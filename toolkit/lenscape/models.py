@@ -109,9 +109,19 @@ class LensModel:
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """ "auto" -> CUDA when available, else CPU; a clear error when CUDA is asked for and absent."""
-    if str(device) == "auto":
+    if isinstance(device, str) and device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(
+            f"device must be a string such as 'cpu', 'cuda' or 'auto' (or a torch.device), "
+            f"got {device!r} ({type(device).__name__})."
+        )
+    try:
+        device = torch.device(device)
+    except RuntimeError as err:  # torch's own message lists every device type it knows
+        raise ValueError(
+            f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:1'."
+        ) from err
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             "device='cuda' was requested but no CUDA GPU is available "
@@ -123,12 +133,13 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     if dtype is None:
         return torch.float32
-    if isinstance(dtype, str):
-        resolved = getattr(torch, dtype, None)
-        if not isinstance(resolved, torch.dtype):
-            raise ValueError(f"Unknown dtype '{dtype}'; use 'float32', 'bfloat16' or 'float16'.")
-        return resolved
-    return dtype
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(
+            f"Unknown dtype {dtype!r}; use 'float32', 'bfloat16' or 'float16' "
+            "(a floating-point torch dtype)."
+        )
+    return resolved
 
 
 def from_hf(

@@ -90,10 +90,9 @@ def _engine(path: Path) -> str:
 
 
 def _encode_attrs(attrs: dict[Any, Any]) -> dict[Any, Any]:
-    bools = sorted(k for k, v in attrs.items() if isinstance(v, (bool, np.bool_)))
-    out = {
-        _DTYPE_ATTR if k == "dtype" else k: int(v) if k in bools else v for k, v in attrs.items()
-    }
+    renamed = {_DTYPE_ATTR if k == "dtype" else k: v for k, v in attrs.items()}
+    bools = sorted(k for k, v in renamed.items() if isinstance(v, (bool, np.bool_)))
+    out = {k: int(v) if k in bools else v for k, v in renamed.items()}
     if bools:
         out[_BOOL_ATTRS] = ",".join(bools)
     return out
