@@ -1,6 +1,7 @@
 """Record the reference-protocol results that ship with lenscape (``lsc.recorded``).
 
     python benchmarks/record.py head_roles                     # F4: 10 seeds x math, syntax
+    python benchmarks/record.py head_roles_check               # F4's check of the seeds so far
     python benchmarks/record.py block_masks --model gemma3-270m  # F1: K=8 masks of one model
 
 Each finished unit (one seed of one task; one model's masks) is written at once into
@@ -60,6 +61,7 @@ def main() -> None:
         "machine": _report.machine_info()["machine"],
     }
     model = lsc.load(args.model, device="cpu")
+    written = []
     if args.name == "head_roles":
         written = recordings.record_head_roles(
             model,
@@ -70,7 +72,12 @@ def main() -> None:
             root=args.root,
             on_unit=lambda path: print(f"recorded {path}", flush=True),
         )
-    else:
+    if args.name in ("head_roles", "head_roles_check"):
+        written += [
+            recordings.record_head_roles_check(model, task, provenance=provenance, root=args.root)
+            for task in args.tasks.split(",")
+        ]
+    if args.name == "block_masks":
         written = [
             recordings.record_block_masks(
                 model, precision=args.precision, provenance=provenance, root=args.root

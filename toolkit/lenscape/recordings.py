@@ -31,12 +31,12 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from . import cluster, data, schema, store
-from .capture.gating import head_gating
+from .capture.gating import gating_check, head_gating
 from .capture.masks import mask_comparison
 from .models import LensModel
 
 RECORDED_DIR = Path(__file__).resolve().parent / "recorded_data"
-NAMES = ("head_roles", "block_masks")
+NAMES = ("head_roles", "head_roles_check", "block_masks")
 
 # F4: the reference protocol (head_gating's defaults, shared/FACTS.md); only these change.
 HEAD_ROLES_SEEDS = 10
@@ -44,6 +44,7 @@ HEAD_ROLES_TASKS = ("math", "syntax")
 # The checkpoint: this many updates per stage of seed 0 on the first items.
 CHECKPOINT_STEPS = 3
 CHECKPOINT_ITEMS = 32
+CHECK_RANDOM_SETS = 200  # random role-sized head sets per role in the recorded check
 
 # F1: K clusters of the mixed corpus, the sparsity the figure draws; routed vs global vs
 # random masks on held-out texts (mask_comparison). Block masks' defaults otherwise.
@@ -57,11 +58,14 @@ def _available(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
-def _unit_paths(name: str, model: str, task: str | None) -> tuple[Path, list[Path]]:
-    """The folder of a recording and its finished unit files; ValueError listing what exists."""
+def _unit_paths(
+    name: str, model: str, task: str | None, root: Path | None = None
+) -> tuple[Path, list[Path]]:
+    """The folder of a recording under ``root`` (default ``RECORDED_DIR``) and its finished
+    unit files; ValueError listing what exists."""
     if name not in NAMES:
         raise ValueError(f"No recorded result named {name!r}; recorded results: {list(NAMES)}.")
-    root = RECORDED_DIR / name
+    root = (root or RECORDED_DIR) / ("head_roles" if name == "head_roles_check" else name)
     models = _available(root)
     if model not in models:
         raise ValueError(
@@ -70,7 +74,7 @@ def _unit_paths(name: str, model: str, task: str | None) -> tuple[Path, list[Pat
             f"{name} --model {model}`."
         )
     folder = root / model
-    if name == "head_roles":
+    if name in ("head_roles", "head_roles_check"):
         tasks = _available(folder)
         if task not in tasks:
             raise ValueError(
@@ -78,6 +82,8 @@ def _unit_paths(name: str, model: str, task: str | None) -> tuple[Path, list[Pat
             )
         folder = folder / task
         units = sorted(folder.glob("seed*.nc"), key=lambda p: int(p.stem.removeprefix("seed")))
+        if name == "head_roles_check":
+            units = [folder / "check.nc"] if (folder / "check.nc").exists() else []
     else:
         if task is not None:
             raise ValueError(f"Recorded block masks have no task; drop task={task!r}.")
@@ -102,28 +108,34 @@ def _open(path: Path) -> xr.Dataset:
     return ds
 
 
-def recorded(name: str, *, model: str = "smollm2-135m", task: str | None = None) -> xr.Dataset:
+def recorded(
+    name: str, *, model: str = "smollm2-135m", task: str | None = None, root: Path | None = None
+) -> xr.Dataset:
     """Load a recorded reference-protocol result by name.
 
     Args:
-        name: ``"head_roles"`` (F4: ``head_gating`` over seeds) or ``"block_masks"`` (F1:
-            ``mask_comparison`` at K clusters).
+        name: ``"head_roles"`` (F4: ``head_gating`` over seeds), ``"head_roles_check"``
+            (``gating_check`` of the recorded seeds on the validation split) or
+            ``"block_masks"`` (F1: ``mask_comparison`` at K clusters).
         model: the bundled model's name, e.g. ``"smollm2-135m"``.
         task: for head roles, ``"math"`` or ``"syntax"``.
+        root: another folder of recordings (default: the ones shipped in the package).
 
     Returns:
         For head roles, the ``head_gating`` Dataset over the recorded seeds (seed, layer,
         head), with per-seed provenance (``wall_time``, ``torch_threads`` ... over seed) and,
         in attrs, ``n_seeds_recorded`` of ``n_seeds_planned`` and whether every seed's
-        stages converged. For block masks, the ``mask_comparison`` Dataset. Attrs name the
+        stages converged. For the check, the ``gating_check`` Dataset (its ``n_seeds``
+        attr says how many seeds it judged). For block masks, the ``mask_comparison``
+        Dataset. Attrs name the
         command, commit, date and machine of the recording.
 
     Raises:
         ValueError: an unknown name, model or task (the message lists what exists), or a file
             written under another schema version (the message names the version it needs).
     """
-    folder, units = _unit_paths(name, model, task)
-    if name == "block_masks":
+    folder, units = _unit_paths(name, model, task, root)
+    if name != "head_roles":
         return _open(units[-1])
     seeds = [_open(path) for path in units]
     per_seed = ("wall_time", "torch_threads", "commit", "date", "machine", "command")
@@ -139,7 +151,7 @@ def recorded(name: str, *, model: str = "smollm2-135m", task: str | None = None)
         steps_stage0=max(int(ds.attrs["steps_stage0"]) for ds in seeds),
         steps_plus=max(int(ds.attrs["steps_plus"]) for ds in seeds),
         steps_minus=max(int(ds.attrs["steps_minus"]) for ds in seeds),
-        recorded_in=str(folder.relative_to(RECORDED_DIR)),
+        recorded_in=str(folder.relative_to(root or RECORDED_DIR)),
     )
     for variable in combined.data_vars.values():
         variable.attrs.update({k: v for k, v in attrs.items() if k in variable.attrs})
@@ -179,7 +191,7 @@ def record_head_roles(
     seeds: Sequence[int] = range(HEAD_ROLES_SEEDS),
     precision: str = "bfloat16",
     provenance: Mapping[str, Any],
-    root: Path = RECORDED_DIR,
+    root: Path | None = None,
     on_unit: Callable[[Path], None] | None = None,
 ) -> list[Path]:
     """Record F4's head roles: every (task, seed) not yet on disk, one seed at a time.
@@ -201,14 +213,14 @@ def record_head_roles(
     """
     written = []
     for task in tasks:
-        folder = root / "head_roles" / model.name / task
+        folder = (root or RECORDED_DIR) / "head_roles" / model.name / task
         point = folder / "checkpoint.nc"
         if not point.exists():
             _write(head_roles_checkpoint(model, task, precision=precision), point)
     todo = [(s, t) for s in seeds for t in tasks]
     bar = tqdm(todo, desc="recording head roles (seed, task)")
     for seed, task in bar:
-        path = root / "head_roles" / model.name / task / f"seed{seed}.nc"
+        path = (root or RECORDED_DIR) / "head_roles" / model.name / task / f"seed{seed}.nc"
         if path.exists():
             continue
         bar.set_postfix(task=task, seed=seed)
@@ -234,6 +246,33 @@ def record_head_roles(
     return written
 
 
+def record_head_roles_check(
+    model: LensModel,
+    task: str,
+    *,
+    n_random: int = CHECK_RANDOM_SETS,
+    provenance: Mapping[str, Any],
+    root: Path | None = None,
+) -> Path:
+    """Record ``gating_check`` of every recorded seed of ``task`` on its validation split;
+    recomputed when seeds were added since the last check."""
+    path = (root or RECORDED_DIR) / "head_roles" / model.name / task / "check.nc"
+    roles = recorded("head_roles", model=model.name, task=task, root=root)
+    if path.exists() and _open(path).attrs["n_seeds"] == roles.sizes["seed"]:
+        return path
+    start = time.perf_counter()
+    check = gating_check(model, roles, data.task(task, split="validation"), n_random=n_random)
+    check.attrs.update(
+        provenance,
+        task=task,
+        wall_time=round(time.perf_counter() - start, 1),
+        torch_threads=torch.get_num_threads(),
+    )
+    path.unlink(missing_ok=True)
+    _write(check, path)
+    return path
+
+
 def record_block_masks(
     model: LensModel,
     *,
@@ -241,12 +280,12 @@ def record_block_masks(
     sparsity: float = BLOCK_MASKS_SPARSITY,
     precision: str = "bfloat16",
     provenance: Mapping[str, Any],
-    root: Path = RECORDED_DIR,
+    root: Path | None = None,
     **fit_options: Any,
 ) -> Path:
     """Record F1 for one model: K clusters of the mixed corpus, per-cluster masks vs one
     global mask vs random masks at ``sparsity``, on held-out texts (``mask_comparison``)."""
-    path = root / "block_masks" / model.name / f"k{k}.nc"
+    path = (root or RECORDED_DIR) / "block_masks" / model.name / f"k{k}.nc"
     if path.exists():
         return path
     texts = data.prompts("mixed")
