@@ -43,11 +43,13 @@ from .selfcheck import LayoutCheckError, check
 from .store import open_result as open
 from .store import save
 from .widgets import Explorer, PromptForm
+from .widgets_circuit import CircuitExplorer
 
 del _accessor
 
 __all__ = [
     "ArchLayout",
+    "CircuitExplorer",
     "Explorer",
     "LayoutCheckError",
     "LensModel",

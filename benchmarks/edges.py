@@ -1,0 +1,138 @@
+"""Cost of edge attribution on the bundled model: EAP and EAP-IG vs one forward + backward.
+
+On SmolLM2-135M (30 layers, 9 query heads, 3 key/value heads: 301 senders, 481 receivers,
+about 72,000 edges) with the indirect-object prompts: the time of ``lsc.edge_attribution``
+with EAP and with EAP-IG (``--steps`` points), each as a ratio to one plain forward +
+backward of the same batches (the attribution-patching floor is 2 forward + 1 backward;
+EAP-IG needs 1 forward + ``steps`` forward/backward); then the memory of the dense scores:
+the (sender, receiver) float64 result, the per-batch float32 buffers (sender outputs and
+receiver gradients, (batch, pos, n, d_model)), and the same numbers computed on paper for a
+1B-parameter shape (Llama-3.2-1B: 16 layers, 32 query heads, 8 key/value heads, d_model
+2048). Writes the ``edges`` section of RESULTS.md (see _report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import _report
+
+import lenscape as lsc
+
+
+def edge_counts(n_layers: int, n_heads: int, n_kv: int) -> tuple[int, int, int]:
+    """(senders, receivers, edges) of a model shape."""
+    senders = 1 + n_layers * (n_heads + 1)
+    receivers = n_layers * (n_heads + 2 * n_kv + 1) + 1
+    edges = 0
+    for layer in range(n_layers):
+        upstream = 1 + layer * (n_heads + 1)
+        edges += upstream * (n_heads + 2 * n_kv) + (upstream + n_heads)
+    return senders, receivers, edges + senders
+
+
+def buffer_mib(n_layers, n_heads, n_kv, d_model, tokens) -> tuple[float, float]:
+    """(dense score matrix float64, per-batch sender + gradient buffers float32) in MiB."""
+    senders, receivers, _ = edge_counts(n_layers, n_heads, n_kv)
+    dense = senders * receivers * 8 / 2**20
+    buffers = tokens * d_model * (2 * senders + receivers) * 4 / 2**20
+    return dense, buffers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=5)
+    args = _report.parse_args(parser, prompts=4)
+    import torch
+
+    model = lsc.load("smollm2-135m", device="cpu")
+    prompts = lsc.data.prompts("ioi")[: args.prompts]
+    spec = model.spec
+
+    def forward_backward() -> float:
+        tok = model.tokenizer
+        start = time.perf_counter()
+        for first in range(0, len(prompts), args.batch_size):
+            texts = [p.text for p in prompts[first : first + args.batch_size]]
+            batch = tok(texts, return_tensors="pt", padding=True)
+            with torch.enable_grad():
+                embeds = model.hf.get_input_embeddings()(batch["input_ids"]).requires_grad_(True)
+                logits = model.hf(inputs_embeds=embeds, attention_mask=batch["attention_mask"])
+                logits.logits[:, -1].sum().backward()
+        return time.perf_counter() - start
+
+    forward_backward()  # warm up
+    floor = forward_backward()
+    timings = {}
+    for estimator, steps in (("eap", None), ("eap-ig", args.steps)):
+        start = time.perf_counter()
+        lsc.edge_attribution(
+            model,
+            prompts,
+            estimator=estimator,
+            steps=steps,
+            batch_size=args.batch_size,
+            progress=False,
+        )
+        timings[estimator] = time.perf_counter() - start
+        print(f"{estimator}: {timings[estimator]:.1f} s = {timings[estimator] / floor:.1f}x F+B")
+    width = max(len(model.tokenizer(p.text)["input_ids"]) for p in prompts)
+    tokens = args.batch_size * width
+    shapes = {
+        "SmolLM2-135M": (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_model),
+        "1B shape (Llama-3.2-1B, on paper)": (16, 32, 8, 2048),
+    }
+    rows = [
+        [
+            *_report.stamp(),
+            f"{len(prompts)} IOI prompts, batch {args.batch_size}",
+            f"{floor:.1f} s",
+            f"{timings['eap']:.1f} s ({timings['eap'] / floor:.1f}x)",
+            f"{timings['eap-ig']:.1f} s ({timings['eap-ig'] / floor:.1f}x)",
+        ]
+    ]
+    memory = []
+    for name, (layers, heads, kv, d_model) in shapes.items():
+        senders, receivers, n_edges = edge_counts(layers, heads, kv)
+        dense, buffers = buffer_mib(layers, heads, kv, d_model, tokens)
+        memory.append(
+            [name, f"{senders} x {receivers}", f"{n_edges:,}", f"{dense:.1f}", f"{buffers:.0f}"]
+        )
+    body = "\n\n".join(
+        [
+            _report.table(
+                [
+                    "date",
+                    "machine",
+                    "prompts",
+                    "1 forward + backward",
+                    "EAP",
+                    f"EAP-IG ({args.steps} steps)",
+                ],
+                rows,
+            ),
+            _report.table(
+                [
+                    "model",
+                    "senders x receivers",
+                    "edges",
+                    "dense scores (MiB, float64)",
+                    f"batch buffers (MiB, {tokens} tokens)",
+                ],
+                memory,
+            ),
+        ]
+    )
+    intro = (
+        "Time of `lsc.edge_attribution` for every edge, as a ratio to one plain forward + "
+        "backward of the same batches, and the memory of the dense edge scores. Memory grows "
+        "with senders x receivers, about (layers x heads)^2."
+    )
+    _report.emit(args, _report.section("edges", "Edge attribution cost", intro, body))
+
+
+if __name__ == "__main__":
+    main()

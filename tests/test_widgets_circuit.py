@@ -1,0 +1,36 @@
+"""CircuitExplorer (widgets_circuit.py): the controls swap the graph in place."""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from lenscape.capture.edges import Graph
+from lenscape.widgets_circuit import CircuitExplorer
+
+
+def _scores() -> xr.DataArray:
+    graph = Graph(2, 4, 2)
+    values = np.random.default_rng(1).normal(size=graph.valid.shape)
+    values[~graph.valid] = np.nan
+    return xr.DataArray(values, dims=("sender", "receiver"), coords=graph.coords())
+
+
+def _edges(explorer: CircuitExplorer) -> list[dict]:
+    spec = explorer.chart.to_dict()
+    return next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")["data"][
+        "values"
+    ]
+
+
+def test_slider_and_kind_filter_redraw_the_same_chart_widget():
+    explorer = CircuitExplorer(_scores(), edges=5)
+    shown = explorer._chart
+    assert len(_edges(explorer)) == 5
+    explorer.budget.value = 12
+    assert explorer._chart is shown and len(_edges(explorer)) == 12
+    explorer.kinds.value = "v"
+    rows = _edges(explorer)
+    assert rows and {row["kind"] for row in rows} == {"v"}
+    assert explorer.budget.max == int(Graph(2, 4, 2).valid.sum())
+    assert "q" in explorer.kinds.options and "logits" in explorer.kinds.options

@@ -1,0 +1,84 @@
+"""A circuit explorer: an edge-budget slider and a receiver-kind filter redraw the graph.
+
+``CircuitExplorer(scores)`` shows ``lsc.circuit_graph`` of a (sender, receiver) result in
+one ``alt.JupyterChart`` and swaps its chart in place when a control changes (as
+``lsc.Explorer`` does), so the page never rebuilds. The slider sets how many of the edges
+with the largest |score| are drawn (the top edges, not pruned to paths: pruning lives with
+``lsc.circuit`` on the capture side); the toggles pick the receiver kinds shown.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import altair as alt
+import ipywidgets as widgets
+import numpy as np
+import xarray as xr
+
+from .plot import enable_offline
+from .plot_circuit import MAX_EDGES, RECEIVER_KINDS, circuit_graph
+
+
+class CircuitExplorer:
+    """Edge-budget slider and receiver-kind filter over ``circuit_graph``.
+
+    Attributes:
+        scores: the (sender, receiver) edge scores drawn.
+        widget: the ipywidgets box (controls above the chart).
+    """
+
+    def __init__(self, scores: xr.DataArray, *, edges: int = 30, **options: Any):
+        """
+        Args:
+            scores: (sender, receiver) from ``lsc.edge_attribution`` (average a per-prompt
+                result over ``prompt`` first).
+            edges: edges drawn at first.
+            options: passed to ``circuit_graph`` (``width``, ``height``, ``title``).
+        """
+        finite = int(np.isfinite(scores.values).sum())
+        self.scores, self.options = scores, options
+        self.budget = widgets.IntSlider(
+            value=min(edges, finite, MAX_EDGES),
+            min=1,
+            max=min(finite, MAX_EDGES),
+            description="edges",
+            continuous_update=False,
+        )
+        present = [k for k in RECEIVER_KINDS if (scores["receiver_kind"] == k).any()]
+        self.kinds = widgets.ToggleButtons(
+            options=["all", *present], value="all", description="receivers"
+        )
+        self._message = widgets.HTML()
+        enable_offline()
+        self._chart = alt.JupyterChart(
+            self._build(), embed_options={"renderer": "svg", "actions": False}
+        )
+        for control in (self.budget, self.kinds):
+            control.observe(lambda _: self.redraw(), names="value")
+        self.widget = widgets.VBox(
+            [widgets.HBox([self.budget, self.kinds]), self._message, self._chart]
+        )
+
+    @property
+    def chart(self) -> Any:
+        """The chart shown now (what ``lsc.export`` writes)."""
+        return self._chart.chart
+
+    def _build(self) -> Any:
+        kinds = RECEIVER_KINDS if self.kinds.value == "all" else (self.kinds.value,)
+        return circuit_graph(self.scores, edges=self.budget.value, kinds=kinds, **self.options)
+
+    def redraw(self) -> None:
+        """Read the controls and swap the new chart into the shown widget."""
+        try:
+            chart = self._build()
+        except ValueError as err:  # keep the last good chart and say why
+            self._message.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
+            return
+        self._message.value = ""
+        self._chart.chart = chart
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
