@@ -21,7 +21,7 @@ def test_the_accessor_offers_only_forwarding_methods():
     methods = {
         name for name in vars(lenscape.accessor.LenscapeAccessor) if not name.startswith("_")
     }
-    assert methods == {"heatmap", "explore", "summary"}
+    assert methods == {"heatmap", "explore", "summary", "logit_lens_chart", "correct_only"}
 
 
 def test_heatmap_forwards_with_its_options():
@@ -45,3 +45,20 @@ def test_explore_forwards_with_its_options():
     assert mine.chart.to_dict() == plain.chart.to_dict()
     swapped = da.lsc.explore(x="layer", y="head").chart.to_dict()
     assert swapped["encoding"]["x"]["field"] == "layer"
+
+
+def test_logit_lens_chart_and_correct_only_forward():
+    da = schema.make(
+        np.linspace(0, 1, 6).reshape(2, 3),
+        dims=("layer", "pos"),
+        coords={"token": ("pos", ["a", " b", " c"])},
+        attrs=ATTRS,
+        n_layers=2,
+    )
+    options = dict(title="Lens")
+    assert da.lsc.logit_lens_chart(**options).to_dict() == (
+        plot.logit_lens_chart(da, **options).to_dict()
+    )
+    flagged = scores().rename(seed="prompt").assign_coords(correct=("prompt", [False, True]))
+    assert flagged.lsc.correct_only().identical(lsc.aggregate.correct_only(flagged))
+    assert flagged.lsc.correct_only()["prompt"].values.tolist() == [1]

@@ -11,7 +11,8 @@ from typing import Any
 import altair as alt
 import xarray as xr
 
-from lenscape.plot import Summary, heatmap, summary
+from lenscape.aggregate import correct_only
+from lenscape.plot import Summary, heatmap, logit_lens_chart, summary
 from lenscape.widgets import Explorer
 
 
@@ -33,3 +34,11 @@ class LenscapeAccessor:
     def summary(self, **kwargs: Any) -> Summary:
         """``lenscape.plot.summary`` of this array: a few lines instead of all the numbers."""
         return summary(self._da, **kwargs)
+
+    def logit_lens_chart(self, **kwargs: Any) -> alt.TopLevelMixin:
+        """``lenscape.plot.logit_lens_chart`` of this (layer, pos) array."""
+        return logit_lens_chart(self._da, **kwargs)
+
+    def correct_only(self) -> xr.DataArray:
+        """``lenscape.aggregate.correct_only``: the prompts the model answers right."""
+        return correct_only(self._da)
