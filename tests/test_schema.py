@@ -66,3 +66,16 @@ def test_validate_rejects_non_scalar_attrs_and_missing_provenance():
 def test_validate_rejects_negative_int_coords():
     with pytest.raises(ValueError, match="integers >= 0"):
         schema.validate(make().assign_coords(layer=[-1, 0, 1]))
+
+
+def test_provenance_names_the_layout_and_whether_it_was_checked(tokenizer):
+    from lenscape import models
+
+    checked = models.tiny("qwen3", n_layers=2, tokenizer=tokenizer)
+    unchecked = models.tiny("qwen3", n_layers=2, tokenizer=tokenizer, check=False)
+    for model in (checked, unchecked):
+        attrs = schema.provenance(model, "m")
+        assert attrs["layout_fingerprint"] == model.spec.fingerprint
+        assert attrs["layout_checked"] is model.layout_checked
+    assert checked.layout_checked and not unchecked.layout_checked
+    assert checked.spec.fingerprint.startswith("qwen3/L2/H4/KV2/D16/d64/V")
