@@ -12,8 +12,15 @@ The controls cannot mislead:
 - Scores reduce with mean, max or min; masks (bool dtype, ``units == "bool"``, or scores
   after *binarize*) with any, all or share. A mask averaged is labelled as the share it is
   ("share of prompts with attribution >= 0.5") on a sequential 0-1 scale, never "kept".
-- The threshold is a number box that keeps exactly what it shows; switching the variable
-  never moves it, and a threshold outside the data's range gets a visible note.
+- Binarizing names its rule (``|value| >=``, ``value >=`` or ``value <=``, ``SIDES``) in the
+  title with the share of values that pass; the box starts at the 90% quantile of |value|
+  and keeps exactly what it shows (switching the variable never moves it). A visible note
+  says when the slice drawn is one colour or a one-sign rule hides strong values of the
+  other sign.
+- Titles say what was pooled ("mean over 16 prompts") and show a picked prompt's text;
+  prompts the model answers wrong (a ``correct`` coord) are marked, and one switch pools
+  only the prompts it gets right.
+- Click details follow the selection: changing a control redraws them for the new view.
 - Only the sample dims (``prompt``, ``seed``) open averaged; every other dim (model,
   component, a method setting such as ``target_sparsity``, ``kind``) opens on its first
   value, so different quantities are never averaged together by default.
