@@ -477,6 +477,12 @@ def test_wrong_answers_are_flagged_and_can_be_left_out():
     e.controls["prompt"].value = 1  # one prompt is shown as it is, its wrong answer named
     assert "prompt 1 ✗ wrong answer" in spec(e)["title"]["text"]
     assert "correct" not in Explorer(per_prompt(SIGNED)).controls  # no coord, no switch
+    with pytest.raises(ValueError, match=r"correct_only=True needs a 'correct' coord"):
+        Explorer(per_prompt(SIGNED), correct_only=True)
+    started = Explorer(da, correct_only=True)
+    xr.testing.assert_allclose(started.array, da.sel(prompt=[0, 2]).mean("prompt"))
+    with pytest.raises(ValueError, match=r"side='up' is not a binarize rule"):
+        Explorer(da, side="up")
 
 
 def test_the_details_follow_the_selection_from_a_prompt_to_the_mean():

@@ -420,7 +420,8 @@ class Explorer:
 
     Raises:
         ValueError: if ``x`` or ``y`` is missing from the data, ``facet`` is not another dim,
-            or a dim has no coordinates.
+            a dim has no coordinates, ``side`` is not in ``SIDES``, or ``correct_only`` is
+            asked of data without a ``correct`` coord.
     """
 
     def __init__(
@@ -438,6 +439,13 @@ class Explorer:
         **options: Any,
     ) -> None:
         _check_sizes(data)
+        if side is not None and side not in SIDES:
+            raise ValueError(f"side={side!r} is not a binarize rule; pick one of {list(SIDES)}.")
+        if correct_only and "correct" not in data.coords:
+            raise ValueError(
+                "correct_only=True needs a 'correct' coord on prompt (capture results carry "
+                "one); this data has none, so draw all prompts (correct_only=False)."
+            )
         dims = _dims(data)
         for role, name in (("x", x), ("y", y)):
             if name not in dims and name not in data.coords:
