@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from transformers import PreTrainedModel
 
 Precision = Literal["float32", "bfloat16"]
 PRECISIONS: tuple[Precision, ...] = ("float32", "bfloat16")
@@ -28,11 +29,11 @@ def check_precision(precision: object) -> Precision:
             "trains the gates under bfloat16 autocast (faster on CPUs with bf16 units and "
             "on GPUs), 'float32' trains in full precision."
         )
-    return precision  # type: ignore[return-value]
+    return precision
 
 
 @contextlib.contextmanager
-def fit_passes(hf: torch.nn.Module, precision: Precision) -> Iterator[None]:
+def fit_passes(hf: PreTrainedModel, precision: Precision) -> Iterator[None]:
     """The forward and backward passes of a gate fit, made fast without changing the fit.
 
     - On a CPU, attention runs in eager mode: at a fit's short sequences the CPU kernel of
@@ -48,7 +49,7 @@ def fit_passes(hf: torch.nn.Module, precision: Precision) -> Iterator[None]:
     """
     device = next(hf.parameters()).device
     attention = hf.config._attn_implementation
-    cast: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    originals: list[tuple[torch.Tensor, torch.Tensor]] = []
     try:
         if device.type == "cpu" and attention != "eager":
             hf.set_attn_implementation("eager")
@@ -56,14 +57,13 @@ def fit_passes(hf: torch.nn.Module, precision: Precision) -> Iterator[None]:
             if precision == "bfloat16":
                 embedding = hf.get_input_embeddings().weight
                 for module in hf.modules():
-                    weight = getattr(module, "weight", None)
-                    if isinstance(module, torch.nn.Linear) and weight is not embedding:
-                        cast.append((weight, weight.data))
-                        weight.data = weight.data.to(torch.bfloat16)
+                    if isinstance(module, torch.nn.Linear) and module.weight is not embedding:
+                        originals.append((module.weight, module.weight.data))
+                        module.weight.data = module.weight.data.to(torch.bfloat16)
                 stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
             yield
     finally:
-        for weight, data in cast:
+        for weight, data in originals:
             weight.data = data
         if hf.config._attn_implementation != attention:
             hf.set_attn_implementation(attention)

@@ -546,8 +546,8 @@ def block_mask_estimate(
             rows = items[start : start + batch_size]
             scale = torch.ones(len(rows), spec.n_layers, 2, device=model.device)
             current["scale"] = scale.requires_grad_(True)
-            _row_loss(model, rows, current).sum().backward()
-            grads[start : start + len(rows)] = scale.grad.cpu()
+            loss = _row_loss(model, rows, current).sum()
+            grads[start : start + len(rows)] = torch.autograd.grad(loss, scale)[0].cpu()
     cost = torch.stack([-grads[torch.as_tensor(m)].mean(0) for m in members])
     attrs = schema.provenance(
         model,
