@@ -5,8 +5,15 @@ leaves 127.0.0.1, and there is no actions menu whose links would), a person's dr
 choice and toggle click redraw it in place, a click on a heatmap cell brings the cell's
 per-prompt values and the head's attention pattern beside the chart (click-to-detail time
 measured in the page, median <= 200 ms), a typed custom prompt redraws the chart and a bad
-one is explained with the chart kept, and the page logs no JavaScript errors. Screenshots
-go to ``$LENSCAPE_ARTIFACTS`` (default ``out/test-artifacts``) with the measured times.
+one is explained with the chart kept, and the page logs no JavaScript errors. A page of
+synthetic results checks the views cannot mislead: two charts with colour legends keep their
+own gradients, prompts the model gets wrong are flagged and can be left out, the details
+follow the selection from one prompt to the mean, a threshold past every value is noted, and
+the logit lens shows the input tokens in order with the top tokens on hover. Every request
+not to 127.0.0.1 is blocked and recorded; the list must be empty (but for Voila's own page
+template, below). Screenshots go to ``$LENSCAPE_ARTIFACTS`` (default ``out/test-artifacts``)
+with the measured times. A missing /usr/bin/chromium fails the tests unless
+``LENSCAPE_SKIP_BROWSER=1`` (``make test`` installs it as root: .ci/ensure-chromium).
 """
 
 import contextlib
@@ -511,6 +518,7 @@ def test_views_that_cannot_mislead_in_the_browser(chromium, truth_url, artifacts
             expect(tooltip).to_contain_text("' Paris' 0.41 | ' Rome' 0.12", timeout=10_000)
             expect(tooltip).to_contain_text("target_rank")
             page.screenshot(path=artifacts / "truth_page.png", full_page=True)
+            assert page.locator(".vega-actions").count() == 0  # no menu, no Vega Editor link
         finally:
             browser.close()
     # every request not to 127.0.0.1 was blocked and recorded: none may come from lenscape
