@@ -193,7 +193,7 @@ def test_comparison_on_held_out_texts(tiny_llama, mixed):
 def test_bad_inputs_name_the_fix(tiny_llama, tokenizer, mixed, clusters, learned):
     with pytest.raises(ValueError, match=r"target_sparsity must lie in \(0, 1\)"):
         block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=1.0, progress=False)
-    with pytest.raises(ValueError, match=r"target_sparsity must lie in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"^sparsities must lie in \(0, 1\)"):
         mask_comparison(tiny_llama, mixed, mixed[:8], clusters=clusters, sparsities=[0.3, 0])
     with pytest.raises(ValueError, match="pass the prompts that were clustered"):
         block_masks(tiny_llama, mixed[:5], clusters=clusters, progress=False)

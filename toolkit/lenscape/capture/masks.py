@@ -307,14 +307,16 @@ def _binary_masks(log_alpha: torch.Tensor, keep: float) -> torch.Tensor:
     return kept.view(sets, n_layers, 2)
 
 
-def _check_sparsities(target_sparsity: float | Sequence[float]) -> list[float]:
+def _check_sparsities(
+    target_sparsity: float | Sequence[float], name: str = "target_sparsity"
+) -> list[float]:
     try:
         values = [float(s) for s in np.atleast_1d(np.asarray(target_sparsity, dtype=float))]
     except (TypeError, ValueError):  # not numbers
         values = []
     if not values or any(not 0 < s < 1 for s in values):  # NaN fails too
         raise ValueError(
-            f"target_sparsity must lie in (0, 1), got {target_sparsity}; "
+            f"{name} must lie in (0, 1), got {target_sparsity}; "
             "e.g. 0.3 (skip 30% of blocks) or [0.1, 0.3, 0.5]."
         )
     return values
@@ -680,7 +682,7 @@ def mask_comparison(
         ``routed_mask`` (target_sparsity, cluster, layer, component) and ``global_mask``
         (target_sparsity, layer, component); the unmasked held-out NLL in attrs.
     """
-    sparsities = _check_sparsities(sparsities)
+    sparsities = _check_sparsities(sparsities, "sparsities")
     n_random = _validate.positive_int("n_random", n_random)
     _validate.choice("loss", loss, LOSSES)
     seed = _validate.integer("seed", seed, low=0)
