@@ -155,7 +155,7 @@ def test_errors(tiny_llama, tokenizer, factual):
         lsc.weight_importance(tiny_llama, [], progress=False)
     with pytest.raises(ValueError, match="Unknown change kind"):
         lsc.weight_change(tiny_llama, tiny_llama, kind="cosine")
-    with pytest.raises(ValueError, match="tol must be > 0"):
+    with pytest.raises(ValueError, match="tol must be a finite number > 0"):
         lsc.weight_change(tiny_llama, tiny_llama, kind="fraction_changed", tol=0)
     with pytest.raises(ValueError, match="differ in architecture"):
         lsc.weight_change(tiny_llama, models.tiny("gpt2", tokenizer=tokenizer))

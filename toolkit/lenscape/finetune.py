@@ -45,6 +45,8 @@ def finetune(
     _validate.positive_int("steps", steps)
     _validate.positive_int("batch_size", batch_size)
     _validate.number("lr", lr, low=0)
+    seed = _validate.integer("seed", seed, low=0)
+    progress = _validate.flag("progress", progress)
     _validate.context_lengths(
         model, [len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target"
     )

@@ -49,9 +49,14 @@ def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
 
 
 def _heads(head: int | Sequence[int] | None, n_heads: int) -> list[int]:
-    heads = (
-        list(range(n_heads)) if head is None else [head] if isinstance(head, int) else list(head)
-    )
+    if head is None:
+        heads: list[Any] = list(range(n_heads))
+    elif isinstance(head, (int, np.integer)):
+        heads = [head]
+    elif isinstance(head, (list, tuple, range, np.ndarray)):
+        heads = list(head)
+    else:  # a float, a string, a tensor ...: never iterated into something else
+        heads = [head]
     bad = [
         h
         for h in heads

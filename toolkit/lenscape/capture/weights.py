@@ -25,7 +25,7 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from .. import schema
+from .. import _validate, schema
 from ..data import Prompt, as_texts
 from ..models import LensModel
 
@@ -148,17 +148,17 @@ def weight_importance(
         Dataset with ``per_layer`` (layer, component) and ``model_level`` (component,).
     """
     model = _model(model)
-    if kind not in IMPORTANCE_KINDS:
-        raise ValueError(
-            f"Unknown importance kind {kind!r}; choose one of {list(IMPORTANCE_KINDS)}."
-        )
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(
-            f"Unknown aggregation {aggregation!r}; choose one of {list(AGGREGATIONS)}."
-        )
+    _validate.choice("importance kind", kind, IMPORTANCE_KINDS)
+    _validate.choice("aggregation", aggregation, AGGREGATIONS)
+    batch_size = _validate.positive_int("batch_size", batch_size)
+    normalize = _validate.flag("normalize", normalize)
+    progress = _validate.flag("progress", progress)
     texts = as_texts(prompts, with_target=True)
     if not texts:
         raise ValueError("The prompt list is empty; pass at least one prompt.")
+    _validate.context_lengths(
+        model, [len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target"
+    )
     tensors = list(_tensors(model))
     totals = {(layer, comp): 0.0 for layer, comp, _, _ in tensors}
     tok = model.tokenizer
@@ -301,10 +301,8 @@ def weight_change(
             first mismatching tensor).
     """
     base, tuned = _model(base), _model(tuned)
-    if kind not in CHANGE_KINDS:
-        raise ValueError(f"Unknown change kind {kind!r}; choose one of {list(CHANGE_KINDS)}.")
-    if tol <= 0:
-        raise ValueError(f"tol must be > 0, got {tol}.")
+    _validate.choice("change kind", kind, CHANGE_KINDS)
+    tol = _validate.number("tol", tol, above=0)
     if base.spec.architecture != tuned.spec.architecture:
         raise ValueError(
             f"The models differ in architecture ({base.spec.architecture} vs "
