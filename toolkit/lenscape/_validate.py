@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence, Sized
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 import xarray as xr
@@ -330,7 +330,8 @@ def result(
                 f"{name} lacks the variable(s) {missing}: it is not a result of {made_by} "
                 f"(it holds {list(value.data_vars)})."
             )
-    arrays = [value[v] for v in variables] if isinstance(value, xr.Dataset) else [value]
+    checked = cast("xr.DataArray | xr.Dataset", value)  # one of the kinds: xarray types
+    arrays = [checked[v] for v in variables] if isinstance(checked, xr.Dataset) else [checked]
     for array in arrays:
         absent = [d for d in dims if d not in array.dims]
         if absent:
@@ -339,7 +340,7 @@ def result(
                 f"result of {made_by}."
             )
     if model is not None:
-        attrs = {**(arrays[0].attrs if arrays else {}), **value.attrs}
+        attrs = {**(arrays[0].attrs if arrays else {}), **checked.attrs}
         origin, layout = attrs.get("model"), attrs.get("layout_fingerprint")
         if origin is not None and origin != model.name:
             raise ValueError(
