@@ -218,6 +218,7 @@ class _Pass:
             receiver's input (1: the edge reads the other run; 0: this run).
         embed_path: replaces the embeddings (integrated gradients' interpolation).
         senders: (batch, pos, n_senders, d_model), filled with this pass's sender outputs.
+        differences: with ``patched``, (n_senders, batch, pos, d_model) other - current.
     """
 
     graph: Graph
@@ -228,19 +229,43 @@ class _Pass:
     senders: torch.Tensor | None = None
     resid: torch.Tensor | None = None
     qkv_delta: torch.Tensor | None = None
+    differences: torch.Tensor | None = None
+
+    def start(self, embeddings: torch.Tensor) -> None:
+        """Allocate the per-pass buffers for ``embeddings`` (batch, pos, d_model)."""
+        rows, width, d_model = embeddings.shape
+        self.senders = embeddings.new_zeros((rows, width, len(self.graph.senders), d_model))
+        if self.patched is not None:
+            # (n_senders, batch, pos, d_model): other - current, sender-major so that a
+            # receiver's patch is one matrix product over a contiguous prefix of senders.
+            self.differences = embeddings.new_zeros((len(self.graph.senders), rows, width, d_model))
+
+    def record(self, first: int, outputs: torch.Tensor) -> None:
+        """Keep senders ``first..`` of this pass: outputs (batch, pos, n, d_model)."""
+        assert self.senders is not None
+        outputs = outputs.detach()
+        count = outputs.shape[2]
+        self.senders[:, :, first : first + count] = outputs
+        if self.differences is not None:
+            assert self.other is not None
+            other = self.other[:, :, first : first + count]
+            self.differences[first : first + count] = (other - outputs).permute(2, 0, 1, 3)
 
     def receiver_delta(self, key: tuple[str, int], columns: slice) -> torch.Tensor | None:
-        """What receivers ``columns`` add to their input: (batch, pos, n, d_model) or None."""
+        """What receivers ``columns`` add to their input: (batch, pos, n, d_model), or
+        (batch, pos, d_model) for a single receiver, or None."""
         delta = self.deltas.get(key)
         if self.patched is not None:
-            assert self.other is not None and self.senders is not None
+            assert self.differences is not None
             count = int(self.graph.upstream[columns.start])
             weights = self.patched[:count, columns]
             if bool(weights.any()):
-                diff = self.other[:, :, :count] - self.senders[:, :, :count]
-                patch = torch.einsum("bpsd,sr->bprd", diff, weights.to(diff.dtype))
-                if columns.stop - columns.start == 1:
-                    patch = patch[:, :, 0]
+                upstream = self.differences[:count]
+                n_senders, rows, width, d_model = upstream.shape
+                patch = (weights.T.to(upstream.dtype) @ upstream.reshape(n_senders, -1)).view(
+                    -1, rows, width, d_model
+                )
+                patch = patch[0] if columns.stop - columns.start == 1 else patch.permute(1, 2, 0, 3)
                 delta = patch if delta is None else delta + patch
         return delta
 
@@ -297,8 +322,8 @@ def _hooks(model: LensModel, state: _Pass) -> Iterator[None]:
     def embed_hook(module, args, output):
         if state.embed_path is not None:
             output = state.embed_path(output)
-        state.senders = output.new_zeros((*output.shape[:2], len(graph.senders), output.shape[-1]))
-        state.senders[:, :, 0] = output.detach()
+        state.start(output)
+        state.record(0, output[:, :, None])
         return output
 
     handles.append(model.module(spec.layout.embed).register_forward_hook(embed_hook))
@@ -329,8 +354,7 @@ def _hooks(model: LensModel, state: _Pass) -> Iterator[None]:
             z = args[0]
             w_o = module.weight.view(spec.d_model, n_heads, spec.d_head)
             heads = torch.einsum("bphk,dhk->bphd", z.view(*z.shape[:2], n_heads, spec.d_head), w_o)
-            assert state.senders is not None
-            state.senders[:, :, first : first + n_heads] = heads.detach()
+            state.record(first, heads)
 
         def mlp_input(module, args, *, layer=layer):
             receiver = graph.mlp_receiver(layer)
@@ -338,8 +362,7 @@ def _hooks(model: LensModel, state: _Pass) -> Iterator[None]:
             return None if delta is None else (args[0] + delta, *args[1:])
 
         def mlp_output(module, args, output, *, index=first + n_heads):
-            assert state.senders is not None
-            state.senders[:, :, index] = output.detach()
+            state.record(index, output[:, :, None])
 
         handles += [
             parts["norm"].register_forward_pre_hook(keep_resid),
