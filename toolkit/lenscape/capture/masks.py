@@ -536,6 +536,8 @@ def block_mask_estimate(
         when the block alone is skipped).
     """
     sparsities = _check_sparsities(target_sparsity)
+    batch_size = _validate.positive_int("batch_size", batch_size)
+    progress = _validate.flag("progress", progress)
     clusters = _check_clusters(clusters)
     members = _members(clusters, len(prompts))
     items = _encode(model, prompts)
