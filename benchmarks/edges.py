@@ -8,7 +8,10 @@ EAP-IG needs 1 forward + ``steps`` forward/backward); then the memory of the den
 the (sender, receiver) float64 result, the per-batch float32 buffers (sender outputs and
 receiver gradients, (batch, pos, n, d_model)), and the same numbers computed on paper for a
 1B-parameter shape (Llama-3.2-1B: 16 layers, 32 query heads, 8 key/value heads, d_model
-2048). Writes the ``edges`` section of RESULTS.md (see _report.py).
+2048). Then how good the circuits are: faithfulness curves over edge budgets with CPR and
+CMD for EAP, EAP-IG and random circuits of the same sizes (``lsc.circuit_faithfulness``),
+and the agreement of each estimator with exact single-edge patching per receiver kind
+(``lsc.edge_agreement``). Writes the ``edges`` section of RESULTS.md (see _report.py).
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
-    args = _report.parse_args(parser, prompts=4)
+    parser.add_argument("--random", type=int, default=3, help="random circuits per budget")
+    parser.add_argument("--sample", type=int, default=20, help="top and random edges checked")
+    args = _report.parse_args(parser, prompts=4, random=1, sample=5)
     import torch
 
     model = lsc.load("smollm2-135m", device="cpu")
@@ -66,10 +71,10 @@ def main() -> None:
 
     forward_backward()  # warm up
     floor = forward_backward()
-    timings = {}
+    timings, scores = {}, {}
     for estimator, steps in (("eap", None), ("eap-ig", args.steps)):
         start = time.perf_counter()
-        lsc.edge_attribution(
+        scores[estimator] = lsc.edge_attribution(
             model,
             prompts,
             estimator=estimator,
@@ -101,6 +106,53 @@ def main() -> None:
         memory.append(
             [name, f"{senders} x {receivers}", f"{n_edges:,}", f"{dense:.1f}", f"{buffers:.0f}"]
         )
+    budgets = (0.001, 0.01, 0.05, 0.2, 1.0) if args.quick else lsc.capture.edges.DEFAULT_FRACTIONS
+    curves = {
+        name: lsc.circuit_faithfulness(
+            model, prompts, result, fractions=budgets, n_random=args.random, progress=False
+        )
+        for name, result in scores.items()
+    }
+    faith_rows = []
+    for name, result in curves.items():
+        label = name if name == "eap" else f"eap-ig ({args.steps} steps)"
+        faith_rows.append(
+            [label, f"{float(result.cpr):.3f}", f"{float(result.cmd):.3f}"]
+            + [f"{v:.2f}" for v in result["faithfulness"].values]
+        )
+    random = curves["eap"]
+    faith_rows.append(
+        [
+            f"random (mean of {args.random})",
+            f"{float(random.random_cpr):.3f}",
+            f"{float(random.random_cmd):.3f}",
+        ]
+        + [f"{v:.2f}" for v in random["random_faithfulness"].mean("seed").values]
+    )
+    print(_report.table(["circuit", "CPR", "CMD", *map(str, budgets)], faith_rows))
+    agreement = lsc.edge_agreement(
+        model,
+        prompts,
+        steps=args.steps,
+        n_top=args.sample,
+        n_random=args.sample,
+        batch_size=args.batch_size,
+        progress=False,
+    )
+    agree_rows = []
+    for estimator in agreement["estimator"].values:
+        for kind in agreement["receiver_kind"].values:
+            cell = agreement.sel(estimator=estimator, receiver_kind=kind)
+            agree_rows.append(
+                [
+                    str(estimator),
+                    str(kind),
+                    int(cell["n_edges"]),
+                    f"{float(cell['pearson_cells']):.3f}",
+                    f"{float(cell['sign_agreement']):.2f}",
+                ]
+            )
+    print(_report.table(["estimator", "receiver", "edges", "Pearson r", "sign"], agree_rows))
     body = "\n\n".join(
         [
             _report.table(
@@ -124,6 +176,12 @@ def main() -> None:
                 ],
                 memory,
             ),
+            "Faithfulness (share of the clean - corrupt logit difference kept by the circuit "
+            "alone, exact edge patching) at each edge budget:",
+            _report.table(["circuit", "CPR", "CMD", *map(str, budgets)], faith_rows),
+            "Agreement with exact single-edge patching (each estimator's top edges and a "
+            "random sample, per prompt):",
+            _report.table(["estimator", "receiver", "edges", "Pearson r", "sign"], agree_rows),
         ]
     )
     intro = (

@@ -230,41 +230,57 @@ class _Pass:
     resid: torch.Tensor | None = None
     qkv_delta: torch.Tensor | None = None
     differences: torch.Tensor | None = None
+    total: torch.Tensor | None = None
+    recorded: int = 0
 
     def start(self, embeddings: torch.Tensor) -> None:
         """Allocate the per-pass buffers for ``embeddings`` (batch, pos, d_model)."""
         rows, width, d_model = embeddings.shape
         self.senders = embeddings.new_zeros((rows, width, len(self.graph.senders), d_model))
+        self.recorded = 0
         if self.patched is not None:
             # (n_senders, batch, pos, d_model): other - current, sender-major so that a
-            # receiver's patch is one matrix product over a contiguous prefix of senders.
+            # receiver's patch is one matrix product over the senders it treats specially.
             self.differences = embeddings.new_zeros((len(self.graph.senders), rows, width, d_model))
+            self.total = embeddings.new_zeros((rows, width, d_model))
 
     def record(self, first: int, outputs: torch.Tensor) -> None:
         """Keep senders ``first..`` of this pass: outputs (batch, pos, n, d_model)."""
-        assert self.senders is not None
+        assert self.senders is not None and first == self.recorded
         outputs = outputs.detach()
         count = outputs.shape[2]
         self.senders[:, :, first : first + count] = outputs
-        if self.differences is not None:
+        self.recorded += count
+        if self.differences is not None and self.total is not None:
             assert self.other is not None
-            other = self.other[:, :, first : first + count]
-            self.differences[first : first + count] = (other - outputs).permute(2, 0, 1, 3)
+            difference = self.other[:, :, first : first + count] - outputs
+            self.differences[first : first + count] = difference.permute(2, 0, 1, 3)
+            self.total += difference.sum(2)
 
     def receiver_delta(self, key: tuple[str, int], columns: slice) -> torch.Tensor | None:
         """What receivers ``columns`` add to their input: (batch, pos, n, d_model), or
-        (batch, pos, d_model) for a single receiver, or None."""
+        (batch, pos, d_model) for a single receiver, or None.
+
+        Patched: sum over upstream senders s of weight[s, r] (other_s - current_s), computed
+        as the column's typical weight (its median) times the running total of differences
+        plus a product over the few senders whose weight differs from it (the circuit's own
+        edges when most edges are patched, the patched ones when few are).
+        """
         delta = self.deltas.get(key)
         if self.patched is not None:
-            assert self.differences is not None
+            assert self.differences is not None and self.total is not None
             count = int(self.graph.upstream[columns.start])
-            weights = self.patched[:count, columns]
+            assert count == self.recorded  # receivers read every sender recorded so far
+            weights = self.patched[:count, columns].to(self.total.dtype)
+            typical = weights.median(0).values  # (receivers,)
+            rows = torch.nonzero((weights != typical).any(1)).flatten()
+            patch = typical[:, None, None, None] * self.total
+            if len(rows):
+                upstream = self.differences[rows]
+                n_rows, batch, width, d_model = upstream.shape
+                extra = (weights[rows] - typical).T @ upstream.reshape(n_rows, -1)
+                patch = patch + extra.view(-1, batch, width, d_model)
             if bool(weights.any()):
-                upstream = self.differences[:count]
-                n_senders, rows, width, d_model = upstream.shape
-                patch = (weights.T.to(upstream.dtype) @ upstream.reshape(n_senders, -1)).view(
-                    -1, rows, width, d_model
-                )
                 patch = patch[0] if columns.stop - columns.start == 1 else patch.permute(1, 2, 0, 3)
                 delta = patch if delta is None else delta + patch
         return delta
