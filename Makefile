@@ -33,6 +33,7 @@ test: install
 	$(VENV)/bin/ruff check toolkit tests benchmarks
 	$(VENV)/bin/ruff format --check toolkit tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	./.ci/ensure-chromium
 	$(PY) -m pytest -q -rs
 

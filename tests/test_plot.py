@@ -1,8 +1,6 @@
 """heatmap and export, checked through the Vega-Lite spec (``chart.to_dict()``)."""
 
-import ast
 import json
-from pathlib import Path
 
 import altair as alt
 import numpy as np
@@ -284,18 +282,6 @@ def test_enable_offline_switches_renderer_and_bundles_javascript():
     assert alt.renderers.active == "jupyter"
     assert alt.JupyterChart._is_offline
     assert plot.SVG_ID_PREFIX in alt.JupyterChart._esm  # each chart widget's ids its own
-
-
-@pytest.mark.parametrize("module", ["plot", "widgets", "accessor"])
-def test_views_never_import_torch(module):
-    source = (Path(plot.__file__).parent / f"{module}.py").read_text()
-    imported = {
-        a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names
-    }
-    imported |= {
-        n.module or "" for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)
-    }
-    assert not any(m.split(".")[0] == "torch" or "capture" in m or "models" in m for m in imported)
 
 
 def test_categories_draw_role_codes_with_named_colours():

@@ -8,12 +8,11 @@ self-check checking exactly the arithmetic that capture uses.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import torch
 
-if TYPE_CHECKING:  # type-only: models imports selfcheck, which imports this module
-    from .models import LensModel
+from ._lens_model import LensModel
 
 
 def rms_scale(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:

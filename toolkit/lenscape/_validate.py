@@ -33,7 +33,7 @@ import numpy as np
 import xarray as xr
 
 if TYPE_CHECKING:
-    from .models import LensModel
+    from ._lens_model import LensModel
 
 
 def _shown(value: Any) -> str:

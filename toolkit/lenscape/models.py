@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from ._bundled import (
     tokenizer_for,
 )
 from ._layouts import ARCHITECTURES, ArchLayout, ModelSpec, resolve_layout
+from ._lens_model import LensModel
 
 __all__ = [
     "ARCHITECTURES",
@@ -65,46 +65,6 @@ TOKENIZER_FILES: tuple[tuple[str, ...], ...] = (
     ("spiece.model",),
     ("sentencepiece.bpe.model",),
 )
-
-
-@dataclass(eq=False)  # identity semantics: the capture seam keeps per-model state by model
-class LensModel:
-    """A causal LM ready for capture.
-
-    Attributes:
-        hf: the Hugging Face ``PreTrainedModel`` (eval mode, parameters frozen).
-        tokenizer: its tokenizer (a pad token is always set).
-        spec: sizes and layout.
-        name: bundled name, HF id or folder it came from.
-        device, dtype: where and in which precision it runs.
-        recipe: a picklable zero-argument callable that loads this model again (set by
-            ``load`` and ``tiny``; None for models wrapped with ``from_hf``). Distributed
-            capture sends it to each worker, which calls it once.
-        layout_checked: whether the layout self-check (``lsc.check``) passed on this
-            model; results record it in their ``layout_checked`` attr.
-    """
-
-    hf: Any
-    tokenizer: Any
-    spec: ModelSpec
-    name: str
-    device: torch.device
-    dtype: torch.dtype
-    recipe: Callable[[], LensModel] | None = field(default=None, repr=False)
-    layout_checked: bool = False
-
-    def module(self, path: str, layer: int | None = None) -> torch.nn.Module:
-        """The submodule at ``path`` (relative to block ``layer`` when given)."""
-        if layer is not None:
-            path = f"{self.spec.layout.layers}.{layer}.{path}"
-        return self.hf.get_submodule(path)
-
-    def __repr__(self) -> str:
-        s = self.spec
-        return (
-            f"LensModel({self.name!r}, {s.architecture}, {s.n_layers} layers x {s.n_heads} "
-            f"heads ({s.n_kv_heads} KV), d_model {s.d_model}, {self.device}, {self.dtype})"
-        )
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xarray as xr
 
-if TYPE_CHECKING:  # type-only: models imports selfcheck, which imports schema
-    from .models import LensModel
+if TYPE_CHECKING:  # type-only: schema stays free of torch (the views import it)
+    from ._lens_model import LensModel
 
 SCHEMA_VERSION = 1
 

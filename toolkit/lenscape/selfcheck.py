@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 import xarray as xr
 
 from . import schema
+from ._lens_model import LensModel
 from ._parts import head_outputs, norm_weight, rms_scale
-
-if TYPE_CHECKING:  # type-only: models.from_hf runs this check
-    from .models import LensModel
 
 #: Relative mismatch allowed per model dtype (see the module docstring). The check recomputes
 #: in float32, as direct logit attribution does, so float64 models get float32's limit.
