@@ -38,3 +38,50 @@ def test_a_still_set_stops_while_others_go_on():
     )
     assert fit.steps.tolist() == [5, 20] and fit.converged.tolist() == [True, False]
     assert float(fit.params[0]) == 0.0 and float(fit.params[1]) > 5
+
+
+def _loss_and_gate_grad(model, passes):
+    """Target NLL of a few items and its gradient w.r.t. per-head gates, under ``passes``."""
+    import lenscape as lsc
+    from lenscape.capture import gating
+
+    items = gating._encode(model, lsc.data.task("syntax")[:6])
+    row_gates = torch.full((len(items), model.spec.n_layers, model.spec.n_heads), 0.7)
+    row_gates.requires_grad_(True)
+    with gating._Gates(model) as gates, passes:
+        loss = gating._row_nll(model, gates, row_gates, items).mean()
+    loss.backward()
+    return loss.detach(), row_gates.grad
+
+
+def test_fit_passes_float32_match_the_models_own_attention(tiny_llama):
+    """Eager attention on the CPU changes the kernel, not the numbers (float rounding)."""
+    assert tiny_llama.hf.config._attn_implementation != "eager"
+    plain = _loss_and_gate_grad(tiny_llama, torch.autocast("cpu", enabled=False))
+    fast = _loss_and_gate_grad(tiny_llama, _fit.fit_passes(tiny_llama.hf, "float32"))
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
+    assert tiny_llama.hf.config._attn_implementation != "eager", "restored on exit"
+
+
+def test_fit_passes_bfloat16_equal_plain_autocast_bit_for_bit(tiny_llama):
+    """Casting the linear weights once gives exactly what autocast computes pass by pass."""
+    weights = {name: p.clone() for name, p in tiny_llama.hf.named_parameters()}
+    with _fit.fit_passes(tiny_llama.hf, "float32"):  # the same (eager) attention in both
+        autocast = _loss_and_gate_grad(tiny_llama, torch.autocast("cpu", dtype=torch.bfloat16))
+    cast_once = _loss_and_gate_grad(tiny_llama, _fit.fit_passes(tiny_llama.hf, "bfloat16"))
+    assert torch.equal(cast_once[0], autocast[0]) and torch.equal(cast_once[1], autocast[1])
+    for name, p in tiny_llama.hf.named_parameters():  # weights restored, dtype and values
+        assert p.dtype == weights[name].dtype and torch.equal(p, weights[name]), name
+
+
+def test_fit_passes_restore_the_model_after_an_interruption(tiny_llama):
+    dtypes = {name: p.dtype for name, p in tiny_llama.hf.named_parameters()}
+    with pytest.raises(KeyboardInterrupt), _fit.fit_passes(tiny_llama.hf, "bfloat16"):
+        raise KeyboardInterrupt
+    assert {name: p.dtype for name, p in tiny_llama.hf.named_parameters()} == dtypes
+    assert tiny_llama.hf.config._attn_implementation != "eager"
+
+
+def test_precision_is_checked():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        _fit.check_precision("bf16")
