@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
+import hashlib
+import json
 
 import pytest
 import torch
@@ -173,3 +176,25 @@ def test_field_of_wrong_type_names_the_field(field, value):
 def test_from_records_wants_a_list(records):
     with pytest.raises(TypeError, match=r"records must be a list of Prompts or dicts.*\[record\]"):
         from_records(records)
+
+
+# sha256 of the JSON-dumped records of each built-in set, computed from the tables as code
+# before they moved to prompt_tables/*.json: the move must not change a single prompt.
+FROZEN = {
+    ("prompts", "factual"): "4b50b4622d794b3530534c7c8df7bb91522797dcc67348f2740e0583cfb1e7a0",
+    ("prompts", "ioi"): "6c604f8b1c4f91cf45e963f30670e8842cd0da1bbcc02013a02bbf3215145fe6",
+    ("prompts", "mixed"): "5d5c4842e681ca363ede26981a52a90de9e24fd1fd116bb7a4ac3e6ebfac6c32",
+    ("math", "train"): "6fa694c58c722f38fd32528a00dda60b8308a95729f57f4c999df81b1eb8bba2",
+    ("math", "validation"): "e20f1af76c90ed3828fc09d5dc99d29d087be77ae1a302c13b9bb2d72e6899d2",
+    ("math", "all"): "0d7cd4cf14aefd05192d474ca0de022bf0628fe84764cf197306bfcada02e34f",
+    ("syntax", "train"): "a5e6c05fc43ddce5bfd3eb118bfd9678c20ba7927280c7d613ce1a64ee9e92a3",
+    ("syntax", "validation"): "784a5a522715191adcc16458a075ce642408612a8fc68de64e9bbb6f74faf263",
+    ("syntax", "all"): "f6362c014597ef089eb7a56ee648d9f78543b14b9e506af4fff674711fbbd7cf",
+}
+
+
+@pytest.mark.parametrize(("kind", "name"), list(FROZEN))
+def test_builtin_sets_are_the_same_prompts_as_before_the_tables_moved(kind, name):
+    prompt_set = lsc.data.prompts(name) if kind == "prompts" else lsc.data.task(kind, split=name)
+    dumped = json.dumps([dataclasses.asdict(p) for p in prompt_set]).encode()
+    assert hashlib.sha256(dumped).hexdigest() == FROZEN[kind, name]

@@ -9,81 +9,12 @@ from __future__ import annotations
 
 import random
 
-_NAMES = ["Anna", "Ben", "Clara", "David", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas"]
-_PLACES = [
-    "the old harbour",
-    "a quiet village",
-    "the city market",
-    "the mountain hut",
-    "the school library",
-    "a small bakery",
-    "the train station",
-    "the river bank",
-]
-_THINGS = [
-    "a red umbrella",
-    "an old map",
-    "a silver key",
-    "a torn letter",
-    "a wooden box",
-    "a blue notebook",
-    "a broken clock",
-    "a tiny kitten",
-]
-_FACTS = [
-    ("Water boils at", "100 degrees Celsius at sea level"),
-    ("The Moon orbits", "the Earth about once every 27 days"),
-    ("Light from the Sun reaches", "the Earth in about eight minutes"),
-    ("The human heart has", "four chambers"),
-    ("Mount Everest is", "the highest mountain on Earth"),
-    ("The Pacific is", "the largest ocean on the planet"),
-    ("Honey bees live", "in colonies with one queen"),
-    ("Diamonds are made of", "carbon atoms in a crystal lattice"),
-    ("The Amazon river flows", "through South America into the Atlantic"),
-    ("Sound travels", "faster in water than in air"),
-]
-_FUNCS = [
-    ("add", "a + b"),
-    ("multiply", "a * b"),
-    ("subtract", "a - b"),
-    ("maximum", "max(a, b)"),
-    ("average", "(a + b) / 2"),
-    ("power", "a ** b"),
-]
-_ITEMS = [
-    "apples",
-    "bread",
-    "milk",
-    "eggs",
-    "rice",
-    "tomatoes",
-    "cheese",
-    "onions",
-    "coffee",
-    "tea",
-    "pasta",
-    "butter",
-]
-_TASKS = [
-    "water the plants",
-    "call the dentist",
-    "pay the rent",
-    "clean the kitchen",
-    "answer the emails",
-    "book the tickets",
-    "fix the bike",
-    "buy a birthday card",
-]
-_VERBS = [
-    ("Preheat", "the oven to 180 degrees"),
-    ("Chop", "the onions finely"),
-    ("Mix", "the flour and the sugar"),
-    ("Stir", "the sauce for two minutes"),
-    ("Open", "the settings menu"),
-    ("Click", "the save button"),
-    ("Unplug", "the router"),
-    ("Fold", "the paper in half"),
-]
+from ._tables import load_table
+
+_CORPUS_KEYS = ("names", "places", "things", "facts", "funcs", "items", "tasks", "verbs")
+_NAMES, _PLACES, _THINGS, _FACTS, _FUNCS, _ITEMS, _TASKS, _VERBS = load_table(
+    "corpus", keys=_CORPUS_KEYS
+).values()
 
 
 def _narrative(rng: random.Random) -> str:

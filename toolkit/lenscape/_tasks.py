@@ -12,106 +12,16 @@ import functools
 import random
 from collections.abc import Callable
 
+from ._tables import load_table
+
 #: One task item: (text, target, category).
 Item = tuple[str, str, str]
 
-_NOUNS = {  # singular -> plural
-    "cat": "cats",
-    "dog": "dogs",
-    "box": "boxes",
-    "child": "children",
-    "mouse": "mice",
-    "city": "cities",
-    "knife": "knives",
-    "bus": "buses",
-    "tooth": "teeth",
-    "baby": "babies",
-    "house": "houses",
-    "leaf": "leaves",
-    "woman": "women",
-    "church": "churches",
-    "toy": "toys",
-    "story": "stories",
-    "foot": "feet",
-    "wish": "wishes",
-    "book": "books",
-    "party": "parties",
-    "man": "men",
-    "glass": "glasses",
-    "wolf": "wolves",
-    "tree": "trees",
-    "lady": "ladies",
-    "fox": "foxes",
-    "goose": "geese",
-    "car": "cars",
-    "dish": "dishes",
-    "life": "lives",
-    "person": "people",
-    "bird": "birds",
-    "brush": "brushes",
-    "day": "days",
-    "berry": "berries",
-    "key": "keys",
-    "class": "classes",
-    "shelf": "shelves",
-    "apple": "apples",
-    "horse": "horses",
-}
-_VERBS = {  # base -> (third person singular, past)
-    "walk": ("walks", "walked"),
-    "go": ("goes", "went"),
-    "eat": ("eats", "ate"),
-    "play": ("plays", "played"),
-    "run": ("runs", "ran"),
-    "write": ("writes", "wrote"),
-    "see": ("sees", "saw"),
-    "jump": ("jumps", "jumped"),
-    "sing": ("sings", "sang"),
-    "try": ("tries", "tried"),
-    "swim": ("swims", "swam"),
-    "cook": ("cooks", "cooked"),
-    "read": ("reads", "read"),
-    "drink": ("drinks", "drank"),
-    "help": ("helps", "helped"),
-    "speak": ("speaks", "spoke"),
-    "sleep": ("sleeps", "slept"),
-    "carry": ("carries", "carried"),
-    "buy": ("buys", "bought"),
-    "dance": ("dances", "danced"),
-    "think": ("thinks", "thought"),
-    "open": ("opens", "opened"),
-    "teach": ("teaches", "taught"),
-    "paint": ("paints", "painted"),
-    "fly": ("flies", "flew"),
-    "build": ("builds", "built"),
-    "watch": ("watches", "watched"),
-    "drive": ("drives", "drove"),
-    "laugh": ("laughs", "laughed"),
-    "catch": ("catches", "caught"),
-}
-_SUBJECTS = [
-    ("The dog", "The dogs"),
-    ("My friend", "My friends"),
-    ("The teacher", "The teachers"),
-    ("A child", "The children"),
-    ("The bird", "The birds"),
-    ("Her brother", "Her brothers"),
-    ("The farmer", "The farmers"),
-    ("This student", "These students"),
-]
-_ADJECTIVES = [
-    "happy",
-    "tired",
-    "ready",
-    "late",
-    "hungry",
-    "busy",
-    "right",
-    "asleep",
-    "home",
-    "sure",
-]
-_PRONOUNS = [("She", "she"), ("He", "he"), ("It", "it")]
+#: Word lists (prompt_tables/tasks.json): nouns singular -> plural, verbs base -> (third
+#: person singular, past), subjects (singular, plural), adjectives, pronouns (capitalised, lower).
+_NOUNS, _VERBS, _SUBJECTS, _ADJECTIVES, _PRONOUNS = load_table(
+    "tasks", keys=("nouns", "verbs", "subjects", "adjectives", "pronouns")
+).values()
 
 
 def _unique(make: Callable[[], Item], n: int) -> list[Item]:
