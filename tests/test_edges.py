@@ -422,3 +422,17 @@ def test_agreement_samples_the_top_edges_of_each_estimator(gqa64):
     }
     sampled = set(zip(result["sender"].values, result["receiver"].values, strict=True))
     assert labels <= sampled and 5 <= len(sampled) <= 10
+
+
+def test_edge_patching_with_every_edge_kept_is_the_unpatched_run(gqa64):
+    prompts = IOI[:3]
+    scores = edges.edge_attribution(gqa64, prompts, progress=False)
+    full = lsc.circuit(scores, fraction=1.0)
+    inputs = _inputs(gqa64, prompts)
+    _, clean, corrupt = edges._patched_metrics(inputs, inputs.batch(0), [], base="clean")
+    for base, expected in (("clean", clean), ("corrupt", corrupt)):
+        patched = lsc.edge_patching(gqa64, prompts, full, base=base, progress=False)
+        assert patched.dims == ("prompt",) and patched.attrs["base"] == base
+        np.testing.assert_allclose(patched.values, expected.numpy(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="base"):
+        lsc.edge_patching(gqa64, prompts, full, base="both", progress=False)
