@@ -436,3 +436,21 @@ def test_edge_patching_with_every_edge_kept_is_the_unpatched_run(gqa64):
         np.testing.assert_allclose(patched.values, expected.numpy(), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="base"):
         lsc.edge_patching(gqa64, prompts, full, base="both", progress=False)
+
+
+def test_a_heads_outgoing_edges_sum_to_its_attribution_patching_score(tiny_llama):
+    """The residual stream feeds every receiver, so a sender's gradient is the sum of its
+    receivers' gradients: summed over receivers, EAP is lsc.attribution_patching's head
+    score (same denoising sign, gradient at the corrupt run)."""
+    prompts = IOI[:4]
+    scores = edges.edge_attribution(tiny_llama, prompts, per_prompt=True, progress=False)
+    heads = lsc.attribution_patching(tiny_llama, prompts, level="head", progress=False)
+    summed = scores.where(scores["sender_kind"] == "head", drop=True).sum("receiver")
+    for layer in range(3):
+        for head in range(4):
+            np.testing.assert_allclose(
+                summed.sel(sender=f"L{layer}.H{head}").values,
+                heads.sel(layer=layer, head=head).values,
+                rtol=1e-4,
+                atol=1e-4 * float(np.abs(heads).max()),
+            )
