@@ -14,6 +14,7 @@ from _helpers import answered_prompts, reference_correct
 
 import lenscape as lsc
 from lenscape import models, store
+from lenscape.capture import patching
 
 distributed = pytest.importorskip("distributed", reason="needs the dask extra")
 
@@ -112,3 +113,46 @@ def test_correct_flags_written_by_workers(client, tiny_llama, factual, tmp_path)
         tiny_llama, prompts, batch_size=2, store=tmp_path / "d.zarr", client=client, progress=False
     )
     np.testing.assert_array_equal(got["correct"].values, expected)
+
+
+def test_refined_run_ranks_once_on_the_client_and_workers_reuse_it(
+    client, tiny_llama, factual, tmp_path, monkeypatch
+):
+    def count_ranking_passes():  # on each worker: wrap the ranking pass with a counter
+        from lenscape.capture import patching
+
+        if not hasattr(patching, "ranking_passes"):
+            rank = patching._refined_columns
+
+            def counted(*args, **kwargs):
+                patching.ranking_passes += 1
+                return rank(*args, **kwargs)
+
+            patching.ranking_passes = 0
+            patching._refined_columns = counted
+        return patching.ranking_passes
+
+    on_client = []
+    rank = patching._refined_columns
+    monkeypatch.setattr(
+        patching, "_refined_columns", lambda *a, **k: on_client.append(1) or rank(*a, **k)
+    )
+    before = sum(client.run(count_ranking_passes).values())
+    prompts = factual[:12]
+    options = {"batch_size": 3, "refine": 6}
+    expected = lsc.ablation(tiny_llama, prompts, progress=False, **options)
+    got = lsc.ablation(
+        tiny_llama,
+        prompts,
+        **options,
+        store=tmp_path / "refined.zarr",
+        client=client,
+        progress=False,
+    )
+    # The same components measured (NaN pattern), numbers to float32 rounding: the workers'
+    # models ran no backward pass (the ranking), the client's did.
+    xr.testing.assert_allclose(got.compute(), expected, atol=1e-6, rtol=0)
+    np.testing.assert_array_equal(np.isnan(got.values), np.isnan(expected.values))
+    assert got.attrs == expected.attrs
+    assert len(on_client) == 2  # one ranking pass per run: in memory, then the dask run
+    assert sum(client.run(count_ranking_passes).values()) == before  # none on the workers

@@ -6,7 +6,7 @@ attribution) is three things side by side in its module:
 - the public function, e.g. ``ablation(model, prompts, *, level="head", ...)``;
 - its options, a frozen ``CaptureOptions`` subclass (``AblationOptions``) with one field
   per option;
-- its planner, ``plan_ablation(model, prompts, options, *, progress) -> Plan``.
+- its planner, ``plan_ablation(model, prompts, options, *, progress, prepass=None) -> Plan``.
 
 The public function packs its keyword arguments into the options and hands them, with its
 planner, to ``streaming.execute``. **Defaults live once, in the public function's
@@ -36,6 +36,14 @@ A plan runs in memory (``run_in_memory``), into a zarr store (``streaming``) or 
 workers (``distributed``), the last two one ``write_batch`` at a time. Because batches are
 independent and deterministic, all three give the same numbers.
 
+**A plan is data.** The work a planner does over the whole prompt list (the pre-pass: the
+mean activations of mean-ablation, the ranking pass of ``refine=k``) is kept in the plan's
+``prepass`` (CPU tensors and plain values). ``PlanData`` holds what a plan is built from
+(the planner, by reference, the options with the resolved batch size, the prompts) and that
+pre-pass: it pickles, and ``PlanData.build(model)`` rebuilds the same plan on any process
+without redoing the pre-pass (planners take it back as ``prepass=``). Distributed capture
+builds the plan once on the client and sends its ``PlanData`` to the workers.
+
 Imports go one way: ``_plan`` <- ``distributed`` <- ``streaming`` (which imports
 ``distributed`` lazily: dask is optional) <- ``patching``, ``logit`` <- ``to_store``
 (``capture_to``, which finds a method by name).
@@ -44,7 +52,7 @@ Imports go one way: ``_plan`` <- ``distributed`` <- ``streaming`` (which imports
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -54,6 +62,8 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import _validate, store
+from .._lens_model import LensModel
+from ..data import PromptSet
 from . import metrics
 from ._backend import BACKENDS
 from ._inputs import PADDING_SIDES, Batch, Inputs
@@ -147,6 +157,8 @@ class Plan(Generic[R]):
             positions or None for all) -> R``, labels and provenance included.
         desc: progress bar label.
         steps_per_batch: progress steps in one batch (e.g. layers of an exact sweep).
+        prepass: what the planner computed over the whole prompt list (name -> CPU
+            tensors or plain values); given back to the planner, it skips that work.
     """
 
     inputs: Inputs
@@ -155,10 +167,48 @@ class Plan(Generic[R]):
     finish: Callable[[Any, Any, Sequence[int] | None], R]
     desc: str
     steps_per_batch: int = 1
+    prepass: dict[str, Any] = field(default_factory=dict)
 
 
-#: A method's planner: ``(model, prompts, options, *, progress: bool) -> Plan[R]``.
+#: A method's planner: ``(model, prompts, options, *, progress: bool, prepass=None) ->
+#: Plan[R]``; ``prepass`` (a plan's own, see ``Plan``) skips the pre-pass.
 Planner = Callable[..., Plan[R]]
+
+
+def once(prepass: dict[str, Any], name: str, compute: Callable[[], Any]) -> Any:
+    """``prepass[name]``, computed by ``compute()`` and kept there when it is missing."""
+    if name not in prepass:
+        prepass[name] = compute()
+    return prepass[name]
+
+
+@dataclass(frozen=True)
+class PlanData(Generic[R]):
+    """A built plan as data: picklable, rebuilt on another process without its pre-pass.
+
+    Attributes:
+        planner: the method's planner (a module-level function, pickled by reference).
+        options: its options, with the batch size the plan resolved.
+        prompts: the prompts the plan was built for.
+        prepass: the plan's pre-pass results (``Plan.prepass``).
+    """
+
+    planner: Planner[R]
+    options: CaptureOptions
+    prompts: PromptSet
+    prepass: dict[str, Any]
+
+    @classmethod
+    def of(cls, planner: Planner[R], options: CaptureOptions, plan: Plan[R]) -> PlanData[R]:
+        """The data of ``plan``, built by ``planner`` from ``options``."""
+        resolved = replace(options, batch_size=plan.inputs.batch_size)
+        return cls(planner, resolved, plan.inputs.prompts, plan.prepass)
+
+    def build(self, model: LensModel, *, progress: bool = False) -> Plan[R]:
+        """The plan on ``model`` (a copy of the one it was built on), pre-pass reused."""
+        return self.planner(
+            model, self.prompts, self.options, progress=progress, prepass=dict(self.prepass)
+        )
 
 
 def run_in_memory(plan: Plan[R], *, progress: bool) -> R:

@@ -2,8 +2,11 @@
 
 ``capture_to(..., client=client)`` (or ``lsc.ablation(..., store=path, client=client)``)
 registers a worker plugin that loads the model once per worker, from the model's
-``recipe`` (``lsc.load``'s arguments, or ``models.tiny``'s), sends the prompt list to
-every worker once, and submits one task per prompt batch. Each task scores its batch
+``recipe`` (``lsc.load``'s arguments, or ``models.tiny``'s), sends the plan built on the
+client, as data (``_plan.PlanData``: options, prompts and pre-pass results, such as the
+means of mean-ablation and the ranking of ``refine=k``), to every worker once, and submits
+one task per prompt batch. Each worker rebuilds the plan from that data once per run,
+without redoing the pre-pass. Each task scores its batch
 and writes it into the zarr store itself, so results never travel back through the
 scheduler, and the store opens as one DataArray when all are done. A failing task
 cancels the rest and raises on the client with the worker's message; batches that
@@ -24,7 +27,6 @@ Where it runs:
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import threading
 import uuid
@@ -35,17 +37,14 @@ import cloudpickle
 from distributed import WorkerPlugin, as_completed
 from tqdm.auto import tqdm
 
-from ..data import PromptSet
 from ..models import LensModel
-from ._inputs import fingerprint
-from ._plan import CaptureOptions, Plan, Planner, R, write_batch
+from ._plan import Plan, PlanData, R, write_batch
 
 #: Per worker process: recipe key -> (model, lock). The lock keeps one batch at a time on
 #: a model even when a worker runs several threads.
 _MODELS: dict[str, tuple[LensModel, threading.Lock]] = {}
-#: Per worker process: the last plan built for each model (mean-ablation means included),
-#: with what it was built from: (planner, options, prompts fingerprint).
-_PLANS: dict[str, tuple[tuple[Planner[Any], CaptureOptions, str], Plan[Any]]] = {}
+#: Per worker process: the last plan built on each model, with the run it belongs to.
+_PLANS: dict[str, tuple[str, Plan[Any]]] = {}
 
 
 class ModelPlugin(WorkerPlugin):
@@ -59,39 +58,22 @@ class ModelPlugin(WorkerPlugin):
             _MODELS[self.key] = (self.recipe(), threading.Lock())
 
 
-def _score_batch(
-    key: str,
-    planner: Planner[Any],
-    prompts: PromptSet,
-    options: CaptureOptions,
-    number: int,
-    path: str,
-) -> int:
-    """Task: score batch ``number`` on this worker's model and write it to ``path``.
-
-    ``planner`` and ``options`` (a module-level function and dataclass) travel by reference,
-    so the worker rebuilds the client's plan, once per run."""
+def _score_batch(key: str, run: str, data: PlanData[Any], number: int, path: str) -> int:
+    """Task: score batch ``number`` of run ``run`` on this worker's model and write it to
+    ``path``; the plan is built from ``data`` on the first batch of the run."""
     model, lock = _MODELS[key]
-    built_from = (planner, options, fingerprint(prompts))
     with lock:
-        if key not in _PLANS or _PLANS[key][0] != built_from:
-            _PLANS[key] = (built_from, planner(model, prompts, options, progress=False))
+        if key not in _PLANS or _PLANS[key][0] != run:
+            _PLANS[key] = (run, data.build(model))
         write_batch(_PLANS[key][1], number, Path(path))
     return number
 
 
 def run_batches(
-    client: Any,
-    planner: Planner[R],
-    plan: Plan[R],
-    options: CaptureOptions,
-    todo: list[int],
-    path: Path,
-    *,
-    progress: bool,
+    client: Any, data: PlanData[R], plan: Plan[R], todo: list[int], path: Path, *, progress: bool
 ) -> None:
-    """Score batches ``todo`` of ``plan`` (made by ``planner`` from ``options``) on
-    ``client``'s workers, writing into ``path``.
+    """Score batches ``todo`` of ``plan`` (whose data is ``data``) on ``client``'s workers,
+    writing into ``path``.
 
     Raises:
         RuntimeError: a worker failed (its error message included); finished batches stay.
@@ -99,20 +81,17 @@ def run_batches(
     model = plan.inputs.model
     key = hashlib.sha256(cloudpickle.dumps(model.recipe)).hexdigest()[:16]
     client.register_plugin(ModelPlugin(key, model.recipe), name=f"lenscape-model-{key}")
-    prompts = client.scatter(plan.inputs.prompts, broadcast=True)
-    # The resolved batch size: workers must cut the prompt list exactly like the store.
-    options = dataclasses.replace(options, batch_size=plan.inputs.batch_size)
+    shipped = client.scatter(data, broadcast=True)
     run = uuid.uuid4().hex[:8]
     futures = [
         client.submit(
             _score_batch,
             key,
-            planner,
-            prompts,
-            options,
+            run,
+            shipped,
             number,
             str(path),
-            key=f"lenscape-{options.method}-{run}-batch-{number}",
+            key=f"lenscape-{data.options.method}-{run}-batch-{number}",
         )
         for number in todo
     ]

@@ -85,8 +85,10 @@ def plan_direct_logit_attribution(
     options: DirectLogitAttributionOptions,
     *,
     progress: bool,
+    prepass: dict[str, Any] | None = None,
 ) -> Plan[xr.DataArray]:
-    """``direct_logit_attribution`` as a plan: one clean forward pass per batch."""
+    """``direct_logit_attribution`` as a plan: one clean forward pass per batch. It has no
+    pre-pass: ``prepass`` is accepted like every planner's and stays empty."""
     level, metric = options.level, options.metric
     if metric not in DLA_METRICS:
         raise ValueError(

@@ -49,7 +49,7 @@ from ..models import LensModel
 from . import memory, metrics
 from ._backend import Site, TokenBatch, get_backend
 from ._inputs import Batch, Inputs, prepare
-from ._plan import CaptureOptions, Plan, Result, Scores, top_is_target
+from ._plan import CaptureOptions, Plan, Result, Scores, once, top_is_target
 from ._result import components, to_dataarray
 from .streaming import execute
 
@@ -365,6 +365,7 @@ def _one_level_plan(
     desc: str,
     method_attr: str,
     effect: str,
+    prepass: dict[str, Any],
     **params: Any,
 ) -> Plan[xr.DataArray]:
     """A one-level plan whose result is ``to_dataarray`` of the scores."""
@@ -383,6 +384,7 @@ def _one_level_plan(
         ),
         desc=desc,
         steps_per_batch=steps_per_batch,
+        prepass=prepass,
     )
 
 
@@ -464,9 +466,16 @@ def ablation(
 
 
 def plan_ablation(
-    model: LensModel, prompts: Prompts, options: AblationOptions, *, progress: bool
+    model: LensModel,
+    prompts: Prompts,
+    options: AblationOptions,
+    *,
+    progress: bool,
+    prepass: dict[str, Any] | None = None,
 ) -> Plan[xr.DataArray]:
-    """``ablation`` as a plan: one exact sweep per batch (after the means, for kind="mean")."""
+    """``ablation`` as a plan: one exact sweep per batch (after the means, for kind="mean",
+    and the ranking pass, with ``refine``; both kept in the plan's ``prepass``)."""
+    prepass = {} if prepass is None else prepass
     kind, refine = options.kind, options.refine
     if kind not in ABLATION_KINDS:
         raise ValueError(f"Unknown ablation kind {kind!r}; choose one of {list(ABLATION_KINDS)}.")
@@ -490,7 +499,14 @@ def plan_ablation(
         def replacement_for(batch):
             return (lambda site, head: 0.0), None
     else:
-        means = _site_means(inputs, _sites(variants), progress)
+        cpu_means = once(
+            prepass,
+            "means",
+            lambda: {
+                s: m.cpu() for s, m in _site_means(inputs, _sites(variants), progress).items()
+            },
+        )
+        means = {site: mean.to(model.device) for site, mean in cpu_means.items()}
 
         def goal(site, act):
             return means[site].expand_as(act)
@@ -508,7 +524,9 @@ def plan_ablation(
             )
             return _component_columns(products, variants, batch.clean.attention_mask.float()).cpu()
 
-        columns = _refined_columns(inputs, estimate, refine, progress)
+        columns = once(
+            prepass, "columns", lambda: _refined_columns(inputs, estimate, refine, progress)
+        )
     score = _sweep_scorer(
         inputs,
         source="clean",
@@ -523,6 +541,7 @@ def plan_ablation(
         desc=f"{kind}-ablation",
         method_attr=f"{kind}_ablation",
         effect=f"{kind.capitalize()}-ablation effect on",
+        prepass=prepass,
         kind=kind,
         **_refine_params(refine, "atp", 1),
     )
@@ -600,10 +619,16 @@ def activation_patching(
 
 
 def plan_activation_patching(
-    model: LensModel, prompts: Prompts, options: ActivationPatchingOptions, *, progress: bool
+    model: LensModel,
+    prompts: Prompts,
+    options: ActivationPatchingOptions,
+    *,
+    progress: bool,
+    prepass: dict[str, Any] | None = None,
 ) -> Plan[xr.DataArray]:
     """``activation_patching`` as a plan: one exact sweep per batch (after the ranking
-    pass, with ``refine``)."""
+    pass, with ``refine``, kept in the plan's ``prepass``)."""
+    prepass = {} if prepass is None else prepass
     points = _check_estimator(options.estimator, options.steps)
     inputs = prepare(
         model,
@@ -622,8 +647,11 @@ def plan_activation_patching(
     columns = None
     if options.refine is not None:
         estimate = _patching_estimator(inputs, variants, estimator=options.estimator, steps=points)
-        columns = _refined_columns(
-            inputs, lambda batch: estimate(batch).values, options.refine, progress
+        refine = options.refine
+        columns = once(
+            prepass,
+            "columns",
+            lambda: _refined_columns(inputs, lambda b: estimate(b).values, refine, progress),
         )
 
     def replacement_for(batch):  # called under no_grad
@@ -644,6 +672,7 @@ def plan_activation_patching(
         desc="activation patching",
         method_attr="activation_patching",
         effect="Patching effect (clean -> corrupt) on",
+        prepass=prepass,
         **_refine_params(options.refine, options.estimator, points),
     )
 
@@ -717,10 +746,16 @@ def attribution_patching(
 
 
 def plan_attribution_patching(
-    model: LensModel, prompts: Prompts, options: AttributionPatchingOptions, *, progress: bool
+    model: LensModel,
+    prompts: Prompts,
+    options: AttributionPatchingOptions,
+    *,
+    progress: bool,
+    prepass: dict[str, Any] | None = None,
 ) -> Plan[Result]:
     """``attribution_patching`` as a plan: one gradient estimate per batch, of every
-    component of ``options.level`` ("all": head and block level side by side)."""
+    component of ``options.level`` ("all": head and block level side by side). It has no
+    pre-pass: ``prepass`` is accepted like every planner's and stays empty."""
     estimator, level = options.estimator, options.level
     points = _check_estimator(estimator, options.steps)
     levels = ("head", "block") if level == "all" else (level,)

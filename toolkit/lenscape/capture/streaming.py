@@ -35,6 +35,7 @@ from ..models import LensModel
 from ._inputs import fingerprint
 from ._plan import (
     CaptureOptions,
+    PlanData,
     Planner,
     R,
     batch_slice,
@@ -219,7 +220,8 @@ def _stream_locked(
             raise ValueError(
                 "client= needs dask.distributed; install it with pip install 'lenscape[dask]'."
             ) from err
-        run_batches(client, planner, plan, options, todo, path, progress=progress)
+        data = PlanData.of(planner, options, plan)
+        run_batches(client, data, plan, todo, path, progress=progress)
     else:
         with tqdm(
             total=len(todo) * plan.steps_per_batch,

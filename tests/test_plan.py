@@ -1,0 +1,85 @@
+"""Plans as data: a built plan pickles and runs in a fresh process without its pre-pass."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+import xarray as xr
+
+from lenscape.capture import patching
+from lenscape.capture._plan import PlanData, run_in_memory
+
+# Runs in a fresh interpreter: rebuild the plan from its pickled data on a model loaded from
+# its recipe, with the pre-pass functions made to fail, and pickle the result back.
+FRESH_PROCESS = """
+import pickle, sys
+import cloudpickle
+from lenscape.capture import patching
+from lenscape.capture._plan import run_in_memory
+
+def redone(*args, **kwargs):
+    raise AssertionError("the pre-pass ran again")
+
+patching._site_means = patching._refined_columns = redone
+folder = sys.argv[1]
+data = pickle.loads(open(f"{folder}/plan.pkl", "rb").read())
+model = cloudpickle.loads(open(f"{folder}/recipe.pkl", "rb").read())()
+result = run_in_memory(data.build(model), progress=False)
+open(f"{folder}/result.pkl", "wb").write(pickle.dumps(result))
+"""
+
+
+@pytest.mark.parametrize(
+    ("planner", "options", "prepass"),
+    [
+        (
+            patching.plan_ablation,
+            {"kind": "mean", "variants_per_pass": None, "refine": 7},
+            {"means", "columns"},
+        ),
+        (
+            patching.plan_activation_patching,
+            {"variants_per_pass": 4, "refine": 5, "estimator": "ig", "steps": 2},
+            {"columns"},
+        ),
+    ],
+)
+def test_plan_pickles_and_runs_in_a_fresh_process(
+    tiny_llama, factual, tmp_path, planner, options, prepass
+):
+    options_class = {
+        patching.plan_ablation: patching.AblationOptions,
+        patching.plan_activation_patching: patching.ActivationPatchingOptions,
+    }[planner]
+    checked = options_class(
+        level="head",
+        metric="logit_diff",
+        batch_size=3,
+        backend="nnsight",
+        padding_side="right",
+        **options,
+    )
+    plan = planner(tiny_llama, factual[:7], checked, progress=False)
+    expected = run_in_memory(plan, progress=False)
+    data = PlanData.of(planner, checked, plan)
+    assert set(data.prepass) == prepass
+    (tmp_path / "plan.pkl").write_bytes(pickle.dumps(data))
+    (tmp_path / "recipe.pkl").write_bytes(cloudpickle.dumps(tiny_llama.recipe))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, str(tmp_path)], check=True, env=env, timeout=600
+    )
+    got = pickle.loads((tmp_path / "result.pkl").read_bytes())
+    # Same coords, attrs (but whether lsc.check ran on that process's copy of the model)
+    # and NaN pattern; numbers to float32 rounding (a fresh process may sum in another order).
+    xr.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+    assert {**got.attrs, "layout_checked": None} == {**expected.attrs, "layout_checked": None}
+    np.testing.assert_array_equal(np.isnan(got.values), np.isnan(expected.values))
+    measured = ~np.isnan(expected.values).all(axis=0)
+    assert measured.sum() == options["refine"]  # the refined columns came with the plan
