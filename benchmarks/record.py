@@ -172,7 +172,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tasks", default=",".join(recordings.HEAD_ROLES_TASKS))
     parser.add_argument("--seeds", type=int, default=recordings.HEAD_ROLES_SEEDS)
-    parser.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--num-threads", type=int, default=1)
     parser.add_argument("--root", type=Path, default=recordings.RECORDED_DIR)
     args = _report.parse_args(parser)

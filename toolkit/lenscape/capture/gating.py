@@ -560,10 +560,10 @@ def gating_check(
         others = np.setdiff1d(np.arange(n_cells), cells)
         if len(cells) == 0:
             reasons[role] = f"no head is {role} in every seed (threshold {threshold})"
-        elif len(cells) > len(others):
+        elif len(cells) >= len(others):
             reasons[role] = (
-                f"{len(cells)} {role} heads: more than the {len(others)} other heads, so no "
-                "random set of the same size can be drawn from them"
+                f"{len(cells)} {role} heads, {len(others)} other heads: no two different "
+                "random sets of the same size can be drawn from the other heads"
             )
         else:
             reasons[role] = ""
