@@ -245,7 +245,10 @@ def test_undefined_role_sets_are_nan_with_a_reason(fitted, tiny_llama):
     val = lsc.data.task("syntax", split="validation")[:4]
     roles = _with_roles(fitted, facilitation=0.0, interference=1.0)
     check = lsc.gating_check(tiny_llama, roles, val, n_random=20)
-    for role, words in (("facilitating", "no head is facilitating"), ("interfering", "no two different")):
+    for role, words in (
+        ("facilitating", "no head is facilitating"),
+        ("interfering", "no two different"),
+    ):
         row = check.sel(role=role)
         assert np.isnan(float(row["loss_off"])) and np.isnan(float(row["random_p95"]))
         assert not bool(row["passes"])
