@@ -44,7 +44,7 @@ def test_help_lists_the_commands_and_exits_zero(capsys):
         (["demo", "--prompts", "many"], "lenscape demo", "at least 1, got 'many'; leave"),
         (["demo", "--prompts", "-3"], "lenscape demo", "at least 1, got '-3'; leave --prompts"),
         (["demo", "--prompts", "0"], "lenscape demo", "at least 1, got '0'"),
-        (["demo", "--device", "gpu"], "lenscape demo", "'gpu' is not a device name; use auto"),
+        (["demo", "--device", "gpu"], "lenscape demo", "device='gpu' is not a device; use 'auto'"),
         (["demo", "--model", "minilm"], "lenscape demo", "sentence encoder used by lsc.cluster"),
         (["demo", "--model", " "], "lenscape demo", "the model name is empty"),
         (["install-models", "gpt-17"], "lenscape install-models", "unknown bundled weights"),
