@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import lenscape as lsc
 from lenscape import recordings, schema
@@ -58,7 +59,7 @@ def test_a_half_written_file_is_not_a_seed(recorded_dir, two_seeds):
 @pytest.mark.parametrize(
     "name, model, task, message",
     [
-        ("head_role", "tiny", "syntax", r"recorded results: \['head_roles', 'block_masks'\]"),
+        ("head_role", "tiny", "syntax", r"recorded results: \['head_roles', 'head_roles_check', 'block_masks'\]"),
         ("head_roles", "gpt2", "syntax", r"recorded for: \['tiny'\]"),
         ("head_roles", "tiny", "maths", r"tasks \['syntax'\]"),
         ("block_masks", "tiny", None, "recorded for: none yet"),
@@ -92,13 +93,19 @@ def _shipped_checkpoints():
 )
 def test_shipped_checkpoint_is_reproduced(path):
     """The first updates of a recorded fit, recomputed: the recorded files and today's code
-    agree. Tolerance 1e-4 on gates: float rounding may differ between CPUs (Adam's first
+    agree. Recomputed at the recording's torch thread count (reductions split by thread);
+    tolerance 1e-4 on gates: float rounding may still differ between CPUs (Adam's first
     updates move every logit by about lr, so a different code path shows as O(1))."""
     recorded = lsc.open(path)
     model = lsc.load(path.parent.parent.name, device="cpu")
-    again = recordings.head_roles_checkpoint(
-        model, path.parent.name, precision=recorded.attrs["precision"]
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(recorded.attrs.get("torch_threads", 1)))
+    try:
+        again = recordings.head_roles_checkpoint(
+            model, path.parent.name, precision=recorded.attrs["precision"]
+        )
+    finally:
+        torch.set_num_threads(threads)
     for name in ("gate", "gate_plus", "gate_minus"):
         np.testing.assert_allclose(again[name].values, recorded[name].values, atol=1e-4)
     for name in ("val_loss", "val_loss_plus", "val_loss_minus"):

@@ -172,8 +172,13 @@ def _write(ds: xr.Dataset, path: Path) -> None:
 
 def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.Dataset:
     """The first ``CHECKPOINT_STEPS`` updates per stage of seed 0 on the first
-    ``CHECKPOINT_ITEMS`` training items: what ``tests/test_recordings.py`` recomputes."""
-    return head_gating(
+    ``CHECKPOINT_ITEMS`` training items: what ``tests/test_recordings.py`` recomputes.
+
+    The torch thread count is recorded (attr ``torch_threads``): CPU matmuls split their
+    reductions by thread, so a fit is bit-identical only at the same count (measured: 1 vs 2
+    threads differ by up to 0.02 in a gate after 3 updates, since Adam's first updates move
+    every logit by about lr whatever the gradient's size)."""
+    point = head_gating(
         model,
         data.task(task)[:CHECKPOINT_ITEMS],
         seeds=[0],
@@ -182,6 +187,8 @@ def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.
         precision=precision,  # type: ignore[arg-type]
         progress=False,
     )
+    point.attrs["torch_threads"] = torch.get_num_threads()
+    return point
 
 
 def record_head_roles(
