@@ -21,8 +21,8 @@ import _report
 import torch
 
 import lenscape as lsc
-from lenscape.capture import metrics
-from lenscape.capture._inputs import pad
+from lenscape.sweep import metrics
+from lenscape.sweep.inputs import pad
 
 
 def bare_step(model, prompts, keep_read_only: bool) -> None:

@@ -33,7 +33,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # read at import: TransformerLens' p
 import _report
 
 import lenscape as lsc
-from lenscape.capture._backend import get_backend
+from lenscape.sweep.backend import get_backend
 
 
 def same_length_prompts(model, n: int):

@@ -32,7 +32,7 @@ import torch
 
 import lenscape as lsc
 from lenscape import cluster
-from lenscape.capture import gating
+from lenscape.fits import gating
 
 
 def gating_per_update(model, task, val, updates: int, how: str) -> float:

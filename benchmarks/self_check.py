@@ -21,7 +21,7 @@ import _report
 import torch
 
 import lenscape as lsc
-from lenscape.selfcheck import PROBE_TEXT
+from lenscape.models.selfcheck import PROBE_TEXT
 
 
 def _median_ms(fn, repeats: int) -> float:

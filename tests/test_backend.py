@@ -12,7 +12,7 @@ import torch
 import xarray as xr
 
 import lenscape as lsc
-from lenscape.capture._backend import _STATES, BACKENDS, get_backend, standing_edit
+from lenscape.sweep.backend import _STATES, BACKENDS, get_backend, standing_edit
 
 
 def _mask(model, keep: list[list[bool]]) -> xr.DataArray:

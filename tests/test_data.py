@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import lenscape as lsc
-from lenscape.capture import metrics
 from lenscape.data import Prompt, from_records
+from lenscape.sweep import metrics
 
 PARIS = {"text": "The capital of France is the city of", "target": " Paris", "distractor": " Rome"}
 

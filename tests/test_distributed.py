@@ -45,7 +45,7 @@ def test_tiny_model_on_two_workers_equals_one_process(client, tiny_llama, factua
         xr.testing.assert_identical(got.compute(), expected)
     # both workers took part: each loaded the model through the plugin
     loaded = client.run(
-        lambda: sorted(__import__("lenscape.capture.distributed", fromlist=["_MODELS"])._MODELS)
+        lambda: sorted(__import__("lenscape.sweep.distributed", fromlist=["_MODELS"])._MODELS)
     )
     assert len(loaded) == 2 and all(keys for keys in loaded.values())
 

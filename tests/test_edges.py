@@ -19,7 +19,7 @@ import xarray as xr
 import lenscape as lsc
 from lenscape import data, models
 from lenscape.capture import edges
-from lenscape.capture._inputs import prepare
+from lenscape.sweep.inputs import prepare
 
 IOI = data.prompts("ioi")
 

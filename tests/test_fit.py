@@ -1,4 +1,4 @@
-"""The fitting loop shared by head gating and block masks (``capture/_fit.py``): per-set
+"""The fitting loop shared by head gating and block masks (``fits/optim.py``): per-set
 gradient clipping, and each set stops when it is still."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lenscape.capture import _fit
+from lenscape.fits import optim
 
 
 def test_clip_per_set_bounds_each_set_alone():
     grad = torch.stack([torch.full((2, 3), 10.0), torch.full((2, 3), 0.01)])
-    clipped = _fit.clip_per_set(grad, 1.0)
+    clipped = optim.clip_per_set(grad, 1.0)
     assert float(clipped[0].norm()) == pytest.approx(1.0, rel=1e-4)
     torch.testing.assert_close(clipped[1], grad[1])
 
@@ -26,7 +26,7 @@ def test_a_still_set_stops_while_others_go_on():
         loss.sum().backward()
         return loss.detach()
 
-    fit = _fit.fit_until_still(
+    fit = optim.fit_until_still(
         torch.zeros(2, 1),
         loss_and_grad,
         watch=lambda p: p,
@@ -43,7 +43,7 @@ def test_a_still_set_stops_while_others_go_on():
 def _loss_and_gate_grad(model, passes):
     """Target NLL of a few items and its gradient w.r.t. per-head gates, under ``passes``."""
     import lenscape as lsc
-    from lenscape.capture import gating
+    from lenscape.fits import gating
 
     items = gating._encode(model, lsc.data.task("syntax")[:6])
     row_gates = torch.full((len(items), model.spec.n_layers, model.spec.n_heads), 0.7)
@@ -58,7 +58,7 @@ def test_fit_passes_float32_match_the_models_own_attention(tiny_llama):
     """Eager attention on the CPU changes the kernel, not the numbers (float rounding)."""
     assert tiny_llama.hf.config._attn_implementation != "eager"
     plain = _loss_and_gate_grad(tiny_llama, torch.autocast("cpu", enabled=False))
-    fast = _loss_and_gate_grad(tiny_llama, _fit.fit_passes(tiny_llama.hf, "float32"))
+    fast = _loss_and_gate_grad(tiny_llama, optim.fit_passes(tiny_llama.hf, "float32"))
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
     assert tiny_llama.hf.config._attn_implementation != "eager", "restored on exit"
 
@@ -66,9 +66,9 @@ def test_fit_passes_float32_match_the_models_own_attention(tiny_llama):
 def test_fit_passes_bfloat16_equal_plain_autocast_bit_for_bit(tiny_llama):
     """Casting the linear weights once gives exactly what autocast computes pass by pass."""
     weights = {name: p.clone() for name, p in tiny_llama.hf.named_parameters()}
-    with _fit.fit_passes(tiny_llama.hf, "float32"):  # the same (eager) attention in both
+    with optim.fit_passes(tiny_llama.hf, "float32"):  # the same (eager) attention in both
         autocast = _loss_and_gate_grad(tiny_llama, torch.autocast("cpu", dtype=torch.bfloat16))
-    cast_once = _loss_and_gate_grad(tiny_llama, _fit.fit_passes(tiny_llama.hf, "bfloat16"))
+    cast_once = _loss_and_gate_grad(tiny_llama, optim.fit_passes(tiny_llama.hf, "bfloat16"))
     assert torch.equal(cast_once[0], autocast[0]) and torch.equal(cast_once[1], autocast[1])
     for name, p in tiny_llama.hf.named_parameters():  # weights restored, dtype and values
         assert p.dtype == weights[name].dtype and torch.equal(p, weights[name]), name
@@ -76,7 +76,7 @@ def test_fit_passes_bfloat16_equal_plain_autocast_bit_for_bit(tiny_llama):
 
 def test_fit_passes_restore_the_model_after_an_interruption(tiny_llama):
     dtypes = {name: p.dtype for name, p in tiny_llama.hf.named_parameters()}
-    with pytest.raises(KeyboardInterrupt), _fit.fit_passes(tiny_llama.hf, "bfloat16"):
+    with pytest.raises(KeyboardInterrupt), optim.fit_passes(tiny_llama.hf, "bfloat16"):
         raise KeyboardInterrupt
     assert {name: p.dtype for name, p in tiny_llama.hf.named_parameters()} == dtypes
     assert tiny_llama.hf.config._attn_implementation != "eager"
@@ -84,4 +84,4 @@ def test_fit_passes_restore_the_model_after_an_interruption(tiny_llama):
 
 def test_precision_is_checked():
     with pytest.raises(ValueError, match="precision must be one of"):
-        _fit.check_precision("bf16")
+        optim.check_precision("bf16")

@@ -11,7 +11,7 @@ import torch
 from _helpers import TESTS
 
 import lenscape as lsc
-from lenscape.capture import gating
+from lenscape.fits import gating
 
 FAST = dict(seeds=2, batch_size=3, max_steps=6, window=3, progress=False)
 

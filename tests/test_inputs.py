@@ -1,4 +1,4 @@
-"""Prompt checks and batching for the capture methods (``capture/_inputs.py``): every bad
+"""Prompt checks and batching for the capture methods (``sweep/inputs.py``): every bad
 prompt gets an error that names the problem and the fix, and results do not depend on how
 prompts are padded into batches."""
 

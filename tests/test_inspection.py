@@ -6,7 +6,7 @@ import torch
 from _helpers import answered_prompts, reference_correct
 
 import lenscape as lsc
-from lenscape.capture import metrics
+from lenscape.sweep import metrics
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Per-cluster block masks, routing and the routed/global/random comparison on tiny models
-(``capture/masks.py``); clustering itself is in test_cluster.py."""
+(``fits/masks.py``); clustering itself is in test_cluster.py."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from _helpers import TESTS
 
 import lenscape as lsc
 from lenscape import cluster
-from lenscape.capture import masks as masks_module
-from lenscape.capture.masks import apply_mask, block_masks, mask_comparison, masked_loss
+from lenscape.fits import masks as masks_module
+from lenscape.fits.masks import apply_mask, block_masks, mask_comparison, masked_loss
 
 FAST = dict(max_steps=3, window=3, lr=0.5, batch_size=2, progress=False)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lenscape as lsc
-from lenscape.capture import memory
+from lenscape.sweep import memory
 
 
 def test_auto_batch_size_follows_free_memory(tiny_llama, monkeypatch):

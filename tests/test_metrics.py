@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lenscape as lsc
-from lenscape.capture import metrics
+from lenscape.sweep import metrics
 
 # Two rows over a 3-token vocabulary; targets (2, 0), distractors (1, 2).
 LOGITS = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, math.log(2.0)]])

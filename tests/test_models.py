@@ -93,7 +93,7 @@ def test_cuda_without_gpu(tiny_llama):
 
 def test_bad_dtype():
     with pytest.raises(ValueError, match="Unknown dtype"):
-        models._resolve_dtype("float17")
+        models.loader._resolve_dtype("float17")
 
 
 @pytest.mark.slow

@@ -97,8 +97,9 @@ def test_top_level_api():
         "widgets",
         "widgets_circuit",
         "aggregate",
-        "finetune",
         "cluster",
-        "selfcheck",
+        "fits",
+        "sweep",
+        "weights",
     }
     assert public - set(lsc.__all__) <= modules

@@ -44,7 +44,7 @@ def test_zero_ablation_matches_plain_hooks(tiny_model, factual):
 def test_exact_sweep_reruns_only_the_blocks_after_the_edit(tiny_llama, factual, backend):
     """One batch: the unedited pass runs every block once, then the pass editing block l's
     heads runs blocks l..L-1 only, so block l's MLP runs 1 + (l + 1) times (not 1 + L)."""
-    from lenscape.capture._backend import get_backend
+    from lenscape.sweep.backend import get_backend
 
     model = tiny_llama
     runner = get_backend(model, backend)

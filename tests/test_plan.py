@@ -13,7 +13,7 @@ import pytest
 import xarray as xr
 
 from lenscape.capture import patching
-from lenscape.capture._plan import PlanData, run_in_memory
+from lenscape.sweep.plan import PlanData, run_in_memory
 
 # Runs in a fresh interpreter: rebuild the plan from its pickled data on a model loaded from
 # its recipe, with the pre-pass functions made to fail, and pickle the result back.
@@ -21,7 +21,7 @@ FRESH_PROCESS = """
 import pickle, sys
 import cloudpickle
 from lenscape.capture import patching
-from lenscape.capture._plan import run_in_memory
+from lenscape.sweep.plan import run_in_memory
 
 def redone(*args, **kwargs):
     raise AssertionError("the pre-pass ran again")

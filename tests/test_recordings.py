@@ -59,7 +59,12 @@ def test_a_half_written_file_is_not_a_seed(recorded_dir, two_seeds):
 @pytest.mark.parametrize(
     "name, model, task, message",
     [
-        ("head_role", "tiny", "syntax", r"recorded results: \['head_roles', 'head_roles_check', 'block_masks'\]"),
+        (
+            "head_role",
+            "tiny",
+            "syntax",
+            r"recorded results: \['head_roles', 'head_roles_check', 'block_masks'\]",
+        ),
         ("head_roles", "gpt2", "syntax", r"recorded for: \['tiny'\]"),
         ("head_roles", "tiny", "maths", r"tasks \['syntax'\]"),
         ("block_masks", "tiny", None, "recorded for: none yet"),

@@ -74,7 +74,7 @@ def test_provenance_names_the_layout_and_whether_it_was_checked(tokenizer):
     checked = models.tiny("qwen3", n_layers=2, tokenizer=tokenizer)
     unchecked = models.tiny("qwen3", n_layers=2, tokenizer=tokenizer, check=False)
     for model in (checked, unchecked):
-        attrs = schema.provenance(model, "m")
+        attrs = model.provenance("m")
         assert attrs["layout_fingerprint"] == model.spec.fingerprint
         assert attrs["layout_checked"] is model.layout_checked
     assert checked.layout_checked and not unchecked.layout_checked

@@ -308,7 +308,7 @@ WRITER = textwrap.dedent(f"""
     sys.path.insert(0, {TESTS!r})
     import lenscape as lsc
     from lenscape import models
-    from lenscape.capture import streaming
+    from lenscape.sweep import streaming
     from _helpers import small_tokenizer
 
     model = models.tiny("llama", n_layers=3, seed=0, tokenizer=small_tokenizer())

@@ -46,7 +46,7 @@ def test_streamed_equals_in_memory(tiny_llama, factual, tmp_path, method, option
 
 
 def test_resume_skips_finished_batches_and_keeps_them(tiny_llama, factual, tmp_path, monkeypatch):
-    from lenscape.capture import streaming
+    from lenscape.sweep import streaming
 
     path, prompts = tmp_path / "r.zarr", factual[:8]
     written = []
@@ -205,7 +205,7 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(smol, factual, tmp_pat
 def test_correct_flags_are_streamed_batch_by_batch_and_resumed(
     tiny_llama, factual, tmp_path, monkeypatch, method, options
 ):
-    from lenscape.capture import streaming
+    from lenscape.sweep import streaming
 
     prompts = answered_prompts(tiny_llama, factual[:8])
     expected = reference_correct(tiny_llama, prompts)

@@ -1,5 +1,5 @@
 """Weight importance and change maps, and the weight grid across models
-(``capture/weights.py``)."""
+(``weights/maps.py``)."""
 
 from __future__ import annotations
 

@@ -10,10 +10,7 @@ from . import aggregate, cluster, data, schema
 from .capture import (
     ablation,
     activation_patching,
-    apply_mask,
     attribution_patching,
-    block_mask_estimate,
-    block_masks,
     capture_to,
     circuit,
     circuit_faithfulness,
@@ -21,27 +18,28 @@ from .capture import (
     edge_agreement,
     edge_attribution,
     edge_patching,
-    gating_check,
-    head_gating,
-    mask_comparison,
-    masked_loss,
-    task_loss,
-    weight_change,
-    weight_grid,
-    weight_importance,
 )
 from .capture.attention import attention_pattern
 from .capture.faithfulness import faithfulness
 from .capture.inspection import inspect
 from .capture.lens import logit_lens
-from .finetune import finetune
-from .models import ArchLayout, LensModel, ModelSpec, from_hf, load
+from .fits import (
+    apply_mask,
+    block_mask_estimate,
+    block_masks,
+    gating_check,
+    head_gating,
+    mask_comparison,
+    masked_loss,
+    task_loss,
+)
+from .models import ArchLayout, LayoutCheckError, LensModel, ModelSpec, check, from_hf, load
 from .plot import agreement, enable_offline, export, heatmap
 from .plot_circuit import circuit_graph, edge_heatmap, faithfulness_curve
 from .recordings import recorded
-from .selfcheck import LayoutCheckError, check
 from .store import open_result as open
 from .store import save
+from .weights import finetune, weight_change, weight_grid, weight_importance
 from .widgets import Explorer, PromptForm
 from .widgets_circuit import CircuitExplorer
 

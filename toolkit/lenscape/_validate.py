@@ -17,7 +17,6 @@ allowed range raises ``ValueError``.
 - ``values``: arrays of numbers passed in (gates, masks): finite, in range, binary;
 - ``result``: results passed back in: their kind, variables, dims and the model they
   were computed on (by name and layout fingerprint);
-- ``context_lengths``: tokenized prompts against the model's maximum positions.
 
 Each check runs once per call, before any batch.
 """
@@ -27,13 +26,10 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence, Sized
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import Any, cast, overload
 
 import numpy as np
 import xarray as xr
-
-if TYPE_CHECKING:
-    from ._lens_model import LensModel
 
 
 def _shown(value: Any) -> str:
@@ -290,12 +286,14 @@ def result(
     *,
     kind: type | tuple[type, ...],
     made_by: str,
-    model: LensModel | None = None,
+    model_name: str | None = None,
+    layout: str | None = None,
     variables: Sequence[str] = (),
     dims: Sequence[str] = (),
 ) -> Any:
     """Check a result passed back in: its kind, its variables and dims, and that it was
-    computed on ``model`` (by name and, where recorded, layout fingerprint).
+    computed on the model named ``model_name`` with layout fingerprint ``layout``
+    (``LensModel.name`` and ``.spec.fingerprint``; each checked where the result records it).
 
     Args:
         kind: ``xr.DataArray``, ``xr.Dataset`` or a tuple of both.
@@ -339,51 +337,18 @@ def result(
                 f"{name} lacks the dim(s) {absent} (it has {list(array.dims)}); pass the "
                 f"result of {made_by}."
             )
-    if model is not None:
+    if model_name is not None:
         attrs = {**(arrays[0].attrs if arrays else {}), **checked.attrs}
-        origin, layout = attrs.get("model"), attrs.get("layout_fingerprint")
-        if origin is not None and origin != model.name:
+        origin, recorded_layout = attrs.get("model"), attrs.get("layout_fingerprint")
+        if origin is not None and origin != model_name:
             raise ValueError(
-                f"{name} was computed on model {origin!r}, not {model.name!r}; compute it "
+                f"{name} was computed on model {origin!r}, not {model_name!r}; compute it "
                 f"for this model with {made_by}."
             )
-        if layout is not None and layout != model.spec.fingerprint:
+        if recorded_layout is not None and layout is not None and recorded_layout != layout:
             raise ValueError(
-                f"{name} was computed on a model named {origin!r} with layout {layout!r}, "
-                f"but this one has {model.spec.fingerprint!r}; compute it for this "
+                f"{name} was computed on a model named {origin!r} with layout "
+                f"{recorded_layout!r}, but this one has {layout!r}; compute it for this "
                 f"model with {made_by}."
             )
     return value
-
-
-def context_length(model: LensModel) -> int | None:
-    """The most positions ``model`` can attend over (from its HF config), or None if unknown."""
-    config = model.hf.config
-    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def context_lengths(model: LensModel, token_counts: Sequence[int], *, what: str = "prompt") -> None:
-    """Refuse prompts longer than the model's context (GPT-2's position embedding would
-    raise an IndexError; rotary models would run past their trained positions silently).
-
-    Args:
-        token_counts: tokens per prompt, in prompt order (what one row of a pass holds).
-        what: what was tokenized, for the message (e.g. "text", "corrupt text").
-
-    Raises:
-        ValueError: the first prompt longer than the context, with its index.
-    """
-    limit = context_length(model)
-    if limit is None:
-        return
-    for index, count in enumerate(token_counts):
-        if count > limit:
-            raise ValueError(
-                f"Prompt {index}: the {what} is {count} tokens long, more than "
-                f"the {limit} positions model {model.name!r} was trained on; "
-                "shorten it or split it into several prompts."
-            )

@@ -22,8 +22,8 @@ import torch
 
 import lenscape as lsc
 
-from ._bundled import BUNDLED, DEFAULT_MODEL, ENCODERS
 from .models import resolve_device
+from .models.bundled import BUNDLED, DEFAULT_MODEL, ENCODERS
 from .schema import package_version
 
 #: Where ``make demo`` writes the README's picture (``--picture``).

@@ -31,8 +31,8 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from . import cluster, data, schema, store
-from .capture.gating import gating_check, head_gating
-from .capture.masks import mask_comparison
+from .fits.gating import gating_check, head_gating
+from .fits.masks import mask_comparison
 from .models import LensModel
 
 RECORDED_DIR = Path(__file__).resolve().parent / "recorded_data"

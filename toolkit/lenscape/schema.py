@@ -13,13 +13,10 @@ NaN means "not computed"; never fill it with 0.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import xarray as xr
-
-if TYPE_CHECKING:  # type-only: schema stays free of torch (the views import it)
-    from ._lens_model import LensModel
 
 SCHEMA_VERSION = 1
 
@@ -173,27 +170,6 @@ def make(
         all_attrs.setdefault("n_layers", int(n_layers))
     da = xr.DataArray(values, dims=tuple(dims), coords=full_coords, attrs=all_attrs)
     return validate(da)
-
-
-def provenance(
-    model: LensModel, method: str, *, backend: str = "torch", **params: Any
-) -> dict[str, Any]:
-    """Attrs naming what produced a result: ``method``, ``model``, ``architecture``,
-    ``layout_fingerprint`` (``ModelSpec.fingerprint``, checked when the result is passed
-    back in), ``layout_checked`` (whether the layout self-check passed on the model: a
-    model loaded with ``check=False`` may be measured at the wrong places), ``backend`` and
-    ``dtype`` (e.g. "float32"), then ``params`` (scalars). ``schema.make`` adds
-    ``lenscape_version`` and ``schema_version``."""
-    return {
-        "method": method,
-        "model": model.name,
-        "architecture": model.spec.architecture,
-        "layout_fingerprint": model.spec.fingerprint,
-        "layout_checked": bool(model.layout_checked),
-        "backend": backend,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        **params,
-    }
 
 
 def validate(da: xr.DataArray, *, provenance: bool = True) -> xr.DataArray:

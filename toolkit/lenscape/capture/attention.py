@@ -23,8 +23,8 @@ import xarray as xr
 from .. import _validate, schema
 from ..data import Prompt
 from ..models import LensModel
-from ._backend import BACKENDS, get_backend
-from ._inputs import pad
+from ..sweep.backend import BACKENDS, get_backend
+from ..sweep.inputs import pad
 
 
 @contextlib.contextmanager
@@ -112,7 +112,7 @@ def attention_pattern(
         )
     heads = _heads(head, spec.n_heads)
     ids = model.tokenizer(text)["input_ids"]
-    _validate.context_lengths(model, [len(ids)], what="text")
+    model.check_context([len(ids)], what="text")
     tokens = pad([ids], model.tokenizer.pad_token_id, "right").to(model.device)
     site = ("pattern", int(layer))
     with torch.no_grad(), eager_attention(model):
@@ -134,7 +134,7 @@ def attention_pattern(
             "long_name": "attention weight",
             "units": "probability",
             "metric": "none",
-            **schema.provenance(model, "attention_pattern", backend=backend, text=text),
+            **model.provenance("attention_pattern", backend=backend, text=text),
         },
     )
     da = da.assign_coords(layer=int(layer))

@@ -51,11 +51,11 @@ from tqdm.auto import tqdm
 from .. import _validate, schema
 from ..data import Prompts
 from ..models import LensModel
-from . import metrics
-from ._backend import BACKENDS, TokenBatch, get_backend
-from ._inputs import PADDING_SIDES, Batch, Inputs, prepare
+from ..sweep import metrics
+from ..sweep.backend import BACKENDS, TokenBatch, get_backend
+from ..sweep.inputs import PADDING_SIDES, Batch, Inputs, prepare
+from ..sweep.metrics import LONG_NAMES, METRICS, UNITS
 from .faithfulness import agreement
-from .metrics import LONG_NAMES, METRICS, UNITS
 
 ESTIMATORS = ("eap", "eap-ig")
 #: Integration points of ``estimator="eap-ig"`` when ``steps`` is not given.
@@ -529,8 +529,7 @@ def _check_steps(estimator: str, steps: int | None) -> int:
 
 
 def _attrs(model: LensModel, inputs: Inputs, method: str, **params: Any) -> dict[str, Any]:
-    return schema.provenance(
-        model,
+    return model.provenance(
         method,
         backend=inputs.backend,
         metric=inputs.metric,

@@ -24,10 +24,10 @@ import xarray as xr
 from .. import _validate
 from ..data import Prompt, PromptSet
 from ..models import LensModel
-from . import metrics
-from ._backend import get_backend
-from ._inputs import prepare
-from ._plan import check_options, top_is_target
+from ..sweep import metrics
+from ..sweep.backend import get_backend
+from ..sweep.inputs import prepare
+from ..sweep.plan import check_options, top_is_target
 from .attention import token_labels
 
 

@@ -21,8 +21,8 @@ import xarray as xr
 from .. import _validate, schema
 from ..data import Prompt, from_records
 from ..models import LensModel
-from ._backend import BACKENDS, Site, get_backend
-from ._inputs import _single_token, pad
+from ..sweep.backend import BACKENDS, Site, get_backend
+from ..sweep.inputs import _single_token, pad
 from .attention import token_labels
 
 #: Top tokens listed per cell in the ``top_tokens`` coord.
@@ -112,7 +112,7 @@ def logit_lens(
     tokenizer = model.tokenizer
     target_id = None if target is None else _single_token(tokenizer, target, "target", 0)
     ids = tokenizer(text)["input_ids"]
-    _validate.context_lengths(model, [len(ids)], what="text")
+    model.check_context([len(ids)], what="text")
 
     n_layers = model.spec.n_layers
     sites = lens_sites(n_layers)
@@ -160,8 +160,7 @@ def logit_lens(
             "long_name": f"p({target!r}) read through the final norm and unembedding",
             "units": "probability",
             "metric": "none",
-            **schema.provenance(
-                model,
+            **model.provenance(
                 "logit_lens",
                 backend=backend,
                 text=text,

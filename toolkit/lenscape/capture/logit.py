@@ -17,14 +17,14 @@ from typing import Any, ClassVar
 import torch
 import xarray as xr
 
-from .._parts import head_outputs, norm_weight, rms_scale
 from ..data import Prompts
 from ..models import LensModel
-from ._backend import get_backend
-from ._inputs import prepare
-from ._plan import CaptureOptions, Plan, Scores, top_is_target
-from ._result import components, to_dataarray
-from .streaming import execute
+from ..models.parts import head_outputs, norm_weight, rms_scale
+from ..sweep.backend import get_backend
+from ..sweep.inputs import prepare
+from ..sweep.plan import CaptureOptions, Plan, Scores, top_is_target
+from ..sweep.result import components, to_dataarray
+from ..sweep.streaming import execute
 
 DLA_METRICS = ("logit_diff", "logit")
 

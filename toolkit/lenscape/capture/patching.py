@@ -46,12 +46,12 @@ from tqdm.auto import tqdm
 from .. import _validate
 from ..data import Prompts
 from ..models import LensModel
-from . import memory, metrics
-from ._backend import Site, TokenBatch, get_backend
-from ._inputs import Batch, Inputs, prepare
-from ._plan import CaptureOptions, Plan, Result, Scores, once, top_is_target
-from ._result import components, to_dataarray
-from .streaming import execute
+from ..sweep import memory, metrics
+from ..sweep.backend import Site, TokenBatch, get_backend
+from ..sweep.inputs import Batch, Inputs, prepare
+from ..sweep.plan import CaptureOptions, Plan, Result, Scores, once, top_is_target
+from ..sweep.result import components, to_dataarray
+from ..sweep.streaming import execute
 
 ABLATION_KINDS = ("zero", "mean")
 #: Gradient estimators of a patching effect; see the module docstring.

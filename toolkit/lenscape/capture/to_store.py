@@ -2,7 +2,7 @@
 
 ``capture_to(path, lsc.ablation, model, prompts, level="block")`` is the same run as
 ``lsc.ablation(model, prompts, level="block", store=path)``: the options it is given are
-completed from the public function's signature (where the defaults live, see ``_plan``),
+completed from the public function's signature (where the defaults live, see ``plan``),
 then ``streaming.stream`` writes, resumes and (with ``client=``) distributes the batches.
 """
 
@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 from ..data import Prompts
 from ..models import LensModel
+from ..sweep.plan import CaptureOptions, Planner, Result
+from ..sweep.streaming import stream
 from . import logit, patching
-from ._plan import CaptureOptions, Planner, Result
-from .streaming import stream
 
 
 class Method(NamedTuple):
@@ -68,7 +68,7 @@ def options_for(name: str, given: dict[str, Any]) -> CaptureOptions:
 
     Raises:
         ValueError: an option the method does not have (the message lists its options).
-        TypeError, ValueError: a shared option out of range (``_plan.check_options``).
+        TypeError, ValueError: a shared option out of range (``plan.check_options``).
     """
     method = METHODS[name]
     known = [field.name for field in fields(method.options)]

@@ -3,7 +3,7 @@
 ``prepare`` turns user input (a ``PromptSet``, Prompts or dicts) into an ``Inputs``:
 checked prompts plus, per prompt, clean (and corrupt) token ids and the target and
 distractor token ids. The options shared by all methods (``batch_size``, ``metric`` ...)
-are checked before, in ``_plan.check_options``. ``Inputs.batches`` pads prompt batches on
+are checked before, in ``plan.check_options``. ``Inputs.batches`` pads prompt batches on
 either side; positions count real tokens only, so results do not depend on padding.
 """
 
@@ -21,7 +21,7 @@ from .. import _validate
 from ..data import PromptSet, as_prompt_set
 from ..models import LensModel
 from . import memory
-from ._backend import TokenBatch
+from .backend import TokenBatch
 
 LEVELS = ("head", "block")
 PADDING_SIDES = ("right", "left")
@@ -151,7 +151,7 @@ def prepare(
     """Check the prompts against the model and tokenize them.
 
     The shared options (``metric``, ``backend``, ``padding_side``, ``batch_size``) arrive
-    checked by ``_plan.check_options``; ``level`` is checked here against ``levels``,
+    checked by ``plan.check_options``; ``level`` is checked here against ``levels``,
     which differ per method.
 
     Args:
@@ -183,7 +183,7 @@ def prepare(
             -1 if p.distractor is None else _single_token(tokenizer, p.distractor, "distractor", i)
         )
     clean_ids = [tokenizer(p.text)["input_ids"] for p in prompt_set]
-    _validate.context_lengths(model, [len(ids) for ids in clean_ids], what="text")
+    model.check_context([len(ids) for ids in clean_ids], what="text")
     corrupt_ids = None
     if needs_corrupt:
         corrupt_ids = []

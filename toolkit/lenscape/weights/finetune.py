@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import _validate
-from .data import Prompt, as_texts
-from .models import LensModel, from_hf
+from .. import _validate
+from ..data import Prompt, as_texts
+from ..models import LensModel, from_hf
 
 
 def finetune(
@@ -47,9 +47,7 @@ def finetune(
     _validate.number("lr", lr, low=0)
     seed = _validate.integer("seed", seed, low=0)
     progress = _validate.flag("progress", progress)
-    _validate.context_lengths(
-        model, [len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target"
-    )
+    model.check_context([len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target")
     torch.manual_seed(seed)
     hf = copy.deepcopy(model.hf).train().requires_grad_(True)
     optimizer = torch.optim.AdamW(hf.parameters(), lr=lr)

@@ -36,9 +36,9 @@ from .. import _validate, schema
 from ..cluster import Clustering
 from ..data import PromptSet, as_texts
 from ..models import LensModel
-from ._backend import BeforeFn, Site, standing_edit
-from ._fit import Precision, check_precision, fit_passes, fit_until_still
-from ._inputs import pad
+from ..sweep.backend import BeforeFn, Site, standing_edit
+from ..sweep.inputs import pad
+from .optim import Precision, check_precision, fit_passes, fit_until_still
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete temperature and stretch
 COMPONENTS = schema.BLOCK_COMPONENTS  # ("attn", "mlp")
@@ -142,7 +142,14 @@ def apply_mask(
     )
     mask = _as_mask_array(masks)
     _check_model(model, mask)
-    _validate.result("masks", mask, kind=xr.DataArray, made_by="lsc.block_masks", model=model)
+    _validate.result(
+        "masks",
+        mask,
+        kind=xr.DataArray,
+        made_by="lsc.block_masks",
+        model_name=model.name,
+        layout=model.spec.fingerprint,
+    )
     _validate.values("masks", mask, binary=True, fix=BINARY_FIX)
     encoder = getattr(clusters, "encoder", None)
     if getattr(encoder, "hf", None) is model.hf:
@@ -446,8 +453,7 @@ def block_masks(
         progress=progress,
     )
     spec, k = model.spec, clusters.k
-    attrs = schema.provenance(
-        model,
+    attrs = model.provenance(
         "block_masks",
         metric=loss,
         prompt_set=prompts.name,
@@ -553,8 +559,7 @@ def block_mask_estimate(
             loss = _row_loss(model, rows, current).sum()
             grads[start : start + len(rows)] = torch.autograd.grad(loss, scale)[0].cpu()
     cost = torch.stack([-grads[torch.as_tensor(m)].mean(0) for m in members])
-    attrs = schema.provenance(
-        model,
+    attrs = model.provenance(
         "block_mask_estimate",
         metric="nll",
         prompt_set=prompts.name,
@@ -625,7 +630,8 @@ def masked_loss(
             masks,
             kind=xr.DataArray,
             made_by="lsc.block_masks (e.g. result['mask'])",
-            model=model,
+            model_name=model.name,
+            layout=model.spec.fingerprint,
             dims=("layer", "component"),
         )
     shape = np.shape(_validate.values("masks", masks, binary=True, fix=BINARY_FIX))

@@ -2,7 +2,7 @@
 
 ``stream(path, planner, model, prompts, options)`` writes the layout of the whole result to
 ``path`` (coords, attrs, NaN data) with the settings that identify the run, plans the method
-(``_plan``), then scores the prompt batches that are not done yet and writes each as soon
+(``plan``), then scores the prompt batches that are not done yet and writes each as soon
 as it is scored. Memory holds one batch, never the whole result. A run killed at any
 moment is resumed by running it again with the same arguments: finished batches are
 kept, unfinished ones recomputed, so the final store equals an uninterrupted run's. A
@@ -32,8 +32,8 @@ from tqdm.auto import tqdm
 from .. import store
 from ..data import Prompts, as_prompt_set
 from ..models import LensModel
-from ._inputs import fingerprint
-from ._plan import (
+from .inputs import fingerprint
+from .plan import (
     CaptureOptions,
     PlanData,
     Planner,

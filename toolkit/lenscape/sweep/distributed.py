@@ -3,7 +3,7 @@
 ``capture_to(..., client=client)`` (or ``lsc.ablation(..., store=path, client=client)``)
 registers a worker plugin that loads the model once per worker, from the model's
 ``recipe`` (``lsc.load``'s arguments, or ``models.tiny``'s), sends the plan built on the
-client, as data (``_plan.PlanData``: options, prompts and pre-pass results, such as the
+client, as data (``plan.PlanData``: options, prompts and pre-pass results, such as the
 means of mean-ablation and the ranking of ``refine=k``), to every worker once, and submits
 one task per prompt batch. Each worker rebuilds the plan from that data once per run,
 without redoing the pre-pass. Each task scores its batch
@@ -38,7 +38,7 @@ from distributed import WorkerPlugin, as_completed
 from tqdm.auto import tqdm
 
 from ..models import LensModel
-from ._plan import Plan, PlanData, R, write_batch
+from .plan import Plan, PlanData, R, write_batch
 
 #: Per worker process: recipe key -> (model, lock). The lock keeps one batch at a time on
 #: a model even when a worker runs several threads.

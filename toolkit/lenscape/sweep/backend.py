@@ -39,8 +39,8 @@ from typing import ClassVar, Literal, Protocol
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from .._layouts import ArchLayout
 from ..models import LensModel, ModelSpec
+from ..models.layouts import ArchLayout
 
 Site = tuple[str, int]
 #: ``edit(site, activation) -> activation``; called once per requested site per pass.

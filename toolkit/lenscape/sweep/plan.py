@@ -18,7 +18,7 @@ call instead of a silently ignored argument.
 
 Building the options runs the checks every method shares (``check_options``: counts and
 choices), before any model run or store is touched. The planner checks the method's own
-options (``kind``, ``estimator`` ...) and the prompts (``_inputs.prepare``), does the work
+options (``kind``, ``estimator`` ...) and the prompts (``inputs.prepare``), does the work
 that needs the whole prompt list (the mean activations of mean-ablation) and returns a
 ``Plan``:
 
@@ -44,7 +44,7 @@ pre-pass: it pickles, and ``PlanData.build(model)`` rebuilds the same plan on an
 without redoing the pre-pass (planners take it back as ``prepass=``). Distributed capture
 builds the plan once on the client and sends its ``PlanData`` to the workers.
 
-Imports go one way: ``_plan`` <- ``distributed`` <- ``streaming`` (which imports
+Imports go one way: ``plan`` <- ``distributed`` <- ``streaming`` (which imports
 ``distributed`` lazily: dask is optional) <- ``patching``, ``logit`` <- ``to_store``
 (``capture_to``, which finds a method by name).
 """
@@ -62,11 +62,11 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import _validate, store
-from .._lens_model import LensModel
 from ..data import PromptSet
+from ..models.lens_model import LensModel
 from . import metrics
-from ._backend import BACKENDS
-from ._inputs import PADDING_SIDES, Batch, Inputs
+from .backend import BACKENDS
+from .inputs import PADDING_SIDES, Batch, Inputs
 
 #: What a plan's ``finish`` returns: a DataArray, or a Dataset of several.
 Result = xr.DataArray | xr.Dataset

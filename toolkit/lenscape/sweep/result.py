@@ -1,5 +1,5 @@
 """Turn per-prompt tensors into validated result DataArrays with provenance
-(``schema.provenance``, the one place that writes the attrs naming what produced a result)."""
+(``LensModel.provenance``, the one place that writes the attrs naming what produced a result)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import xarray as xr
 
 from .. import schema
-from ._backend import Site
-from ._inputs import Inputs
+from .backend import Site
+from .inputs import Inputs
 from .metrics import LONG_NAMES, UNITS
 
 
@@ -73,8 +73,7 @@ def to_dataarray(
     attrs = {
         "long_name": f"{effect} {LONG_NAMES[inputs.metric]}",
         "units": UNITS[inputs.metric],
-        **schema.provenance(
-            model,
+        **model.provenance(
             method,
             backend=inputs.backend,
             metric=inputs.metric,

@@ -12,7 +12,7 @@ from typing import cast
 
 import torch
 
-from ._lens_model import LensModel
+from .lens_model import LensModel
 
 
 def rms_scale(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:

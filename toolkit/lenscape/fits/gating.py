@@ -11,7 +11,7 @@ The protocol follows the reference implementation (github.com/andrewnam/causal_h
 32 items, each gate set's gradient clipped to norm 1.0, lambda 0.1. Stage 0 fits with
 lam = 0; from its result, lam = +lambda_ gives G+ (gates stay open unless a head hurts) and
 lam = -lambda_ gives G- (gates close unless a head is needed). Instead of a fixed number of
-updates, a stage stops for a gate set when its gates stop moving (``_fit.fit_until_still``).
+updates, a stage stops for a gate set when its gates stop moving (``optim.fit_until_still``).
 Per head: facilitation = G-, interference = 1 - G+, irrelevance = G+ * (1 - G-).
 
 Repeating over seeds separates robust roles from accidents of the start ("Always" vs "Any"
@@ -36,9 +36,9 @@ from tqdm.auto import tqdm
 from .. import _validate, schema
 from ..data import Prompts, PromptSet, as_prompt_set
 from ..models import LensModel
-from ._backend import Site, standing_edit
-from ._fit import Precision, check_precision, fit_passes, fit_until_still
-from ._inputs import pad
+from ..sweep.backend import Site, standing_edit
+from ..sweep.inputs import pad
+from .optim import Precision, check_precision, fit_passes, fit_until_still
 
 CLIP = 4.0
 STAGES = ("stage0", "plus", "minus")
@@ -60,7 +60,7 @@ def _encode(model: LensModel, prompts: PromptSet) -> list[tuple[list[int], int]]
 
 
 def _pad(items: list[tuple[list[int], int]], pad_id: int, device) -> tuple[torch.Tensor, ...]:
-    """Right-pad (``_inputs.pad``); returns input_ids, attention_mask (rows, pos) and the
+    """Right-pad (``inputs.pad``); returns input_ids, attention_mask (rows, pos) and the
     target mask marking the positions whose *next* token is a target token (rows, pos)."""
     tokens = pad([seq for seq, _ in items], pad_id, "right")
     predicts = torch.zeros(tokens.input_ids.shape, dtype=torch.bool)
@@ -232,7 +232,8 @@ def task_loss(
             gates,
             kind=xr.DataArray,
             made_by="lsc.head_gating (e.g. gating['gate_plus'])",
-            model=model,
+            model_name=model.name,
+            layout=model.spec.fingerprint,
             dims=("layer", "head"),
         ).transpose(..., "layer", "head")
     if gates is not None:
@@ -375,8 +376,7 @@ def head_gating(
         )
     bar.close()
     g0, g_plus, g_minus = all_gates[:n], all_gates[n : 2 * n], all_gates[2 * n :]
-    attrs = schema.provenance(
-        model,
+    attrs = model.provenance(
         "head_gating",
         metric="loss",
         prompt_set=prompts.name,
@@ -520,7 +520,8 @@ def gating_check(
         gating,
         kind=xr.Dataset,
         made_by="lsc.head_gating",
-        model=model,
+        model_name=model.name,
+        layout=model.spec.fingerprint,
         variables=tuple(ROLES.values()),
         dims=("layer", "head"),
     )

