@@ -25,6 +25,7 @@ from ..data import Prompt
 from ..models import LensModel
 from ..sweep.backend import BACKENDS, get_backend
 from ..sweep.inputs import pad
+from ..sweep.options import DEFAULTS
 
 
 @contextlib.contextmanager
@@ -76,7 +77,7 @@ def attention_pattern(
     *,
     layer: int,
     head: int | Sequence[int] | None = None,
-    backend: str = "nnsight",
+    backend: str = DEFAULTS.backend,
 ) -> xr.DataArray:
     """Attention weights of one prompt at one layer.
 

@@ -53,8 +53,9 @@ from ..data import Prompts
 from ..models import LensModel
 from ..sweep import metrics
 from ..sweep.backend import BACKENDS, TokenBatch, get_backend
-from ..sweep.inputs import PADDING_SIDES, Batch, Inputs, prepare
-from ..sweep.metrics import LONG_NAMES, METRICS, UNITS
+from ..sweep.inputs import Batch, Inputs, prepare
+from ..sweep.metrics import LONG_NAMES, UNITS
+from ..sweep.options import DEFAULTS, check_options
 from .faithfulness import agreement
 
 ESTIMATORS = ("eap", "eap-ig")
@@ -434,12 +435,11 @@ def _prepare(
     batch_size: int | None,
     padding_side: str,
 ) -> Inputs:
-    _validate.choice("metric", metric, METRICS)
-    _validate.choice("padding_side", padding_side, PADDING_SIDES)
+    check_options(
+        dict(metric=metric, padding_side=padding_side, backend=backend, batch_size=batch_size)
+    )
     _check_backend(backend)
     _parts(model, 0)
-    if batch_size is not None:
-        _validate.positive_int("batch_size", batch_size)
     return prepare(
         model,
         prompts,
@@ -549,12 +549,12 @@ def edge_attribution(
     *,
     estimator: str = "eap",
     steps: int | None = None,
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
     per_prompt: bool = False,
-    progress: bool = True,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.DataArray:
     """Score every edge sender -> receiver with EAP or EAP-IG (see the module docstring).
 
@@ -795,11 +795,11 @@ def edge_patching(
     circuit: xr.DataArray,
     *,
     base: str = "clean",
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
-    progress: bool = True,
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.DataArray:
     """Exact edge patching: the metric with every edge outside ``circuit`` patched.
 
@@ -862,11 +862,11 @@ def circuit_faithfulness(
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     n_random: int = 3,
     seed: int = 0,
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
-    progress: bool = True,
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Faithfulness of the circuits of ``scores`` over edge budgets, beside random ones.
 
@@ -982,11 +982,11 @@ def edge_agreement(
     n_random: int = 20,
     top_k: int = 5,
     seed: int = 0,
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
-    progress: bool = True,
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """How far to trust edge scores: each estimator vs exact single-edge patching.
 

@@ -21,6 +21,7 @@ import xarray as xr
 from .. import _validate, schema
 from ..data import Prompts
 from ..models import LensModel
+from ..sweep.options import DEFAULTS
 from .patching import (
     DEFAULT_IG_STEPS,
     ESTIMATORS,
@@ -119,11 +120,11 @@ def faithfulness(
     prompts: Prompts,
     *,
     estimators: Sequence[str] = ("atp", "ig"),
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
     top_k: int = 10,
-    progress: bool = True,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Agreement of each estimator with exact activation patching, per component type.
 

@@ -27,7 +27,8 @@ from ..models import LensModel
 from ..sweep import metrics
 from ..sweep.backend import get_backend
 from ..sweep.inputs import prepare
-from ..sweep.plan import check_options, top_is_target
+from ..sweep.options import DEFAULTS, check_options
+from ..sweep.plan import top_is_target
 from .attention import token_labels
 
 
@@ -143,10 +144,10 @@ def inspect(
     model: LensModel,
     prompts: PromptSet | Iterable[Prompt | dict[str, Any]],
     *,
-    metric: str = "logit_diff",
+    metric: str = DEFAULTS.metric,
     top_k: int = 5,
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
 ) -> Inspection:
     """The model's answers on each prompt: top next tokens, target probability, metric.
 

@@ -23,6 +23,7 @@ from ..data import Prompt, from_records
 from ..models import LensModel
 from ..sweep.backend import BACKENDS, Site, get_backend
 from ..sweep.inputs import _single_token, pad
+from ..sweep.options import DEFAULTS
 from .attention import token_labels
 
 #: Top tokens listed per cell in the ``top_tokens`` coord.
@@ -68,7 +69,7 @@ def logit_lens(
     prompt: str | Prompt | dict[str, Any],
     *,
     target: str | None = None,
-    backend: str = "nnsight",
+    backend: str = DEFAULTS.backend,
 ) -> xr.DataArray:
     """The target's probability when each layer's residual stream is read as the output.
 

@@ -22,7 +22,8 @@ from ..models import LensModel
 from ..models.parts import head_outputs, norm_weight, rms_scale
 from ..sweep.backend import get_backend
 from ..sweep.inputs import prepare
-from ..sweep.plan import CaptureOptions, Plan, Scores, top_is_target
+from ..sweep.options import DEFAULTS, CaptureOptions
+from ..sweep.plan import Plan, Scores, top_is_target
 from ..sweep.result import components, to_dataarray
 from ..sweep.streaming import execute
 
@@ -41,14 +42,14 @@ def direct_logit_attribution(
     model: LensModel,
     prompts: Prompts,
     *,
-    level: str = "head",
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
-    store: str | Path | None = None,
-    client: Any = None,
-    progress: bool = True,
+    level: str = DEFAULTS.level,
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.DataArray:
     """Direct effect of each head or block on the metric's logits, per prompt.
 

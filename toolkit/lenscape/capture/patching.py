@@ -49,7 +49,8 @@ from ..models import LensModel
 from ..sweep import memory, metrics
 from ..sweep.backend import Site, TokenBatch, get_backend
 from ..sweep.inputs import Batch, Inputs, prepare
-from ..sweep.plan import CaptureOptions, Plan, Result, Scores, once, top_is_target
+from ..sweep.options import DEFAULTS, CaptureOptions
+from ..sweep.plan import Plan, Result, Scores, once, top_is_target
 from ..sweep.result import components, to_dataarray
 from ..sweep.streaming import execute
 
@@ -413,17 +414,17 @@ def ablation(
     model: LensModel,
     prompts: Prompts,
     *,
-    level: str = "head",
+    level: str = DEFAULTS.level,
     kind: str = "zero",
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
-    variants_per_pass: int | None = None,
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    variants_per_pass: int | None = DEFAULTS.variants_per_pass,
     refine: int | None = None,
-    store: str | Path | None = None,
-    client: Any = None,
-    progress: bool = True,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.DataArray:
     """Exact ablation of every head or block: metric(ablated) - metric(clean), per prompt.
 
@@ -566,18 +567,18 @@ def activation_patching(
     model: LensModel,
     prompts: Prompts,
     *,
-    level: str = "head",
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
-    variants_per_pass: int | None = None,
+    level: str = DEFAULTS.level,
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    variants_per_pass: int | None = DEFAULTS.variants_per_pass,
     refine: int | None = None,
     estimator: str = "atp",
     steps: int | None = None,
-    store: str | Path | None = None,
-    client: Any = None,
-    progress: bool = True,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.DataArray:
     """Exact activation patching (clean -> corrupt): metric(patched) - metric(corrupt).
 
@@ -694,16 +695,16 @@ def attribution_patching(
     model: LensModel,
     prompts: Prompts,
     *,
-    level: str = "head",
-    metric: str = "logit_diff",
-    batch_size: int | None = 8,
-    backend: str = "nnsight",
-    padding_side: str = "right",
+    level: str = DEFAULTS.level,
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
     estimator: str = "atp",
     steps: int | None = None,
-    store: str | Path | None = None,
-    client: Any = None,
-    progress: bool = True,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    progress: bool = DEFAULTS.progress,
 ) -> Result:
     """Gradient estimate of activation patching for every component at once.
 

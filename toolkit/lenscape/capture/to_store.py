@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 from ..data import Prompts
 from ..models import LensModel
-from ..sweep.plan import CaptureOptions, Planner, Result
+from ..sweep.options import DEFAULTS, CaptureOptions
+from ..sweep.plan import Planner, Result
 from ..sweep.streaming import stream
 from . import logit, patching
 
@@ -68,7 +69,7 @@ def options_for(name: str, given: dict[str, Any]) -> CaptureOptions:
 
     Raises:
         ValueError: an option the method does not have (the message lists its options).
-        TypeError, ValueError: a shared option out of range (``plan.check_options``).
+        TypeError, ValueError: a shared option out of range (``options.check_options``).
     """
     method = METHODS[name]
     known = [field.name for field in fields(method.options)]
@@ -87,9 +88,9 @@ def capture_to(
     model: LensModel,
     prompts: Prompts,
     *,
-    client: Any = None,
+    client: Any = DEFAULTS.client,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool = DEFAULTS.progress,
     **options: Any,
 ) -> Result:
     """Run a per-prompt capture method into a zarr store, batch by batch, resumably.

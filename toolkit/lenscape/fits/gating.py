@@ -38,6 +38,7 @@ from ..data import Prompts, PromptSet, as_prompt_set
 from ..models import LensModel
 from ..sweep.backend import Site, standing_edit
 from ..sweep.inputs import pad
+from ..sweep.options import DEFAULTS
 from .optim import Precision, check_precision, fit_passes, fit_until_still
 
 CLIP = 4.0
@@ -270,7 +271,7 @@ def head_gating(
     rows_per_pass: int = 64,
     validation: Prompts | None = None,
     precision: Precision = "float32",
-    progress: bool = True,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Fit causal head gates on a task at the reference protocol and score every head's role.
 

@@ -38,6 +38,7 @@ from ..data import PromptSet, as_texts
 from ..models import LensModel
 from ..sweep.backend import BeforeFn, Site, standing_edit
 from ..sweep.inputs import pad
+from ..sweep.options import DEFAULTS
 from .optim import Precision, check_precision, fit_passes, fit_until_still
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete temperature and stretch
@@ -389,7 +390,7 @@ def block_masks(
     batch_size: int = 4,
     rows_per_pass: int = 32,
     precision: Precision = "float32",
-    progress: bool = True,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Learn one block mask per cluster (and per target sparsity), to convergence.
 
@@ -516,7 +517,7 @@ def block_mask_estimate(
     clusters: Clustering,
     target_sparsity: float | Sequence[float] = 0.3,
     batch_size: int = 8,
-    progress: bool = True,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """An instant estimate of ``block_masks``: each block's removal cost to first order.
 
@@ -661,7 +662,7 @@ def mask_comparison(
     loss: str = "nll",
     seed: int = 0,
     batch_size: int = 16,
-    progress: bool = True,
+    progress: bool = DEFAULTS.progress,
     **fit_options,
 ) -> xr.Dataset:
     """IG-Pruning's claim on held-out texts: routed per-cluster masks vs one global mask vs

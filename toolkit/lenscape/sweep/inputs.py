@@ -3,7 +3,7 @@
 ``prepare`` turns user input (a ``PromptSet``, Prompts or dicts) into an ``Inputs``:
 checked prompts plus, per prompt, clean (and corrupt) token ids and the target and
 distractor token ids. The options shared by all methods (``batch_size``, ``metric`` ...)
-are checked before, in ``plan.check_options``. ``Inputs.batches`` pads prompt batches on
+are checked before, in ``options.check_options``. ``Inputs.batches`` pads prompt batches on
 either side; positions count real tokens only, so results do not depend on padding.
 """
 
@@ -151,7 +151,7 @@ def prepare(
     """Check the prompts against the model and tokenize them.
 
     The shared options (``metric``, ``backend``, ``padding_side``, ``batch_size``) arrive
-    checked by ``plan.check_options``; ``level`` is checked here against ``levels``,
+    checked by ``options.check_options``; ``level`` is checked here against ``levels``,
     which differ per method.
 
     Args:

@@ -9,15 +9,13 @@ attribution) is three things side by side in its module:
 - its planner, ``plan_ablation(model, prompts, options, *, progress, prepass=None) -> Plan``.
 
 The public function packs its keyword arguments into the options and hands them, with its
-planner, to ``streaming.execute``. **Defaults live once, in the public function's
-signature**: that is where users read them (``help()``, the editor), and
-``capture_to(path, "ablation", ...)`` completes the options it is given from that same
-signature, so both ways of running a method mean the same run. The options fields have
-no defaults, so an option the public function forgets to pass is a TypeError on its first
-call instead of a silently ignored argument.
+planner, to ``streaming.execute``. The shared options' defaults are written once, in
+``options.DEFAULTS``, and each public signature names them there, so ``help()`` and the
+editor show them; ``capture_to(path, "ablation", ...)`` completes the options it is given
+from that same signature, so both ways of running a method mean the same run.
 
-Building the options runs the checks every method shares (``check_options``: counts and
-choices), before any model run or store is touched. The planner checks the method's own
+Building the options runs the checks every method shares (``options.check_options``:
+counts and choices), before any model run or store is touched. The planner checks the method's own
 options (``kind``, ``estimator`` ...) and the prompts (``inputs.prepare``), does the work
 that needs the whole prompt list (the mean activations of mean-ablation) and returns a
 ``Plan``:
@@ -52,78 +50,25 @@ Imports go one way: ``plan`` <- ``distributed`` <- ``streaming`` (which imports
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from .. import _validate, store
+from .. import store
 from ..data import PromptSet
 from ..models.lens_model import LensModel
-from . import metrics
-from .backend import BACKENDS
-from .inputs import PADDING_SIDES, Batch, Inputs
+from .inputs import Batch, Inputs
+from .options import CaptureOptions
 
 #: What a plan's ``finish`` returns: a DataArray, or a Dataset of several.
 Result = xr.DataArray | xr.Dataset
 #: The result type of one plan (``xr.DataArray`` for all but ``attribution_patching``).
 R = TypeVar("R", bound=Result)
-
-#: Options shared by the per-prompt methods -> what None does (None: None is not allowed).
-COUNT_OPTIONS = {
-    "batch_size": "pick one from free memory",
-    "variants_per_pass": "as many as fit in memory",
-    "refine": "measure every component exactly",
-    "steps": "the estimator's default",
-}
-#: Options shared by the per-prompt methods -> their allowed values.
-CHOICE_OPTIONS = {"metric": metrics.METRICS, "backend": BACKENDS, "padding_side": PADDING_SIDES}
-
-
-def check_options(options: dict[str, Any]) -> None:
-    """Check the options the per-prompt methods share, whichever method gets them.
-
-    Raises:
-        TypeError: a count that is not an integer (e.g. ``variants_per_pass=2.5``).
-        ValueError: a count below 1, or an unknown ``metric``/``backend``/``padding_side``.
-    """
-    for name, none_means in COUNT_OPTIONS.items():
-        if name in options:
-            _validate.positive_int(name, options[name], none_means=none_means)
-    for name, choices in CHOICE_OPTIONS.items():
-        if name in options:
-            _validate.choice(name, options[name], choices)
-
-
-@dataclass(frozen=True)
-class CaptureOptions:
-    """The options every per-prompt method has; each method's subclass adds its own.
-
-    Fields have no defaults: they live in the public function's signature (see the module
-    docstring). Creating the options runs ``check_options``.
-
-    Attributes:
-        method: the public name of the method these options belong to (class constant).
-        level, metric, batch_size, backend, padding_side: as in ``lsc.ablation``.
-
-    Raises:
-        TypeError, ValueError: as ``check_options``.
-    """
-
-    method: ClassVar[str]
-
-    level: str
-    metric: str
-    batch_size: int | None
-    backend: str
-    padding_side: str
-
-    def __post_init__(self) -> None:
-        check_options(asdict(self))
 
 
 @dataclass

@@ -33,6 +33,7 @@ from .. import store
 from ..data import Prompts, as_prompt_set
 from ..models import LensModel
 from .inputs import fingerprint
+from .options import DEFAULTS
 from .plan import (
     CaptureOptions,
     PlanData,
@@ -121,9 +122,9 @@ def stream(
     prompts: Prompts,
     options: CaptureOptions,
     *,
-    client: Any = None,
+    client: Any = DEFAULTS.client,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool = DEFAULTS.progress,
     batch_size_given: bool = True,
 ) -> R:
     """Run a planned method into the zarr store ``path``, batch by batch, resumably.

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from .. import _validate
 from ..data import Prompt, as_texts
 from ..models import LensModel, from_hf
+from ..sweep.options import DEFAULTS
 
 
 def finetune(
@@ -23,7 +24,7 @@ def finetune(
     batch_size: int = 8,
     seed: int = 0,
     out_dir: str | Path | None = None,
-    progress: bool = True,
+    progress: bool = DEFAULTS.progress,
 ) -> LensModel:
     """AdamW on a deep copy of ``model`` (never the input) over ``text + target`` sequences.
 

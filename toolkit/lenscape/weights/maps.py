@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from .. import _validate, schema
 from ..data import Prompt, as_texts
 from ..models import LensModel
+from ..sweep.options import DEFAULTS
 
 IMPORTANCE_KINDS = ("grad_x_weight", "fisher")
 #: How a tensor's per-entry scores become one cell: their sum (the tensor's total
@@ -127,7 +128,7 @@ def weight_importance(
     aggregation: str = "sum",
     batch_size: int = 8,
     normalize: bool = False,
-    progress: bool = True,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Per-tensor importance from gradients of the language-model loss.
 
