@@ -85,3 +85,69 @@ def test_fit_passes_restore_the_model_after_an_interruption(tiny_llama):
 def test_precision_is_checked():
     with pytest.raises(ValueError, match="precision must be one of"):
         optim.check_precision("bf16")
+
+
+def _noisy_fit(resume, stop_at=None, max_steps=12):
+    """A fit whose gradient uses the caller's random state (as minibatches do): a resumed
+    fit only matches an uninterrupted one if that state is kept too."""
+    rng = torch.Generator().manual_seed(0)
+    calls = [0]
+
+    def loss_and_grad(params, active):
+        calls[0] += 1
+        if calls[0] == stop_at:
+            raise KeyboardInterrupt
+        noise = torch.randn(params.shape, generator=rng)
+        loss = ((params - noise) ** 2).flatten(1).sum(1)
+        loss.sum().backward()
+        return loss.detach()
+
+    if resume is not None:
+        resume = optim.Resume(
+            resume,
+            {"data": "noise"},
+            lambda: {"rng": rng.get_state()},
+            lambda s: rng.set_state(s["rng"]),
+        )
+    return optim.fit_until_still(
+        torch.zeros(3, 2),
+        loss_and_grad,
+        watch=lambda p: p,
+        lr=0.1,
+        grad_clip=1.0,
+        max_steps=max_steps,
+        window=4,
+        tol=0.0,
+        resume=resume,
+    )
+
+
+def test_an_interrupted_fit_continues_from_its_last_check(tmp_path):
+    whole = _noisy_fit(None)
+    state = tmp_path / "fit.pt"
+    with pytest.raises(KeyboardInterrupt):
+        _noisy_fit(state, stop_at=7)  # after the check at update 4
+    assert torch.load(state, weights_only=True)["step"] == 4
+    resumed = _noisy_fit(state)
+    torch.testing.assert_close(resumed.params, whole.params, rtol=0, atol=0)
+    assert resumed.steps.tolist() == whole.steps.tolist()
+    # A finished fit left its final state: a rerun returns it without a pass.
+    again = _noisy_fit(state, stop_at=1)
+    torch.testing.assert_close(again.params, whole.params, rtol=0, atol=0)
+
+
+def test_a_state_from_other_settings_is_refused(tmp_path):
+    state = tmp_path / "fit.pt"
+    _noisy_fit(state)
+    with pytest.raises(ValueError, match=r"other settings \(differing: \['max_steps'\]\)"):
+        _noisy_fit(state, max_steps=8)
+
+
+def test_checkpoint_folder_is_checked(tmp_path):
+    assert optim.checkpoint_folder(None) is None
+    assert optim.checkpoint_folder(str(tmp_path / "new")) == tmp_path / "new"
+    with pytest.raises(TypeError, match="checkpoint must be a file path"):
+        optim.checkpoint_folder(3)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is a file; pass a folder"):
+        optim.checkpoint_folder(tmp_path / "file")

@@ -388,3 +388,36 @@ def test_gating_results_are_checked_for_kind_and_origin(tiny_llama, fitted, toke
         lsc.gating_check(tiny_llama, fitted, [])
     with pytest.raises(ValueError, match=r"threshold must be a finite number in \[0, 1\]"):
         lsc.gating_check(tiny_llama, fitted, validation, threshold=float("nan"))
+
+
+def _interrupted_at(monkeypatch, call: int):
+    """Make the ``call``-th gated pass raise KeyboardInterrupt (a killed fit)."""
+    passes = [0]
+    row_nll = gating._row_nll
+
+    def counting(*args, **kwargs):
+        passes[0] += 1
+        if passes[0] == call:
+            raise KeyboardInterrupt
+        return row_nll(*args, **kwargs)
+
+    monkeypatch.setattr(gating, "_row_nll", counting)
+
+
+@pytest.mark.parametrize("call", [5, 9], ids=["in stage 0", "in the signed stage"])
+def test_an_interrupted_fit_continues_from_its_checkpoint(
+    fitted, tiny_llama, small_task, tmp_path, monkeypatch, call
+):
+    """One pass per update here (rows_per_pass covers both seeds): the fit is killed at
+    update 5 of stage 0 (its state kept at update 3) or at update 3 of the signed stage
+    (stage 0 finished); started again, it gives the uninterrupted gates exactly."""
+    with monkeypatch.context() as patch:
+        _interrupted_at(patch, call)
+        with pytest.raises(KeyboardInterrupt):
+            lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, **FAST)
+    assert (tmp_path / "stage0.pt").exists()
+    resumed = lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, **FAST)
+    for name in ("gate", "gate_plus", "gate_minus", "steps_stage0", "steps_minus"):
+        np.testing.assert_array_equal(resumed[name].values, fitted[name].values)
+    with pytest.raises(ValueError, match=r"differing: \['lambda_'\]"):
+        lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, **{**FAST, "lambda_": 0.2})

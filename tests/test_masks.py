@@ -339,3 +339,36 @@ def test_estimate_is_the_first_order_cost_of_skipping_each_block(tiny_llama, mix
         lowest_kept = cost.where(kept).min(("layer", "component"))
         highest_skipped = cost.where(~kept).max(("layer", "component"))
         assert (lowest_kept >= highest_skipped).all()
+
+
+def test_an_interrupted_fit_continues_from_its_checkpoint(
+    tiny_llama, mixed, clusters, learned, tmp_path, monkeypatch
+):
+    """Killed after its state was kept (at update 3 of 5, window 3) and started again, the
+    fit gives the masks of an uninterrupted fit, gate noise and minibatches included."""
+    options = {**FAST, "max_steps": 5}
+    whole = block_masks(tiny_llama, mixed, clusters=clusters, target_sparsity=0.5, **options)
+    passes, row_loss = [0], masks_module._row_loss
+
+    def killed_at_update_4(*args, **kwargs):
+        passes[0] += 1
+        if passes[0] > 3 * 1:  # one pass per update here (8 rows fit in a pass)
+            raise KeyboardInterrupt
+        return row_loss(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(masks_module, "_row_loss", killed_at_update_4)
+        with pytest.raises(KeyboardInterrupt):
+            block_masks(
+                tiny_llama,
+                mixed,
+                clusters=clusters,
+                target_sparsity=0.5,
+                checkpoint=tmp_path,
+                **options,
+            )
+    resumed = block_masks(
+        tiny_llama, mixed, clusters=clusters, target_sparsity=0.5, checkpoint=tmp_path, **options
+    )
+    xr.testing.assert_identical(resumed["keep_prob"], whole["keep_prob"])
+    xr.testing.assert_identical(resumed["mask"], whole["mask"])

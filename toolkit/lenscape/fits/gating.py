@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,15 @@ from ..models import LensModel
 from ..sweep.backend import Site, standing_edit
 from ..sweep.inputs import pad
 from ..sweep.options import DEFAULTS
-from .optim import Precision, check_precision, fit_passes, fit_until_still
+from .optim import (
+    Precision,
+    Resume,
+    check_precision,
+    checkpoint_folder,
+    digest,
+    fit_passes,
+    fit_until_still,
+)
 
 CLIP = 4.0
 STAGES = ("stage0", "plus", "minus")
@@ -131,6 +140,18 @@ class _Batches:
         picked, self.queues[set_index] = queue[: self.batch_size], queue[self.batch_size :]
         return picked
 
+    def get_state(self) -> dict[str, Any]:
+        """Where each set is in its shuffled order (for ``optim.Resume``)."""
+        return {
+            "rngs": [rng.bit_generator.state for rng in self.rngs],
+            "queues": [list(queue) for queue in self.queues],
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        for rng, saved in zip(self.rngs, state["rngs"], strict=True):
+            rng.bit_generator.state = saved
+        self.queues = [list(queue) for queue in state["queues"]]
+
 
 def _stage(
     model: LensModel,
@@ -148,11 +169,13 @@ def _stage(
     tol: float,
     rows_per_pass: int,
     bar,
+    resume: tuple[Path, dict[str, Any]] | None = None,
 ):
     """Fit stacked gate logits (sets, layer, head) until each set's gates stop moving.
 
     Set ``k`` uses regulariser ``-signs[k] * lambda_ * mean(clip(g_k))`` and its own batches.
     Rows go through the model ``rows_per_pass`` at a time, backward after each pass.
+    ``resume``: (state file, key) to keep the stage's state in (``optim.Resume``).
     """
     sets_per_pass = max(1, rows_per_pass // batches.batch_size)
 
@@ -181,6 +204,7 @@ def _stage(
         window=window,
         tol=tol,
         on_step=bar.update,
+        resume=None if resume is None else Resume(*resume, batches.get_state, batches.set_state),
     )
 
 
@@ -271,6 +295,7 @@ def head_gating(
     rows_per_pass: int = 64,
     validation: Prompts | None = None,
     precision: Precision = "float32",
+    checkpoint: str | Path | None = None,
     progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Fit causal head gates on a task at the reference protocol and score every head's role.
@@ -296,6 +321,10 @@ def head_gating(
             under bfloat16 autocast, as the reference trainer's mixed precision; gates,
             Adam and the validation losses stay float32). benchmarks/RESULTS.md records
             how much faster it is and how well its roles agree with float32.
+        checkpoint: a folder where each stage keeps its state every ``window`` updates; a
+            fit interrupted and started again with the same folder and arguments continues
+            from its last check (same numbers at the same torch thread count). None keeps
+            nothing.
         progress: show a progress bar.
 
     Returns:
@@ -321,6 +350,7 @@ def head_gating(
             "validation", as_prompt_set(validation), fix="pass held-out prompts, or None"
         )
     precision = check_precision(precision)
+    folder = checkpoint_folder(checkpoint)
     prompts = as_prompt_set(task)
     if len(prompts) == 0:
         raise ValueError("The task has no prompts; use lsc.data.task('math') or pass prompts.")
@@ -340,6 +370,20 @@ def head_gating(
         tol=tol,
         rows_per_pass=rows_per_pass,
     )
+    key = dict(
+        settings,
+        model=model.name,
+        layout=model.spec.fingerprint,
+        items=digest(items),
+        seeds=seed_list,
+        lambda_=lambda_,
+        batch_size=batch_size,
+        precision=precision,
+    )
+
+    def resume(stage: str) -> tuple[Path, dict[str, Any]] | None:
+        return None if folder is None else (folder / f"{stage}.pt", {**key, "stage": stage})
+
     bar = tqdm(total=2 * max_steps, disable=not progress, desc=f"head gating ({n} seeds), stage 0")
     with _Gates(model) as gates:
         with fit_passes(model.hf, precision):
@@ -351,6 +395,7 @@ def head_gating(
                 items,
                 _Batches(len(items), [(s, 0) for s in seed_list], batch_size),
                 bar=bar,
+                resume=resume("stage0"),
                 **settings,
             )
             bar.set_description(f"head gating ({n} seeds), G+ and G- stages")
@@ -365,6 +410,7 @@ def head_gating(
                 items,
                 signed_batches,
                 bar=bar,
+                resume=resume("signed"),
                 **settings,
             )
         all_gates = torch.sigmoid(torch.cat([base.params, signed.params]))

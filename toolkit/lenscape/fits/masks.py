@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,15 @@ from ..models import LensModel
 from ..sweep.backend import BeforeFn, Site, standing_edit
 from ..sweep.inputs import pad
 from ..sweep.options import DEFAULTS
-from .optim import Precision, check_precision, fit_passes, fit_until_still
+from .optim import (
+    Precision,
+    Resume,
+    check_precision,
+    checkpoint_folder,
+    digest,
+    fit_passes,
+    fit_until_still,
+)
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete temperature and stretch
 COMPONENTS = schema.BLOCK_COMPONENTS  # ("attn", "mlp")
@@ -248,11 +257,13 @@ def _fit_masks(
     rows_per_pass: int,
     precision: Precision,
     progress: bool,
+    checkpoint: Path | None = None,
 ):
     """Fit gate logits for every (sparsity, group) pair in one stacked run.
 
     Args:
         items: token ids per text; groups: per group, the indices of its texts.
+        checkpoint: a folder to keep the fit's state in (``optim.Resume``), or None.
 
     Returns:
         ``Fit`` whose params are (sparsity * group, layer, component) gate logits.
@@ -289,6 +300,31 @@ def _fit_masks(
         return torch.cat(losses)
 
     start = torch.full((sets, spec.n_layers, 2), 2.0, device=model.device)
+    resume = None
+    if checkpoint is not None:
+        key = dict(
+            model=model.name,
+            layout=model.spec.fingerprint,
+            items=digest(items, [g.tolist() for g in groups]),
+            sparsities=list(sparsities),
+            loss=loss,
+            penalty=penalty,
+            seed=seed,
+            batch_size=batch_size,
+            rows_per_pass=rows_per_pass,
+            precision=precision,
+        )
+
+        def set_state(state: dict[str, Any]) -> None:
+            rng.bit_generator.state = state["rng"]
+            noise.set_state(state["noise"])
+
+        resume = Resume(
+            checkpoint / "block_masks.pt",
+            key,
+            lambda: {"rng": rng.bit_generator.state, "noise": noise.get_state()},
+            set_state,
+        )
     with _scaled_blocks(model, lambda: current["scale"]), fit_passes(model.hf, precision):
         fit = fit_until_still(
             start,
@@ -300,6 +336,7 @@ def _fit_masks(
             window=window,
             tol=tol,
             on_step=bar.update,
+            resume=resume,
         )
     bar.close()
     return fit
@@ -390,6 +427,7 @@ def block_masks(
     batch_size: int = 4,
     rows_per_pass: int = 32,
     precision: Precision = "float32",
+    checkpoint: str | Path | None = None,
     progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Learn one block mask per cluster (and per target sparsity), to convergence.
@@ -409,6 +447,9 @@ def block_masks(
         batch_size: texts per cluster per update; rows_per_pass: rows per forward pass.
         precision: ``"float32"`` or ``"bfloat16"`` (the fit's passes under bfloat16
             autocast; gate logits, Adam and the final ranking stay float32).
+        checkpoint: a folder where the fit keeps its state every ``window`` updates; a
+            fit interrupted and started again with the same folder and arguments continues
+            from its last check. None keeps nothing.
 
     Returns:
         Dataset over ([target_sparsity,] cluster, layer, component): ``mask`` (bool, True =
@@ -434,6 +475,7 @@ def block_masks(
     progress = _validate.flag("progress", progress)
     _validate.not_empty("prompts", prompts, fix="pass the texts that were clustered")
     precision = check_precision(precision)
+    folder = checkpoint_folder(checkpoint)
     clusters = _check_clusters(clusters)
     members = _members(clusters, len(prompts))
     fit = _fit_masks(
@@ -452,6 +494,7 @@ def block_masks(
         rows_per_pass=rows_per_pass,
         precision=precision,
         progress=progress,
+        checkpoint=folder,
     )
     spec, k = model.spec, clusters.k
     attrs = model.provenance(
@@ -662,6 +705,7 @@ def mask_comparison(
     loss: str = "nll",
     seed: int = 0,
     batch_size: int = 16,
+    checkpoint: str | Path | None = None,
     progress: bool = DEFAULTS.progress,
     **fit_options,
 ) -> xr.Dataset:
@@ -683,6 +727,7 @@ def mask_comparison(
         fit_options: passed to the fit (``max_steps``, ``window``, ``tol``, ``lr``,
             ``penalty``, ``precision``; ``batch_size`` is the evaluation batch, use
             ``train_batch_size``).
+        checkpoint: a folder where the fit keeps its state (as in ``block_masks``).
 
     Returns:
         Dataset: ``ppl_ratio`` (strategy, target_sparsity) with strategies routed, global,
@@ -697,6 +742,7 @@ def mask_comparison(
     seed = _validate.integer("seed", seed, low=0)
     batch_size = _validate.positive_int("batch_size", batch_size)
     progress = _validate.flag("progress", progress)
+    folder = checkpoint_folder(checkpoint)
     _check_fit(fit_options, caller="mask_comparison")
     clusters = _check_clusters(clusters)
     if len(held_out) < clusters.k:
@@ -729,6 +775,7 @@ def mask_comparison(
         loss=loss,
         seed=seed,
         progress=progress,
+        checkpoint=folder,
         **options,
     )
     k, n_layers = clusters.k, model.spec.n_layers

@@ -5,17 +5,27 @@ once in one stacked batch (seeds, stages, clusters, sparsities). Set ``k`` of th
 only influences loss ``k``, so the sets are independent fits that share forward passes. Each
 set's gradient is clipped on its own (as if it were fitted alone), and the fit stops when
 every set's watched values (gates, keep probabilities) have stopped moving.
+
+A fit given a ``Resume`` keeps its state in a file at every convergence check (parameters,
+Adam's moments, the per-set counters and the caller's random state), so a fit that is
+killed continues from its last check instead of from zero, with the same numbers as an
+uninterrupted fit at the same torch thread count.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel
+
+from ..store import as_path
 
 Precision = Literal["float32", "bfloat16"]
 PRECISIONS: tuple[Precision, ...] = ("float32", "bfloat16")
@@ -87,6 +97,72 @@ class Fit:
     converged: torch.Tensor
 
 
+@dataclass
+class Resume:
+    """Where a fit keeps its state, so an interrupted fit continues where it stopped.
+
+    Attributes:
+        path: the state file (written atomically every ``window`` updates; a finished fit
+            leaves its final state there, so a rerun returns at once).
+        key: plain values the fit depends on (settings, a fingerprint of its data); a file
+            written under another key is refused rather than continued.
+        get_state: the caller's random state (minibatch order, gate noise), as plain values
+            and tensors.
+        set_state: puts a state from ``get_state`` back.
+    """
+
+    path: Path
+    key: dict[str, Any]
+    get_state: Callable[[], dict[str, Any]]
+    set_state: Callable[[dict[str, Any]], None]
+
+
+def digest(*parts: object) -> str:
+    """SHA-256 (16 hex chars) of the ``repr`` of ``parts``: a fingerprint of a fit's data."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def checkpoint_folder(value: object) -> Path | None:
+    """A fit's ``checkpoint`` argument as a folder path (None stays None).
+
+    Raises:
+        TypeError: not a path. ValueError: a path that exists and is not a folder.
+    """
+    if value is None:
+        return None
+    folder = as_path(value, argument="checkpoint")
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(
+            f"checkpoint={str(folder)!r} is a file; pass a folder (it is created if missing) "
+            "where the fit can keep its state."
+        )
+    return folder
+
+
+def _save_state(resume: Resume, state: dict[str, Any]) -> None:
+    resume.path.parent.mkdir(parents=True, exist_ok=True)
+    partial = resume.path.with_name(resume.path.name + ".partial")
+    torch.save({"key": resume.key, "caller": resume.get_state(), **state}, partial)
+    os.replace(partial, resume.path)
+
+
+def _load_state(resume: Resume) -> dict[str, Any] | None:
+    if not resume.path.exists():
+        return None
+    saved = torch.load(resume.path, weights_only=True)
+    if saved["key"] != resume.key:
+        changed = sorted(
+            k for k in {*saved["key"], *resume.key} if saved["key"].get(k) != resume.key.get(k)
+        )
+        raise ValueError(
+            f"{resume.path} holds the state of a fit with other settings (differing: "
+            f"{changed}); pass the same settings to continue it, or delete the file to start "
+            "over."
+        )
+    resume.set_state(saved["caller"])
+    return saved
+
+
 def clip_per_set(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
     """Scale each set's gradient (sets, ...) so its L2 norm is at most ``max_norm``."""
     norms = grad.flatten(1).norm(dim=1)
@@ -105,6 +181,7 @@ def fit_until_still(
     window: int,
     tol: float,
     on_step: Callable[[], None] | None = None,
+    resume: Resume | None = None,
 ) -> Fit:
     """Adam on stacked parameters; each set stops updating once its watched values are still.
 
@@ -122,7 +199,10 @@ def fit_until_still(
             updates earlier.
         tol: a set stops when the mean absolute change of its watched values over a window
             is below ``tol``.
-        on_step: called after every update (a progress bar's ``update``).
+        on_step: called after every update (a progress bar's ``update``), and once per
+            update already made when a fit is resumed.
+        resume: where to keep the fit's state at every convergence check and to continue
+            from (``Resume``); None keeps nothing.
 
     Returns:
         A ``Fit`` with the parameters and, per set, its updates, last movement and whether
@@ -136,7 +216,45 @@ def fit_until_still(
     movement = torch.full((sets,), float("inf"))
     with torch.no_grad():
         previous = watch(params).clone()
-    for step in range(1, max_steps + 1):
+    key = {
+        "lr": lr,
+        "grad_clip": grad_clip,
+        "max_steps": max_steps,
+        "window": window,
+        "tol": tol,
+        "start": digest(start.detach().cpu().numpy().tobytes()),
+    }
+    if resume is not None:
+        resume = Resume(resume.path, {**resume.key, **key}, resume.get_state, resume.set_state)
+    saved = _load_state(resume) if resume is not None else None
+    first = 1
+    if saved is not None:
+        with torch.no_grad():
+            params.copy_(saved["params"])
+        optimizer.load_state_dict(saved["optimizer"])
+        active, steps, movement = saved["active"], saved["steps"], saved["movement"]
+        previous, first = saved["previous"], saved["step"] + 1
+        for _ in range(saved["step"]):
+            if on_step is not None:
+                on_step()
+        if saved["done"]:
+            return Fit(params.detach(), steps, movement, ~active)
+
+    def keep(step: int, done: bool) -> None:
+        if resume is not None:
+            state = dict(active=active, steps=steps, movement=movement, previous=previous)
+            _save_state(
+                resume,
+                dict(
+                    params=params.detach(),
+                    optimizer=optimizer.state_dict(),
+                    step=step,
+                    done=done,
+                    **state,
+                ),
+            )
+
+    for step in range(first, max_steps + 1):
         optimizer.zero_grad()
         loss_and_grad(params, active.nonzero().flatten().tolist())
         if grad_clip is not None and params.grad is not None:
@@ -156,5 +274,9 @@ def fit_until_still(
             movement[active] = moved[active]
             active &= ~(moved < tol)
             if not active.any():
+                keep(step, done=True)
                 break
+            keep(step, done=step == max_steps)
+        elif step == max_steps:
+            keep(step, done=True)
     return Fit(params.detach(), steps, movement, ~active)
