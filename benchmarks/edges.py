@@ -11,7 +11,11 @@ receiver gradients, (batch, pos, n, d_model)), and the same numbers computed on 
 2048). Then how good the circuits are: faithfulness curves over edge budgets with CPR and
 CMD for EAP, EAP-IG and random circuits of the same sizes (``lsc.circuit_faithfulness``),
 and the agreement of each estimator with exact single-edge patching per receiver kind
-(``lsc.edge_agreement``). Writes the ``edges`` section of RESULTS.md (see _report.py).
+(``lsc.edge_agreement``). Last, the peer: TransformerLens 4.3's edge attribution
+(``attribution_patch(granularity="edge")``) refuses grouped-query attention, so both run on
+the largest model both can: SmolLM2-135M's shape with as many key/value heads as query heads
+(random weights, seeded), on the same prompts and metric. Writes the ``edges`` section of
+RESULTS.md (see _report.py).
 """
 
 from __future__ import annotations
@@ -41,6 +45,47 @@ def buffer_mib(n_layers, n_heads, n_kv, d_model, tokens) -> tuple[float, float]:
     dense = senders * receivers * 8 / 2**20
     buffers = tokens * d_model * (2 * senders + receivers) * 4 / 2**20
     return dense, buffers
+
+
+def peer_timing(model, prompts, batch_size: int) -> tuple[float, float, int]:
+    """Seconds of lenscape's EAP and of TransformerLens's edge attribution on an MHA model of
+    ``model``'s shape (TransformerLens takes one clean/corrupt pair per call), and its edges."""
+    import copy
+
+    import torch
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.tools.analysis import attribution_patching as tl
+
+    config = copy.deepcopy(model.hf.config)
+    config.num_key_value_heads = config.num_attention_heads
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    mha = lsc.models.from_hf(hf, model.tokenizer, name="smollm2-shape-mha", check=False)
+    lsc.edge_attribution(mha, prompts[:1], progress=False)  # boot the backend
+    start = time.perf_counter()
+    ours = lsc.edge_attribution(mha, prompts, batch_size=batch_size, progress=False)
+    lenscape_time = time.perf_counter() - start
+    bridge = TransformerBridge.boot_transformers(
+        "smollm2-shape-mha", hf_model=copy.deepcopy(hf), tokenizer=model.tokenizer, device="cpu"
+    ).requires_grad_(True)
+    tok = model.tokenizer
+    start = time.perf_counter()
+    for prompt in prompts:
+        target = tok(prompt.target, add_special_tokens=False)["input_ids"][0]
+        distractor = tok(prompt.distractor, add_special_tokens=False)["input_ids"][0]
+
+        def metric(logits, target=target, distractor=distractor):
+            return logits[0, -1, target] - logits[0, -1, distractor]
+
+        tl.attribution_patch(
+            bridge,
+            torch.tensor([tok(prompt.text)["input_ids"]]),
+            torch.tensor([tok(prompt.corrupt)["input_ids"]]),
+            metric,
+            tl.EdgeAttributionConfig(granularity="edge"),
+        )
+    return lenscape_time, time.perf_counter() - start, int(ours.notnull().sum())
 
 
 def main() -> None:
@@ -154,6 +199,17 @@ def main() -> None:
                 ]
             )
     print(_report.table(["estimator", "receiver", "edges", "Pearson r", "sign"], agree_rows))
+    ours, theirs, n_mha_edges = peer_timing(model, prompts, args.batch_size)
+    print(f"peer: lenscape EAP {ours:.1f} s, TransformerLens {theirs:.1f} s")
+    peer_rows = [
+        [
+            *_report.stamp(),
+            f"SmolLM2-135M shape, 9 key/value heads (MHA), {n_mha_edges:,} edges",
+            f"{len(prompts)} IOI prompts",
+            f"{ours:.1f} s",
+            f"{theirs:.1f} s ({theirs / ours:.1f}x)",
+        ]
+    ]
     body = "\n\n".join(
         [
             _report.table(
@@ -183,6 +239,13 @@ def main() -> None:
             "Agreement with exact single-edge patching (each estimator's top edges and a "
             "random sample, per prompt):",
             _report.table(["estimator", "receiver", "edges", "Pearson r", "sign"], agree_rows),
+            "Beside the peer (TransformerLens 4.3 refuses grouped-query attention, so both run "
+            "an MHA model of SmolLM2's shape; TransformerLens takes one prompt pair per call, "
+            "lenscape batches):",
+            _report.table(
+                ["date", "machine", "model", "prompts", "lenscape EAP", "TransformerLens EAP"],
+                peer_rows,
+            ),
         ]
     )
     intro = (
