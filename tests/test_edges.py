@@ -332,6 +332,28 @@ def test_bad_budgets_and_foreign_circuits_are_refused(gqa64, tiny_llama, tokeniz
         edges.edge_patching(two_layers, IOI[:2], edges.circuit(scores, edges=5), progress=False)
 
 
+def test_bad_circuits_budgets_and_seeds_are_refused_by_name(tiny_llama):
+    scores = edges.edge_attribution(tiny_llama, IOI[:2], progress=False)
+    for circuit, error in [
+        (None, TypeError),
+        (lsc.circuit(scores, edges=3).to_dataset(name="kept"), TypeError),
+        (lsc.circuit(scores, edges=3).isel(sender=0), ValueError),
+    ]:
+        with pytest.raises(error, match=r"^circuit "):
+            edges.edge_patching(tiny_llama, IOI[:2], circuit, progress=False)
+    for options, error, match in [
+        ({"fractions": None}, TypeError, "fractions must be a list"),
+        ({"fractions": ["a"]}, TypeError, r"fractions\[0\] must be a number"),
+        ({"fractions": (0.5, 0.2)}, ValueError, "fractions must be increasing"),
+        ({"seed": -1}, ValueError, "seed must be an integer >= 0"),
+        ({"seed": 0.0}, TypeError, "seed must be an integer >= 0"),
+    ]:
+        with pytest.raises(error, match=match):
+            edges.circuit_faithfulness(
+                tiny_llama, IOI[:2], scores, n_random=1, progress=False, **options
+            )
+
+
 def test_unsupported_architecture_is_refused(tokenizer):
     gpt2 = models.tiny("gpt2", n_layers=2, seed=0, tokenizer=tokenizer)
     with pytest.raises(ValueError, match=r"lsc\.attribution_patching"):

@@ -76,6 +76,31 @@ def test_a_wrong_name_lists_what_exists(recorded_dir, two_seeds, name, model, ta
         lsc.recorded(name, model=model, task=task)
 
 
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"model": None}, TypeError, "model must be a string"),
+        ({"model": np.array([1, 2])}, TypeError, "model must be a string"),
+        ({"task": 1.5}, TypeError, "task must be a string"),
+        ({"root": True}, TypeError, "root must be a file path"),
+        ({"root": "no-such-folder"}, ValueError, "root='no-such-folder' is not a folder"),
+    ],
+)
+def test_arguments_of_the_wrong_kind_are_refused_by_name(options, error, message):
+    with pytest.raises(error, match=message):
+        lsc.recorded("head_roles", **{"model": "smollm2-135m", "task": "math", **options})
+
+
+def test_another_root_is_read_from_a_path_or_a_string(tmp_path, two_seeds):
+    _record(tmp_path, two_seeds)
+    for root in (tmp_path, str(tmp_path)):
+        roles = lsc.recorded("head_roles", model="tiny", task="syntax", root=root)
+        assert roles["seed"].values.tolist() == [0, 1]
+        assert roles.attrs["recorded_in"] == "head_roles/tiny/syntax"
+    with pytest.raises(ValueError, match=r"for model 'gpt2' under root="):
+        lsc.recorded("head_roles", model="gpt2", task="syntax", root=tmp_path)
+
+
 def test_another_schema_is_refused_with_the_version_needed(recorded_dir, two_seeds):
     _record(recorded_dir, two_seeds[:1])
     path = recorded_dir / "head_roles" / "tiny" / "syntax" / "seed0.nc"

@@ -66,22 +66,42 @@ def _available(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
+def _check_text(argument: str, value: Any, *, example: str) -> None:
+    """Refuse a ``value`` that is not a string: a TypeError naming ``argument``, with an
+    ``example`` (``_validate`` has no string check; here a name is looked up as a folder)."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{argument} must be a string such as {example}, got {value!r} "
+            f"({type(value).__name__})."
+        )
+
+
 def _unit_paths(
-    name: str, model: str, task: str | None, root: Path | None = None
+    name: str, model: str, task: str | None, root: str | Path | None = None
 ) -> tuple[Path, list[Path]]:
     """The folder of a recording under ``root`` (default ``RECORDED_DIR``) and its finished
-    unit files; ValueError listing what exists."""
-    if name not in NAMES:
-        raise ValueError(f"No recorded result named {name!r}; recorded results: {list(NAMES)}.")
-    root = (root or RECORDED_DIR) / ("head_roles" if name == "head_roles_check" else name)
-    models = _available(root)
+    unit files; TypeError for an argument of the wrong type, ValueError listing what exists."""
+    if not isinstance(name, str) or name not in NAMES:
+        raise ValueError(f"No recorded result has name={name!r}; recorded results: {list(NAMES)}.")
+    _check_text("model", model, example="'smollm2-135m'")
+    if task is not None:
+        _check_text("task", task, example="'math' (or None for block masks)")
+    base = RECORDED_DIR if root is None else store.as_path(root, argument="root")
+    if not (root is None or base.is_dir()):
+        raise ValueError(
+            f"root={str(root)!r} is not a folder; pass the folder that holds the recordings "
+            "(its head_roles/ or block_masks/), or None for the ones shipped with lenscape."
+        )
+    where = "" if root is None else f" under root={str(root)!r}"
+    top = base / ("head_roles" if name == "head_roles_check" else name)
+    models = _available(top)
     if model not in models:
         raise ValueError(
-            f"No recorded {name!r} for model {model!r}; recorded for: {models or 'none yet'}. "
-            "Record one with `python benchmarks/record.py "
+            f"No recorded {name!r} for model {model!r}{where}; recorded for: "
+            f"{models or 'none yet'}. Record one with `python benchmarks/record.py "
             f"{name} --model {model}`."
         )
-    folder = root / model
+    folder = top / model
     if name in ("head_roles", "head_roles_check"):
         tasks = _available(folder)
         if task not in tasks:
@@ -117,7 +137,11 @@ def _open(path: Path) -> xr.Dataset:
 
 
 def recorded(
-    name: str, *, model: str = "smollm2-135m", task: str | None = None, root: Path | None = None
+    name: str,
+    *,
+    model: str = "smollm2-135m",
+    task: str | None = None,
+    root: str | Path | None = None,
 ) -> xr.Dataset:
     """Load a recorded reference-protocol result by name.
 
@@ -139,8 +163,10 @@ def recorded(
         command, commit, date and machine of the recording.
 
     Raises:
-        ValueError: an unknown name, model or task (the message lists what exists), or a file
-            written under another schema version (the message names the version it needs).
+        TypeError: a model or task that is not a string, a root that is not a path.
+        ValueError: an unknown name, model or task (the message lists what exists), a root
+            that is not a folder, or a file written under another schema version (the
+            message names the version it needs).
     """
     folder, units = _unit_paths(name, model, task, root)
     if name != "head_roles":
@@ -163,7 +189,7 @@ def recorded(
         steps_stage0=max(int(ds.attrs["steps_stage0"]) for ds in seeds),
         steps_plus=max(int(ds.attrs["steps_plus"]) for ds in seeds),
         steps_minus=max(int(ds.attrs["steps_minus"]) for ds in seeds),
-        recorded_in=str(folder.relative_to(root or RECORDED_DIR)),
+        recorded_in=str(folder.relative_to(folder.parents[2])),  # head_roles/<model>/<task>
     )
     for variable in combined.data_vars.values():
         variable.attrs.update({k: v for k, v in attrs.items() if k in variable.attrs})

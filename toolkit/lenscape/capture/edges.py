@@ -587,6 +587,7 @@ def edge_attribution(
     """
     points = _check_steps(estimator, steps)
     per_prompt = _validate.flag("per_prompt", per_prompt)
+    progress = _validate.flag("progress", progress)
     inputs = _prepare(
         model,
         prompts,
@@ -629,15 +630,19 @@ def edge_attribution(
 # ------------------------------------------------------------------------------ circuits
 
 
-def _edge_values(scores: xr.DataArray) -> np.ndarray:
-    """(n_senders, n_receivers) prompt-free values of a (sender, receiver) result."""
-    if not isinstance(scores, xr.DataArray) or set(scores.dims) != {"sender", "receiver"}:
-        dims = getattr(scores, "dims", None)
+def _edge_values(name: str, result: Any, *, made_by: str) -> np.ndarray:
+    """(n_senders, n_receivers) values of the (sender, receiver) result passed as ``name``.
+
+    Raises:
+        TypeError: not a DataArray. ValueError: dims other than (sender, receiver).
+    """
+    _validate.result(name, result, kind=xr.DataArray, made_by=made_by, dims=("sender", "receiver"))
+    if set(result.dims) != {"sender", "receiver"}:
         raise ValueError(
-            f"scores must be a (sender, receiver) DataArray from lsc.edge_attribution, got "
-            f"dims {dims}; average per-prompt scores first: scores.mean('prompt')."
+            f"{name} must be a (sender, receiver) DataArray from {made_by}, got dims "
+            f"{result.dims}; average per-prompt scores first: scores.mean('prompt')."
         )
-    return scores.transpose("sender", "receiver").values
+    return result.transpose("sender", "receiver").values
 
 
 def _graph_of(result: xr.DataArray) -> Graph:
@@ -701,10 +706,11 @@ def circuit(
         ``n_edges`` (kept after pruning), ``budget`` (taken before) and ``total_edges``.
 
     Raises:
+        TypeError: scores that are not a DataArray.
         ValueError: no budget or both, a budget of 0 or above the edge count, scores with
             a ``prompt`` dim or not from ``edge_attribution``.
     """
-    values = _edge_values(scores)
+    values = _edge_values("scores", scores, made_by="lsc.edge_attribution")
     graph = _graph_of(scores)
     valid = graph.valid & np.isfinite(values)
     budget = _budget(int(valid.sum()), edges, fraction)
@@ -734,7 +740,7 @@ def circuit(
 def _check_circuit(model: LensModel, circuit: xr.DataArray) -> np.ndarray:
     """(n_senders, n_receivers) bool of a circuit that belongs to ``model``."""
     graph = Graph.of(model)
-    values = _edge_values(circuit)
+    values = _edge_values("circuit", circuit, made_by="lsc.circuit")
     if values.dtype != bool:
         raise ValueError(
             f"circuit must be boolean (from lsc.circuit), got dtype {values.dtype}; "
@@ -818,9 +824,11 @@ def edge_patching(
         DataArray (prompt,) of the patched metric; attrs ``n_edges`` and ``base``.
 
     Raises:
+        TypeError: a circuit that is not a DataArray.
         ValueError: a circuit from another model or not boolean, an unknown ``base``.
     """
     _validate.choice("base", base, ("clean", "corrupt"))
+    progress = _validate.flag("progress", progress)
     kept = _check_circuit(model, circuit)
     inputs = _prepare(
         model,
@@ -852,6 +860,27 @@ def _area(fractions: np.ndarray, curve: np.ndarray) -> float:
         return float(curve[0])
     widths = np.diff(fractions)
     return float((widths * (curve[1:] + curve[:-1]) / 2).sum() / span)
+
+
+def _check_fractions(fractions: Any) -> list[float]:
+    """Edge budgets as a list of increasing shares in (0, 1].
+
+    Raises:
+        TypeError: not a list (or array) of numbers. ValueError: out of (0, 1], repeated or
+            not increasing, or none.
+    """
+    fix = f"e.g. {list(DEFAULT_FRACTIONS)}"
+    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, (Sequence, np.ndarray)):
+        raise TypeError(
+            f"fractions must be a list of shares in (0, 1], got {fractions!r} "
+            f"({type(fractions).__name__}); {fix}."
+        )
+    shares = [
+        _validate.number(f"fractions[{i}]", f, low=0.0, high=1.0) for i, f in enumerate(fractions)
+    ]
+    if not shares or min(shares) <= 0 or shares != sorted(set(shares)):
+        raise ValueError(f"fractions must be increasing shares in (0, 1], got {shares}; {fix}.")
+    return shares
 
 
 def circuit_faithfulness(
@@ -891,17 +920,17 @@ def circuit_faithfulness(
         way: lower is better), ``m_full`` and ``m_empty``.
 
     Raises:
-        ValueError: budgets not increasing in (0, 1], scores from another model.
+        TypeError: fractions that are not a list of numbers, scores that are not a
+            DataArray, a seed that is not an integer.
+        ValueError: budgets not increasing in (0, 1], scores from another model, a
+            negative seed or ``n_random``.
     """
-    fractions = [_validate.number("fractions", f, low=0.0, high=1.0) for f in fractions]
-    if not fractions or min(fractions) <= 0 or list(fractions) != sorted(set(fractions)):
-        raise ValueError(
-            f"fractions must be increasing shares in (0, 1], got {fractions}; e.g. "
-            f"{list(DEFAULT_FRACTIONS)}."
-        )
+    fractions = _check_fractions(fractions)
     n_random = _validate.integer("n_random", n_random, low=0)
+    seed = _validate.integer("seed", seed, low=0)
+    progress = _validate.flag("progress", progress)
     graph = Graph.of(model)
-    if _edge_values(scores).shape != graph.valid.shape:
+    if _edge_values("scores", scores, made_by="lsc.edge_attribution").shape != graph.valid.shape:
         raise ValueError(
             f"scores were measured on {scores.attrs.get('model')!r}, not on {model.name!r}; "
             "score this model with lsc.edge_attribution first."
