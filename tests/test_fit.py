@@ -148,6 +148,8 @@ def test_checkpoint_folder_is_checked(tmp_path):
     assert optim.checkpoint_folder(str(tmp_path / "new")) == tmp_path / "new"
     with pytest.raises(TypeError, match="checkpoint must be a file path"):
         optim.checkpoint_folder(3)
+    with pytest.raises(ValueError, match="empty path"):
+        optim.checkpoint_folder("")
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="is a file; pass a folder"):
         optim.checkpoint_folder(tmp_path / "file")

@@ -37,6 +37,7 @@ from lenscape import schema
 NOT_FUZZED = {
     "store": "a path: writes a store",
     "out_dir": "a path: writes a checkpoint",
+    "checkpoint": "a path: writes a fit's state (checked in test_fit.py)",
     "path": "a path",
     "client": "a dask client",
     "detail": "a callback",

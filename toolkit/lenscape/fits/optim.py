@@ -126,11 +126,13 @@ def checkpoint_folder(value: object) -> Path | None:
     """A fit's ``checkpoint`` argument as a folder path (None stays None).
 
     Raises:
-        TypeError: not a path. ValueError: a path that exists and is not a folder.
+        TypeError: not a path. ValueError: an empty path, or a path that is not a folder.
     """
     if value is None:
         return None
     folder = as_path(value, argument="checkpoint")
+    if str(value) == "":
+        raise ValueError("checkpoint is an empty path; pass a folder such as 'fit-state'.")
     if folder.exists() and not folder.is_dir():
         raise ValueError(
             f"checkpoint={str(folder)!r} is a file; pass a folder (it is created if missing) "
