@@ -247,8 +247,32 @@ def test_errors_name_the_dims_and_how_to_reduce():
         heatmap(da, x="head", y="layer", facet_col="seed")
     with pytest.raises(ValueError, match="must differ"):
         heatmap(da, x="head", y="head")
-    with pytest.raises(ValueError, match=r"ds\['name'\]"):
+    with pytest.raises(TypeError, match=r"da must be an xarray.DataArray.*ds\['name'\]"):
         heatmap(da.to_dataset(name="s"), x="head", y="layer")
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"x": ["head"]}, TypeError, r"x must be a string, got \['head'\] \(list\)"),
+        ({"title": np.array([1, 2])}, TypeError, "title must be a string or None"),
+        ({"color": "virdis"}, ValueError, r"color='virdis' is not a Vega .*'viridis'"),
+        ({"color": True}, TypeError, "color must be a list of strings"),
+        ({"color": ["red"], "binary": True}, ValueError, "color lists 1 colours for 2 states"),
+        ({"domain": (1, 0)}, ValueError, "domain must have low < high"),
+        ({"domain": True}, TypeError, r"domain must be a pair \(low, high\)"),
+        ({"center": ""}, TypeError, "center must be a number"),
+        ({"categories": True}, TypeError, "categories must be a list of strings"),
+        ({"categories": ["a"]}, ValueError, "categories names 1 codes"),
+        ({"tick_labels": True}, TypeError, "tick_labels must be a dict"),
+        ({"tick_labels": {"head": "text"}}, ValueError, "tick_labels maps 'head' to 'text'"),
+        ({"labels": ("off",)}, ValueError, "labels must name the 2 states"),
+        ({"tooltip": np.array([1, 2])}, TypeError, "tooltip must be True or False"),
+    ],
+)
+def test_bad_options_are_refused_by_name(options, error, message):
+    with pytest.raises(error, match=message):
+        heatmap(signed().round(), **{"x": "head", "y": "layer", **options})
 
 
 def test_titles_come_from_attrs_or_the_title_option():
@@ -402,6 +426,13 @@ def test_summary_is_a_few_lines_with_the_strongest_cells():
         "strongest (mean over prompt): layer 2, head 1: 4",
     ]
     assert plot.summary(da)._repr_html_().startswith("<div")
+
+
+def test_agreement_refuses_what_is_not_a_faithfulness_report():
+    with pytest.raises(TypeError, match=r"report must be an xarray\.Dataset from lsc"):
+        lsc.agreement(None)
+    with pytest.raises(ValueError, match=r"report lacks the variable\(s\) \['exact_heads'"):
+        lsc.agreement(xr.Dataset({"x": 1}))
 
 
 def test_agreement_chart(tiny_llama, factual):

@@ -62,6 +62,30 @@ def test_graph_of_a_circuit_with_a_kind_filter(scores):
         plot_circuit.circuit_graph(scores.expand_dims(prompt=[0]))
 
 
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"edges": None}, TypeError, "edges must be an integer from 1 to 2000, got None"),
+        ({"edges": 1.5}, TypeError, "edges must be an integer"),
+        ({"edges": 0}, ValueError, "edges must be an integer from 1"),
+        ({"kinds": None}, TypeError, "kinds must be a list of strings"),
+        ({"kinds": "q"}, TypeError, r"wrap it in a list: \['q'\]"),
+        ({"title": np.array([1, 2])}, TypeError, "title must be a string or None"),
+        ({"width": None}, TypeError, "width must be a positive integer"),
+        ({"scores": {}}, TypeError, r"scores must be a \(sender, receiver\) xarray.DataArray"),
+    ],
+)
+def test_graph_refuses_bad_options_by_name(scores, options, error, message):
+    with pytest.raises(error, match=message):
+        plot_circuit.circuit_graph(**{"scores": scores, **options})
+
+
+def test_edge_results_without_their_layout_coords_are_refused(scores):
+    bare = xr.DataArray(scores.values, dims=("sender", "receiver"))
+    with pytest.raises(ValueError, match=r"scores lacks the coord\(s\) \['sender_kind'"):
+        plot_circuit.edge_heatmap(bare)
+
+
 def test_heatmap_puts_receivers_across_and_senders_down(scores):
     spec = plot_circuit.edge_heatmap(scores).to_dict()
     assert spec["encoding"]["x"]["field"] == "receiver"
@@ -89,3 +113,7 @@ def test_faithfulness_curve_shows_both_series_and_the_areas(tmp_path):
     assert "CPR 0.700 (random 0.300)" in str(spec["title"])
     path = lsc.export(chart, tmp_path / "curve.html")
     assert path.stat().st_size > 1000
+    with pytest.raises(TypeError, match="title must be a string or None"):
+        plot_circuit.faithfulness_curve(result, title=np.array([1, 2]))
+    with pytest.raises(ValueError, match=r"result lacks the variable\(s\) \['faithfulness'\]"):
+        plot_circuit.faithfulness_curve(result.drop_vars("faithfulness"))

@@ -299,13 +299,6 @@ SLOW = {
 #: Known gaps, in modules this issue's owner does not own: each still fails the property
 #: (strict: the mark must go once the module is fixed). Found on 2026-11-24.
 KNOWN_GAPS = {
-    "Explorer": "widgets: x/facet/side as a list or array fail on hashing or truthiness",
-    "CircuitExplorer": "widgets: edges=None or an array, scores={} fail unnamed",
-    "PromptForm": "widgets: example=None fails in dataclasses.asdict",
-    "agreement": "plot: report=None or a tensor width fails unnamed",
-    "heatmap": "plot: color/domain/categories/tick_labels=True, center='' fail unnamed",
-    "circuit_graph": "plot: edges=None or 1.5, kinds=None fail unnamed",
-    "faithfulness_curve": "plot: title as an array fails on truthiness",
     "recorded": "CALLS omits task, so every call fails on it; passes with task='math' there",
 }
 

@@ -545,6 +545,34 @@ def test_a_uniform_slice_gets_a_note_even_when_the_whole_array_is_not():
     assert array.attrs["note"] in chart.to_dict()["title"]["subtitle"]
 
 
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"data": None}, TypeError, "data must be an xarray.DataArray or Dataset"),
+        ({"x": ["head"]}, TypeError, r"x must be a string, got \['head'\]"),
+        ({"facet": np.array([1, 2])}, TypeError, "facet must be a string or None"),
+        ({"side": ["abs"]}, ValueError, r"side=\['abs'\] is not a binarize rule"),
+        ({"threshold": "0.5"}, TypeError, "threshold must be a number"),
+        ({"correct_only": np.array([1, 2])}, TypeError, "correct_only must be True or False"),
+        ({"variable": "gate"}, ValueError, "a DataArray takes no variable="),
+    ],
+)
+def test_bad_options_are_refused_by_name(options, error, message):
+    with pytest.raises(error, match=message):
+        Explorer(**{"data": per_prompt(SIGNED), **options})
+    with pytest.raises(ValueError, match=r"variable='gate' .*pick one of \['s'\]"):
+        Explorer(per_prompt(SIGNED).to_dataset(name="s"), variable="gate")
+
+
+def test_prompt_form_refuses_an_example_that_is_not_a_prompt():
+    from lenscape.widgets import PromptForm
+
+    with pytest.raises(TypeError, match=r"example must be a Prompt .* got None"):
+        PromptForm(lambda record: per_prompt(SIGNED), example=None)
+    with pytest.raises(TypeError, match=r"example's boxes hold text or None, got \{'text': 5\}"):
+        PromptForm(lambda record: per_prompt(SIGNED), example={"text": 5})
+
+
 def test_a_dim_of_length_zero_is_refused_with_a_clear_message():
     with pytest.raises(ValueError, match=r"no values along \['prompt'\].*at least one"):
         Explorer(per_prompt(SIGNED).isel(prompt=[]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import xarray as xr
 
 from lenscape.capture.edges import Graph
@@ -34,3 +35,12 @@ def test_slider_and_kind_filter_redraw_the_same_chart_widget():
     assert rows and {row["kind"] for row in rows} == {"v"}
     assert explorer.budget.max == int(Graph(2, 4, 2).valid.sum())
     assert "q" in explorer.kinds.options and "logits" in explorer.kinds.options
+
+
+def test_bad_scores_and_budgets_are_refused_by_name():
+    with pytest.raises(TypeError, match=r"scores must be a \(sender, receiver\) xarray"):
+        CircuitExplorer({})
+    with pytest.raises(ValueError, match="scores holds no finite edge score"):
+        CircuitExplorer(_scores() * np.nan)
+    with pytest.raises(TypeError, match="edges must be an integer >= 1, got None"):
+        CircuitExplorer(_scores(), edges=None)

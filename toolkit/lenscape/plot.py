@@ -25,6 +25,7 @@ Altair's renderer stays the one you chose. In Jupyter with no internet, call
 
 from __future__ import annotations
 
+import difflib
 import functools
 import html
 import json
@@ -39,6 +40,7 @@ import xarray as xr
 from altair.typing import ChartType
 from altair.utils.schemapi import debug_mode
 
+from lenscape import _validate
 from lenscape.schema import LABEL_COORDS, name_from_attrs
 
 #: Most cells one chart may hold; reduce or select before drawing more.
@@ -108,6 +110,117 @@ def label_from_attrs(da: xr.DataArray, default: str = _VALUE) -> str:
     return f"{name} ({units})" if units and units != "bool" else name
 
 
+def _text(name: str, value: Any, *, example: str, optional: bool = False) -> str | None:
+    """Check that ``value`` is a string (or None where ``optional``): a dim, a title.
+
+    Args:
+        name: the argument's name, for the message.
+        example: a valid value for the message, e.g. "'head'".
+
+    Raises:
+        TypeError: anything else (a list of names, a number, an array ...).
+    """
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        wanted = "a string" + (" or None" if optional else "")
+        raise TypeError(
+            f"{name} must be {wanted}, got {value!r} ({type(value).__name__}); "
+            f"pass e.g. {name}={example}."
+        )
+    return value
+
+
+@functools.cache
+def _scheme_names() -> tuple[str, ...]:
+    """Vega's colour scheme names (``viridis``, ``blueorange`` ...), from Altair's schema."""
+    parts = alt.ColorScheme.resolve_references()["anyOf"]
+    return tuple(n for part in parts for n in alt.ColorScheme.resolve_references(part)["enum"])
+
+
+def _check_color(color: Any, *, n_states: int | None) -> None:
+    """Check ``heatmap``'s ``color``: None, a Vega scheme name, or a list of colours
+    (exactly ``n_states`` of them for a mask or categories; None for a continuous scale).
+
+    Raises:
+        TypeError: not a string or a list of strings.
+        ValueError: an unknown scheme name, or a list of the wrong length.
+    """
+    if color is None:
+        return
+    if isinstance(color, str):
+        if color not in _scheme_names():
+            close = difflib.get_close_matches(color, _scheme_names(), n=3) or [
+                "viridis",
+                "blueorange",
+            ]
+            raise ValueError(
+                f"color={color!r} is not a Vega colour scheme; pick one such as {close}, "
+                "or pass a list of colours."
+            )
+        return
+    colours = _validate.strings("color", color, example="['#fde0c5', '#1d4e89']")
+    if n_states is not None and len(colours) != n_states:
+        raise ValueError(
+            f"color lists {len(colours)} colours for {n_states} states; pass exactly "
+            f"{n_states}, one per state in order."
+        )
+
+
+def _check_domain(domain: Any) -> None:
+    """Check ``heatmap``'s ``domain``: None or two finite numbers, low < high."""
+    if domain is None:
+        return
+    if not isinstance(domain, (tuple, list, np.ndarray)) or len(domain) != 2:
+        raise TypeError(
+            f"domain must be a pair (low, high) of numbers such as (0, 1), got {domain!r} "
+            f"({type(domain).__name__})."
+        )
+    low = _validate.number("domain[0]", domain[0])
+    high = _validate.number("domain[1]", domain[1])
+    if low >= high:
+        raise ValueError(f"domain must have low < high, got {domain!r}; pass e.g. (0, 1).")
+
+
+def _check_tick_labels(da: xr.DataArray, tick_labels: Any) -> None:
+    """Check ``heatmap``'s ``tick_labels``: None or {dim: a 1-D label coord with one value
+    per coordinate of that dim}."""
+    if tick_labels is None:
+        return
+    if not isinstance(tick_labels, Mapping):
+        raise TypeError(
+            f"tick_labels must be a dict {{dim: label coord}} such as {{'cluster': 'kind'}}, "
+            f"got {tick_labels!r} ({type(tick_labels).__name__})."
+        )
+    for dim, coord in tick_labels.items():
+        if not (
+            dim in da.dims
+            and coord in da.coords
+            and da[coord].ndim == 1
+            and da[coord].size == da.sizes[dim]
+        ):
+            raise ValueError(
+                f"tick_labels maps {dim!r} to {coord!r}, but that needs a dim {dim!r} and a "
+                f"1-D label coord {coord!r} of the same length; da has dims "
+                f"{dict(da.sizes)} and coords {tuple(map(str, da.coords))}."
+            )
+
+
+def _check_codes(values: np.ndarray, categories: tuple[str, ...]) -> None:
+    """Refuse category codes that name no category: every finite value must be one of
+    0 .. len(categories) - 1."""
+    codes = values.astype(float)
+    codes = codes[np.isfinite(codes)]
+    if codes.size and (
+        (codes != np.round(codes)).any() or codes.min() < 0 or codes.max() >= len(categories)
+    ):
+        raise ValueError(
+            f"categories names {len(categories)} codes (0 to {len(categories) - 1}), but the "
+            f"array holds values from {codes.min():g} to {codes.max():g}; pass one name per "
+            "code, e.g. categories=lsc.aggregate.ROLES for lsc.aggregate.roles."
+        )
+
+
 @_unchecked_build
 def heatmap(
     da: xr.DataArray,
@@ -172,10 +285,33 @@ def heatmap(
             message says how to reduce it), or a mask or category array holds infinities.
     """
     if not isinstance(da, xr.DataArray):
-        raise ValueError(
-            f"heatmap takes an xarray.DataArray, got {type(da).__name__}; "
+        raise TypeError(
+            f"da must be an xarray.DataArray, got {type(da).__name__}; "
             "pick one variable of a Dataset with ds['name']."
         )
+    _text("x", x, example="'head'")
+    _text("y", y, example="'layer'")
+    _text("facet_row", facet_row, example="'model'", optional=True)
+    _text("facet_col", facet_col, example="'model'", optional=True)
+    _text("title", title, example="'Head attribution'", optional=True)
+    columns = _validate.positive_int(
+        "columns", columns, none_means=f"{FACET_COLUMNS} panels per row"
+    )
+    if binary is not None:
+        _validate.flag("binary", binary)
+    if center is not None:
+        _validate.number("center", center)
+    _check_domain(domain)
+    # legend names of the codes 0, 1 (, 2 ... for categories)
+    states = tuple(_validate.strings("labels", labels, example="('skipped', 'kept')"))
+    if len(states) != 2:
+        raise ValueError(f"labels must name the 2 states (off, on), got {labels!r}.")
+    if categories is not None:
+        categories = _validate.strings("categories", categories, example="lsc.aggregate.ROLES")
+    _check_tick_labels(da, tick_labels)
+    _validate.flag("tooltip", tooltip)
+    _validate.flag("independent", independent)
+    _validate.flag("actions", actions)
     facets = {"row": facet_row, "column": facet_col}
     roles = [r for r in (x, y, facet_row, facet_col) if r is not None]
     if len(set(roles)) < len(roles):
@@ -184,7 +320,7 @@ def heatmap(
         if name is not None and name not in da.dims:
             raise ValueError(
                 f"facet_{'col' if role == 'column' else role}={name!r} is not a dim; "
-                f"the array has dims {tuple(da.dims)}."
+                f"da has dims {tuple(da.dims)}."
             )
     x_dim, y_dim = _axis_dim(da, x, "x"), _axis_dim(da, y, "y")
     extra = [d for d in da.dims if d not in {x_dim, y_dim, facet_row, facet_col}]
@@ -193,7 +329,7 @@ def heatmap(
         first = da[d].values[0].item() if d in da.coords else 0
         verb = "is" if len(extra) == 1 else "are"
         raise ValueError(
-            f"The array has dims {tuple(da.dims)}, and {extra} {verb} not x, y or a facet. "
+            f"da has dims {tuple(da.dims)}, and {extra} {verb} not x, y or a facet. "
             f"Reduce first, e.g. da.mean({d!r}) or da.sel({d}={first!r}), "
             f"or facet with facet_row={d!r}."
         )
@@ -202,17 +338,16 @@ def heatmap(
             f"{da.size} cells exceed lenscape.plot.MAX_CELLS={MAX_CELLS}; "
             f"select or reduce some of {tuple(da.dims)} first."
         )
-    if columns is not None and (not isinstance(columns, int) or columns < 1):
-        raise ValueError(f"columns must be a positive integer, got {columns!r}.")
 
     values = da.values
     is_float = values.dtype.kind == "f"
     infinite = np.isinf(values) if is_float else np.zeros(values.shape, bool)
-    states: tuple[str, ...] = labels  # legend names of the codes 0, 1 (, 2 ...)
     if categories is not None:
         binary, states = True, tuple(categories)
+        _check_codes(values, states)
     elif binary is None:
         binary = is_mask(da)
+    _check_color(color, n_states=len(states) if binary else None)
     if binary and infinite.any():
         raise ValueError(
             f"{int(infinite.sum())} cells are +-inf, which a mask or category "
@@ -534,7 +669,7 @@ def _axis_dim(da: xr.DataArray, name: str, role: str) -> Hashable:
         if dim in da.dims:
             return dim
     raise ValueError(
-        f"{role}={name!r} is neither a dim nor a label coord of the array; it has "
+        f"{role}={name!r} is neither a dim nor a label coord of da; da has "
         f"dims {tuple(da.dims)} and coords {tuple(da.coords)}."
     )
 
@@ -804,6 +939,7 @@ def logit_lens_chart(
             "logit_lens_chart needs the 'token' coord on pos (the input tokens) for the x "
             f"axis; da has coords {tuple(map(str, da.coords))}."
         )
+    _text("title", title, example="'Logit lens'", optional=True)
     how = "each row: the residual stream after that layer read as the output; hover: top tokens"
     return heatmap(
         da.assign_attrs(note=how),
@@ -916,7 +1052,26 @@ def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt
         each estimator's Pearson r over prompt means in the panel title (named so: the
         report's ``pearson_cells`` is another statistic, r over single cells). No actions
         menu: its "Open in Vega Editor" link sends the chart to an outside site.
+
+    Raises:
+        TypeError: ``report`` is not a Dataset, or a size is not a positive integer.
+        ValueError: ``report`` lacks a variable of ``lsc.faithfulness``'s report.
     """
+    _validate.result(
+        "report",
+        report,
+        kind=xr.Dataset,
+        made_by="lsc.faithfulness",
+        variables=(
+            "exact_heads",
+            "estimate_heads",
+            "exact_blocks",
+            "estimate_blocks",
+            "pearson_means",
+        ),
+    )
+    width = _validate.positive_int("width", width)
+    height = _validate.positive_int("height", height)
     names = {"head": "heads", "attn": "attention blocks", "mlp": "MLP blocks"}
     units = report["exact_heads"].attrs.get("units", "")
     panels = []

@@ -23,20 +23,47 @@ import numpy as np
 import xarray as xr
 from altair.typing import ChartType
 
-from .plot import heatmap, label_from_attrs
+from . import _validate
+from .plot import _text, heatmap, label_from_attrs
 
 RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
 MAX_EDGES = 2000
 _DASHES = {"q": [1, 0], "k": [6, 3], "v": [2, 2], "mlp": [1, 0], "logits": [1, 0]}
+#: Coords an edge result carries on its sender and receiver dims (the graph's layout).
+EDGE_COORDS = tuple(
+    f"{end}_{part}" for end in ("sender", "receiver") for part in ("kind", "layer", "head")
+)
 
 
-def _check_edges(da: xr.DataArray, name: str) -> xr.DataArray:
-    if not isinstance(da, xr.DataArray) or set(da.dims) != {"sender", "receiver"}:
+def check_edges(da: Any, name: str) -> xr.DataArray:
+    """Check an edge result passed in (scores or a circuit) and put it in (sender, receiver)
+    order.
+
+    Args:
+        da: the value passed.
+        name: the argument's name, for the message.
+
+    Raises:
+        TypeError: not a DataArray.
+        ValueError: other dims than (sender, receiver), or the layout coords missing.
+    """
+    made_by = "lsc.edge_attribution or lsc.circuit"
+    if not isinstance(da, xr.DataArray):
+        raise TypeError(
+            f"{name} must be a (sender, receiver) xarray.DataArray from {made_by}, "
+            f"got {type(da).__name__}."
+        )
+    if set(da.dims) != {"sender", "receiver"}:
         raise ValueError(
-            f"{name} must be a (sender, receiver) DataArray from lsc.edge_attribution or "
-            f"lsc.circuit, got dims {getattr(da, 'dims', None)}; average per-prompt scores "
-            "first: scores.mean('prompt')."
+            f"{name} must be a (sender, receiver) DataArray from {made_by}, got dims "
+            f"{da.dims}; average per-prompt scores first: scores.mean('prompt')."
+        )
+    missing = [c for c in EDGE_COORDS if c not in da.coords]
+    if missing:
+        raise ValueError(
+            f"{name} lacks the coord(s) {missing} that place its edges; pass the result of "
+            f"{made_by} as it is."
         )
     return da.transpose("sender", "receiver")
 
@@ -99,16 +126,25 @@ def circuit_graph(
         edges with tooltips (sender, receiver, receiver kind, score).
 
     Raises:
+        TypeError: an argument of the wrong type (scores not a DataArray, edges not an
+            integer, kinds not a list of strings ...).
         ValueError: inputs that are not edge results, an unknown kind, too many edges.
     """
-    scores = _check_edges(scores, "scores")
+    scores = check_edges(scores, "scores")
+    kinds = _validate.strings("kinds", kinds, example="('q', 'k')")
     bad = sorted(set(kinds) - set(RECEIVER_KINDS))
     if bad:
-        raise ValueError(f"Unknown receiver kind(s) {bad}; choose from {list(RECEIVER_KINDS)}.")
+        raise ValueError(
+            f"kinds holds unknown receiver kind(s) {bad}; choose from {list(RECEIVER_KINDS)}."
+        )
+    _text("title", title, example="'IOI circuit'", optional=True)
+    width = _validate.positive_int("width", width)
+    height = _validate.positive_int("height", height)
+    edges = _validate.integer("edges", edges, low=1, high=MAX_EDGES)
     values = scores.values.astype(float)
     wanted = np.isin(scores["receiver_kind"].values, list(kinds))[None, :] & np.isfinite(values)
     if circuit is not None:
-        kept = _check_edges(circuit, "circuit")
+        kept = check_edges(circuit, "circuit")
         if kept.shape != scores.shape:
             raise ValueError(
                 f"circuit has {kept.shape} edges and scores {scores.shape}; pick the circuit "
@@ -116,8 +152,6 @@ def circuit_graph(
             )
         chosen = np.argwhere(kept.values.astype(bool) & wanted)
     else:
-        if not 1 <= edges <= MAX_EDGES:
-            raise ValueError(f"edges must be in [1, {MAX_EDGES}], got {edges!r}.")
         magnitude = np.where(wanted, np.abs(values), -np.inf).ravel()
         top = np.argsort(-magnitude, kind="stable")[: min(edges, int(wanted.sum()))]
         chosen = np.argwhere(np.isin(np.arange(values.size), top).reshape(values.shape))
@@ -220,7 +254,7 @@ def edge_heatmap(scores: xr.DataArray, **options: Any) -> ChartType:
     """The sender x receiver grid of edge scores (``lsc.heatmap`` with receivers across,
     senders down; NaN cells, where no edge exists, are grey). ``options`` go to
     ``heatmap``."""
-    return heatmap(_check_edges(scores, "scores"), x="receiver", y="sender", **options)
+    return heatmap(check_edges(scores, "scores"), x="receiver", y="sender", **options)
 
 
 def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> ChartType:
@@ -230,11 +264,19 @@ def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> Chart
     Args:
         result: a Dataset from ``lsc.circuit_faithfulness``.
         title: chart title; default names CPR and CMD.
+
+    Raises:
+        TypeError: ``result`` is not a Dataset or ``title`` not a string.
+        ValueError: ``result`` lacks a variable of ``lsc.circuit_faithfulness``.
     """
-    if not isinstance(result, xr.Dataset) or "faithfulness" not in result:
-        raise ValueError(
-            "result must be the Dataset of lsc.circuit_faithfulness(model, prompts, scores)."
-        )
+    _validate.result(
+        "result",
+        result,
+        kind=xr.Dataset,
+        made_by="lsc.circuit_faithfulness(model, prompts, scores)",
+        variables=("faithfulness", "cpr", "cmd", "random_cpr", "random_cmd"),
+    )
+    _text("title", title, example="'IOI circuit'", optional=True)
     budgets = result["budget"].values
     rows = [
         {"budget": float(b), "edges": int(n), "faithfulness": float(f), "circuit": "top edges"}

@@ -48,8 +48,9 @@ import xarray as xr
 from altair.typing import ChartType, is_chart_type
 from altair.utils.schemapi import debug_mode
 
+from lenscape import _validate
 from lenscape.aggregate import correct_only
-from lenscape.plot import bars, enable_offline, heatmap, is_mask, label_from_attrs
+from lenscape.plot import _text, bars, enable_offline, heatmap, is_mask, label_from_attrs
 from lenscape.schema import name_from_attrs
 
 Data = xr.DataArray | xr.Dataset
@@ -438,10 +439,26 @@ class Explorer:
         detail: DetailFn | None = None,
         **options: Any,
     ) -> None:
+        _validate.result("data", data, kind=(xr.DataArray, xr.Dataset), made_by="a lenscape method")
         _check_sizes(data)
-        if side is not None and side not in SIDES:
+        _text("x", x, example="'head'")
+        _text("y", y, example="'layer'")
+        _text("facet", facet, example="'model'", optional=True)
+        if side is not None and (not isinstance(side, str) or side not in SIDES):
             raise ValueError(f"side={side!r} is not a binarize rule; pick one of {list(SIDES)}.")
-        if correct_only and "correct" not in data.coords:
+        if threshold is not None:
+            threshold = _validate.number("threshold", threshold)
+        if variable is not None and (
+            not isinstance(data, xr.Dataset)
+            or not isinstance(variable, Hashable)
+            or variable not in data.data_vars
+        ):
+            choices = list(data.data_vars) if isinstance(data, xr.Dataset) else []
+            raise ValueError(
+                f"variable={variable!r} is not a variable of the data; "
+                + (f"pick one of {choices}." if choices else "a DataArray takes no variable=.")
+            )
+        if _validate.flag("correct_only", correct_only) and "correct" not in data.coords:
             raise ValueError(
                 "correct_only=True needs a 'correct' coord on prompt (capture results carry "
                 "one); this data has none, so draw all prompts (correct_only=False)."
@@ -780,6 +797,26 @@ PROMPT_FIELDS = {
 }
 
 
+def _example_record(example: Any) -> Mapping[str, Any]:
+    """``PromptForm``'s ``example`` as a record: a dict of ``PROMPT_FIELDS`` keys to strings
+    (or None), or a ``Prompt``, read as one.
+
+    Raises:
+        TypeError: neither a dict nor a ``Prompt``, or a box's value that is not text.
+    """
+    is_prompt = dataclasses.is_dataclass(example) and not isinstance(example, type)
+    if not (isinstance(example, Mapping) or is_prompt):
+        raise TypeError(
+            f"example must be a Prompt (e.g. lsc.data.prompts('factual')[0]) or a record "
+            f"such as {{'text': ..., 'target': ...}}, got {example!r} ({type(example).__name__})."
+        )
+    record = example if isinstance(example, Mapping) else dataclasses.asdict(example)
+    odd = {k: v for k, v in record.items() if k in PROMPT_FIELDS and not isinstance(v, str | None)}
+    if odd:
+        raise TypeError(f"example's boxes hold text or None, got {odd}.")
+    return record
+
+
 class PromptForm:
     """Your own prompt: text boxes for a clean/corrupt pair, scored and shown in an Explorer.
 
@@ -812,8 +849,8 @@ class PromptForm:
         needs_corrupt: bool = True,
         **options: Any,
     ) -> None:
-        self.run, self.needs_corrupt = run, needs_corrupt
-        record = example if isinstance(example, Mapping) else dataclasses.asdict(example)
+        self.run, self.needs_corrupt = run, _validate.flag("needs_corrupt", needs_corrupt)
+        record = _example_record(example)
         self.fields = {
             key: widgets.Text(
                 value=record.get(key) or "",

@@ -17,8 +17,9 @@ import ipywidgets as widgets
 import numpy as np
 import xarray as xr
 
+from . import _validate
 from .plot import enable_offline
-from .plot_circuit import MAX_EDGES, RECEIVER_KINDS, circuit_graph
+from .plot_circuit import MAX_EDGES, RECEIVER_KINDS, check_edges, circuit_graph
 
 
 class CircuitExplorer:
@@ -36,8 +37,20 @@ class CircuitExplorer:
                 result over ``prompt`` first).
             edges: edges drawn at first.
             options: passed to ``circuit_graph`` (``width``, ``height``, ``title``).
+
+        Raises:
+            TypeError: ``scores`` is not a DataArray or ``edges`` not an integer.
+            ValueError: ``scores`` is not an edge result or holds no finite score, or
+                ``edges`` < 1.
         """
+        scores = check_edges(scores, "scores")
+        edges = _validate.integer("edges", edges, low=1)
         finite = int(np.isfinite(scores.values).sum())
+        if not finite:
+            raise ValueError(
+                "scores holds no finite edge score (every value is NaN or infinite); "
+                "pass the result of lsc.edge_attribution."
+            )
         self.scores, self.options = scores, options
         self.budget = widgets.IntSlider(
             value=min(edges, finite, MAX_EDGES),
