@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import inspect
 import textwrap
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -172,6 +174,13 @@ def test_comparison_on_held_out_texts(tiny_llama, mixed):
     assert result["ppl_ratio"].dims == ("strategy", "target_sparsity")
     assert list(result["strategy"].values) == ["routed", "global", "random"]
     assert result["routed_mask"].attrs["model"] == tiny_llama.name
+    fitted_with = {name: result.attrs[f"fit_{name}"] for name in asdict(masks_module.FIT_DEFAULTS)}
+    assert fitted_with == {
+        **asdict(masks_module.FIT_DEFAULTS),
+        "max_steps": 2,
+        "window": 2,
+        "batch_size": 2,
+    }
     assert (result["ppl_ratio"] > 0).all()
     assert int(result["n_held_out"].sum()) == len(held_out)
     kept = result["routed_mask"].sum(("layer", "component"))
@@ -245,6 +254,14 @@ def test_block_mask_options_are_checked_before_the_fit(
 ):
     with pytest.raises(error, match=message):
         block_masks(tiny_llama, mixed, clusters=clusters, **{**FAST, **kwargs})
+
+
+def test_block_masks_shows_the_fit_defaults_declared_once():
+    """The mask fit's defaults are FIT_DEFAULTS: block_masks' signature names them (help()
+    shows the values) and mask_comparison fits with them (above)."""
+    parameters = inspect.signature(block_masks).parameters
+    for name, default in asdict(masks_module.FIT_DEFAULTS).items():
+        assert parameters[name].default == default, name
 
 
 @pytest.mark.parametrize(

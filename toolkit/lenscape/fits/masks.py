@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -245,17 +246,10 @@ def _fit_masks(
     items: list[list[int]],
     groups: list[np.ndarray],
     sparsities: Sequence[float],
+    options: FitOptions,
     *,
     loss: str,
-    lr: float,
-    penalty: float,
-    max_steps: int,
-    window: int,
-    tol: float,
     seed: int,
-    batch_size: int,
-    rows_per_pass: int,
-    precision: Precision,
     progress: bool,
     checkpoint: Path | None = None,
 ):
@@ -263,6 +257,7 @@ def _fit_masks(
 
     Args:
         items: token ids per text; groups: per group, the indices of its texts.
+        options: the fit's options (checked).
         checkpoint: a folder to keep the fit's state in (``optim.Resume``), or None.
 
     Returns:
@@ -274,9 +269,10 @@ def _fit_masks(
     rng = np.random.default_rng(seed)
     noise = torch.Generator().manual_seed(seed)
     current: dict[str, torch.Tensor] = {}
-    sets_per_pass = max(1, rows_per_pass // batch_size)
+    batch_size = options.batch_size
+    sets_per_pass = max(1, options.rows_per_pass // batch_size)
     bar = tqdm(
-        total=max_steps,
+        total=options.max_steps,
         disable=not progress,
         desc=f"block masks ({n_groups} groups x {len(sparsities)} sparsities)",
     )
@@ -294,7 +290,7 @@ def _fit_masks(
             current["scale"] = gates.repeat_interleave(batch_size, dim=0)
             text_loss = _row_loss(model, rows, current, loss=loss).view(len(chunk), -1).mean(1)
             sparsity_term = (_open_prob(log_alpha[chunk]).mean(dim=(1, 2)) - keep[chunk]) ** 2
-            total = text_loss + penalty * sparsity_term
+            total = text_loss + options.penalty * sparsity_term
             total.sum().backward()
             losses.append(total.detach().cpu())
         return torch.cat(losses)
@@ -308,11 +304,11 @@ def _fit_masks(
             items=digest(items, [g.tolist() for g in groups]),
             sparsities=list(sparsities),
             loss=loss,
-            penalty=penalty,
+            penalty=options.penalty,
             seed=seed,
-            batch_size=batch_size,
-            rows_per_pass=rows_per_pass,
-            precision=precision,
+            batch_size=options.batch_size,
+            rows_per_pass=options.rows_per_pass,
+            precision=options.precision,
         )
 
         def set_state(state: dict[str, Any]) -> None:
@@ -325,16 +321,16 @@ def _fit_masks(
             lambda: {"rng": rng.bit_generator.state, "noise": noise.get_state()},
             set_state,
         )
-    with _scaled_blocks(model, lambda: current["scale"]), fit_passes(model.hf, precision):
+    with _scaled_blocks(model, lambda: current["scale"]), fit_passes(model.hf, options.precision):
         fit = fit_until_still(
             start,
             loss_and_grad,
             watch=_open_prob,
-            lr=lr,
+            lr=options.lr,
             grad_clip=None,
-            max_steps=max_steps,
-            window=window,
-            tol=tol,
+            max_steps=options.max_steps,
+            window=options.window,
+            tol=options.tol,
             on_step=bar.update,
             resume=resume,
         )
@@ -367,7 +363,36 @@ def _check_sparsities(
     return values
 
 
-#: The mask fit's options and their checks (``_validate``), by name.
+@dataclass(frozen=True)
+class FitOptions:
+    """The mask fit's options, each with its default written once: ``block_masks``' signature
+    names ``FIT_DEFAULTS`` and ``mask_comparison`` starts from it. Checked by ``_FIT_CHECKS``.
+
+    Attributes:
+        lr: Adam learning rate on the gate logits.
+        penalty: weight of the sparsity term.
+        max_steps: most Adam updates.
+        window, tol: a set stops once its keep probabilities move less than ``tol`` (mean
+            absolute change) over ``window`` updates.
+        rows_per_pass: rows per forward pass.
+        batch_size: texts per cluster per update.
+        precision: ``"float32"`` or ``"bfloat16"`` (the passes under bfloat16 autocast).
+    """
+
+    lr: float = 0.25
+    penalty: float = 10.0
+    max_steps: int = 300
+    window: int = 20
+    tol: float = 0.005
+    rows_per_pass: int = 32
+    batch_size: int = 4
+    precision: Precision = "float32"
+
+
+FIT_DEFAULTS = FitOptions()
+
+#: The mask fit's options and their checks (``_validate``), by name; ``mask_comparison``
+#: calls ``batch_size`` ``train_batch_size`` (its own ``batch_size`` is the evaluation's).
 _FIT_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "lr": lambda name, value: _validate.number(name, value, above=0),
     "penalty": lambda name, value: _validate.number(name, value, low=0),
@@ -381,20 +406,25 @@ _FIT_CHECKS: dict[str, Callable[[str, Any], Any]] = {
 }
 
 
-def _check_fit(options: dict[str, Any], *, caller: str) -> None:
-    """Check the mask fit's ``options`` (any subset of ``_FIT_CHECKS``) once, up front.
+def _fit_options(given: dict[str, Any], *, caller: str) -> FitOptions:
+    """``FIT_DEFAULTS`` with the ``given`` options (any subset of ``_FIT_CHECKS``, by the
+    names the ``caller`` takes) in their place, each checked once, up front.
 
     Raises:
         TypeError: an unknown option, or a value of the wrong type.
         ValueError: a value out of range (a zero count, a NaN rate ...).
     """
-    unknown = sorted(set(options) - set(_FIT_CHECKS))
+    unknown = sorted(set(given) - set(_FIT_CHECKS))
     if unknown:
         raise TypeError(
             f"{caller} got unknown fit option(s) {unknown}; the fit takes {sorted(_FIT_CHECKS)}."
         )
-    for name, value in options.items():
+    for name, value in given.items():
         _FIT_CHECKS[name](name, value)
+    return replace(
+        FIT_DEFAULTS,
+        **{("batch_size" if name == "train_batch_size" else name): v for name, v in given.items()},
+    )
 
 
 def _members(clusters: Clustering, n_prompts: int) -> list[np.ndarray]:
@@ -418,15 +448,15 @@ def block_masks(
     clusters: Clustering,
     target_sparsity: float | Sequence[float] = 0.3,
     loss: str = "nll",
-    max_steps: int = 300,
-    window: int = 20,
-    tol: float = 0.005,
-    lr: float = 0.25,
-    penalty: float = 10.0,
+    max_steps: int = FIT_DEFAULTS.max_steps,
+    window: int = FIT_DEFAULTS.window,
+    tol: float = FIT_DEFAULTS.tol,
+    lr: float = FIT_DEFAULTS.lr,
+    penalty: float = FIT_DEFAULTS.penalty,
     seed: int = 0,
-    batch_size: int = 4,
-    rows_per_pass: int = 32,
-    precision: Precision = "float32",
+    batch_size: int = FIT_DEFAULTS.batch_size,
+    rows_per_pass: int = FIT_DEFAULTS.rows_per_pass,
+    precision: Precision = FIT_DEFAULTS.precision,
     checkpoint: str | Path | None = None,
     progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
@@ -459,22 +489,22 @@ def block_masks(
     sparsities = _check_sparsities(target_sparsity)
     if loss not in LOSSES:
         raise ValueError(f"Unknown loss {loss!r}; choose one of {list(LOSSES)}.")
-    _check_fit(
+    options = _fit_options(
         dict(
             lr=lr,
             penalty=penalty,
             max_steps=max_steps,
             window=window,
             tol=tol,
-            batch_size=batch_size,
             rows_per_pass=rows_per_pass,
+            batch_size=batch_size,
+            precision=precision,
         ),
         caller="block_masks",
     )
     seed = _validate.integer("seed", seed, low=0)
     progress = _validate.flag("progress", progress)
     _validate.not_empty("prompts", prompts, fix="pass the texts that were clustered")
-    precision = check_precision(precision)
     folder = checkpoint_folder(checkpoint)
     clusters = _check_clusters(clusters)
     members = _members(clusters, len(prompts))
@@ -483,16 +513,9 @@ def block_masks(
         _encode(model, prompts),
         members,
         sparsities,
+        options,
         loss=loss,
-        lr=lr,
-        penalty=penalty,
-        max_steps=max_steps,
-        window=window,
-        tol=tol,
         seed=seed,
-        batch_size=batch_size,
-        rows_per_pass=rows_per_pass,
-        precision=precision,
         progress=progress,
         checkpoint=folder,
     )
@@ -725,8 +748,8 @@ def mask_comparison(
         n_random: random masks per sparsity (same number of kept blocks), averaged.
         loss: training loss, ``"nll"`` or ``"kl"``.
         fit_options: passed to the fit (``max_steps``, ``window``, ``tol``, ``lr``,
-            ``penalty``, ``precision``; ``batch_size`` is the evaluation batch, use
-            ``train_batch_size``).
+            ``penalty``, ``rows_per_pass``, ``precision``; ``batch_size`` is the evaluation
+            batch, use ``train_batch_size``); the rest keep ``FIT_DEFAULTS``.
         checkpoint: a folder where the fit keeps its state (as in ``block_masks``).
 
     Returns:
@@ -743,7 +766,7 @@ def mask_comparison(
     batch_size = _validate.positive_int("batch_size", batch_size)
     progress = _validate.flag("progress", progress)
     folder = checkpoint_folder(checkpoint)
-    _check_fit(fit_options, caller="mask_comparison")
+    options = _fit_options(fit_options, caller="mask_comparison")
     clusters = _check_clusters(clusters)
     if len(held_out) < clusters.k:
         raise ValueError(
@@ -753,30 +776,16 @@ def mask_comparison(
         )
     members = _members(clusters, len(train))
     groups = [*members, np.arange(len(train))]
-    options: dict[str, Any] = dict(
-        lr=0.25,
-        penalty=10.0,
-        max_steps=300,
-        window=20,
-        tol=0.005,
-        rows_per_pass=32,
-        batch_size=4,
-        precision="float32",
-    )
-    options.update(
-        {("batch_size" if k == "train_batch_size" else k): v for k, v in fit_options.items()}
-    )
-    options["precision"] = check_precision(options["precision"])
     fit = _fit_masks(
         model,
         _encode(model, train),
         groups,
         sparsities,
+        options,
         loss=loss,
         seed=seed,
         progress=progress,
         checkpoint=folder,
-        **options,
     )
     k, n_layers = clusters.k, model.spec.n_layers
     routes = torch.as_tensor(clusters.route(held_out))
@@ -822,7 +831,7 @@ def mask_comparison(
         "loss_unmasked": float(base.mean()),
         "steps": int(fit.steps.max()),
         "converged": int(fit.converged.all()),
-        **{f"fit_{name}": value for name, value in options.items()},
+        **{f"fit_{name}": value for name, value in asdict(options).items()},
     }
     coords = {
         "strategy": list(STRATEGIES),
