@@ -27,15 +27,21 @@ def scores():
     return schema.make(values, dims=("seed", "layer", "head"), attrs=ATTRS, n_layers=2)
 
 
-def test_always_any_fraction():
-    da = scores()
+def test_always_any_fraction_count_only_the_computed_seeds():
+    da = scores()  # layer 1, head 1: 0.1, 0.1 and one seed not computed
     always, any_ = aggregate.always(da), aggregate.any_(da)
-    np.testing.assert_array_equal(always.values, [[1, 0], [0, np.nan]])
-    np.testing.assert_array_equal(any_.values, [[1, 1], [1, np.nan]])
-    np.testing.assert_allclose(aggregate.fraction(da).values, [[1, 1 / 3], [2 / 3, np.nan]])
+    np.testing.assert_array_equal(always.values, [[1, 0], [0, 0]])
+    np.testing.assert_array_equal(any_.values, [[1, 1], [1, 0]])
+    share = aggregate.fraction(da)
+    np.testing.assert_allclose(share.values, [[1, 1 / 3], [2 / 3, 0]])
+    assert always.dtype == bool  # every cell has a computed seed
     assert "every seed" in always.attrs["long_name"] and always.attrs["aggregation"]
     assert always.attrs["units"] == "bool" and "depth" in always.coords
-    assert float(always.sum()) <= float(any_.sum())
+    assert share.attrs["units"] == "share of seeds"
+    never = da.where(da["head"] == 0)  # head 1 never computed: NaN, never 0 or False
+    for function in (aggregate.always, aggregate.any_, aggregate.fraction):
+        out = function(never)
+        assert np.isnan(out.values[:, 1]).all() and not np.isnan(out.values[:, 0]).any()
 
 
 def test_threshold_changes_the_result():
@@ -77,11 +83,14 @@ def test_missing_dim():
 def test_always_any_scores_are_min_and_max_and_match_thresholds():
     da = scores()
     low, high = aggregate.always_score(da), aggregate.any_score(da)
-    np.testing.assert_allclose(low.values, [[0.7, 0.1], [0.4, np.nan]])
-    np.testing.assert_allclose(high.values, [[0.9, 0.7], [0.9, np.nan]])
+    np.testing.assert_allclose(low.values, [[0.7, 0.1], [0.4, 0.1]])  # NaN skipped
+    np.testing.assert_allclose(high.values, [[0.9, 0.7], [0.9, 0.1]])
     assert low.attrs["units"] == "score" and "Always" in low.attrs["long_name"]
+    da = da.where(da["head"] == 0)  # head 1 never computed: stays NaN
+    low, high = aggregate.always_score(da), aggregate.any_score(da)
+    assert np.isnan(low.values[:, 1]).all() and np.isnan(high.values[:, 1]).all()
     for threshold in (0.3, 0.5, 0.75):
-        computed = da.notnull().all("seed")
+        computed = da.notnull().any("seed")
         np.testing.assert_array_equal(
             (low >= threshold).where(computed).values,
             aggregate.always(da, threshold=threshold).values,

@@ -2,8 +2,10 @@
 and stacking models of different depth.
 
 Every function keeps coords and attrs, and records what it did in attrs (``aggregation``)
-and in ``long_name``, so a plot of the result titles itself. NaN ("not computed") stays
-NaN: a cell is only aggregated where all of its values along ``dim`` were computed.
+and in ``long_name``, so a plot of the result titles itself. Thresholds, Always, Any and
+fractions follow the mask rules of ``lenscape.binary``: NaN ("not computed") is never
+kept, a reduction along ``dim`` counts only the computed values, and a cell with none
+computed stays NaN.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from . import _validate, schema
+from . import _validate, binary, schema
 
 #: Role codes of ``roles``: a head facilitates, interferes, both, or neither.
 ROLES = ("neither", "facilitating", "interfering", "both")
@@ -23,70 +25,80 @@ def _check(da: xr.DataArray, dim: str, threshold: float) -> None:
     _validate.number("threshold", threshold, low=0, high=1)
 
 
-def _finish(da: xr.DataArray, result: xr.DataArray, dim: str, what: str) -> xr.DataArray:
-    computed = da.notnull().all(dim)
-    result = result.where(computed) if not bool(computed.all()) else result
+def _finish(
+    da: xr.DataArray, result: xr.DataArray, dim: str, what: str, units: str
+) -> xr.DataArray:
     name = schema.name_from_attrs(da)
     return result.assign_attrs(
         {
             **da.attrs,
             "long_name": f"{name}: {what}",
             "aggregation": f"{what} (over {dim})",
-            "units": "fraction" if "fraction" in what else "bool",
+            "units": units,
         }
     )
 
 
 def always(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
-    """True where ``da >= threshold`` for every value along ``dim`` ("Always")."""
+    """True where ``da >= threshold`` for every computed value along ``dim`` ("Always");
+    NaN where none is computed (``binary.all_``)."""
     _check(da, dim, threshold)
-    return _finish(da, (da >= threshold).all(dim), dim, f">= {threshold} in every {dim}")
+    mask = binary.all_(binary.binarize(da, threshold), dim)
+    return _finish(da, mask, dim, f">= {threshold} in every {dim}", binary.MASK_UNITS)
 
 
 def any_(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
-    """True where ``da >= threshold`` for at least one value along ``dim`` ("Any")."""
+    """True where ``da >= threshold`` for at least one computed value along ``dim``
+    ("Any"); NaN where none is computed (``binary.any_``)."""
     _check(da, dim, threshold)
-    return _finish(da, (da >= threshold).any(dim), dim, f">= {threshold} in any {dim}")
+    mask = binary.any_(binary.binarize(da, threshold), dim)
+    return _finish(da, mask, dim, f">= {threshold} in any {dim}", binary.MASK_UNITS)
 
 
 def always_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
     """Continuous "Always": the minimum along ``dim`` (a cell is as high as its weakest seed).
 
-    ``always(da, threshold=t)`` is exactly ``always_score(da) >= t``; the F4 reference draws
-    this value on a sequential scale, so Always is sparse by construction of the data.
+    ``always(da, threshold=t)`` is exactly ``always_score(da) >= t`` where something is
+    computed (both skip NaN); the F4 reference draws this value on a sequential scale, so
+    Always is sparse by construction of the data.
     """
     _check(da, dim, 0.5)
     name = schema.name_from_attrs(da)
-    return _finish(da, da.min(dim), dim, f"minimum over {dim}").assign_attrs(
-        long_name=f"{name}: Always (min over {dim})", units=da.attrs.get("units", "score")
+    units = da.attrs.get("units", "score")
+    return _finish(da, da.min(dim), dim, f"minimum over {dim}", units).assign_attrs(
+        long_name=f"{name}: Always (min over {dim})"
     )
 
 
 def any_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
     """Continuous "Any": the maximum along ``dim``; ``any_(da, threshold=t)`` is exactly
-    ``any_score(da) >= t``."""
+    ``any_score(da) >= t`` where something is computed."""
     _check(da, dim, 0.5)
     name = schema.name_from_attrs(da)
-    return _finish(da, da.max(dim), dim, f"maximum over {dim}").assign_attrs(
-        long_name=f"{name}: Any (max over {dim})", units=da.attrs.get("units", "score")
+    units = da.attrs.get("units", "score")
+    return _finish(da, da.max(dim), dim, f"maximum over {dim}", units).assign_attrs(
+        long_name=f"{name}: Any (max over {dim})"
     )
 
 
 def fraction(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
-    """Fraction of values along ``dim`` with ``da >= threshold``."""
+    """Share of the computed values along ``dim`` with ``da >= threshold``, in [0, 1]; NaN
+    where none is computed (``binary.share``)."""
     _check(da, dim, threshold)
-    return _finish(da, (da >= threshold).mean(dim), dim, f"fraction >= {threshold} over {dim}")
+    share = binary.share(binary.binarize(da, threshold), dim)
+    return _finish(da, share, dim, f"fraction >= {threshold} over {dim}", binary.share_units(dim))
 
 
 def roles(facilitation: xr.DataArray, interference: xr.DataArray) -> xr.DataArray:
-    """Combine two boolean masks into role codes (see ``ROLES``): 0 neither,
-    1 facilitating, 2 interfering, 3 both. NaN where either input is NaN."""
+    """Combine two masks into role codes (see ``ROLES``): 0 neither, 1 facilitating,
+    2 interfering, 3 both, a mask's kept cells (``binary.kept``) counting as in the role.
+    NaN where either input is NaN."""
     if facilitation.dims != interference.dims:
         raise ValueError(
             f"facilitation dims {facilitation.dims} differ from interference "
             f"dims {interference.dims}; aggregate both the same way first."
         )
-    code = facilitation.fillna(0).astype(int) + 2 * interference.fillna(0).astype(int)
+    code = binary.kept(facilitation).astype(int) + 2 * binary.kept(interference).astype(int)
     code = code.where(facilitation.notnull() & interference.notnull())
     return code.assign_attrs(
         {

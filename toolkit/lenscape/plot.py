@@ -3,14 +3,13 @@
 ``heatmap(da, x="head", y="layer", facet_col="model")`` turns a DataArray into an Altair chart.
 Each dim of ``da`` must get a role (an axis or a facet); anything else is reduced first by the
 caller (``da.mean("prompt")``, ``da.sel(seed=0)``), so a picture never silently averages.
-The data's declared type decides the colour scale, never its values: a mask (bool dtype, or
-``units == "bool"`` for a float mask holding NaN) gets two named colours with a legend, a
-signed score a diverging scale centred at 0, anything else a sequential one; a float array
-that happens to hold only 0 and 1 is still a score. Titles, legend and axis titles come from
-the metadata (``long_name``, ``units``, dim names); tooltips show every coordinate of a cell
-and its value. NaN means "not computed" and is drawn grey (the subtitle says so only when a
-drawn cell is NaN); +inf and -inf are drawn as dark cells marked "+∞" / "−∞", and the spec
-never holds a non-JSON number.
+The data's declared type decides the colour scale, never its values: a mask
+(``lenscape.binary`` says what counts as one and as kept) gets two named colours with a
+legend, a signed score a diverging scale centred at 0, anything else a sequential one.
+Titles, legend and axis titles come from the metadata (``long_name``, ``units``, dim names);
+tooltips show every coordinate of a cell and its value. NaN means "not computed" and is
+drawn grey (the subtitle says so only when a drawn cell is NaN); +inf and -inf are drawn as
+dark cells marked "+∞" / "−∞", and the spec never holds a non-JSON number.
 
 The cells are written into the spec as inline values when the chart is built. Altair's
 5,000-row guard applies only to DataFrames handed to it, so grids above that size work on
@@ -41,6 +40,7 @@ from altair.typing import ChartType
 from altair.utils.schemapi import debug_mode
 
 from lenscape import _validate
+from lenscape.binary import MASK_UNITS, NAN_LABEL, STATES, is_mask
 from lenscape.schema import LABEL_COORDS, name_from_attrs
 
 #: Most cells one chart may hold; reduce or select before drawing more.
@@ -53,8 +53,6 @@ INF_COLOR = "#252525"
 BINARY_COLORS = ("#fde0c5", "#1d4e89")
 #: Colours of ``lenscape.aggregate.ROLES``: neither (black), facilitating, interfering, both.
 ROLE_COLORS = ("#000000", "#2ca02c", "#d62728", "#ffbf00")
-#: Label of NaN cells in a binary legend.
-NAN_LABEL = "not computed"
 #: Longest legend title; longer descriptions move to the subtitle.
 LEGEND_CHARS = 24
 #: Widest title and subtitle line in pixels: Vega-Lite would cut them at the chart's width
@@ -97,17 +95,11 @@ def _unchecked_build(build: Callable[_P, _R]) -> Callable[_P, _R]:
     return built
 
 
-def is_mask(da: xr.DataArray) -> bool:
-    """Whether ``da`` declares itself a mask: bool dtype, or ``units == "bool"`` (a float
-    mask whose NaN cells were not computed, as ``lenscape.aggregate.always`` returns)."""
-    return da.dtype == bool or da.attrs.get("units") == "bool"
-
-
 def label_from_attrs(da: xr.DataArray, default: str = _VALUE) -> str:
     """``"long_name (units)"`` from the attrs (the name, or ``default``, without ``long_name``)."""
     name = name_from_attrs(da, default)
     units = da.attrs.get("units")
-    return f"{name} ({units})" if units and units != "bool" else name
+    return f"{name} ({units})" if units and units != MASK_UNITS else name
 
 
 def _text(name: str, value: Any, *, example: str, optional: bool = False) -> str | None:
@@ -234,7 +226,7 @@ def heatmap(
     binary: bool | None = None,
     center: float | None = None,
     domain: tuple[float, float] | None = None,
-    labels: tuple[str, str] = ("skipped", "kept"),
+    labels: tuple[str, str] = STATES,
     categories: Sequence[str] | None = None,
     title: str | None = None,
     tick_labels: Mapping[str, str] | None = None,
@@ -256,8 +248,8 @@ def heatmap(
         columns: panels per row when only ``facet_col`` is given (default ``FACET_COLUMNS``).
         color: a Vega scheme name (``"viridis"``, ``"blueorange"`` ...) or a list of colours
             for the scale's range; for binary data, two colours for ``labels``.
-        binary: ``True`` draws a two-state mask (non-zero = ``labels[1]``); ``None`` follows
-            the declared type (``is_mask``: bool dtype or ``units == "bool"``), never the
+        binary: ``True`` draws a two-state mask (kept, i.e. non-zero, = ``labels[1]``);
+            ``None`` follows the declared type (``lenscape.binary.is_mask``), never the
             values; ``False`` never treats data as a mask.
         center: value at the middle of a diverging scale; giving it forces a diverging scale
             (default: diverging at 0, symmetric, when values have both signs). A centre other

@@ -9,14 +9,15 @@ head's attention pattern).
 
 The controls cannot mislead:
 
-- Scores reduce with mean, max or min; masks (bool dtype, ``units == "bool"``, or scores
-  after *binarize*) with any, all or share. A mask averaged is labelled as the share it is
-  ("share of prompts with attribution >= 0.5") on a sequential 0-1 scale, never "kept".
-- Binarizing names its rule (``|value| >=``, ``value >=`` or ``value <=``, ``SIDES``) in the
-  title with the share of values that pass; the box starts at the 90% quantile of |value|
-  and keeps exactly what it shows (switching the variable never moves it). A visible note
-  says when the slice drawn is one colour or a one-sign rule hides strong values of the
-  other sign.
+- Scores reduce with mean, max or min; masks (``lenscape.binary.is_mask``, or scores after
+  *binarize*) with any, all or share, by the rules of ``lenscape.binary`` (only computed
+  cells count). A mask averaged is labelled as the share it is ("share of prompts with
+  attribution >= 0.5") on a sequential 0-1 scale, never "kept".
+- Binarizing names its rule (``|value| >=``, ``value >=`` or ``value <=``,
+  ``binary.SIDES``) in the title with the share of values that pass; the box starts at the
+  90% quantile of |value| and keeps exactly what it shows (switching the variable never
+  moves it). A visible note says when the slice drawn is one colour or a one-sign rule
+  hides strong values of the other sign.
 - Titles say what was pooled ("mean over 16 prompts") and show a picked prompt's text;
   prompts the model answers wrong (a ``correct`` coord) are marked, and one switch pools
   only the prompts it gets right.
@@ -48,9 +49,10 @@ import xarray as xr
 from altair.typing import ChartType, is_chart_type
 from altair.utils.schemapi import debug_mode
 
-from lenscape import _validate
+from lenscape import _validate, binary
 from lenscape.aggregate import correct_only
-from lenscape.plot import _text, bars, enable_offline, heatmap, is_mask, label_from_attrs
+from lenscape.binary import SIDES, check_side, is_mask
+from lenscape.plot import _text, bars, enable_offline, heatmap, label_from_attrs
 from lenscape.schema import name_from_attrs
 
 Data = xr.DataArray | xr.Dataset
@@ -63,17 +65,6 @@ DetailFn = Callable[[dict[Hashable, Any]], Any]
 # A dim name is any Hashable; xarray's reductions take one dim as a str or a collection of
 # names, so the reducers reduce over ``[dim]`` (the same as ``dim`` for a str name).
 
-
-def _any(da: xr.DataArray, dim: Hashable) -> xr.DataArray:
-    valid = da.notnull()
-    return ((da != 0) & valid).any([dim]).where(valid.any([dim]))
-
-
-def _all(da: xr.DataArray, dim: Hashable) -> xr.DataArray:
-    valid = da.notnull()
-    return ((da != 0) | ~valid).all([dim]).where(valid.any([dim]))
-
-
 #: Reductions of scores; NaN ("not computed") is skipped, a cell with nothing computed
 #: along the dim stays NaN.
 SCORE_REDUCERS: dict[str, Callable[[xr.DataArray, Hashable], xr.DataArray]] = {
@@ -81,29 +72,17 @@ SCORE_REDUCERS: dict[str, Callable[[xr.DataArray, Hashable], xr.DataArray]] = {
     "max": lambda da, dim: da.max([dim]),
     "min": lambda da, dim: da.min([dim]),
 }
-#: Reductions of masks: any/all keep a mask (non-zero is true); share is the fraction of
-#: true values, a number in [0, 1].
-MASK_REDUCERS: dict[str, Callable[[xr.DataArray, Hashable], xr.DataArray]] = {
-    "share": lambda da, dim: da.mean([dim]),
-    "any": _any,
-    "all": _all,
-}
-REDUCERS = {**SCORE_REDUCERS, **MASK_REDUCERS}
+#: Every reducer: of scores, and of masks (``lenscape.binary.REDUCERS``: any, all, share).
+REDUCERS = {**SCORE_REDUCERS, **binary.REDUCERS}
 #: The mask reducer that matches a score reducer (a mask's mean is its share, max is any).
-MASK_OF = dict(zip(SCORE_REDUCERS, MASK_REDUCERS, strict=True))
+MASK_OF = dict(zip(SCORE_REDUCERS, binary.REDUCERS, strict=True))
 #: Dims whose values can be pooled: samples, groups of samples, positions in the model.
 REDUCIBLE_DIMS = ("seed", "prompt", "cluster", "layer", "head", "pos")
 #: Dims the Explorer opens reduced (mean or share); every other dim opens on its first value.
 SAMPLE_DIMS = ("seed", "prompt")
 
 
-#: Binarize rules: name -> (title template, test). ``abs`` keeps strong values of either sign.
-SIDES: dict[str, tuple[str, Callable[[xr.DataArray, float], xr.DataArray]]] = {
-    "abs": ("|{name}| >= {t}", lambda da, t: abs(da) >= t),
-    "above": ("{name} >= {t}", lambda da, t: da >= t),
-    "below": ("{name} <= {t}", lambda da, t: da <= t),
-}
-#: Labels of the ``SIDES`` in the Explorer's dropdown.
+#: Labels of the binarize rules (``lenscape.binary.SIDES``) in the Explorer's dropdown.
 SIDE_LABELS = {"abs": "|value| >=", "above": "value >=", "below": "value <="}
 #: Quantile of |value| (of value, for data of one sign) where the threshold box starts.
 DEFAULT_QUANTILE = 0.9
@@ -122,7 +101,7 @@ class View:
         variable: the Dataset variable to show (None for a DataArray).
         facet: a remaining dim drawn as side-by-side panels, or None.
         threshold: binarize each score by ``side`` at this value before reducing, or None.
-        side: the binarize rule (``SIDES``): ``"abs"`` |value| >= threshold, ``"above"``
+        side: the binarize rule (``binary.SIDES``): ``"abs"`` |value| >= threshold, ``"above"``
             value >= threshold, ``"below"`` value <= threshold.
         correct_only: draw only the prompts the model answers right (the ``correct`` coord).
         swap: exchange the x and y axes.
@@ -270,7 +249,7 @@ def reduce(data: Data, view: View) -> xr.DataArray:
             )
             da = da.sel({dim: how})
             continue
-        allowed = MASK_REDUCERS if mask or view.threshold is not None else SCORE_REDUCERS
+        allowed = binary.REDUCERS if mask or view.threshold is not None else SCORE_REDUCERS
         if how not in allowed:
             fix = (
                 "turn on binarize to make a mask first"
@@ -285,20 +264,14 @@ def reduce(data: Data, view: View) -> xr.DataArray:
     if view.threshold is not None:
         if mask:
             raise ValueError(f"{name!r} is already a mask; turn binarize off to show it.")
-        if view.side not in SIDES:
-            raise ValueError(
-                f"side={view.side!r} is not a binarize rule; pick one of {list(SIDES)}."
-            )
-        note = threshold_note(da, view.threshold, view.side)
+        note = threshold_note(da, view.threshold, check_side(view.side))
         if note:
             notes.append(note)
-        rule, test = SIDES[view.side]
-        valid = da.notnull()
-        da = test(da, view.threshold).where(valid)
-        share = float(da.sum()) / max(int(valid.sum()), 1)
-        steps.insert(0, f"{share:.0%} of values pass")
-        name = rule.format(name=name, t=f"{view.threshold:g}")
-        attrs.update(long_name=name, units="bool")
+        da = binary.binarize(da, view.threshold, view.side)
+        passed = float(binary.share(da, list(da.dims)))
+        steps.insert(0, f"{passed:.0%} of values pass" if passed == passed else "none computed")
+        name = da.attrs["long_name"]
+        attrs.update(long_name=name, units=binary.MASK_UNITS)
         mask = True
     for dim, how in pooled:
         steps.append(f"{how} over {da.sizes[dim]} {dim}s")
@@ -306,12 +279,12 @@ def reduce(data: Data, view: View) -> xr.DataArray:
     if shared:
         dims = [dim for dim, _ in shared]
         over = " and ".join(f"{da.sizes[d]} {d}s" for d in dims)
-        da = da.mean(dims)
+        da = binary.share(da, dims)
         attrs.update(
             long_name=f"share of {over} with {name}"
             if view.threshold is not None
             else f"share of {over} where {name}",
-            units="share of " + " and ".join(f"{d}s" for d in dims),
+            units=binary.share_units(dims),
         )
     uniform = _uniform_note(da)
     if uniform and not notes:
@@ -340,13 +313,8 @@ def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, ChartT
     da = reduce(data, view)
     x, y = (view.y, view.x) if view.swap else (view.x, view.y)
     if view.threshold is not None and is_mask(da):
-        t = f"{view.threshold:g}"
-        states = {
-            "abs": (f"|value| < {t}", f"|value| >= {t}"),
-            "above": (f"< {t}", f">= {t}"),
-            "below": (f"> {t}", f"<= {t}"),
-        }
-        options = {"labels": states[view.side], **options}
+        states = tuple(s.format(t=f"{view.threshold:g}") for s in SIDES[view.side].states)
+        options = {"labels": states, **options}
     facet = view.facet if view.facet in da.dims else None
     name = name_from_attrs(da)
     title = f"{name} · {da.attrs['reduction']}" if "reduction" in da.attrs else name
@@ -444,8 +412,8 @@ class Explorer:
         _text("x", x, example="'head'")
         _text("y", y, example="'layer'")
         _text("facet", facet, example="'model'", optional=True)
-        if side is not None and (not isinstance(side, str) or side not in SIDES):
-            raise ValueError(f"side={side!r} is not a binarize rule; pick one of {list(SIDES)}.")
+        if side is not None:
+            check_side(side)
         if threshold is not None:
             threshold = _validate.number("threshold", threshold)
         if variable is not None and (
@@ -586,7 +554,7 @@ class Explorer:
         """Offer the reducers that fit the data (scores or masks) on reducible dims; keep each
         dropdown's choice, translated between matching reducers (mean <-> share ...)."""
         masked = self._masked()
-        reducers = list(MASK_REDUCERS if masked else SCORE_REDUCERS)
+        reducers = list(binary.REDUCERS if masked else SCORE_REDUCERS)
         for dim in self._others:
             control = self.controls[str(dim)]
             values = self.data[dim].values.tolist()
