@@ -24,6 +24,7 @@ OWN_MEANING = {
     ("fits/gating.py", "task_loss", "batch_size"),
     ("fits/gating.py", "head_gating", "batch_size"),
     ("fits/gating.py", "gating_check", "batch_size"),
+    ("fits/masks.py", "block_masks", "batch_size"),
     ("fits/masks.py", "masked_loss", "batch_size"),
     ("fits/masks.py", "mask_comparison", "batch_size"),
     ("fits/masks.py", "block_mask_estimate", "batch_size"),
