@@ -95,7 +95,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--random", type=int, default=3, help="random circuits per budget")
     parser.add_argument("--sample", type=int, default=20, help="top and random edges checked")
-    args = _report.parse_args(parser, prompts=4, random=1, sample=5)
+    parser.add_argument("--peer-prompts", type=int, default=4, help="prompts of the peer timing")
+    args = _report.parse_args(parser, prompts=4, random=1, sample=5, peer_prompts=2)
     import torch
 
     model = lsc.load("smollm2-135m", device="cpu")
@@ -199,13 +200,14 @@ def main() -> None:
                 ]
             )
     print(_report.table(["estimator", "receiver", "edges", "Pearson r", "sign"], agree_rows))
-    ours, theirs, n_mha_edges = peer_timing(model, prompts, args.batch_size)
+    peer_prompts = prompts[: args.peer_prompts]
+    ours, theirs, n_mha_edges = peer_timing(model, peer_prompts, args.batch_size)
     print(f"peer: lenscape EAP {ours:.1f} s, TransformerLens {theirs:.1f} s")
     peer_rows = [
         [
             *_report.stamp(),
             f"SmolLM2-135M shape, 9 key/value heads (MHA), {n_mha_edges:,} edges",
-            f"{len(prompts)} IOI prompts",
+            f"{len(peer_prompts)} IOI prompts",
             f"{ours:.1f} s",
             f"{theirs:.1f} s ({theirs / ours:.1f}x)",
         ]
