@@ -366,7 +366,7 @@ def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
     click(e, layer=1, head=0)
     assert e.cell == {"layer": 1, "head": 0}
     assert asked == [{"layer": 1, "head": 0, "prompt": 0, "text": PROMPTS[0]}]
-    per_prompt_chart, shown = e._details.children
+    per_prompt_chart, shown = e._details.box.children
     bars = per_prompt_chart.chart.to_dict()
     assert [r["value"] for r in cells(bars)] == pytest.approx(SIGNED[:, 1, 0].tolist())
     assert [r["text"] for r in cells(bars)] == PROMPTS
@@ -374,7 +374,7 @@ def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
     assert isinstance(shown, alt.JupyterChart)
     e.controls["prompt"].value = 2  # a picked prompt: the detail view follows it
     assert asked[-1] == {"layer": 1, "head": 0, "prompt": 2, "text": PROMPTS[2]}
-    text, again = e._details.children
+    text, again = e._details.box.children
     assert "at layer 1, head 0: " in text.value and again is shown  # swapped in place
 
 
@@ -490,16 +490,16 @@ def test_the_details_follow_the_selection_from_a_prompt_to_the_mean():
     e.controls["prompt"].value = 2
     e.show_cell({"layer": 1, "head": 0})
     assert e.cell == {"layer": 1, "head": 0, "prompt": 2}
-    assert "prompt 2: " in e._cell_text.value
+    assert "prompt 2: " in e._details.text.value
     e.controls["prompt"].value = "mean"
     assert e.cell == {"layer": 1, "head": 0}  # the old prompt's detail is gone
-    (bars_widget,) = e._details.children
+    (bars_widget,) = e._details.box.children
     rows = cells(bars_widget.chart.to_dict())
     assert [r["prompt"] for r in rows] == [0, 1, 2]
     assert [r["answer"] for r in rows] == ["model right", "model wrong", "model right"]
     assert [r["value"] for r in rows] == pytest.approx(SIGNED[:, 1, 0].tolist())
     e.controls["facet"].value = "prompt"  # the clicked cell is still drawn: details kept
-    assert e._details.children
+    assert e._details.box.children
 
 
 def test_binarize_offers_magnitude_or_one_sign_and_says_which():

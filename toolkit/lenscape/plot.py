@@ -24,6 +24,7 @@ Altair's renderer stays the one you chose. In Jupyter with no internet, call
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import html
@@ -273,8 +274,76 @@ def heatmap(
         ``alt.ConcatChart``) when faceted with ``independent=True``.
 
     Raises:
+        TypeError: an argument of the wrong type (``da`` not a DataArray, a list for ``x``,
+            ``True`` for ``color`` ...); the message names it.
         ValueError: if a role names something ``da`` lacks, a dim of ``da`` has no role (the
-            message says how to reduce it), or a mask or category array holds infinities.
+            message says how to reduce it), an option is out of range (an unknown colour
+            scheme, ``domain`` with low >= high ...), or a mask or category array holds
+            infinities.
+    """
+    _check_options(
+        da,
+        x=x,
+        y=y,
+        facet_row=facet_row,
+        facet_col=facet_col,
+        binary=binary,
+        center=center,
+        domain=domain,
+        labels=labels,
+        categories=categories,
+        title=title,
+        tick_labels=tick_labels,
+        flags={"tooltip": tooltip, "independent": independent, "actions": actions},
+    )
+    columns = _validate.positive_int(
+        "columns", columns, none_means=f"{FACET_COLUMNS} panels per row"
+    )
+    _check_roles(da, x=x, y=y, facet_row=facet_row, facet_col=facet_col)
+    cells = _read_cells(da, binary=binary, labels=labels, categories=categories)
+    panel = functools.partial(
+        _panel,
+        x=x,
+        y=y,
+        enc=_encodings(da, cells, color=color, center=center, domain=domain, tooltip=tooltip),
+        labels=cells.states if cells.binary else None,
+        ticks={**{d: c for d, c in TOKEN_COORDS.items() if c in da.coords}, **(tick_labels or {})},
+        has_inf=cells.has_inf,
+        legend=cells.label,
+    )
+    chart = _arrange(
+        da,
+        panel,
+        facet_row=facet_row,
+        facet_col=facet_col,
+        columns=columns or FACET_COLUMNS,
+        independent=independent,
+    )
+    return _framed(chart, da, cells, title=title, actions=actions)
+
+
+def _check_options(
+    da: Any,
+    *,
+    x: Any,
+    y: Any,
+    facet_row: Any,
+    facet_col: Any,
+    binary: Any,
+    center: Any,
+    domain: Any,
+    labels: Any,
+    categories: Any,
+    title: Any,
+    tick_labels: Any,
+    flags: dict[str, Any],
+) -> None:
+    """``heatmap``'s first step: every argument of the right type and range (``color``
+    and ``columns`` are checked where they are used).
+
+    Raises:
+        TypeError: an argument of the wrong type (the message names it).
+        ValueError: an argument out of range.
     """
     if not isinstance(da, xr.DataArray):
         raise TypeError(
@@ -286,34 +355,36 @@ def heatmap(
     _text("facet_row", facet_row, example="'model'", optional=True)
     _text("facet_col", facet_col, example="'model'", optional=True)
     _text("title", title, example="'Head attribution'", optional=True)
-    columns = _validate.positive_int(
-        "columns", columns, none_means=f"{FACET_COLUMNS} panels per row"
-    )
     if binary is not None:
         _validate.flag("binary", binary)
     if center is not None:
         _validate.number("center", center)
     _check_domain(domain)
-    # legend names of the codes 0, 1 (, 2 ... for categories)
-    states = tuple(_validate.strings("labels", labels, example="('skipped', 'kept')"))
-    if len(states) != 2:
+    if len(_validate.strings("labels", labels, example="('skipped', 'kept')")) != 2:
         raise ValueError(f"labels must name the 2 states (off, on), got {labels!r}.")
     if categories is not None:
-        categories = _validate.strings("categories", categories, example="lsc.aggregate.ROLES")
+        _validate.strings("categories", categories, example="lsc.aggregate.ROLES")
     _check_tick_labels(da, tick_labels)
-    _validate.flag("tooltip", tooltip)
-    _validate.flag("independent", independent)
-    _validate.flag("actions", actions)
-    facets = {"row": facet_row, "column": facet_col}
+    for name, value in flags.items():
+        _validate.flag(name, value)
+
+
+def _check_roles(
+    da: xr.DataArray, *, x: str, y: str, facet_row: str | None, facet_col: str | None
+) -> None:
+    """``heatmap``'s second step: the roles name distinct dims (or label coords) of ``da``,
+    every dim has one, and the grid is small enough to draw.
+
+    Raises:
+        ValueError: a role shared or missing from ``da``, a dim without a role (the
+            message says how to reduce it), or more than ``MAX_CELLS`` cells.
+    """
     roles = [r for r in (x, y, facet_row, facet_col) if r is not None]
     if len(set(roles)) < len(roles):
         raise ValueError(f"x, y, facet_row and facet_col must differ, got {roles}.")
-    for role, name in facets.items():
+    for role, name in (("facet_row", facet_row), ("facet_col", facet_col)):
         if name is not None and name not in da.dims:
-            raise ValueError(
-                f"facet_{'col' if role == 'column' else role}={name!r} is not a dim; "
-                f"da has dims {tuple(da.dims)}."
-            )
+            raise ValueError(f"{role}={name!r} is not a dim; da has dims {tuple(da.dims)}.")
     x_dim, y_dim = _axis_dim(da, x, "x"), _axis_dim(da, y, "y")
     extra = [d for d in da.dims if d not in {x_dim, y_dim, facet_row, facet_col}]
     if extra:
@@ -331,15 +402,51 @@ def heatmap(
             f"select or reduce some of {tuple(da.dims)} first."
         )
 
+
+@dataclasses.dataclass(frozen=True)
+class _Cells:
+    """What the drawn cells hold, read once: it picks the colour scale, the legend and the
+    subtitle.
+
+    Attributes:
+        binary: drawn as named states (a mask, or categories), not on a colour ramp.
+        states: legend names of the codes 0, 1 (, 2 ... for categories).
+        finite: the finite values of the drawn cells (the scale's default ends).
+        has_nan: a drawn cell is NaN (not computed).
+        has_inf: a drawn cell is +inf or -inf.
+        label: what a cell holds, from the attrs (legend and tooltip).
+    """
+
+    binary: bool
+    states: tuple[str, ...]
+    finite: np.ndarray
+    has_nan: bool
+    has_inf: bool
+    label: str
+
+
+def _read_cells(
+    da: xr.DataArray,
+    *,
+    binary: bool | None,
+    labels: Sequence[str],
+    categories: Sequence[str] | None,
+) -> _Cells:
+    """``heatmap``'s third step: read the values once (only the drawn cells, see ``_inside``)
+    and decide between states and a colour ramp (``binary=None`` follows ``is_mask``).
+
+    Raises:
+        ValueError: category codes outside ``categories``, or infinities in a mask.
+    """
     values = da.values
     is_float = values.dtype.kind == "f"
     infinite = np.isinf(values) if is_float else np.zeros(values.shape, bool)
+    states = tuple(labels)
     if categories is not None:
         binary, states = True, tuple(categories)
         _check_codes(values, states)
     elif binary is None:
         binary = is_mask(da)
-    _check_color(color, n_states=len(states) if binary else None)
     if binary and infinite.any():
         raise ValueError(
             f"{int(infinite.sum())} cells are +-inf, which a mask or category "
@@ -347,57 +454,70 @@ def heatmap(
             "to draw them as not computed."
         )
     inside = _inside(da)
-    finite = values[np.isfinite(values) & inside] if is_float else values[inside]
-    has_nan = bool((np.isnan(values) & inside).any()) if is_float else False
-    has_inf = bool((infinite & inside).any())
-    full = label_from_attrs(da, "state" if binary else _VALUE)
-    legend = legend_title(full)
+    return _Cells(
+        binary=bool(binary),
+        states=states,
+        finite=values[np.isfinite(values) & inside] if is_float else values[inside],
+        has_nan=bool((np.isnan(values) & inside).any()) if is_float else False,
+        has_inf=bool((infinite & inside).any()),
+        label=label_from_attrs(da, "state" if binary else _VALUE),
+    )
+
+
+def _encodings(
+    da: xr.DataArray,
+    cells: _Cells,
+    *,
+    color: Any,
+    center: float | None,
+    domain: tuple[float, float] | None,
+    tooltip: bool,
+) -> dict[str, Any]:
+    """``heatmap``'s colour (and tooltip) encodings, shared by every panel so they compare.
+
+    Raises:
+        TypeError, ValueError: a bad ``color`` (see ``_check_color``).
+    """
+    _check_color(color, n_states=len(cells.states) if cells.binary else None)
     enc: dict[str, Any] = {
         "color": _color(
-            finite,
-            binary=binary,
-            has_nan=has_nan,
+            cells.finite,
+            binary=cells.binary,
+            has_nan=cells.has_nan,
             center=center,
             ends=domain,
             color=color,
-            labels=states,
-            title=legend,
+            labels=cells.states,
+            title=legend_title(cells.label),
         )
     }
     if tooltip:
-        enc["tooltip"] = _tooltip(da, binary, full)
-    ticks = {**{d: c for d, c in TOKEN_COORDS.items() if c in da.coords}, **(tick_labels or {})}
-    panel: dict[str, Any] = {  # keyword arguments of _panel
-        "x": x,
-        "y": y,
-        "enc": enc,
-        "labels": states if binary else None,
-        "ticks": ticks,
-        "has_inf": has_inf,
-        "legend": full,
-    }
-    chart: ChartType
+        enc["tooltip"] = _tooltip(da, cells.binary, cells.label)
+    return enc
+
+
+def _arrange(
+    da: xr.DataArray,
+    panel: Callable[[xr.DataArray], alt.Chart | alt.LayerChart],
+    *,
+    facet_row: str | None,
+    facet_col: str | None,
+    columns: int,
+    independent: bool,
+) -> ChartType:
+    """``heatmap``'s panels: one, a Vega-Lite facet (shared scales), or, with
+    ``independent``, a grid of separate panels each with its own axes.
+
+    Args:
+        panel: draws one grid of cells from (a part of) ``da``.
+        columns: panels per row when only ``facet_col`` is given.
+    """
     if not (facet_row or facet_col):
-        chart = _panel(da, **panel)
-    elif independent:  # one chart per facet: Vega-Lite's faceted independent scales break sorting
-
-        def part(at: dict[str, Any]) -> alt.Chart | alt.LayerChart:
-            heading = " · ".join(_facet_label(da, k, v) for k, v in at.items())
-            return _panel(da.sel(at), **panel).properties(title=heading)
-
-        if facet_row:
-            chart = alt.vconcat(
-                *[
-                    alt.hconcat(*[part({**r, **c}) for c in _cells(da, facet_col)])
-                    for r in _cells(da, facet_row)
-                ]
-            )
-        else:
-            chart = alt.concat(
-                *[part(c) for c in _cells(da, facet_col)], columns=columns or FACET_COLUMNS
-            )
-    elif facet_row and facet_col:
-        chart = _panel(da, **panel).facet(
+        return panel(da)
+    if independent:  # one chart per facet: Vega-Lite's faceted independent scales break sorting
+        return _panel_grid(da, panel, facet_row=facet_row, facet_col=facet_col, columns=columns)
+    if facet_row and facet_col:
+        return panel(da).facet(
             row=alt.Row(
                 f"{facet_row}:{_kind(da, facet_row)}",
                 sort=_order(da, facet_row),
@@ -409,20 +529,55 @@ def heatmap(
                 header=_header(da, facet_col),
             ),
         )
-    else:
-        name = facet_row or facet_col
-        assert name  # the first branch took the case of neither facet
-        chart = _panel(da, **panel).facet(
-            facet=alt.Facet(
-                f"{name}:{_kind(da, name)}", sort=_order(da, name), header=_header(da, name)
-            ),
-            columns=1 if facet_row else columns or FACET_COLUMNS,
+    name = facet_row or facet_col
+    assert name  # the first branch took the case of neither facet
+    return panel(da).facet(
+        facet=alt.Facet(
+            f"{name}:{_kind(da, name)}", sort=_order(da, name), header=_header(da, name)
+        ),
+        columns=1 if facet_row else columns,
+    )
+
+
+def _panel_grid(
+    da: xr.DataArray,
+    panel: Callable[[xr.DataArray], alt.Chart | alt.LayerChart],
+    *,
+    facet_row: str | None,
+    facet_col: str | None,
+    columns: int,
+) -> ChartType:
+    """Separate panels, one per facet value, each titled by its value ("model a · cluster
+    2"): rows of ``facet_row`` values, or ``facet_col`` values wrapped into ``columns``."""
+
+    def part(at: dict[str, Any]) -> alt.Chart | alt.LayerChart:
+        heading = " · ".join(_facet_label(da, k, v) for k, v in at.items())
+        return panel(da.sel(at)).properties(title=heading)
+
+    if facet_row:
+        return alt.vconcat(
+            *[
+                alt.hconcat(*[part({**r, **c}) for c in _facet_selections(da, facet_col)])
+                for r in _facet_selections(da, facet_row)
+            ]
         )
+    return alt.concat(*[part(c) for c in _facet_selections(da, facet_col)], columns=columns)
+
+
+def _framed(
+    chart: ChartType, da: xr.DataArray, cells: _Cells, *, title: str | None, actions: bool
+) -> ChartType:
+    """``heatmap``'s last step: the title and subtitle (what the colour shows when the
+    title does not say it, provenance, grey and dark cells), the actions menu, grey NaN
+    and no frame."""
     heading = title or name_from_attrs(da, "")
-    described = heading.startswith(da.attrs.get("long_name") or full)
+    described = heading.startswith(da.attrs.get("long_name") or cells.label)
     subtitle = _subtitle(
-        da, has_nan=has_nan, has_inf=has_inf, colour=None if described else full
-    )  # the title may not say it
+        da,
+        has_nan=cells.has_nan,
+        has_inf=cells.has_inf,
+        colour=None if described else cells.label,
+    )
     if heading or subtitle:
         chart = chart.properties(
             title=alt.TitleParams(
@@ -647,7 +802,7 @@ def _facet_label(da: xr.DataArray, dim: Hashable, value: Any) -> str:
     return f"{dim} {value}" if _kind(da, str(dim)) == "O" else str(value)
 
 
-def _cells(da: xr.DataArray, dim: str | None) -> list[dict[str, Any]]:
+def _facet_selections(da: xr.DataArray, dim: str | None) -> list[dict[str, Any]]:
     """Selections ``{dim: value}`` for each coordinate of a facet dim (``[{}]`` when None)."""
     return [{dim: v} for v in da[dim].values.tolist()] if dim else [{}]
 
@@ -1064,75 +1219,11 @@ def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt
     )
     width = _validate.positive_int("width", width)
     height = _validate.positive_int("height", height)
-    names = {"head": "heads", "attn": "attention blocks", "mlp": "MLP blocks"}
     units = report["exact_heads"].attrs.get("units", "")
-    panels = []
-    for ctype in report["component_type"].values.tolist():
-        if ctype == "head":
-            exact, estimate = report["exact_heads"], report["estimate_heads"]
-        else:
-            exact = report["exact_blocks"].sel(component=ctype)
-            estimate = report["estimate_blocks"].sel(component=ctype)
-        exact, estimate = exact.mean("prompt"), estimate.mean("prompt")
-        rows, not_computed = [], 0
-        for label in report["estimator"].values.tolist():
-            est = estimate.sel(estimator=label)
-            for index in np.ndindex(exact.shape):
-                if not (np.isfinite(exact.values[index]) and np.isfinite(est.values[index])):
-                    not_computed += 1  # no place on the axes: counted in the subtitle
-                    continue
-                cell = {
-                    dim: int(exact[dim].values[i]) for dim, i in zip(exact.dims, index, strict=True)
-                }
-                rows.append(
-                    {
-                        **cell,
-                        "estimator": label,
-                        "exact": float(exact.values[index]),
-                        "estimate": float(est.values[index]),
-                    }
-                )
-        values = [row[key] for row in rows for key in ("exact", "estimate")]
-        low, high = (min(values), max(values)) if values else (0.0, 1.0)
-        r_means = report["pearson_means"].sel(component_type=ctype)
-        r_text = "r over prompt means: " + ", ".join(
-            f"{float(r):.2f} ({label})" if np.isfinite(r) else f"undefined ({label})"
-            for label, r in zip(r_means["estimator"].values.tolist(), r_means.values, strict=True)
-        )
-        if not_computed:
-            r_text += f"; {not_computed} cells {NAN_LABEL} (NaN), not drawn"
-        base = alt.Chart(alt.Data(values=rows))
-        diagonal = (
-            alt.Chart(
-                alt.Data(
-                    values=[{"exact": low, "estimate": low}, {"exact": high, "estimate": high}]
-                )
-            )
-            .mark_line(color="#999999", strokeDash=[4, 4])
-            .encode(x="exact:Q", y="estimate:Q")
-        )
-        tooltip = [alt.Tooltip(f"{dim}:O") for dim in exact.dims] + [
-            alt.Tooltip("estimator:N"),
-            alt.Tooltip("exact:Q", format=".3f"),
-            alt.Tooltip("estimate:Q", format=".3f"),
-        ]
-        points = base.mark_circle(size=28, opacity=0.7).encode(
-            x=alt.X(
-                "exact:Q",
-                title=f"exact patching effect ({units})",
-                scale=alt.Scale(domain=[low, high]),
-            ),
-            y=alt.Y("estimate:Q", title=f"estimate ({units})", scale=alt.Scale(domain=[low, high])),
-            color=alt.Color("estimator:N", title="estimator"),
-            tooltip=tooltip,
-        )
-        panels.append(
-            alt.layer(diagonal, points).properties(
-                width=width,
-                height=height,
-                title=alt.Title(names.get(ctype, ctype), subtitle=r_text),
-            )
-        )
+    panels = [
+        _agreement_panel(report, ctype, units=units, width=width, height=height)
+        for ctype in report["component_type"].values.tolist()
+    ]
     attrs = report.attrs
     return (
         alt.hconcat(*panels)
@@ -1146,3 +1237,95 @@ def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt
         )
         .configure_view(stroke=None)
     )
+
+
+#: Panel titles of ``agreement`` per component type.
+_COMPONENT_TYPES = {"head": "heads", "attn": "attention blocks", "mlp": "MLP blocks"}
+
+
+def _agreement_panel(
+    report: xr.Dataset, ctype: str, *, units: str, width: int, height: int
+) -> alt.LayerChart:
+    """One ``agreement`` panel: the prompt-mean effects of one component type, estimate
+    against exact, with the line y = x and each estimator's r in the subtitle."""
+    if ctype == "head":
+        exact, estimate = report["exact_heads"], report["estimate_heads"]
+    else:
+        exact = report["exact_blocks"].sel(component=ctype)
+        estimate = report["estimate_blocks"].sel(component=ctype)
+    exact, estimate = exact.mean("prompt"), estimate.mean("prompt")
+    rows, not_computed = _agreement_rows(exact, estimate)
+    values = [row[key] for row in rows for key in ("exact", "estimate")]
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    r_means = report["pearson_means"].sel(component_type=ctype)
+    r_text = "r over prompt means: " + ", ".join(
+        f"{float(r):.2f} ({label})" if np.isfinite(r) else f"undefined ({label})"
+        for label, r in zip(r_means["estimator"].values.tolist(), r_means.values, strict=True)
+    )
+    if not_computed:
+        r_text += f"; {not_computed} cells {NAN_LABEL} (NaN), not drawn"
+    diagonal = (
+        alt.Chart(
+            alt.Data(values=[{"exact": low, "estimate": low}, {"exact": high, "estimate": high}])
+        )
+        .mark_line(color="#999999", strokeDash=[4, 4])
+        .encode(x="exact:Q", y="estimate:Q")
+    )
+    tooltip = [alt.Tooltip(f"{dim}:O") for dim in exact.dims] + [
+        alt.Tooltip("estimator:N"),
+        alt.Tooltip("exact:Q", format=".3f"),
+        alt.Tooltip("estimate:Q", format=".3f"),
+    ]
+    points = (
+        alt.Chart(alt.Data(values=rows))
+        .mark_circle(size=28, opacity=0.7)
+        .encode(
+            x=alt.X(
+                "exact:Q",
+                title=f"exact patching effect ({units})",
+                scale=alt.Scale(domain=[low, high]),
+            ),
+            y=alt.Y("estimate:Q", title=f"estimate ({units})", scale=alt.Scale(domain=[low, high])),
+            color=alt.Color("estimator:N", title="estimator"),
+            tooltip=tooltip,
+        )
+    )
+    return alt.layer(diagonal, points).properties(
+        width=width,
+        height=height,
+        title=alt.Title(_COMPONENT_TYPES.get(ctype, ctype), subtitle=r_text),
+    )
+
+
+def _agreement_rows(
+    exact: xr.DataArray, estimate: xr.DataArray
+) -> tuple[list[dict[Hashable, Any]], int]:
+    """One point per cell and estimator where both values are finite.
+
+    Args:
+        exact: prompt-mean exact effects, e.g. (layer, head).
+        estimate: the same with an ``estimator`` dim first.
+
+    Returns:
+        The points (the cell's coordinates, ``estimator``, ``exact``, ``estimate``) and how
+        many (cell, estimator) pairs have no place on the axes (NaN or infinite).
+    """
+    rows, not_computed = [], 0
+    for label in estimate["estimator"].values.tolist():
+        est = estimate.sel(estimator=label)
+        for index in np.ndindex(exact.shape):
+            if not (np.isfinite(exact.values[index]) and np.isfinite(est.values[index])):
+                not_computed += 1
+                continue
+            cell = {
+                dim: int(exact[dim].values[i]) for dim, i in zip(exact.dims, index, strict=True)
+            }
+            rows.append(
+                {
+                    **cell,
+                    "estimator": label,
+                    "exact": float(exact.values[index]),
+                    "estimate": float(est.values[index]),
+                }
+            )
+    return rows, not_computed

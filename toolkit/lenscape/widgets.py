@@ -228,74 +228,146 @@ def reduce(data: Data, view: View) -> xr.DataArray:
             an unknown ``side``, or ``correct_only`` without a ``correct`` coord (each
             message names the fix).
     """
-    da = data[view.variable] if isinstance(data, xr.Dataset) else data
-    attrs = dict(da.attrs)
-    name = name_from_attrs(da)
-    mask = is_mask(da)
-    steps: list[str] = []
-    notes: list[str] = []
-    one_prompt = "prompt" in view.pick and view.pick["prompt"] not in REDUCERS
-    if view.correct_only and "prompt" in da.dims and not one_prompt:  # pooled or facets
-        da = correct_only(da)
-        steps.append(f"only the {da.attrs['correct_only']}")
-    pooled: list[tuple[Hashable, str]] = []  # (dim, REDUCERS name), reduced in this order
-    shared: list[tuple[Hashable, str]] = []  # (dim, "share"), averaged together last
-    for dim, how in view.pick.items():
-        if dim not in da.dims or dim == view.facet:
-            continue
-        if not (isinstance(how, str) and how in REDUCERS):
-            steps.append(
-                f"prompt {_prompt_label(da, how)}" if dim == "prompt" else f"{dim} = {how}"
-            )
-            da = da.sel({dim: how})
-            continue
-        allowed = binary.REDUCERS if mask or view.threshold is not None else SCORE_REDUCERS
+    step = _Reduction.start(data, view)
+    step.keep_correct(view)
+    pooled, shared = step.select(view)
+    step.binarize(view)
+    step.pool(pooled)
+    step.share(shared, binarized=view.threshold is not None)
+    return step.result()
+
+
+@dataclasses.dataclass
+class _Reduction:
+    """``reduce`` step by step: the array so far, and what the result will say about it.
+
+    Attributes:
+        da: the array so far.
+        attrs: the result's attrs (the input's, updated by the steps).
+        name: what a cell holds now, e.g. "attribution" or "|attribution| >= 0.5".
+        mask: whether it holds a mask (so only mask reducers apply).
+        steps: what was done, for the ``reduction`` attr ("mean over 16 prompts" ...).
+        notes: warnings for the ``note`` attr (a threshold outside the data ...).
+    """
+
+    da: xr.DataArray
+    attrs: dict[Hashable, Any]
+    name: str
+    mask: bool
+    steps: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def start(cls, data: Data, view: View) -> _Reduction:
+        """The view's variable (the DataArray itself when ``data`` is one)."""
+        da = data[view.variable] if isinstance(data, xr.Dataset) else data
+        return cls(da=da, attrs=dict(da.attrs), name=name_from_attrs(da), mask=is_mask(da))
+
+    def keep_correct(self, view: View) -> None:
+        """Keep only the prompts the model gets right, where prompts are pooled or
+        faceted (one picked prompt is shown as it is)."""
+        one_prompt = "prompt" in view.pick and view.pick["prompt"] not in REDUCERS
+        if view.correct_only and "prompt" in self.da.dims and not one_prompt:
+            self.da = correct_only(self.da)
+            self.steps.append(f"only the {self.da.attrs['correct_only']}")
+
+    def select(self, view: View) -> tuple[list[tuple[Hashable, str]], list[Hashable]]:
+        """Select the picked coordinates, and sort the reduced dims into the reductions
+        done one by one (mean, max, min, any, all) and the dims shared together last.
+
+        Returns:
+            ``(pooled, shared)``: (dim, reducer name) pairs in ``view.pick`` order, and
+            the dims whose share is taken.
+
+        Raises:
+            ValueError: a mask reducer on scores or a score reducer on a mask.
+        """
+        pooled: list[tuple[Hashable, str]] = []
+        shared: list[Hashable] = []
+        for dim, how in view.pick.items():
+            if dim not in self.da.dims or dim == view.facet:
+                continue
+            if not (isinstance(how, str) and how in REDUCERS):
+                self.steps.append(
+                    f"prompt {_prompt_label(self.da, how)}" if dim == "prompt" else f"{dim} = {how}"
+                )
+                self.da = self.da.sel({dim: how})
+                continue
+            self._check_reducer(dim, how, binarized=view.threshold is not None)
+            if how == "share":
+                shared.append(dim)
+            else:
+                pooled.append((dim, how))
+        return pooled, shared
+
+    def _check_reducer(self, dim: Hashable, how: str, *, binarized: bool) -> None:
+        allowed = binary.REDUCERS if self.mask or binarized else SCORE_REDUCERS
         if how not in allowed:
             fix = (
                 "turn on binarize to make a mask first"
-                if view.threshold is None and not mask
+                if not (binarized or self.mask)
                 else "a mask reduces with share (its mean), any or all"
             )
             raise ValueError(
-                f"{how!r} over {dim} does not apply to {name!r}; {fix}, or pick "
+                f"{how!r} over {dim} does not apply to {self.name!r}; {fix}, or pick "
                 f"one of {list(allowed)}."
             )
-        (shared if how == "share" else pooled).append((dim, how))
-    if view.threshold is not None:
-        if mask:
-            raise ValueError(f"{name!r} is already a mask; turn binarize off to show it.")
-        note = threshold_note(da, view.threshold, check_side(view.side))
+
+    def binarize(self, view: View) -> None:
+        """Binarize by the view's rule (after selecting, so the note and the share that
+        passes are about the slice drawn, and before any/all).
+
+        Raises:
+            ValueError: binarizing a mask, or an unknown ``side``.
+        """
+        if view.threshold is None:
+            return
+        if self.mask:
+            raise ValueError(f"{self.name!r} is already a mask; turn binarize off to show it.")
+        note = threshold_note(self.da, view.threshold, check_side(view.side))
         if note:
-            notes.append(note)
-        da = binary.binarize(da, view.threshold, view.side)
-        passed = float(binary.share(da, list(da.dims)))
-        steps.insert(0, f"{passed:.0%} of values pass" if passed == passed else "none computed")
-        name = da.attrs["long_name"]
-        attrs.update(long_name=name, units=binary.MASK_UNITS)
-        mask = True
-    for dim, how in pooled:
-        steps.append(f"{how} over {da.sizes[dim]} {dim}s")
-        da = REDUCERS[how](da, dim)
-    if shared:
-        dims = [dim for dim, _ in shared]
-        over = " and ".join(f"{da.sizes[d]} {d}s" for d in dims)
-        da = binary.share(da, dims)
-        attrs.update(
-            long_name=f"share of {over} with {name}"
-            if view.threshold is not None
-            else f"share of {over} where {name}",
+            self.notes.append(note)
+        self.da = binary.binarize(self.da, view.threshold, view.side)
+        passed = float(binary.share(self.da, list(self.da.dims)))
+        self.steps.insert(
+            0, f"{passed:.0%} of values pass" if passed == passed else "none computed"
+        )
+        self.name = self.da.attrs["long_name"]
+        self.attrs.update(long_name=self.name, units=binary.MASK_UNITS)
+        self.mask = True
+
+    def pool(self, pooled: list[tuple[Hashable, str]]) -> None:
+        """Reduce each (dim, reducer) in turn."""
+        for dim, how in pooled:
+            self.steps.append(f"{how} over {self.da.sizes[dim]} {dim}s")
+            self.da = REDUCERS[how](self.da, dim)
+
+    def share(self, dims: list[Hashable], *, binarized: bool) -> None:
+        """Take the share over ``dims`` together, last: a mask stops being a mask here."""
+        if not dims:
+            return
+        over = " and ".join(f"{self.da.sizes[d]} {d}s" for d in dims)
+        self.da = binary.share(self.da, dims)
+        self.attrs.update(
+            long_name=f"share of {over} with {self.name}"
+            if binarized
+            else f"share of {over} where {self.name}",
             units=binary.share_units(dims),
         )
-    uniform = _uniform_note(da)
-    if uniform and not notes:
-        notes.append(uniform)
-    if steps:
-        attrs["reduction"] = ", ".join(steps)
-    if notes:
-        attrs["note"] = "; ".join([*filter(None, [attrs.get("note")]), *notes])
-    out = da.copy(deep=False)
-    out.attrs = attrs
-    return out
+
+    def result(self) -> xr.DataArray:
+        """The array with its attrs: the steps as ``reduction``, the notes (or, without
+        one, a note that the map is one colour) added to any ``note`` it had."""
+        uniform = _uniform_note(self.da)
+        notes = self.notes or ([uniform] if uniform else [])
+        attrs = dict(self.attrs)
+        if self.steps:
+            attrs["reduction"] = ", ".join(self.steps)
+        if notes:
+            attrs["note"] = "; ".join([*filter(None, [attrs.get("note")]), *notes])
+        out = self.da.copy(deep=False)
+        out.attrs = attrs
+        return out
 
 
 def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, ChartType]:
@@ -344,6 +416,13 @@ def _label(data: Data, dim: Hashable, value: Any) -> str:
     return _prompt_label(data, value) if dim == "prompt" else str(value)
 
 
+def _variable(data: Data, name: Hashable | None) -> xr.DataArray:
+    """The Dataset variable ``name`` (the first when None); a DataArray is returned as is."""
+    if isinstance(data, xr.DataArray):
+        return data
+    return data[name if name is not None else next(iter(data.data_vars))]
+
+
 def _check_sizes(data: Data) -> None:
     """Raise when a dim of ``data`` has no coordinates: nothing could be drawn or picked."""
     empty = [str(d) for d, n in data.sizes.items() if n == 0]
@@ -353,6 +432,247 @@ def _check_sizes(data: Data) -> None:
             "needs at least one coordinate per dim: check the selection or the prompts "
             "that produced it."
         )
+
+
+def _check_explorer(
+    data: Any,
+    *,
+    x: Any,
+    y: Any,
+    facet: Any,
+    variable: Any,
+    threshold: Any,
+    side: Any,
+    correct_only: Any,
+) -> list[Hashable]:
+    """Check an ``Explorer``'s arguments (each message names the argument and the fix).
+
+    Returns:
+        The dims that are not on an axis (each gets a control).
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: see ``Explorer``.
+    """
+    _validate.result("data", data, kind=(xr.DataArray, xr.Dataset), made_by="a lenscape method")
+    _check_sizes(data)
+    _text("x", x, example="'head'")
+    _text("y", y, example="'layer'")
+    _text("facet", facet, example="'model'", optional=True)
+    if side is not None:
+        check_side(side)
+    if threshold is not None:
+        _validate.number("threshold", threshold)
+    if variable is not None and (
+        not isinstance(data, xr.Dataset)
+        or not isinstance(variable, Hashable)
+        or variable not in data.data_vars
+    ):
+        choices = list(data.data_vars) if isinstance(data, xr.Dataset) else []
+        raise ValueError(
+            f"variable={variable!r} is not a variable of the data; "
+            + (f"pick one of {choices}." if choices else "a DataArray takes no variable=.")
+        )
+    if _validate.flag("correct_only", correct_only) and "correct" not in data.coords:
+        raise ValueError(
+            "correct_only=True needs a 'correct' coord on prompt (capture results carry "
+            "one); this data has none, so draw all prompts (correct_only=False)."
+        )
+    dims = _dims(data)
+    for role, name in (("x", x), ("y", y)):
+        if name not in dims and name not in data.coords:
+            raise ValueError(
+                f"Explorer({role}={name!r}) but the data has dims {tuple(dims)};"
+                f" pass {role}= one of them."
+            )
+    axis_dims = {n if n in dims else data[n].dims[-1] for n in (x, y)}
+    others = [d for d in dims if d not in axis_dims]
+    if facet is not None and facet not in others:
+        raise ValueError(f"facet={facet!r} must be one of the other dims {others}.")
+    return others
+
+
+#: Keyword arguments that give a control's description the room it needs.
+_WIDE = {"style": {"description_width": "initial"}}
+
+
+def _pick_controls(
+    data: Data, others: list[Hashable], *, variable: Hashable | None, facet: str | None
+) -> dict[str, widgets.Widget]:
+    """What is drawn: the variable (for a Dataset), a dropdown per other dim (its options
+    are set by ``Explorer._set_dim_options``) and the facet."""
+    controls: dict[str, widgets.Widget] = {}
+    if isinstance(data, xr.Dataset):
+        names = list(data.data_vars)
+        controls["variable"] = widgets.Dropdown(
+            options=names, value=variable or names[0], description="variable", **_WIDE
+        )
+    for dim in others:
+        controls[str(dim)] = widgets.Dropdown(
+            description=str(dim),
+            **_WIDE,
+            layout={"width": "460px" if dim == "prompt" else "auto"},
+        )
+    controls["facet"] = widgets.Dropdown(
+        options=["none"] + [str(d) for d in others],
+        value=facet or "none",
+        description="facet",
+        **_WIDE,
+    )
+    return controls
+
+
+def _binarize_controls(
+    current: xr.DataArray, *, threshold: float | None, side: str | None
+) -> dict[str, widgets.Widget]:
+    """The binarize checkbox, its rule and its threshold; without a threshold the box
+    starts at ``default_threshold`` of the variable shown first."""
+    start_side, start = default_threshold(current)
+    return {
+        "binarize": widgets.Checkbox(
+            value=threshold is not None,
+            description="binarize at",
+            indent=False,
+            layout={"width": "auto"},
+        ),
+        "side": widgets.Dropdown(
+            options=[(label, key) for key, label in SIDE_LABELS.items()],
+            value=side or start_side,
+            layout={"width": "110px"},
+            tooltip="binarize on |value| (either sign) or on one sign",
+        ),
+        "threshold": widgets.FloatText(
+            value=start if threshold is None else threshold,
+            layout={"width": "90px"},
+            tooltip=f"starts at the {DEFAULT_QUANTILE:.0%} quantile of |value|",
+        ),
+    }
+
+
+def _switches(data: Data, *, correct_only: bool) -> dict[str, widgets.Widget]:
+    """Only the prompts the model gets right (with a ``correct`` coord), and swap axes."""
+    controls: dict[str, widgets.Widget] = {}
+    if "correct" in data.coords:
+        controls["correct"] = widgets.Checkbox(
+            value=correct_only,
+            description="only prompts the model gets right",
+            indent=False,
+            layout={"width": "auto"},
+        )
+    controls["swap"] = widgets.ToggleButton(
+        value=False,
+        description="swap axes",
+        icon="exchange",
+        tooltip="exchange the x and y axes",
+    )
+    return controls
+
+
+class _Details:
+    """The pane beside an Explorer's chart: a clicked cell's values along the sample dim
+    (one bar per prompt) and ``detail``'s view of it. Its chart widgets are made on the
+    first click and their charts swapped in place afterwards.
+
+    Attributes:
+        detail: the Explorer's ``detail`` callback, or None.
+        box: the pane's widget.
+        text: the line that shows a cell's value when there are no bars.
+    """
+
+    def __init__(self, detail: DetailFn | None) -> None:
+        self.detail = detail
+        # the details wrap under the chart when the row is full, never clipped beside it
+        self.box = widgets.VBox(layout={"min_width": "260px", "overflow": "visible"})
+        self._charts: dict[str, alt.JupyterChart] = {}
+        self.text, self._error = widgets.HTML(), widgets.HTML()
+
+    def show(
+        self,
+        da: xr.DataArray,
+        values: xr.DataArray,
+        *,
+        at: Mapping[Hashable, Any],
+        picks: Mapping[Hashable, Any],
+    ) -> None:
+        """Show a clicked cell.
+
+        Args:
+            da: the variable shown (prompts filtered as the view filters them).
+            values: its values at the cell, along the dims still pooled.
+            at: the cell's coordinates on the chart's dims.
+            picks: the coordinates picked for the other dims.
+        """
+        along = next((d for d in values.dims if d in SAMPLE_DIMS), None)
+        parts = [self._values(da, values, along, at=at, picks=picks)]
+        if self.detail is not None:
+            parts.append(self._detail(da, values, along, {**at, **picks}))
+        self.box.children = tuple(parts)
+
+    def clear(self) -> None:
+        """Empty the pane (the clicked cell is gone from the chart, or the data changed)."""
+        self.box.children = ()
+
+    def _values(
+        self,
+        da: xr.DataArray,
+        values: xr.DataArray,
+        along: Hashable | None,
+        *,
+        at: Mapping[Hashable, Any],
+        picks: Mapping[Hashable, Any],
+    ) -> widgets.Widget:
+        """The clicked cell's values: bars along the sample dim ``along`` (one bar per
+        prompt), or its (mean) value as a line of text."""
+        where = ", ".join(f"{d} {v}" for d, v in at.items())
+        picked = ", ".join(
+            f"prompt {_prompt_label(da, v)}" if d == "prompt" else f"{d} {v}"
+            for d, v in picks.items()
+        )
+        if along is not None and values.ndim == 1:
+            title = f"{where}: per {along}" + (f" ({picked})" if picked else "")
+            return self._chart("bars", bars(values, y=str(along), title=title))
+        value = np.asarray(values.mean().values).item()
+        text = html.escape(
+            f"{label_from_attrs(da)} at {where}: {value:.4g}" + (f" ({picked})" if picked else "")
+        )
+        self.text.value = f"<b>{text}</b>"
+        return self.text
+
+    def _detail(
+        self,
+        da: xr.DataArray,
+        values: xr.DataArray,
+        along: Hashable | None,
+        cell: Mapping[Hashable, Any],
+    ) -> widgets.Widget:
+        """``detail``'s view of the clicked cell (see ``DetailFn``: the first prompt while
+        prompts are pooled, with its text), or the ValueError it raised."""
+        cell = dict(cell)
+        if along == "prompt" and "prompt" not in cell:
+            cell["prompt"] = values["prompt"].values[0].item()
+        if "prompt" in cell and "text" in da.coords:
+            cell["text"] = str(da["text"].sel(prompt=cell["prompt"]).values)
+        assert self.detail is not None  # show asks for this part only with a detail
+        try:
+            shown = self.detail(cell)
+        except ValueError as err:
+            self._error.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
+            return self._error
+        if is_chart_type(shown):  # any Altair chart (the subclasses of alt.TopLevelMixin)
+            return self._chart("detail", shown)
+        return shown
+
+    def _chart(self, slot: str, chart: ChartType) -> alt.JupyterChart:
+        """The details' chart widget for ``slot`` ("bars" or "detail"): created on the first
+        click, its chart swapped in place afterwards (a new widget costs the browser far more)."""
+        widget = self._charts.get(slot)
+        if widget is None:
+            widget = self._charts[slot] = alt.JupyterChart(
+                chart, embed_options={"renderer": "svg", "actions": False}
+            )
+        else:
+            widget.chart = chart
+        return widget
 
 
 class Explorer:
@@ -407,97 +727,25 @@ class Explorer:
         detail: DetailFn | None = None,
         **options: Any,
     ) -> None:
-        _validate.result("data", data, kind=(xr.DataArray, xr.Dataset), made_by="a lenscape method")
-        _check_sizes(data)
-        _text("x", x, example="'head'")
-        _text("y", y, example="'layer'")
-        _text("facet", facet, example="'model'", optional=True)
-        if side is not None:
-            check_side(side)
-        if threshold is not None:
-            threshold = _validate.number("threshold", threshold)
-        if variable is not None and (
-            not isinstance(data, xr.Dataset)
-            or not isinstance(variable, Hashable)
-            or variable not in data.data_vars
-        ):
-            choices = list(data.data_vars) if isinstance(data, xr.Dataset) else []
-            raise ValueError(
-                f"variable={variable!r} is not a variable of the data; "
-                + (f"pick one of {choices}." if choices else "a DataArray takes no variable=.")
-            )
-        if _validate.flag("correct_only", correct_only) and "correct" not in data.coords:
-            raise ValueError(
-                "correct_only=True needs a 'correct' coord on prompt (capture results carry "
-                "one); this data has none, so draw all prompts (correct_only=False)."
-            )
-        dims = _dims(data)
-        for role, name in (("x", x), ("y", y)):
-            if name not in dims and name not in data.coords:
-                raise ValueError(
-                    f"Explorer({role}={name!r}) but the data has dims {tuple(dims)};"
-                    f" pass {role}= one of them."
-                )
-        self.data, self.x, self.y, self.options, self.detail = data, x, y, options, detail
-        axis_dims = {n if n in dims else data[n].dims[-1] for n in (x, y)}
-        self._others = [d for d in dims if d not in axis_dims]
-        if facet is not None and facet not in self._others:
-            raise ValueError(f"facet={facet!r} must be one of the other dims {self._others}.")
+        self._others = _check_explorer(
+            data,
+            x=x,
+            y=y,
+            facet=facet,
+            variable=variable,
+            threshold=threshold,
+            side=side,
+            correct_only=correct_only,
+        )
+        self.data, self.x, self.y, self.options = data, x, y, options
         self.cell: dict[Hashable, Any] | None = None
         self._clicked: dict[Hashable, Any] | None = None  # the axis coordinates clicked
         self._busy = True  # no redraws while the controls are built
-
-        self.controls: dict[str, widgets.Widget] = {}
-        c = self.controls
-        wide = {"style": {"description_width": "initial"}}
-        if isinstance(data, xr.Dataset):
-            names = list(data.data_vars)
-            c["variable"] = widgets.Dropdown(
-                options=names, value=variable or names[0], description="variable", **wide
-            )
-        for dim in self._others:
-            c[str(dim)] = widgets.Dropdown(
-                description=str(dim),
-                **wide,
-                layout={"width": "460px" if dim == "prompt" else "auto"},
-            )
-        c["facet"] = widgets.Dropdown(
-            options=["none"] + [str(d) for d in self._others],
-            value=facet or "none",
-            description="facet",
-            **wide,
-        )
-        start_side, start = default_threshold(self._current())
-        c["binarize"] = widgets.Checkbox(
-            value=threshold is not None,
-            description="binarize at",
-            indent=False,
-            layout={"width": "auto"},
-        )
-        c["side"] = widgets.Dropdown(
-            options=[(label, key) for key, label in SIDE_LABELS.items()],
-            value=side or start_side,
-            layout={"width": "110px"},
-            tooltip="binarize on |value| (either sign) or on one sign",
-        )
-        c["threshold"] = widgets.FloatText(
-            value=start if threshold is None else threshold,
-            layout={"width": "90px"},
-            tooltip=f"starts at the {DEFAULT_QUANTILE:.0%} quantile of |value|",
-        )
-        if "correct" in data.coords:
-            c["correct"] = widgets.Checkbox(
-                value=correct_only,
-                description="only prompts the model gets right",
-                indent=False,
-                layout={"width": "auto"},
-            )
-        c["swap"] = widgets.ToggleButton(
-            value=False,
-            description="swap axes",
-            icon="exchange",
-            tooltip="exchange the x and y axes",
-        )
+        self.controls: dict[str, widgets.Widget] = {
+            **_pick_controls(data, self._others, variable=variable, facet=facet),
+            **_binarize_controls(_variable(data, variable), threshold=threshold, side=side),
+            **_switches(data, correct_only=correct_only),
+        }
         self._data_range = widgets.HTML()
         self._set_dim_options(first=True)
 
@@ -507,31 +755,33 @@ class Explorer:
         self.array, chart = render(data, self.view, **options)
         self._note(self.array)
         self._chart = alt.JupyterChart(chart, embed_options={"renderer": "svg", "actions": False})
-        # the details wrap under the chart when the row is full, never clipped beside it
-        self._details = widgets.VBox(layout={"min_width": "260px", "overflow": "visible"})
-        self._detail_charts: dict[str, alt.JupyterChart] = {}
-        self._cell_text, self._cell_error = widgets.HTML(), widgets.HTML()
-        dim_row = [c[str(d)] for d in self._others]
+        self._details = _Details(detail)
+        self.widget = self._layout()
+        self._sync()
+        self._watch_selection()
+        self._busy = False
+        for control in self.controls.values():
+            control.observe(self._on_change, names="value")
+
+    def _layout(self) -> widgets.VBox:
+        """The page: the variable, facet, swap, correct and binarize controls in one row,
+        the dim dropdowns in the next, the message, then the chart with the details."""
+        c = self.controls
         top = [c[k] for k in ("variable", "facet", "swap", "correct") if k in c]
-        self.widget = widgets.VBox(
+        return widgets.VBox(
             [
                 widgets.HBox(
                     [*top, c["binarize"], c["side"], c["threshold"], self._data_range],
                     layout={"flex_flow": "row wrap", "align_items": "center"},
                 ),
-                widgets.HBox(dim_row, layout={"flex_flow": "row wrap"}),
+                widgets.HBox([c[str(d)] for d in self._others], layout={"flex_flow": "row wrap"}),
                 self._message,
                 widgets.HBox(
-                    [self._chart, self._details],
+                    [self._chart, self._details.box],
                     layout={"align_items": "flex-start", "flex_flow": "row wrap"},
                 ),
             ]
         )
-        self._sync()
-        self._watch_selection()
-        self._busy = False
-        for control in c.values():
-            control.observe(self._on_change, names="value")
 
     @property
     def chart(self) -> ChartType:
@@ -541,10 +791,9 @@ class Explorer:
         return chart
 
     def _current(self) -> xr.DataArray:
-        if isinstance(self.data, xr.DataArray):
-            return self.data
-        var = self.controls["variable"].value if "variable" in self.controls else None
-        return self.data[var or next(iter(self.data.data_vars))]
+        """The array the variable control picks (the data itself for a DataArray)."""
+        control = self.controls.get("variable")
+        return _variable(self.data, None if control is None else control.value)
 
     def _masked(self) -> bool:
         """Whether the shown values are a mask (the variable is one, or binarize is on)."""
@@ -645,7 +894,7 @@ class Explorer:
             self.show_cell(self._clicked)
         else:
             self.cell = self._clicked = None
-            self._details.children = ()
+            self._details.clear()
 
     def _note(self, array: xr.DataArray) -> None:
         """Show the array's ``note`` (a threshold outside the data) above the chart, or clear."""
@@ -666,7 +915,7 @@ class Explorer:
         finally:
             self._busy = False
         self.cell = self._clicked = None
-        self._details.children = ()
+        self._details.clear()
         self.redraw()
 
     def _watch_selection(self) -> None:
@@ -698,54 +947,7 @@ class Explorer:
             if d in da.dims and d not in at and not (isinstance(v, str) and v in REDUCERS)
         }
         self.cell = {**at, **picks}
-        values = da.sel({**at, **picks})
-        along = next((d for d in values.dims if d in SAMPLE_DIMS), None)
-        where = ", ".join(f"{d} {v}" for d, v in at.items())
-        picked = ", ".join(
-            f"prompt {_prompt_label(da, v)}" if d == "prompt" else f"{d} {v}"
-            for d, v in picks.items()
-        )
-        parts: list[widgets.Widget] = []
-        if along is not None and values.ndim == 1:
-            title = f"{where}: per {along}" + (f" ({picked})" if picked else "")
-            parts.append(self._detail_chart("bars", bars(values, y=along, title=title)))
-        else:
-            value = np.asarray(values.mean().values).item()
-            text = html.escape(
-                f"{label_from_attrs(da)} at {where}: {value:.4g}"
-                + (f" ({picked})" if picked else "")
-            )
-            self._cell_text.value = f"<b>{text}</b>"
-            parts.append(self._cell_text)
-        if self.detail is not None:
-            cell_for_detail = dict(self.cell)
-            if along == "prompt" and "prompt" not in cell_for_detail:
-                cell_for_detail["prompt"] = values["prompt"].values[0].item()
-            if "prompt" in cell_for_detail and "text" in da.coords:
-                cell_for_detail["text"] = str(
-                    da["text"].sel(prompt=cell_for_detail["prompt"]).values
-                )
-            try:
-                shown = self.detail(cell_for_detail)
-            except ValueError as err:
-                self._cell_error.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
-                shown = self._cell_error
-            if is_chart_type(shown):  # any Altair chart (the subclasses of alt.TopLevelMixin)
-                shown = self._detail_chart("detail", shown)
-            parts.append(shown)
-        self._details.children = tuple(parts)
-
-    def _detail_chart(self, slot: str, chart: ChartType) -> alt.JupyterChart:
-        """The details' chart widget for ``slot`` ("bars" or "detail"): created on the first
-        click, its chart swapped in place afterwards (a new widget costs the browser far more)."""
-        widget = self._detail_charts.get(slot)
-        if widget is None:
-            widget = self._detail_charts[slot] = alt.JupyterChart(
-                chart, embed_options={"renderer": "svg", "actions": False}
-            )
-        else:
-            widget.chart = chart
-        return widget
+        self._details.show(da, da.sel(self.cell), at=at, picks=picks)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
