@@ -354,6 +354,27 @@ def test_bad_circuits_budgets_and_seeds_are_refused_by_name(tiny_llama):
             )
 
 
+@pytest.mark.parametrize(
+    "options, error, match",
+    [
+        ({"n_top": 0, "n_random": 0}, ValueError, "sample no edge"),
+        ({"estimators": ["eap", "eap"]}, ValueError, "estimators names one twice"),
+        ({"top_k": 0}, ValueError, "top_k must be a positive integer"),
+        ({"steps": 1.5}, TypeError, "steps must be a positive integer"),
+        ({"seed": -1}, ValueError, "seed must be an integer >= 0"),
+    ],
+)
+def test_agreement_options_are_checked_before_any_pass(tiny_llama, options, error, match):
+    passes = []
+    handle = tiny_llama.hf.register_forward_hook(lambda *args: passes.append(1))
+    try:
+        with pytest.raises(error, match=match):
+            edges.edge_agreement(tiny_llama, IOI[:2], progress=False, **options)
+    finally:
+        handle.remove()
+    assert not passes
+
+
 def test_unsupported_architecture_is_refused(tokenizer):
     gpt2 = models.tiny("gpt2", n_layers=2, seed=0, tokenizer=tokenizer)
     with pytest.raises(ValueError, match=r"lsc\.attribution_patching"):

@@ -937,14 +937,8 @@ def circuit_faithfulness(
         )
     circuits = [circuit(scores, fraction=f) for f in fractions]
     sizes = [int(c.attrs["n_edges"]) for c in circuits]
-    rng = np.random.default_rng(seed)
-    valid_edges = np.flatnonzero(graph.valid)
     variants = [graph.valid & ~c.values for c in circuits]
-    for _ in range(n_random):
-        for size in sizes:
-            kept = np.zeros(graph.valid.size, dtype=bool)
-            kept[rng.choice(valid_edges, size=size, replace=False)] = True
-            variants.append(graph.valid & ~kept.reshape(graph.valid.shape))
+    variants += _outside_random_circuits(graph, sizes, n_random, seed)
     inputs = _prepare(
         model,
         prompts,
@@ -953,18 +947,8 @@ def circuit_faithfulness(
         batch_size=batch_size,
         padding_side=padding_side,
     )
-    patched_sum = torch.zeros(len(variants), dtype=torch.float64)
-    full_sum = empty_sum = 0.0
-    for batch in tqdm(
-        inputs.batches(), total=inputs.n_batches(), disable=not progress, desc="faithfulness"
-    ):
-        patched, full, empty = _patched_metrics(inputs, batch, variants, base="clean")
-        patched_sum += patched.double().sum(1)
-        full_sum += float(full.double().sum())
-        empty_sum += float(empty.double().sum())
-    n = len(inputs.prompts)
-    m_full, m_empty = full_sum / n, empty_sum / n
-    curves = ((patched_sum / n - m_empty) / (m_full - m_empty)).numpy()
+    m_patched, m_full, m_empty = _prompt_means(inputs, variants, progress=progress)
+    curves = ((m_patched - m_empty) / (m_full - m_empty)).numpy()
     curve = curves[: len(fractions)]
     random = curves[len(fractions) :].reshape(n_random, len(fractions))
     x = np.asarray(fractions)
@@ -996,6 +980,40 @@ def circuit_faithfulness(
         coords={"budget": x, "n_edges": ("budget", np.asarray(sizes)), "seed": np.arange(n_random)},
         attrs=attrs,
     )
+
+
+def _outside_random_circuits(
+    graph: Graph, sizes: list[int], n_random: int, seed: int
+) -> list[np.ndarray]:
+    """The edges outside ``n_random`` random circuits of each size in ``sizes`` (valid edges
+    drawn from ``seed``, draw by draw), each (n_senders, n_receivers) bool."""
+    rng = np.random.default_rng(seed)
+    valid_edges = np.flatnonzero(graph.valid)
+    outside = []
+    for _ in range(n_random):
+        for size in sizes:
+            kept = np.zeros(graph.valid.size, dtype=bool)
+            kept[rng.choice(valid_edges, size=size, replace=False)] = True
+            outside.append(graph.valid & ~kept.reshape(graph.valid.shape))
+    return outside
+
+
+def _prompt_means(
+    inputs: Inputs, variants: list[np.ndarray], *, progress: bool
+) -> tuple[torch.Tensor, float, float]:
+    """Prompt-mean metrics: (variants,) of the clean run with each variant's edges reading
+    the corrupt run, then of the clean run alone (m(full)) and the corrupt run (m(empty))."""
+    patched_sum = torch.zeros(len(variants), dtype=torch.float64)
+    full_sum = empty_sum = 0.0
+    for batch in tqdm(
+        inputs.batches(), total=inputs.n_batches(), disable=not progress, desc="faithfulness"
+    ):
+        patched, full, empty = _patched_metrics(inputs, batch, variants, base="clean")
+        patched_sum += patched.double().sum(1)
+        full_sum += float(full.double().sum())
+        empty_sum += float(empty.double().sum())
+    n = len(inputs.prompts)
+    return patched_sum / n, full_sum / n, empty_sum / n
 
 
 # -------------------------------------------------------------------------------- trust
@@ -1039,12 +1057,25 @@ def edge_agreement(
         (receiver_kind,) ``n_edges`` sampled; and the maps compared: ``exact``
         (prompt, edge) and ``estimate`` (estimator, prompt, edge), with ``sender`` and
         ``receiver`` coords on ``edge``.
+
+    Raises:
+        TypeError: estimators that are not a list of strings, counts or a seed that are
+            not integers.
+        ValueError: an unknown or repeated estimator, ``steps`` or ``top_k`` below 1, a
+            negative count or seed, ``n_top=0`` with ``n_random=0`` (no edge sampled).
     """
     estimators = _validate.strings("estimators", estimators, example="('eap', 'eap-ig')")
     for name in estimators:
         _validate.choice("estimators", name, ESTIMATORS)
+    if len(set(estimators)) < len(estimators):
+        raise ValueError(f"estimators names one twice: {estimators}; name each once.")
+    steps = _validate.positive_int("steps", steps)
     n_top = _validate.integer("n_top", n_top, low=0)
     n_random = _validate.integer("n_random", n_random, low=0)
+    if n_top == 0 and n_random == 0:
+        raise ValueError("n_top=0 and n_random=0 sample no edge; sample at least one.")
+    top_k = _validate.positive_int("top_k", top_k)
+    seed = _validate.integer("seed", seed, low=0)
     options: dict[str, Any] = dict(
         metric=metric,
         batch_size=batch_size,
@@ -1064,22 +1095,7 @@ def edge_agreement(
         for name in estimators
     }
     graph = Graph.of(model)
-    valid = np.flatnonzero(graph.valid)
-    chosen: set[int] = set()
-    for result in scores.values():
-        magnitude = np.abs(np.nan_to_num(result.mean("prompt").values)).ravel()
-        chosen |= set(np.argsort(-magnitude[valid], kind="stable")[:n_top].tolist())
-    rng = np.random.default_rng(seed)
-    chosen |= set(rng.choice(len(valid), size=min(n_random, len(valid)), replace=False).tolist())
-    sample = valid[sorted(chosen)]
-    if sample.size == 0:
-        raise ValueError("n_top=0 and n_random=0 sample no edge; sample at least one.")
-    senders, receivers = np.unravel_index(sample, graph.valid.shape)
-    one_hot = []
-    for s, r in zip(senders, receivers, strict=True):
-        weights = np.zeros(graph.valid.shape)
-        weights[s, r] = 1.0
-        one_hot.append(weights)
+    senders, receivers = _sample_edges(graph, list(scores.values()), n_top, n_random, seed)
     inputs = _prepare(
         model,
         prompts,
@@ -1088,30 +1104,109 @@ def edge_agreement(
         batch_size=batch_size,
         padding_side=padding_side,
     )
+    effects = _single_edge_effects(inputs, graph, senders, receivers, progress=progress)
+    exact, estimate = _compared_maps(graph, senders, receivers, effects, scores)
+    kinds = [kind for kind in RECEIVER_KINDS if (exact["receiver_kind"] == kind).any()]
+    return xr.Dataset(
+        {
+            **_agreement_by_kind(exact, estimate, kinds, top_k=top_k),
+            "n_edges": (
+                ("receiver_kind",),
+                [int((exact["receiver_kind"] == kind).sum()) for kind in kinds],
+            ),
+            "exact": exact,
+            "estimate": estimate,
+        },
+        coords={"estimator": list(estimators), "receiver_kind": kinds},
+        attrs=_attrs(model, inputs, "edge_agreement", steps=steps, top_k=top_k, seed=seed),
+    )
+
+
+def _sample_edges(
+    graph: Graph, scores: list[xr.DataArray], n_top: int, n_random: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The edges ``edge_agreement`` patches: the ``n_top`` of each of ``scores`` (prompt,
+    sender, receiver) by |prompt-mean score| and ``n_random`` valid edges drawn from
+    ``seed``, each once, in the graph's order.
+
+    Returns:
+        (edges,) sender indices and (edges,) receiver indices.
+    """
+    valid = np.flatnonzero(graph.valid)
+    chosen: set[int] = set()
+    for result in scores:
+        magnitude = np.abs(np.nan_to_num(result.mean("prompt").values)).ravel()
+        chosen |= set(np.argsort(-magnitude[valid], kind="stable")[:n_top].tolist())
+    rng = np.random.default_rng(seed)
+    chosen |= set(rng.choice(len(valid), size=min(n_random, len(valid)), replace=False).tolist())
+    senders, receivers = np.unravel_index(valid[sorted(chosen)], graph.valid.shape)
+    return senders, receivers
+
+
+def _single_edge_effects(
+    inputs: Inputs,
+    graph: Graph,
+    senders: np.ndarray,
+    receivers: np.ndarray,
+    *,
+    progress: bool,
+) -> np.ndarray:
+    """(prompt, edge) effect of patching each edge alone, exactly: the corrupt run with that
+    receiver reading its sender from the clean run, m(patched) - m(corrupt)."""
+    one_hot = []
+    for s, r in zip(senders, receivers, strict=True):
+        weights = np.zeros(graph.valid.shape)
+        weights[s, r] = 1.0
+        one_hot.append(weights)
     effects = []
     for batch in tqdm(
         inputs.batches(), total=inputs.n_batches(), disable=not progress, desc="edge patching"
     ):
         patched, corrupt, _ = _patched_metrics(inputs, batch, one_hot, base="corrupt")
         effects.append((patched - corrupt).T)
+    return torch.cat(effects).double().numpy()
+
+
+def _compared_maps(
+    graph: Graph,
+    senders: np.ndarray,
+    receivers: np.ndarray,
+    effects: np.ndarray,
+    scores: dict[str, xr.DataArray],
+) -> tuple[xr.DataArray, xr.DataArray]:
+    """The sampled edges' exact ``effects`` (prompt, edge) and each estimator's ``scores``
+    of them (estimator, prompt, edge), with ``sender``, ``receiver`` and ``receiver_kind``
+    coords on ``edge``."""
     edge_coords = {
         "sender": ("edge", np.asarray(graph.sender_labels())[senders]),
         "receiver": ("edge", np.asarray(graph.receiver_labels())[receivers]),
         "receiver_kind": ("edge", np.asarray([graph.receivers[r][0] for r in receivers])),
     }
-    exact = xr.DataArray(
-        torch.cat(effects).double().numpy(), dims=("prompt", "edge"), coords=edge_coords
-    )
+    exact = xr.DataArray(effects, dims=("prompt", "edge"), coords=edge_coords)
     estimate = xr.concat(
         [
             xr.DataArray(result.values[:, senders, receivers], dims=("prompt", "edge"))
             for result in scores.values()
         ],
         dim="estimator",
-    ).assign_coords({**edge_coords, "estimator": list(estimators)})
-    kinds = [kind for kind in RECEIVER_KINDS if (exact["receiver_kind"] == kind).any()]
+    ).assign_coords({**edge_coords, "estimator": list(scores)})
+    return exact, estimate
+
+
+def _agreement_by_kind(
+    exact: xr.DataArray, estimate: xr.DataArray, kinds: list[str], *, top_k: int
+) -> dict[str, tuple[tuple[str, str], np.ndarray]]:
+    """``agreement`` of each estimator with the exact effects, per receiver kind.
+
+    Args:
+        exact: (prompt, edge); estimate: (estimator, prompt, edge); both with a
+            ``receiver_kind`` coord on ``edge``.
+
+    Returns:
+        Per statistic, an (estimator, receiver_kind) variable.
+    """
     stats: dict[str, list[list[float]]] = {}
-    for name in estimators:
+    for name in estimate["estimator"].values:
         rows: dict[str, list[float]] = {}
         for kind in kinds:
             where = exact["receiver_kind"] == kind
@@ -1124,19 +1219,6 @@ def edge_agreement(
                 rows.setdefault(stat, []).append(value)
         for stat, values in rows.items():
             stats.setdefault(stat, []).append(values)
-    return xr.Dataset(
-        {
-            **{
-                stat: (("estimator", "receiver_kind"), np.asarray(values))
-                for stat, values in stats.items()
-            },
-            "n_edges": (
-                ("receiver_kind",),
-                [int((exact["receiver_kind"] == kind).sum()) for kind in kinds],
-            ),
-            "exact": exact,
-            "estimate": estimate,
-        },
-        coords={"estimator": list(estimators), "receiver_kind": kinds},
-        attrs=_attrs(model, inputs, "edge_agreement", steps=steps, top_k=top_k, seed=seed),
-    )
+    return {
+        stat: (("estimator", "receiver_kind"), np.asarray(values)) for stat, values in stats.items()
+    }

@@ -41,6 +41,7 @@ from ..sweep.backend import Site, standing_edit
 from ..sweep.inputs import pad
 from ..sweep.options import DEFAULTS
 from .optim import (
+    Fit,
     Precision,
     Resume,
     check_precision,
@@ -356,11 +357,6 @@ def head_gating(
         raise ValueError("The task has no prompts; use lsc.data.task('math') or pass prompts.")
     items = _encode(model, prompts)
     val_items = items if validation is None else _encode(model, as_prompt_set(validation))
-    spec = model.spec
-    n = len(seed_list)
-    starts = torch.stack([_uniform_logits(s, (spec.n_layers, spec.n_heads)) for s in seed_list]).to(
-        model.device
-    )
     settings: dict[str, Any] = dict(
         lambda_=lambda_,
         lr=lr,
@@ -370,13 +366,62 @@ def head_gating(
         tol=tol,
         rows_per_pass=rows_per_pass,
     )
+    with _Gates(model) as gates:
+        base, signed = _fit_stages(
+            model,
+            gates,
+            items,
+            seed_list,
+            settings,
+            batch_size=batch_size,
+            precision=precision,
+            folder=folder,
+            progress=progress,
+        )
+        all_gates = torch.sigmoid(torch.cat([base.params, signed.params]))
+        ungated = torch.ones_like(base.params[:1])
+        val = _validation_loss(model, gates, torch.cat([all_gates, ungated]), val_items, batch_size)
+    attrs = model.provenance(
+        "head_gating",
+        metric="loss",
+        prompt_set=prompts.name,
+        n_prompts=len(prompts),
+        **_gating_attrs(settings, batch_size, precision, base, signed, val),
+    )
+    return _gating_result(model, seed_list, all_gates, val, base, signed, attrs)
+
+
+def _fit_stages(
+    model: LensModel,
+    gates: _Gates,
+    items: list[tuple[list[int], int]],
+    seed_list: list[int],
+    settings: dict[str, Any],
+    *,
+    batch_size: int,
+    precision: Precision,
+    folder: Path | None,
+    progress: bool,
+) -> tuple[Fit, Fit]:
+    """Stage 0 (lambda 0) from each seed's uniform start, then G+ and G- from its result.
+
+    Args:
+        settings: ``_stage``'s options (lambda_, lr, grad_clip, max_steps, window, tol,
+            rows_per_pass).
+        folder: where each stage keeps its state (``optim.Resume``, keyed by the settings
+            and a fingerprint of the items), or None.
+
+    Returns:
+        Stage 0's fit, params (seeds, layer, head), and the signed stages' fit, params
+        (2 x seeds, layer, head): G+ of every seed, then G-.
+    """
+    spec, n = model.spec, len(seed_list)
     key = dict(
         settings,
         model=model.name,
-        layout=model.spec.fingerprint,
+        layout=spec.fingerprint,
         items=digest(items),
         seeds=seed_list,
-        lambda_=lambda_,
         batch_size=batch_size,
         precision=precision,
     )
@@ -384,59 +429,63 @@ def head_gating(
     def resume(stage: str) -> tuple[Path, dict[str, Any]] | None:
         return None if folder is None else (folder / f"{stage}.pt", {**key, "stage": stage})
 
-    bar = tqdm(total=2 * max_steps, disable=not progress, desc=f"head gating ({n} seeds), stage 0")
-    with _Gates(model) as gates:
-        with fit_passes(model.hf, precision):
-            base = _stage(
-                model,
-                gates,
-                starts,
-                torch.zeros(n),
-                items,
-                _Batches(len(items), [(s, 0) for s in seed_list], batch_size),
-                bar=bar,
-                resume=resume("stage0"),
-                **settings,
-            )
-            bar.set_description(f"head gating ({n} seeds), G+ and G- stages")
-            signed_batches = _Batches(
-                len(items), [(s, 1) for s in seed_list] + [(s, 2) for s in seed_list], batch_size
-            )
-            signed = _stage(
-                model,
-                gates,
-                base.params.repeat(2, 1, 1),
-                torch.tensor([1.0] * n + [-1.0] * n),
-                items,
-                signed_batches,
-                bar=bar,
-                resume=resume("signed"),
-                **settings,
-            )
-        all_gates = torch.sigmoid(torch.cat([base.params, signed.params]))
-        val = _validation_loss(
+    starts = torch.stack([_uniform_logits(s, (spec.n_layers, spec.n_heads)) for s in seed_list])
+    bar = tqdm(
+        total=2 * settings["max_steps"],
+        disable=not progress,
+        desc=f"head gating ({n} seeds), stage 0",
+    )
+    with fit_passes(model.hf, precision):
+        base = _stage(
             model,
             gates,
-            torch.cat([all_gates, torch.ones_like(base.params[:1])]),
-            val_items,
-            batch_size,
+            starts.to(model.device),
+            torch.zeros(n),
+            items,
+            _Batches(len(items), [(s, 0) for s in seed_list], batch_size),
+            bar=bar,
+            resume=resume("stage0"),
+            **settings,
+        )
+        bar.set_description(f"head gating ({n} seeds), G+ and G- stages")
+        signed = _stage(
+            model,
+            gates,
+            base.params.repeat(2, 1, 1),
+            torch.tensor([1.0] * n + [-1.0] * n),
+            items,
+            _Batches(
+                len(items), [(s, 1) for s in seed_list] + [(s, 2) for s in seed_list], batch_size
+            ),
+            bar=bar,
+            resume=resume("signed"),
+            **settings,
         )
     bar.close()
-    g0, g_plus, g_minus = all_gates[:n], all_gates[n : 2 * n], all_gates[2 * n :]
-    attrs = model.provenance(
-        "head_gating",
-        metric="loss",
-        prompt_set=prompts.name,
-        n_prompts=len(prompts),
+    return base, signed
+
+
+def _gating_attrs(
+    settings: dict[str, Any],
+    batch_size: int,
+    precision: Precision,
+    base: Fit,
+    signed: Fit,
+    val: torch.Tensor,
+) -> dict[str, Any]:
+    """The settings and the fit's outcome, as attrs: updates per stage, convergence and the
+    ungated validation loss (the last of ``val``)."""
+    n = len(base.steps)
+    return dict(
         n_seeds=n,
-        lambda_=float(lambda_),
-        lr=float(lr),
+        lambda_=float(settings["lambda_"]),
+        lr=float(settings["lr"]),
         batch_size=batch_size,
-        grad_clip=float(grad_clip),
+        grad_clip=float(settings["grad_clip"]),
         clip=CLIP,
-        max_steps=max_steps,
-        window=window,
-        tol=float(tol),
+        max_steps=settings["max_steps"],
+        window=settings["window"],
+        tol=float(settings["tol"]),
         init="gates uniform in (0, 1)",
         precision=precision,
         steps_stage0=int(base.steps.max()),
@@ -445,6 +494,25 @@ def head_gating(
         converged=int(base.converged.all() and signed.converged.all()),
         val_loss_ungated=float(val[-1]),
     )
+
+
+def _gating_result(
+    model: LensModel,
+    seed_list: list[int],
+    all_gates: torch.Tensor,
+    val: torch.Tensor,
+    base: Fit,
+    signed: Fit,
+    attrs: dict[str, Any],
+) -> xr.Dataset:
+    """The roles, gates, validation losses and updates of every seed, as a Dataset.
+
+    Args:
+        all_gates: (3 x seeds, layer, head): stage 0, G+ and G- of every seed.
+        val: (3 x seeds + 1,) validation losses of those gate sets, then ungated.
+    """
+    n = len(seed_list)
+    g0, g_plus, g_minus = all_gates[:n], all_gates[n : 2 * n], all_gates[2 * n :]
     coords = {"seed": seed_list}
 
     def score(values, long_name, units="gate"):
@@ -453,7 +521,7 @@ def head_gating(
             dims=("seed", "layer", "head"),
             coords=coords,
             attrs={**attrs, "long_name": long_name, "units": units},
-            n_layers=spec.n_layers,
+            n_layers=model.spec.n_layers,
         )
 
     def per_seed(values, long_name, units):
@@ -562,18 +630,7 @@ def gating_check(
         defined); ``loss_random_off`` (role, draw); ``in_set`` (role, layer, head);
         ``loss_intact`` and ``all_pass`` (both roles pass) as scalars.
     """
-    _validate.result(
-        "gating",
-        gating,
-        kind=xr.Dataset,
-        made_by="lsc.head_gating",
-        model_name=model.name,
-        layout=model.spec.fingerprint,
-        variables=tuple(ROLES.values()),
-        dims=("layer", "head"),
-    )
-    for score in ROLES.values():
-        _validate.values(f"gating[{score!r}]", gating[score], low=0, high=1, fix="refit it")
+    _check_gating(model, gating)
     _validate.not_empty("validation", as_prompt_set(validation), fix="pass held-out prompts")
     n_random = _validate.positive_int("n_random", n_random)
     threshold = _validate.number("threshold", threshold, low=0, high=1)
@@ -589,6 +646,57 @@ def gating_check(
         )
     if k is not None and not 1 <= k < n_cells:
         raise ValueError(f"k must lie in [1, {n_cells - 1}] (heads of {model.name}), got {k}.")
+    sets = {
+        role: _role_cells(gating, score, threshold)
+        if k is None
+        else _top_cells(gating[score].mean("seed").values, k)
+        for role, score in ROLES.items()
+    }
+    reasons = {role: _undefined(role, cells, n_cells, threshold) for role, cells in sets.items()}
+    rows = _switched_off(sets, reasons, n_cells, n_random, np.random.default_rng(seed))
+    gates = torch.as_tensor(rows, dtype=torch.float32).view(-1, spec.n_layers, spec.n_heads)
+    losses = torch.cat(
+        [
+            task_loss(model, validation, part, batch_size=batch_size)
+            for part in gates.split(SETS_PER_PASS)
+        ]
+    ).numpy()
+    table, random_off = _compare(losses, reasons, n_random)
+    attrs = {
+        "method": "gating_check",
+        "model": model.name,
+        "sets": "role sets (score >= threshold in every seed)" if k is None else f"top {k}",
+        "threshold": threshold,
+        "n_random": n_random,
+        "seed": seed,
+        "n_seeds": gating["facilitation"].sizes.get("seed", 1),
+        "n_validation": len(as_prompt_set(validation)),
+        "prompt_set": gating.attrs.get("prompt_set", ""),
+        "units": "nats",
+        "criterion": (
+            "facilitating off > random p95; interfering off < random p5 and <= intact; "
+            "random sets have the role set's size and are drawn from the other heads"
+        ),
+    }
+    return _check_result(model, sets, reasons, table, random_off, float(losses[0]), attrs)
+
+
+def _check_gating(model: LensModel, gating: Any) -> None:
+    """Refuse what is not a ``head_gating`` result of ``model``: its kind, variables and
+    layout (``_validate.result``), scores outside [0, 1], another (layer, head) grid."""
+    _validate.result(
+        "gating",
+        gating,
+        kind=xr.Dataset,
+        made_by="lsc.head_gating",
+        model_name=model.name,
+        layout=model.spec.fingerprint,
+        variables=tuple(ROLES.values()),
+        dims=("layer", "head"),
+    )
+    for score in ROLES.values():
+        _validate.values(f"gating[{score!r}]", gating[score], low=0, high=1, fix="refit it")
+    spec = model.spec
     sizes = {dim: gating["facilitation"].sizes.get(dim) for dim in ("layer", "head")}
     if (sizes["layer"], sizes["head"]) != (spec.n_layers, spec.n_heads):
         raise ValueError(
@@ -596,38 +704,54 @@ def gating_check(
             f"{model.name} has {spec.n_layers} layers x {spec.n_heads} heads. "
             "Check it with the model it was fitted on."
         )
-    rng = np.random.default_rng(seed)
-    sets: dict[str, np.ndarray] = {}
-    for role, score in ROLES.items():
-        if k is None:
-            sets[role] = _role_cells(gating, score, threshold)
-        else:
-            sets[role] = _top_cells(gating[score].mean("seed").values, k)
-    gate_rows, reasons, randoms = [np.ones(n_cells)], {}, {}
+
+
+def _undefined(role: str, cells: np.ndarray, n_cells: int, threshold: float) -> str:
+    """Why the role set ``cells`` cannot be compared with random sets ("" when it can)."""
+    n_others = len(np.setdiff1d(np.arange(n_cells), cells))
+    if len(cells) == 0:
+        return f"no head is {role} in every seed (threshold {threshold})"
+    if len(cells) >= n_others:
+        return (
+            f"{len(cells)} {role} heads, {n_others} other heads: no two different "
+            "random sets of the same size can be drawn from the other heads"
+        )
+    return ""
+
+
+def _switched_off(
+    sets: dict[str, np.ndarray],
+    reasons: dict[str, str],
+    n_cells: int,
+    n_random: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Gate rows (rows, cells) to measure: all 1 (the intact model), then for each role that
+    can be compared (no reason), its set at 0 and ``n_random`` random sets of its size from
+    the other heads at 0, drawn from ``rng`` role by role."""
+    rows = [np.ones(n_cells)]
     for role, cells in sets.items():
+        if reasons[role]:
+            continue
         others = np.setdiff1d(np.arange(n_cells), cells)
-        if len(cells) == 0:
-            reasons[role] = f"no head is {role} in every seed (threshold {threshold})"
-        elif len(cells) >= len(others):
-            reasons[role] = (
-                f"{len(cells)} {role} heads, {len(others)} other heads: no two different "
-                "random sets of the same size can be drawn from the other heads"
-            )
-        else:
-            reasons[role] = ""
-            randoms[role] = _random_sets(others, len(cells), n_random, rng)
-            for row in [cells, *randoms[role]]:
-                gates = np.ones(n_cells)
-                gates[row] = 0
-                gate_rows.append(gates)
-    all_gates = torch.as_tensor(np.stack(gate_rows), dtype=torch.float32)
-    all_gates = all_gates.view(-1, spec.n_layers, spec.n_heads)
-    losses = torch.cat(
-        [
-            task_loss(model, validation, part, batch_size=batch_size)
-            for part in all_gates.split(SETS_PER_PASS)
-        ]
-    ).numpy()
+        for off in [cells, *_random_sets(others, len(cells), n_random, rng)]:
+            gates = np.ones(n_cells)
+            gates[off] = 0
+            rows.append(gates)
+    return np.stack(rows)
+
+
+def _compare(
+    losses: np.ndarray, reasons: dict[str, str], n_random: int
+) -> tuple[dict[str, list], np.ndarray]:
+    """Per role, the loss with its set off against the random sets' (rows as from
+    ``_switched_off``: intact first).
+
+    Returns:
+        Per statistic (``off``, ``p5``, ``p50``, ``p95``, ``pct``, ``pass``), one value per
+        role (NaN and False where the role cannot be compared); the random sets' losses
+        (role, draw), NaN where none were drawn.
+    """
     intact, row = float(losses[0]), 1
     table: dict[str, list] = {name: [] for name in ("off", "p5", "p50", "p95", "pct", "pass")}
     random_off = np.full((len(ROLES), n_random), np.nan)
@@ -647,25 +771,23 @@ def gating_check(
             strict=True,
         ):
             table[name].append(value)
-    in_set = np.zeros((len(ROLES), n_cells), dtype=bool)
+    return table, random_off
+
+
+def _check_result(
+    model: LensModel,
+    sets: dict[str, np.ndarray],
+    reasons: dict[str, str],
+    table: dict[str, list],
+    random_off: np.ndarray,
+    intact: float,
+    attrs: dict[str, Any],
+) -> xr.Dataset:
+    """``gating_check``'s Dataset over ``role`` (and ``draw``, ``layer``, ``head``)."""
+    spec = model.spec
+    in_set = np.zeros((len(ROLES), spec.n_layers * spec.n_heads), dtype=bool)
     for i, role in enumerate(ROLES):
         in_set[i, sets[role]] = True
-    attrs = {
-        "method": "gating_check",
-        "model": model.name,
-        "sets": "role sets (score >= threshold in every seed)" if k is None else f"top {k}",
-        "threshold": threshold,
-        "n_random": n_random,
-        "seed": seed,
-        "n_seeds": gating["facilitation"].sizes.get("seed", 1),
-        "n_validation": len(as_prompt_set(validation)),
-        "prompt_set": gating.attrs.get("prompt_set", ""),
-        "units": "nats",
-        "criterion": (
-            "facilitating off > random p95; interfering off < random p5 and <= intact; "
-            "random sets have the role set's size and are drawn from the other heads"
-        ),
-    }
     role_dim = ("role",)
     return xr.Dataset(
         {
@@ -684,7 +806,7 @@ def gating_check(
         },
         coords={
             "role": list(ROLES),
-            "draw": np.arange(n_random),
+            "draw": np.arange(random_off.shape[1]),
             "layer": np.arange(spec.n_layers),
             "head": np.arange(spec.n_heads),
         },

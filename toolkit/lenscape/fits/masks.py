@@ -42,6 +42,7 @@ from ..sweep.backend import BeforeFn, Site, standing_edit
 from ..sweep.inputs import pad
 from ..sweep.options import DEFAULTS
 from .optim import (
+    Fit,
     Precision,
     Resume,
     check_precision,
@@ -241,6 +242,13 @@ def _open_prob(log_alpha: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(log_alpha - BETA * np.log(-GAMMA / ZETA))
 
 
+def _sample_gates(u: torch.Tensor, log_alpha: torch.Tensor) -> torch.Tensor:
+    """Hard-concrete gates in [0, 1] from uniform noise ``u`` and gate logits, both
+    (sets, layer, 2); on the CPU (the noise's device)."""
+    s = torch.sigmoid((u.log() - (1 - u).log() + log_alpha.cpu()) / BETA)
+    return (s * (ZETA - GAMMA) + GAMMA).clamp(0, 1)
+
+
 def _fit_masks(
     model: LensModel,
     items: list[list[int]],
@@ -263,19 +271,12 @@ def _fit_masks(
     Returns:
         ``Fit`` whose params are (sparsity * group, layer, component) gate logits.
     """
-    spec, n_groups = model.spec, len(groups)
-    sets = len(sparsities) * n_groups
+    n_groups, batch_size = len(groups), options.batch_size
     keep = torch.tensor([1 - s for s in sparsities]).repeat_interleave(n_groups).to(model.device)
     rng = np.random.default_rng(seed)
     noise = torch.Generator().manual_seed(seed)
     current: dict[str, torch.Tensor] = {}
-    batch_size = options.batch_size
     sets_per_pass = max(1, options.rows_per_pass // batch_size)
-    bar = tqdm(
-        total=options.max_steps,
-        disable=not progress,
-        desc=f"block masks ({n_groups} groups x {len(sparsities)} sparsities)",
-    )
 
     def loss_and_grad(log_alpha: torch.Tensor, active: list[int]) -> torch.Tensor:
         u = torch.rand(log_alpha.shape, generator=noise).clamp(1e-6, 1 - 1e-6)
@@ -283,10 +284,7 @@ def _fit_masks(
         for first in range(0, len(active), sets_per_pass):
             chunk = active[first : first + sets_per_pass]
             rows = [items[i] for k in chunk for i in rng.choice(groups[k % n_groups], batch_size)]
-            s = torch.sigmoid(
-                (u[chunk].log() - (1 - u[chunk]).log() + log_alpha[chunk].cpu()) / BETA
-            )
-            gates = (s * (ZETA - GAMMA) + GAMMA).clamp(0, 1).to(model.device)
+            gates = _sample_gates(u[chunk], log_alpha[chunk]).to(model.device)
             current["scale"] = gates.repeat_interleave(batch_size, dim=0)
             text_loss = _row_loss(model, rows, current, loss=loss).view(len(chunk), -1).mean(1)
             sparsity_term = (_open_prob(log_alpha[chunk]).mean(dim=(1, 2)) - keep[chunk]) ** 2
@@ -295,32 +293,24 @@ def _fit_masks(
             losses.append(total.detach().cpu())
         return torch.cat(losses)
 
-    start = torch.full((sets, spec.n_layers, 2), 2.0, device=model.device)
-    resume = None
-    if checkpoint is not None:
-        key = dict(
-            model=model.name,
-            layout=model.spec.fingerprint,
-            items=digest(items, [g.tolist() for g in groups]),
-            sparsities=list(sparsities),
-            loss=loss,
-            penalty=options.penalty,
-            seed=seed,
-            batch_size=options.batch_size,
-            rows_per_pass=options.rows_per_pass,
-            precision=options.precision,
-        )
-
-        def set_state(state: dict[str, Any]) -> None:
-            rng.bit_generator.state = state["rng"]
-            noise.set_state(state["noise"])
-
-        resume = Resume(
-            checkpoint / "block_masks.pt",
-            key,
-            lambda: {"rng": rng.bit_generator.state, "noise": noise.get_state()},
-            set_state,
-        )
+    start = torch.full((len(keep), model.spec.n_layers, 2), 2.0, device=model.device)
+    key = dict(
+        model=model.name,
+        layout=model.spec.fingerprint,
+        items=digest(items, [g.tolist() for g in groups]),
+        sparsities=list(sparsities),
+        loss=loss,
+        penalty=options.penalty,
+        seed=seed,
+        batch_size=options.batch_size,
+        rows_per_pass=options.rows_per_pass,
+        precision=options.precision,
+    )
+    bar = tqdm(
+        total=options.max_steps,
+        disable=not progress,
+        desc=f"block masks ({n_groups} groups x {len(sparsities)} sparsities)",
+    )
     with _scaled_blocks(model, lambda: current["scale"]), fit_passes(model.hf, options.precision):
         fit = fit_until_still(
             start,
@@ -332,10 +322,28 @@ def _fit_masks(
             window=options.window,
             tol=options.tol,
             on_step=bar.update,
-            resume=resume,
+            resume=None if checkpoint is None else _resume(checkpoint, key, rng, noise),
         )
     bar.close()
     return fit
+
+
+def _resume(
+    checkpoint: Path, key: dict[str, Any], rng: np.random.Generator, noise: torch.Generator
+) -> Resume:
+    """Where the mask fit keeps its state in ``checkpoint`` under ``key``, with the random
+    state it draws from: the minibatch ``rng`` and the gate ``noise``."""
+
+    def set_state(state: dict[str, Any]) -> None:
+        rng.bit_generator.state = state["rng"]
+        noise.set_state(state["noise"])
+
+    return Resume(
+        checkpoint / "block_masks.pt",
+        key,
+        lambda: {"rng": rng.bit_generator.state, "noise": noise.get_state()},
+        set_state,
+    )
 
 
 def _binary_masks(log_alpha: torch.Tensor, keep: float) -> torch.Tensor:
@@ -519,7 +527,7 @@ def block_masks(
         progress=progress,
         checkpoint=folder,
     )
-    spec, k = model.spec, clusters.k
+    k = clusters.k
     attrs = model.provenance(
         "block_masks",
         metric=loss,
@@ -538,37 +546,55 @@ def block_masks(
         steps=int(fit.steps.max()),
         converged=int(fit.converged.all()),
     )
-    parts = []
-    for i, sparsity in enumerate(sparsities):
-        rows = slice(i * k, (i + 1) * k)
-        part_attrs = {**attrs, "target_sparsity": sparsity}
-        dims, coords = ("cluster", "layer", "component"), {"component": list(COMPONENTS)}
-        mask = schema.make(
-            _binary_masks(fit.params[rows], 1 - sparsity).numpy(),
-            dims=dims,
-            coords=coords,
-            attrs={**part_attrs, "long_name": "Block kept", "units": "bool"},
-            n_layers=spec.n_layers,
+    parts = [
+        _learned_masks(
+            model,
+            fit.params[i * k : (i + 1) * k],
+            fit.steps[i * k : (i + 1) * k],
+            {**attrs, "target_sparsity": sparsity},
         )
-        prob = schema.make(
-            _open_prob(fit.params[rows]).cpu().numpy(),
-            dims=dims,
-            coords=coords,
-            attrs={
-                **part_attrs,
-                "long_name": "Probability the gate is open",
-                "units": "probability",
-            },
-            n_layers=spec.n_layers,
-        )
-        steps = schema.make(
-            fit.steps[rows].numpy(),
-            dims=("cluster",),
-            attrs={**part_attrs, "long_name": "Adam updates", "units": "steps"},
-        )
-        parts.append(
-            xr.Dataset({"mask": mask, "keep_prob": prob, "steps": steps}, attrs=part_attrs)
-        )
+        for i, sparsity in enumerate(sparsities)
+    ]
+    return _by_sparsity(parts, target_sparsity, sparsities)
+
+
+def _learned_masks(
+    model: LensModel, log_alpha: torch.Tensor, steps: torch.Tensor, attrs: dict[str, Any]
+) -> xr.Dataset:
+    """``block_masks``' result at one sparsity (``attrs["target_sparsity"]``).
+
+    Args:
+        log_alpha: (cluster, layer, component) fitted gate logits.
+        steps: (cluster,) updates each cluster's set took.
+    """
+    dims, coords = ("cluster", "layer", "component"), {"component": list(COMPONENTS)}
+    mask = schema.make(
+        _binary_masks(log_alpha, 1 - attrs["target_sparsity"]).numpy(),
+        dims=dims,
+        coords=coords,
+        attrs={**attrs, "long_name": "Block kept", "units": "bool"},
+        n_layers=model.spec.n_layers,
+    )
+    prob = schema.make(
+        _open_prob(log_alpha).cpu().numpy(),
+        dims=dims,
+        coords=coords,
+        attrs={**attrs, "long_name": "Probability the gate is open", "units": "probability"},
+        n_layers=model.spec.n_layers,
+    )
+    updates = schema.make(
+        steps.numpy(),
+        dims=("cluster",),
+        attrs={**attrs, "long_name": "Adam updates", "units": "steps"},
+    )
+    return xr.Dataset({"mask": mask, "keep_prob": prob, "steps": updates}, attrs=attrs)
+
+
+def _by_sparsity(
+    parts: list[xr.Dataset], target_sparsity: float | Sequence[float], sparsities: list[float]
+) -> xr.Dataset:
+    """The one part when ``target_sparsity`` was one number, else the parts (one per
+    sparsity) along a ``target_sparsity`` dim."""
     if np.isscalar(target_sparsity):
         return parts[0]
     return xr.concat(parts, dim="target_sparsity", combine_attrs="drop_conflicts").assign_coords(
@@ -653,11 +679,7 @@ def block_mask_estimate(
             n_layers=spec.n_layers,
         )
         parts.append(xr.Dataset({"mask": mask, "removal_cost": removal}, attrs=part_attrs))
-    if np.isscalar(target_sparsity):
-        return parts[0]
-    return xr.concat(parts, dim="target_sparsity", combine_attrs="drop_conflicts").assign_coords(
-        target_sparsity=sparsities
-    )
+    return _by_sparsity(parts, target_sparsity, sparsities)
 
 
 @torch.no_grad()
@@ -774,12 +796,10 @@ def mask_comparison(
             "at least one text per cluster, e.g. lenscape.cluster.split(prompts, "
             "held_out=0.25)."
         )
-    members = _members(clusters, len(train))
-    groups = [*members, np.arange(len(train))]
     fit = _fit_masks(
         model,
         _encode(model, train),
-        groups,
+        [*_members(clusters, len(train)), np.arange(len(train))],  # each cluster, then all
         sparsities,
         options,
         loss=loss,
@@ -787,42 +807,24 @@ def mask_comparison(
         progress=progress,
         checkpoint=folder,
     )
-    k, n_layers = clusters.k, model.spec.n_layers
     routes = torch.as_tensor(clusters.route(held_out))
     items = _encode(model, held_out)
-    base = _losses_per_row(model, items, torch.ones(len(items), n_layers, 2), batch_size)
-    rng = np.random.default_rng(seed)
-    ratio = np.zeros((len(STRATEGIES), len(sparsities)))
-    by_cluster = np.full((2, len(sparsities), k), np.nan)
-    routed_masks, global_masks = [], []
-    for i, sparsity in enumerate(sparsities):
-        masks = _binary_masks(fit.params[i * (k + 1) : (i + 1) * (k + 1)], 1 - sparsity).float()
-        routed_masks.append(masks[:k])
-        global_masks.append(masks[k])
-        n_keep = int(masks[0].sum())
-        randoms = torch.zeros(n_random, n_layers * 2)
-        for r in range(n_random):
-            randoms[r, rng.choice(n_layers * 2, n_keep, replace=False)] = 1
-        row_sets = [
-            masks[:k][routes],
-            masks[k].expand(len(items), -1, -1),
-            *[randoms[r].view(n_layers, 2).expand(len(items), -1, -1) for r in range(n_random)],
-        ]
-        losses = _losses_per_row(
-            model, items * len(row_sets), torch.cat(row_sets), batch_size
-        ).view(len(row_sets), len(items))
-        ratio[0, i] = float(torch.exp(losses[0].mean() - base.mean()))
-        ratio[1, i] = float(torch.exp(losses[1].mean() - base.mean()))
-        ratio[2, i] = float(torch.exp(losses[2:].mean(1) - base.mean()).mean())
-        for c in range(k):
-            rows = routes == c
-            if rows.any():
-                by_cluster[0, i, c] = float(losses[0][rows].mean())
-                by_cluster[1, i, c] = float(losses[1][rows].mean())
+    base = _losses_per_row(model, items, torch.ones(len(items), model.spec.n_layers, 2), batch_size)
+    masks, ratio, by_cluster = _compare_strategies(
+        model,
+        fit,
+        items,
+        routes,
+        base,
+        sparsities,
+        n_random=n_random,
+        seed=seed,
+        batch_size=batch_size,
+    )
     attrs = {
         "method": "mask_comparison",
         "model": model.name,
-        "k": k,
+        "k": clusters.k,
         "loss": loss,
         "n_train": len(train),
         "n_held_out": len(held_out),
@@ -833,6 +835,129 @@ def mask_comparison(
         "converged": int(fit.converged.all()),
         **{f"fit_{name}": value for name, value in asdict(options).items()},
     }
+    return _comparison_result(model, sparsities, masks, ratio, by_cluster, routes, attrs)
+
+
+def _compare_strategies(
+    model: LensModel,
+    fit: Fit,
+    items: list[list[int]],
+    routes: torch.Tensor,
+    base: torch.Tensor,
+    sparsities: list[float],
+    *,
+    n_random: int,
+    seed: int,
+    batch_size: int,
+) -> tuple[list[torch.Tensor], np.ndarray, np.ndarray]:
+    """Per sparsity, the held-out texts under routed, global and ``n_random`` random masks.
+
+    Args:
+        fit: params (sparsity x (cluster + 1), layer, component): per sparsity, each
+            cluster's gate logits, then the global mask's.
+        items: the held-out texts' token ids; routes: (texts,) each one's cluster.
+        base: (texts,) their unmasked NLL.
+
+    Returns:
+        Per sparsity, the masks (cluster + 1, layer, component) as floats; ``ppl_ratio``
+        (strategy, target_sparsity); routed and global mean NLL per cluster (2,
+        target_sparsity, cluster).
+    """
+    k = len(fit.params) // len(sparsities) - 1
+    rng = np.random.default_rng(seed)
+    masks: list[torch.Tensor] = []
+    ratio = np.zeros((len(STRATEGIES), len(sparsities)))
+    by_cluster = np.full((2, len(sparsities), k), np.nan)
+    for i, sparsity in enumerate(sparsities):
+        masks.append(
+            _binary_masks(fit.params[i * (k + 1) : (i + 1) * (k + 1)], 1 - sparsity).float()
+        )
+        randoms = _random_masks(int(masks[i][0].sum()), n_random, model.spec.n_layers, rng)
+        losses = _strategy_losses(model, items, masks[i], randoms, routes, batch_size)
+        ratio[:, i], by_cluster[:, i] = _held_out_scores(losses, base, routes, k)
+    return masks, ratio, by_cluster
+
+
+def _random_masks(n_keep: int, n: int, n_layers: int, rng: np.random.Generator) -> torch.Tensor:
+    """(n, layer, component) float masks, each keeping ``n_keep`` blocks drawn from ``rng``."""
+    randoms = torch.zeros(n, n_layers * 2)
+    for r in range(n):
+        randoms[r, rng.choice(n_layers * 2, n_keep, replace=False)] = 1
+    return randoms.view(n, n_layers, 2)
+
+
+def _strategy_losses(
+    model: LensModel,
+    items: list[list[int]],
+    masks: torch.Tensor,
+    randoms: torch.Tensor,
+    routes: torch.Tensor,
+    batch_size: int,
+) -> torch.Tensor:
+    """Each held-out text's NLL under each strategy's mask.
+
+    Args:
+        masks: (cluster + 1, layer, component): the per-cluster masks, then the global one.
+        randoms: (n_random, layer, component) random masks.
+        routes: (texts,) each text's cluster.
+
+    Returns:
+        (2 + n_random, texts): routed (its cluster's mask), global, each random mask.
+    """
+    k, n = len(masks) - 1, len(items)
+    row_sets = [
+        masks[:k][routes],
+        masks[k].expand(n, -1, -1),
+        *[random.expand(n, -1, -1) for random in randoms],
+    ]
+    losses = _losses_per_row(model, items * len(row_sets), torch.cat(row_sets), batch_size)
+    return losses.view(len(row_sets), n)
+
+
+def _held_out_scores(
+    losses: torch.Tensor, base: torch.Tensor, routes: torch.Tensor, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of one sparsity from ``_strategy_losses``, the unmasked NLL ``base`` (texts,)
+    and each text's cluster ``routes`` (texts,) among ``k``.
+
+    Returns:
+        (strategy,) held-out perplexity over the unmasked one: routed, global, the mean of
+        the random masks'; (2, cluster) mean NLL of the texts routed to each cluster under
+        the routed and the global mask (NaN where no text is routed there).
+    """
+    ratio = np.array(
+        [
+            float(torch.exp(losses[0].mean() - base.mean())),
+            float(torch.exp(losses[1].mean() - base.mean())),
+            float(torch.exp(losses[2:].mean(1) - base.mean()).mean()),
+        ]
+    )
+    by_cluster = np.full((2, k), np.nan)
+    for c in range(k):
+        rows = routes == c
+        if rows.any():
+            by_cluster[0, c] = float(losses[0][rows].mean())
+            by_cluster[1, c] = float(losses[1][rows].mean())
+    return ratio, by_cluster
+
+
+def _comparison_result(
+    model: LensModel,
+    sparsities: list[float],
+    masks: list[torch.Tensor],
+    ratio: np.ndarray,
+    by_cluster: np.ndarray,
+    routes: torch.Tensor,
+    attrs: dict[str, Any],
+) -> xr.Dataset:
+    """``mask_comparison``'s Dataset.
+
+    Args:
+        masks: per sparsity, (cluster + 1, layer, component): per-cluster masks, then global.
+        ratio: (strategy, target_sparsity); by_cluster: (2, target_sparsity, cluster),
+            routed then global; routes: (held-out texts,) each text's cluster.
+    """
+    k, n_layers = len(masks[0]) - 1, model.spec.n_layers
     coords = {
         "strategy": list(STRATEGIES),
         "target_sparsity": sparsities,
@@ -860,12 +985,12 @@ def mask_comparison(
             "n_held_out": (("cluster",), np.bincount(routes.numpy(), minlength=k)),
             "routed_mask": (
                 ("target_sparsity", "cluster", "layer", "component"),
-                torch.stack(routed_masks).bool().numpy(),
+                torch.stack([m[:k] for m in masks]).bool().numpy(),
                 {"long_name": "Block kept, per-cluster mask", "units": "bool", "model": model.name},
             ),
             "global_mask": (
                 ("target_sparsity", "layer", "component"),
-                torch.stack(global_masks).bool().numpy(),
+                torch.stack([m[k] for m in masks]).bool().numpy(),
                 {"long_name": "Block kept, global mask", "units": "bool", "model": model.name},
             ),
         },
