@@ -213,7 +213,7 @@ CALLS: dict[str, Any] = {
     "export": None,  # writes a file at a path: test_plot.py
     "save": None,  # writes at a path: test_store.py and the round trips below
     "open": None,  # reads a path: test_store.py
-    "recorded": lambda w: (("head_roles",), dict()),
+    "recorded": lambda w: (("head_roles",), dict(task="math")),
     "Explorer": lambda w: ((w.scores,), dict()),
     "CircuitExplorer": lambda w: ((w.edges,), dict(edges=5)),
     "PromptForm": lambda w: ((lambda texts: w.scores,), dict(example=w.pairs[0])),
@@ -298,9 +298,7 @@ SLOW = {
 }
 #: Known gaps, in modules this issue's owner does not own: each still fails the property
 #: (strict: the mark must go once the module is fixed). Found on 2026-11-24.
-KNOWN_GAPS = {
-    "recorded": "CALLS omits task, so every call fails on it; passes with task='math' there",
-}
+KNOWN_GAPS = {}
 
 
 def _param(name: str) -> Any:

@@ -213,3 +213,16 @@ def test_result_helper(tiny_llama):
             model_name=tiny_llama.name,
             layout=tiny_llama.spec.fingerprint,
         )
+
+
+def test_text():
+    assert _validate.text("x", "head", example="'head'") == "head"
+    assert _validate.text("title", None, example="'T'", optional=True) is None
+    with pytest.raises(
+        TypeError, match=r"x must be a string, got \['head'\] \(list\); pass e\.g\. x='head'"
+    ):
+        _validate.text("x", ["head"], example="'head'")
+    with pytest.raises(TypeError, match="title must be a string or None, got 5"):
+        _validate.text("title", 5, example="'T'", optional=True)
+    with pytest.raises(TypeError, match="x must be a string, got None"):
+        _validate.text("x", None, example="'head'")

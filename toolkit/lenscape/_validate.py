@@ -191,6 +191,26 @@ def choice(name: str, value: Any, choices: Sequence[str]) -> str:
     return value
 
 
+def text(name: str, value: Any, *, example: str, optional: bool = False) -> str | None:
+    """Check that ``value`` is a string (or None where ``optional``): a dim, a title, a name.
+
+    Args:
+        name: the argument's name, for the message.
+        example: a valid value for the message, e.g. "'head'".
+
+    Raises:
+        TypeError: anything else (a list of names, a number, an array ...).
+    """
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        wanted = "a string" + (" or None" if optional else "")
+        raise TypeError(
+            f"{name} must be {wanted}, got {_shown(value)}; pass e.g. {name}={example}."
+        )
+    return value
+
+
 def strings(name: str, value: Any, *, example: str) -> list[str]:
     """Check that ``value`` is a non-empty list (or tuple) of strings, never one string
     (which would be read letter by letter).

@@ -103,27 +103,6 @@ def label_from_attrs(da: xr.DataArray, default: str = _VALUE) -> str:
     return f"{name} ({units})" if units and units != MASK_UNITS else name
 
 
-def _text(name: str, value: Any, *, example: str, optional: bool = False) -> str | None:
-    """Check that ``value`` is a string (or None where ``optional``): a dim, a title.
-
-    Args:
-        name: the argument's name, for the message.
-        example: a valid value for the message, e.g. "'head'".
-
-    Raises:
-        TypeError: anything else (a list of names, a number, an array ...).
-    """
-    if value is None and optional:
-        return None
-    if not isinstance(value, str):
-        wanted = "a string" + (" or None" if optional else "")
-        raise TypeError(
-            f"{name} must be {wanted}, got {value!r} ({type(value).__name__}); "
-            f"pass e.g. {name}={example}."
-        )
-    return value
-
-
 @functools.cache
 def _scheme_names() -> tuple[str, ...]:
     """Vega's colour scheme names (``viridis``, ``blueorange`` ...), from Altair's schema."""
@@ -350,11 +329,11 @@ def _check_options(
             f"da must be an xarray.DataArray, got {type(da).__name__}; "
             "pick one variable of a Dataset with ds['name']."
         )
-    _text("x", x, example="'head'")
-    _text("y", y, example="'layer'")
-    _text("facet_row", facet_row, example="'model'", optional=True)
-    _text("facet_col", facet_col, example="'model'", optional=True)
-    _text("title", title, example="'Head attribution'", optional=True)
+    _validate.text("x", x, example="'head'")
+    _validate.text("y", y, example="'layer'")
+    _validate.text("facet_row", facet_row, example="'model'", optional=True)
+    _validate.text("facet_col", facet_col, example="'model'", optional=True)
+    _validate.text("title", title, example="'Head attribution'", optional=True)
     if binary is not None:
         _validate.flag("binary", binary)
     if center is not None:
@@ -1086,7 +1065,7 @@ def logit_lens_chart(
             "logit_lens_chart needs the 'token' coord on pos (the input tokens) for the x "
             f"axis; da has coords {tuple(map(str, da.coords))}."
         )
-    _text("title", title, example="'Logit lens'", optional=True)
+    _validate.text("title", title, example="'Logit lens'", optional=True)
     how = "each row: the residual stream after that layer read as the output; hover: top tokens"
     return heatmap(
         da.assign_attrs(note=how),

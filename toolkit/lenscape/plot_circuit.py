@@ -24,7 +24,7 @@ import xarray as xr
 from altair.typing import ChartType
 
 from . import _validate
-from .plot import _text, heatmap, label_from_attrs
+from .plot import heatmap, label_from_attrs
 
 RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
@@ -137,7 +137,7 @@ def circuit_graph(
         raise ValueError(
             f"kinds holds unknown receiver kind(s) {bad}; choose from {list(RECEIVER_KINDS)}."
         )
-    _text("title", title, example="'IOI circuit'", optional=True)
+    _validate.text("title", title, example="'IOI circuit'", optional=True)
     width = _validate.positive_int("width", width)
     height = _validate.positive_int("height", height)
     edges = _validate.integer("edges", edges, low=1, high=MAX_EDGES)
@@ -276,7 +276,7 @@ def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> Chart
         made_by="lsc.circuit_faithfulness(model, prompts, scores)",
         variables=("faithfulness", "cpr", "cmd", "random_cpr", "random_cmd"),
     )
-    _text("title", title, example="'IOI circuit'", optional=True)
+    _validate.text("title", title, example="'IOI circuit'", optional=True)
     budgets = result["budget"].values
     rows = [
         {"budget": float(b), "edges": int(n), "faithfulness": float(f), "circuit": "top edges"}

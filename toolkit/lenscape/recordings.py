@@ -36,7 +36,7 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from . import cluster, data, schema, store
+from . import _validate, cluster, data, schema, store
 from .fits.gating import gating_check, head_gating
 from .fits.masks import mask_comparison
 from .models import LensModel
@@ -66,16 +66,6 @@ def _available(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
-def _check_text(argument: str, value: Any, *, example: str) -> None:
-    """Refuse a ``value`` that is not a string: a TypeError naming ``argument``, with an
-    ``example`` (``_validate`` has no string check; here a name is looked up as a folder)."""
-    if not isinstance(value, str):
-        raise TypeError(
-            f"{argument} must be a string such as {example}, got {value!r} "
-            f"({type(value).__name__})."
-        )
-
-
 def _unit_paths(
     name: str, model: str, task: str | None, root: str | Path | None = None
 ) -> tuple[Path, list[Path]]:
@@ -83,9 +73,9 @@ def _unit_paths(
     unit files; TypeError for an argument of the wrong type, ValueError listing what exists."""
     if not isinstance(name, str) or name not in NAMES:
         raise ValueError(f"No recorded result has name={name!r}; recorded results: {list(NAMES)}.")
-    _check_text("model", model, example="'smollm2-135m'")
+    _validate.text("model", model, example="'smollm2-135m'")
     if task is not None:
-        _check_text("task", task, example="'math' (or None for block masks)")
+        _validate.text("task", task, example="'math' (or None for block masks)")
     base = RECORDED_DIR if root is None else store.as_path(root, argument="root")
     if not (root is None or base.is_dir()):
         raise ValueError(

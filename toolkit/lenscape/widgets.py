@@ -52,7 +52,7 @@ from altair.utils.schemapi import debug_mode
 from lenscape import _validate, binary
 from lenscape.aggregate import correct_only
 from lenscape.binary import SIDES, check_side, is_mask
-from lenscape.plot import _text, bars, enable_offline, heatmap, label_from_attrs
+from lenscape.plot import bars, enable_offline, heatmap, label_from_attrs
 from lenscape.schema import name_from_attrs
 
 Data = xr.DataArray | xr.Dataset
@@ -456,9 +456,9 @@ def _check_explorer(
     """
     _validate.result("data", data, kind=(xr.DataArray, xr.Dataset), made_by="a lenscape method")
     _check_sizes(data)
-    _text("x", x, example="'head'")
-    _text("y", y, example="'layer'")
-    _text("facet", facet, example="'model'", optional=True)
+    _validate.text("x", x, example="'head'")
+    _validate.text("y", y, example="'layer'")
+    _validate.text("facet", facet, example="'model'", optional=True)
     if side is not None:
         check_side(side)
     if threshold is not None:
