@@ -11,9 +11,9 @@ G+ and G- sets share passes, as in a real fit), validation excluded.
 Block masks: ``block_masks`` on the mixed corpus with K clusters at one sparsity, float32 vs
 bfloat16, ``--mask-updates`` updates; the masks of the two fits are compared cell by cell.
 
-Role agreement: with ``--f32-roles DIR``, the float32 recording of math seed 0 made by
-``python benchmarks/record.py head_roles --tasks math --seeds 1 --precision float32 --root
-DIR`` is compared head by head with the shipped bfloat16 recording of the same seed (role
+Role agreement: with ``--bf16-roles DIR``, a bfloat16 recording of math seed 0 made by
+``python benchmarks/record.py head_roles --tasks math --seeds 1 --precision bfloat16 --root
+DIR`` is compared head by head with the shipped float32 recording of the same seed (role
 at threshold 0.5: neither, facilitating, interfering, both). Writes the ``fit_speed``
 section of RESULTS.md.
 """
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--mask-updates", type=int, default=40)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--num-threads", type=int, default=2)
-    parser.add_argument("--f32-roles", type=Path, default=None)
+    parser.add_argument("--bf16-roles", type=Path, default=None)
     parser.add_argument("--note", default="", help="what else ran on the machine")
     args = _report.parse_args(parser, updates=2, mask_updates=2, k=2)
     torch.set_num_threads(args.num_threads)
@@ -130,10 +130,10 @@ def main() -> None:
         f"Block masks after {args.mask_updates} updates: float32 and bfloat16 agree on "
         f"{same_masks:.1%} of (cluster, block) cells."
     ]
-    if args.f32_roles is not None:
-        f32 = lsc.recorded("head_roles", model=model.name, task="math", root=args.f32_roles)
-        bf16 = lsc.recorded("head_roles", model=model.name, task="math").sel(seed=[0])
-        agree = float((roles(f32.sel(seed=[0])) == roles(bf16)).mean())
+    if args.bf16_roles is not None:
+        f32 = lsc.recorded("head_roles", model=model.name, task="math").sel(seed=[0])
+        bf16 = lsc.recorded("head_roles", model=model.name, task="math", root=args.bf16_roles)
+        agree = float((roles(f32) == roles(bf16.sel(seed=[0]))).mean())
         notes.append(
             f"Head roles of math seed 0 at the reference protocol, converged in both: float32 "
             f"vs bfloat16 agree for {agree:.1%} of heads (adoption needs >= 98%); updates per "
