@@ -9,6 +9,8 @@ and the sections in script-name order. Nothing in it is edited by hand; text out
 
 - ``--only a,b``: run those scripts; the other sections already in RESULTS.md are kept.
 - ``--quick``: tiny sizes for a smoke check; prints only, RESULTS.md is left alone.
+- ``--conditions TEXT``: what else ran on the machine; written at the end of every section
+  this run writes (a timing means something only beside what ran with it).
 - A failing script is reported and keeps its old section; the exit status is then 1.
 """
 
@@ -79,6 +81,12 @@ def render(info: dict, sections: dict[str, str]) -> str:
     return "\n".join([header(info), *sections.values()])
 
 
+def with_conditions(name: str, section: str, conditions: str) -> str:
+    """``section`` with a closing line saying what else ran on the machine."""
+    end = f"<!-- /bench:{name} -->"
+    return section.replace(end, f"\nConditions of this run: {conditions}\n{end}")
+
+
 def run(script: Path, quick: bool) -> str | None:
     """Run one script, streaming its output; its section, or None if it failed."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="tiny sizes, smoke check only; RESULTS.md is not written",
     )
+    parser.add_argument(
+        "--conditions",
+        default="not stated (make bench)",
+        help="what else ran on the machine during this run, for every section it writes",
+    )
     args = parser.parse_args(argv)
     names = list(available) if args.only is None else args.only.split(",")
     unknown = sorted(set(names) - set(available))
@@ -120,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         if text is None:
             failed.append(name)
         else:
-            new[name] = text
+            new[name] = with_conditions(name, text, args.conditions)
     if failed:
         print(f"\nfailed (old sections kept): {', '.join(failed)}", flush=True)
     if args.quick:

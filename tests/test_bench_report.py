@@ -100,3 +100,9 @@ def test_scripts_skip_private_modules_and_runner():
     names = run_all.scripts()
     assert "run_all" not in names and "_report" not in names
     assert "capture_overhead" in names
+
+
+def test_conditions_close_the_section_and_survive_a_reparse():
+    text = run_all.with_conditions("a", section("a", "body"), "two recordings paused")
+    assert text.endswith("Conditions of this run: two recordings paused\n<!-- /bench:a -->\n")
+    assert run_all.parse_sections(text) == {"a": text}
