@@ -52,6 +52,28 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: Vector extensions that change CPU timings most, best first (/proc/cpuinfo flag -> name).
+_VECTOR_FLAGS = {
+    "amx_bf16": "AMX-BF16",
+    "avx512_bf16": "AVX512-BF16",
+    "avx512f": "AVX512",
+    "avx2": "AVX2",
+}
+
+
+def _vector_isa() -> str | None:
+    """The CPU's widest vector extension: float32 matmul speed and whether bfloat16 runs on
+    hardware (AVX512-BF16, AMX) or is emulated depend on it, so timings name it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return next((name for flag, name in _VECTOR_FLAGS.items() if flag in flags), None)
+    except OSError:
+        pass
+    return None
+
+
 def _ram_gib() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -82,14 +104,16 @@ def machine_info() -> dict:
     """Date, machine and package versions of this run.
 
     Returns:
-        ``{"date": ISO date, "machine": one-line description (CPU model, cores, RAM, GPU),
-        "short": the short form for a table's ``machine`` column (e.g. "2-core CPU, 24 GiB"),
+        ``{"date": ISO date, "machine": one-line description (CPU model, cores, vector
+        extension, RAM, GPU), "short": the short form for a table's ``machine`` column (e.g.
+        "2-core CPU (AVX2), 24 GiB"),
         "versions": {"python": ..., package: version or "absent"}}``.
     """
-    cores, ram, gpu = os.cpu_count(), _ram_gib(), _gpu_name()
+    cores, ram, gpu, isa = os.cpu_count(), _ram_gib(), _gpu_name(), _vector_isa()
     ram_text = f"{ram} GiB" if ram is not None else "unknown RAM"
-    machine = f"{_cpu_model()}, {cores} cores, {ram_text} RAM" + (f", GPU {gpu}" if gpu else "")
-    short = f"{cores}-core CPU, {ram_text}" + (f", {gpu}" if gpu else "")
+    cpu = f"{cores}-core CPU" + (f" ({isa})" if isa else "")
+    machine = f"{_cpu_model()}, {cpu}, {ram_text} RAM" + (f", GPU {gpu}" if gpu else "")
+    short = f"{cpu}, {ram_text}" + (f", {gpu}" if gpu else "")
     versions = {"python": platform.python_version(), **{p: _version(p) for p in PACKAGES}}
     return {
         "date": date.today().isoformat(),

@@ -11,11 +11,15 @@ G+ and G- sets share passes, as in a real fit), validation excluded.
 Block masks: ``block_masks`` on the mixed corpus with K clusters at one sparsity, float32 vs
 bfloat16, ``--mask-updates`` updates; the masks of the two fits are compared cell by cell.
 
-Role agreement: with ``--bf16-roles DIR``, a bfloat16 recording of math seed 0 made by
-``python benchmarks/record.py head_roles --tasks math --seeds 1 --precision bfloat16 --root
-DIR`` is compared head by head with the shipped float32 recording of the same seed (role
-at threshold 0.5: neither, facilitating, interfering, both). Writes the ``fit_speed``
-section of RESULTS.md.
+Role agreement: a bfloat16 recording of math seed 0 (``--bf16-roles DIR``; by default
+``fit_speed_data/``, made at commit 9dc1f61 by ``python benchmarks/record.py head_roles
+--tasks math --seeds 1 --precision bfloat16 --root DIR``) is compared head by head with the
+shipped float32 recording of the same seed (role at threshold 0.5: neither, facilitating,
+interfering, both).
+
+bfloat16 is fast only on a CPU with bfloat16 units (AVX512-BF16 or AMX); elsewhere torch
+emulates it, and it is slower than float32: the table names the CPU's vector extensions.
+Writes the ``fit_speed`` section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -76,10 +80,10 @@ def roles(ds) -> np.ndarray:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--updates", type=int, default=10)
-    parser.add_argument("--mask-updates", type=int, default=40)
+    parser.add_argument("--mask-updates", type=int, default=10)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--num-threads", type=int, default=2)
-    parser.add_argument("--bf16-roles", type=Path, default=None)
+    parser.add_argument("--bf16-roles", type=Path, default=Path(__file__).parent / "fit_speed_data")
     parser.add_argument("--note", default="", help="what else ran on the machine")
     args = _report.parse_args(parser, updates=2, mask_updates=2, k=2)
     torch.set_num_threads(args.num_threads)
