@@ -144,3 +144,13 @@ def test_shipped_checkpoint_is_reproduced(path):
 
 def test_checkpoints_ship_with_the_package():
     assert _shipped_checkpoints(), "no recorded head-roles checkpoint in recorded_data/"
+
+
+def test_a_recording_in_progress_is_not_listed_as_recorded(recorded_dir, two_seeds):
+    """A model whose only file is the hidden state of a fit still running is not offered."""
+    _record(recorded_dir, two_seeds)
+    state = recorded_dir / "block_masks" / "tiny" / ".k8.fit-state"
+    state.mkdir(parents=True)
+    (state / "block_masks.pt").write_bytes(b"state")
+    with pytest.raises(ValueError, match="recorded for: none yet"):
+        lsc.recorded("block_masks", model="gpt2")

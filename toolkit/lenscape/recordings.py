@@ -63,7 +63,15 @@ BLOCK_MASKS_MAX_STEPS = 800
 
 
 def _available(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    """Folders under ``root`` holding at least one finished unit (a ``.nc`` file at any
+    depth; a recording still in progress has only its hidden fit state)."""
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and any(p.glob("**/[!.]*.nc"))
+    )
 
 
 def _unit_paths(
