@@ -3,6 +3,9 @@ schema check, and the shipped checkpoints recomputed so the data cannot drift fr
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -112,14 +115,29 @@ def test_another_schema_is_refused_with_the_version_needed(recorded_dir, two_see
         lsc.recorded("head_roles", model="tiny", task="syntax")
 
 
-def _shipped_checkpoints():
-    root = recordings.RECORDED_DIR / "head_roles"
-    return sorted(root.glob("*/*/checkpoint.nc")) if root.is_dir() else []
+def _shipped_checkpoints(name: str) -> list[Path]:
+    """Checkpoints of recording ``name``: head_roles/<model>/<task>/, block_masks/<model>/."""
+    root = recordings.RECORDED_DIR / name
+    pattern = "*/*/checkpoint.nc" if name == "head_roles" else "*/checkpoint.nc"
+    return sorted(root.glob(pattern)) if root.is_dir() else []
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int):
+    """Run at the recording's torch thread count (CPU reductions split by thread)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "path", _shipped_checkpoints(), ids=lambda p: f"{p.parent.parent.name}-{p.parent.name}"
+    "path",
+    _shipped_checkpoints("head_roles"),
+    ids=lambda p: f"{p.parent.parent.name}-{p.parent.name}",
 )
 def test_shipped_checkpoint_is_reproduced(path):
     """The first updates of a recorded fit, recomputed: the recorded files and today's code
@@ -128,22 +146,33 @@ def test_shipped_checkpoint_is_reproduced(path):
     updates move every logit by about lr, so a different code path shows as O(1))."""
     recorded = lsc.open(path)
     model = lsc.load(path.parent.parent.name, device="cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(int(recorded.attrs.get("torch_threads", 1)))
-    try:
+    with _torch_threads(int(recorded.attrs.get("torch_threads", 1))):
         again = recordings.head_roles_checkpoint(
             model, path.parent.name, precision=recorded.attrs["precision"]
         )
-    finally:
-        torch.set_num_threads(threads)
     for name in ("gate", "gate_plus", "gate_minus"):
         np.testing.assert_allclose(again[name].values, recorded[name].values, atol=1e-4)
     for name in ("val_loss", "val_loss_plus", "val_loss_minus"):
         np.testing.assert_allclose(again[name].values, recorded[name].values, rtol=1e-4)
 
 
-def test_checkpoints_ship_with_the_package():
-    assert _shipped_checkpoints(), "no recorded head-roles checkpoint in recorded_data/"
+@pytest.mark.slow
+@pytest.mark.parametrize("path", _shipped_checkpoints("block_masks"), ids=lambda p: p.parent.name)
+def test_shipped_mask_checkpoint_is_reproduced(path):
+    """The first updates of the recorded F1 fit (same clusters, sparsity and options),
+    recomputed: keep probabilities agree to 1e-4 and the masks are identical."""
+    recorded = lsc.open(path)
+    model = lsc.load(path.parent.name, device="cpu")
+    with _torch_threads(int(recorded.attrs["torch_threads"])):
+        again = recordings.block_masks_checkpoint(model, precision=recorded.attrs["precision"])
+    np.testing.assert_allclose(again["keep_prob"].values, recorded["keep_prob"].values, atol=1e-4)
+    assert (again["mask"].values == recorded["mask"].values).all()
+    assert (again["steps"].values == recorded["steps"].values).all()
+
+
+@pytest.mark.parametrize("name", ["head_roles", "block_masks"])
+def test_checkpoints_ship_with_the_package(name):
+    assert _shipped_checkpoints(name), f"no recorded {name} checkpoint in recorded_data/"
 
 
 def test_a_recording_in_progress_is_not_listed_as_recorded(recorded_dir, two_seeds):

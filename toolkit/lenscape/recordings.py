@@ -16,11 +16,13 @@ unit it was in, with the same numbers (the unit's ``resumed`` attr says so and i
 ``wall_time`` is then the last run's); the folder is removed once the unit is written.
 
 Next to the units, each recording keeps a *checkpoint*: the result of the first few
-updates of its first unit, which ``tests/test_recordings.py`` recomputes, so the shipped data
+updates of its fit (head roles: seed 0 on the first items; block masks: the per-cluster
+masks on the recorded clusters), which ``tests/test_recordings.py`` recomputes, so the shipped data
 cannot drift from the code that made it.
 
 Layout: ``recorded_data/<name>/<model>/<task>/seed<N>.nc`` and ``.../checkpoint.nc`` for
-head roles; ``recorded_data/<name>/<model>/k<K>.nc`` for block masks.
+head roles; ``recorded_data/<name>/<model>/k<K>.nc`` and ``.../checkpoint.nc`` for block
+masks.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from . import _validate, cluster, data, schema, store
+from .data import PromptSet
 from .fits.gating import gating_check, head_gating
-from .fits.masks import mask_comparison
+from .fits.masks import block_masks, mask_comparison
 from .models import LensModel
 
 RECORDED_DIR = Path(__file__).resolve().parent / "recorded_data"
@@ -325,6 +328,31 @@ def record_head_roles_check(
     return path
 
 
+def _f1_split(k: int = BLOCK_MASKS_K) -> tuple[PromptSet, PromptSet, cluster.Clustering]:
+    """F1's training texts, held-out texts and ``k`` clusters of the training texts."""
+    train, held_out = cluster.split(data.prompts("mixed"), held_out=BLOCK_MASKS_HELD_OUT)
+    return train, held_out, cluster.kmeans(cluster.embed(train), k, prompts=train)
+
+
+def block_masks_checkpoint(model: LensModel, *, precision: str) -> xr.Dataset:
+    """The first ``CHECKPOINT_STEPS`` updates of F1's per-cluster masks (``block_masks`` on
+    the recorded clusters at the recorded sparsity): what ``tests/test_recordings.py``
+    recomputes. Its ``keep_prob`` moves with any change to the fit; the torch thread count is
+    recorded as in ``head_roles_checkpoint``."""
+    train, _, clusters = _f1_split()
+    point = block_masks(
+        model,
+        train,
+        clusters=clusters,
+        target_sparsity=BLOCK_MASKS_SPARSITY,
+        max_steps=CHECKPOINT_STEPS,
+        precision=precision,  # type: ignore[arg-type]
+        progress=False,
+    )
+    point.attrs["torch_threads"] = torch.get_num_threads()
+    return point
+
+
 def record_block_masks(
     model: LensModel,
     *,
@@ -338,11 +366,12 @@ def record_block_masks(
     """Record F1 for one model: K clusters of the mixed corpus, per-cluster masks vs one
     global mask vs random masks at ``sparsity``, on held-out texts (``mask_comparison``)."""
     path = (root or RECORDED_DIR) / "block_masks" / model.name / f"k{k}.nc"
+    point = path.with_name("checkpoint.nc")
+    if not point.exists():
+        _write(block_masks_checkpoint(model, precision=precision), point)
     if path.exists():
         return path
-    texts = data.prompts("mixed")
-    train, held_out = cluster.split(texts, held_out=BLOCK_MASKS_HELD_OUT)
-    clusters = cluster.kmeans(cluster.embed(train), k, prompts=train)
+    train, held_out, clusters = _f1_split(k)
     resumed = _fit_state(path).exists()
     start = time.perf_counter()
     ds = mask_comparison(
