@@ -104,6 +104,8 @@ def summary(args: argparse.Namespace) -> None:
         if ds is None:
             continue
         ratio = ds["ppl_ratio"].isel(target_sparsity=0)
+        scored = ds["n_held_out"] > 0  # clusters that received held-out texts
+        wins = (ds["loss_routed"] < ds["loss_global"]).isel(target_sparsity=0)[scored]
         masks.append(
             [
                 model,
@@ -111,6 +113,10 @@ def summary(args: argparse.Namespace) -> None:
                 ds.attrs["steps"],
                 "yes" if ds.attrs["converged"] else "no",
                 *[f"{float(ratio.sel(strategy=s)):.2f}" for s in ("routed", "global", "random")],
+                f"{int(wins.sum())} of {int(scored.sum())}",
+                f"{ds.attrs['wall_time'] / 60:.0f} min ({ds.attrs['torch_threads']} threads"
+                + (", resumed)" if ds.attrs.get("resumed") else ")"),
+                str(ds.attrs["commit"])[:10],
             ]
         )
     parts = [
@@ -146,7 +152,21 @@ def summary(args: argparse.Namespace) -> None:
         )
         if checks
         else "No recorded causal check yet (`python benchmarks/record.py head_roles_check`).",
-        _report.table(["model", "K", "updates", "converged", "routed", "global", "random"], masks)
+        _report.table(
+            [
+                "model",
+                "K",
+                "updates",
+                "converged",
+                "routed",
+                "global",
+                "random",
+                "clusters where routed beats global",
+                "fit time",
+                "commit",
+            ],
+            masks,
+        )
         if masks
         else "No block masks recorded yet (`python benchmarks/record.py block_masks`).",
     ]
@@ -158,7 +178,10 @@ seed at a time, training split, validation split held out. Causal check: each ro
 set (score >= 0.5 in every recorded seed) off vs 200 random sets of the same size drawn from
 the other heads, on the validation split; percentile = share of random sets that cost less.
 Block masks (F1): `lsc.mask_comparison` at K clusters and sparsity 0.3, held-out perplexity
-relative to the unmasked model."""
+relative to the unmasked model (routed: each held-out text with its nearest cluster's mask;
+global: one mask fitted on all training texts; random: 20 masks of the same size); a cluster
+counts as a win where its routed texts have a lower mean loss under the routed mask than under
+the global one. Fit time is the last run's when the fit resumed."""
     _report.emit(
         args, _report.section("record", "Recorded results (issue 22)", intro, "\n\n".join(parts))
     )

@@ -684,13 +684,20 @@ def block_mask_estimate(
 
 @torch.no_grad()
 def _losses_per_row(
-    model: LensModel, items: list[list[int]], row_masks: torch.Tensor, batch_size: int
+    model: LensModel,
+    items: list[list[int]],
+    row_masks: torch.Tensor,
+    batch_size: int,
+    *,
+    progress: str | None = None,
 ) -> torch.Tensor:
-    """Mean NLL of ``items[i]`` under ``row_masks[i]`` (rows, layer, 2) -> (rows,)."""
+    """Mean NLL of ``items[i]`` under ``row_masks[i]`` (rows, layer, 2) -> (rows,); with
+    ``progress``, a bar of that name over the batches."""
     current: dict[str, torch.Tensor] = {}
     out = []
+    batches = range(0, len(items), batch_size)
     with _scaled_blocks(model, lambda: current["scale"]):
-        for start in range(0, len(items), batch_size):
+        for start in tqdm(batches, disable=progress is None, desc=progress):
             current["scale"] = row_masks[start : start + batch_size].to(model.device)
             out.append(_row_loss(model, items[start : start + batch_size], current).cpu())
     return torch.cat(out)
@@ -820,6 +827,7 @@ def mask_comparison(
         n_random=n_random,
         seed=seed,
         batch_size=batch_size,
+        progress=progress,
     )
     attrs = {
         "method": "mask_comparison",
@@ -849,6 +857,7 @@ def _compare_strategies(
     n_random: int,
     seed: int,
     batch_size: int,
+    progress: bool,
 ) -> tuple[list[torch.Tensor], np.ndarray, np.ndarray]:
     """Per sparsity, the held-out texts under routed, global and ``n_random`` random masks.
 
@@ -856,7 +865,7 @@ def _compare_strategies(
         fit: params (sparsity x (cluster + 1), layer, component): per sparsity, each
             cluster's gate logits, then the global mask's.
         items: the held-out texts' token ids; routes: (texts,) each one's cluster.
-        base: (texts,) their unmasked NLL.
+        base: (texts,) their unmasked NLL; progress: show a bar per sparsity.
 
     Returns:
         Per sparsity, the masks (cluster + 1, layer, component) as floats; ``ppl_ratio``
@@ -873,7 +882,8 @@ def _compare_strategies(
             _binary_masks(fit.params[i * (k + 1) : (i + 1) * (k + 1)], 1 - sparsity).float()
         )
         randoms = _random_masks(int(masks[i][0].sum()), n_random, model.spec.n_layers, rng)
-        losses = _strategy_losses(model, items, masks[i], randoms, routes, batch_size)
+        bar = f"held-out texts, sparsity {sparsity}" if progress else None
+        losses = _strategy_losses(model, items, masks[i], randoms, routes, batch_size, bar)
         ratio[:, i], by_cluster[:, i] = _held_out_scores(losses, base, routes, k)
     return masks, ratio, by_cluster
 
@@ -893,6 +903,7 @@ def _strategy_losses(
     randoms: torch.Tensor,
     routes: torch.Tensor,
     batch_size: int,
+    progress: str | None,
 ) -> torch.Tensor:
     """Each held-out text's NLL under each strategy's mask.
 
@@ -900,6 +911,7 @@ def _strategy_losses(
         masks: (cluster + 1, layer, component): the per-cluster masks, then the global one.
         randoms: (n_random, layer, component) random masks.
         routes: (texts,) each text's cluster.
+        progress: the name of a progress bar over the passes, or None for none.
 
     Returns:
         (2 + n_random, texts): routed (its cluster's mask), global, each random mask.
@@ -910,7 +922,9 @@ def _strategy_losses(
         masks[k].expand(n, -1, -1),
         *[random.expand(n, -1, -1) for random in randoms],
     ]
-    losses = _losses_per_row(model, items * len(row_sets), torch.cat(row_sets), batch_size)
+    losses = _losses_per_row(
+        model, items * len(row_sets), torch.cat(row_sets), batch_size, progress=progress
+    )
     return losses.view(len(row_sets), n)
 
 
