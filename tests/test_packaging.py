@@ -84,5 +84,7 @@ def test_top_level_api():
     public = {name for name in dir(lsc) if not name.startswith("_")}
     assert set(lsc.__all__) <= public
     # Only curated names (and submodules Python adds on import) are exposed.
-    modules = {info.name for info in pkgutil.iter_modules(lsc.__path__) if not info.name.startswith("_")}
+    modules = {
+        info.name for info in pkgutil.iter_modules(lsc.__path__) if not info.name.startswith("_")
+    }
     assert public - set(lsc.__all__) <= modules
