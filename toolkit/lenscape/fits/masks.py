@@ -689,15 +689,15 @@ def _losses_per_row(
     row_masks: torch.Tensor,
     batch_size: int,
     *,
-    progress: str | None = None,
+    bar: str | None = None,
 ) -> torch.Tensor:
     """Mean NLL of ``items[i]`` under ``row_masks[i]`` (rows, layer, 2) -> (rows,); with
-    ``progress``, a bar of that name over the batches."""
+    ``bar``, a progress bar of that name over the batches."""
     current: dict[str, torch.Tensor] = {}
     out = []
     batches = range(0, len(items), batch_size)
     with _scaled_blocks(model, lambda: current["scale"]):
-        for start in tqdm(batches, disable=progress is None, desc=progress):
+        for start in tqdm(batches, disable=bar is None, desc=bar):
             current["scale"] = row_masks[start : start + batch_size].to(model.device)
             out.append(_row_loss(model, items[start : start + batch_size], current).cpu())
     return torch.cat(out)
@@ -903,7 +903,7 @@ def _strategy_losses(
     randoms: torch.Tensor,
     routes: torch.Tensor,
     batch_size: int,
-    progress: str | None,
+    bar: str | None,
 ) -> torch.Tensor:
     """Each held-out text's NLL under each strategy's mask.
 
@@ -911,7 +911,7 @@ def _strategy_losses(
         masks: (cluster + 1, layer, component): the per-cluster masks, then the global one.
         randoms: (n_random, layer, component) random masks.
         routes: (texts,) each text's cluster.
-        progress: the name of a progress bar over the passes, or None for none.
+        bar: the name of a progress bar over the passes, or None for none.
 
     Returns:
         (2 + n_random, texts): routed (its cluster's mask), global, each random mask.
@@ -922,9 +922,7 @@ def _strategy_losses(
         masks[k].expand(n, -1, -1),
         *[random.expand(n, -1, -1) for random in randoms],
     ]
-    losses = _losses_per_row(
-        model, items * len(row_sets), torch.cat(row_sets), batch_size, progress=progress
-    )
+    losses = _losses_per_row(model, items * len(row_sets), torch.cat(row_sets), batch_size, bar=bar)
     return losses.view(len(row_sets), n)
 
 
