@@ -104,8 +104,7 @@ def summary(args: argparse.Namespace) -> None:
         if ds is None:
             continue
         ratio = ds["ppl_ratio"].isel(target_sparsity=0)
-        scored = ds["n_held_out"] > 0  # clusters that received held-out texts
-        wins = (ds["loss_routed"] < ds["loss_global"]).isel(target_sparsity=0)[scored]
+        wins = aggregate.routing_wins(ds).isel(target_sparsity=0)
         masks.append(
             [
                 model,
@@ -113,7 +112,7 @@ def summary(args: argparse.Namespace) -> None:
                 ds.attrs["steps"],
                 "yes" if ds.attrs["converged"] else "no",
                 *[f"{float(ratio.sel(strategy=s)):.2f}" for s in ("routed", "global", "random")],
-                f"{int(wins.sum())} of {int(scored.sum())}",
+                f"{int(wins.sum())} of {wins.sizes['cluster']}",
                 f"{ds.attrs['wall_time'] / 60:.0f} min ({ds.attrs['torch_threads']} threads"
                 + (", resumed)" if ds.attrs.get("resumed") else ")"),
                 str(ds.attrs["commit"])[:10],

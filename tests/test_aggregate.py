@@ -167,3 +167,23 @@ def test_correct_only_keeps_the_prompts_the_model_gets_right():
         aggregate.correct_only(flagged.mean("prompt"))
     with pytest.raises(ValueError, match="answers none of the 3 prompts right"):
         aggregate.correct_only(da.assign_coords(correct=("prompt", [False] * 3)))
+
+
+def test_routing_wins_judges_only_clusters_with_held_out_texts():
+    loss_routed = np.array([[1.0, 3.0, 2.0], [5.0, 0.5, 9.0]])
+    loss_global = np.array([[2.0, 2.0, 2.0], [4.0, 1.0, 1.0]])
+    comparison = xr.Dataset(
+        {
+            "loss_routed": (("target_sparsity", "cluster"), loss_routed),
+            "loss_global": (("target_sparsity", "cluster"), loss_global),
+            "n_held_out": (("cluster",), np.array([3, 0, 2])),
+        },
+        coords={"target_sparsity": [0.1, 0.3], "cluster": [0, 1, 2]},
+    )
+    wins = aggregate.routing_wins(comparison)
+    assert wins["cluster"].values.tolist() == [0, 2]  # cluster 1 received no held-out text
+    assert wins.values.tolist() == [[True, False], [False, False]]  # a tie is not a win
+    with pytest.raises(ValueError, match="No cluster received"):
+        aggregate.routing_wins(comparison.assign(n_held_out=("cluster", np.zeros(3, int))))
+    with pytest.raises(ValueError, match="loss_global"):
+        aggregate.routing_wins(comparison.drop_vars("loss_global"))

@@ -191,3 +191,40 @@ def correct_only(da: xr.DataArray) -> xr.DataArray:
     return kept.assign_attrs(
         correct_only=f"{int(correct.sum())} of {correct.size} prompts the model gets right"
     )
+
+
+def routing_wins(comparison: xr.Dataset) -> xr.DataArray:
+    """Where routing beats one global mask, per cluster (F1's claim, cluster by cluster).
+
+    Args:
+        comparison: ``lsc.mask_comparison``'s Dataset (or a recorded one,
+            ``lsc.recorded("block_masks", ...)``), with ``loss_routed``/``loss_global``
+            (target_sparsity, cluster) and ``n_held_out`` (cluster,).
+
+    Returns:
+        bool (target_sparsity, cluster), True where the held-out texts routed to the cluster
+        have a lower mean loss under its own mask than under the global mask. Only the
+        clusters that received held-out texts are kept: elsewhere there is nothing to judge.
+
+    Raises:
+        ValueError: if a variable is missing, or no cluster received a held-out text.
+    """
+    missing = [v for v in ("loss_routed", "loss_global", "n_held_out") if v not in comparison]
+    if missing:
+        raise ValueError(
+            f"routing_wins reads a mask comparison, but the data lacks {missing}; pass the "
+            "Dataset of lsc.mask_comparison or lsc.recorded('block_masks', model=...)."
+        )
+    scored = comparison["n_held_out"].values > 0
+    if not scored.any():
+        raise ValueError(
+            "No cluster received a held-out text, so no cluster can be judged; "
+            "hold out more texts (mask_comparison's held_out)."
+        )
+    wins = (comparison["loss_routed"] < comparison["loss_global"]).isel(
+        cluster=np.flatnonzero(scored)
+    )
+    return wins.assign_attrs(
+        long_name="routed mask beats the global mask on the cluster's held-out texts",
+        units=binary.MASK_UNITS,
+    )
