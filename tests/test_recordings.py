@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 
 import lenscape as lsc
 from lenscape import recordings, schema
@@ -133,6 +134,48 @@ def _torch_threads(count: int):
         torch.set_num_threads(before)
 
 
+# Tolerances for a checkpoint recomputed on another kind of CPU (``recordings.cpu_kind``).
+# Measured 2026-11-25, the shipped checkpoints (AMD AVX2) recomputed on an Intel AVX512 CPU:
+# stage-0 gates differ by at most 0.0010 and its validation loss by 0.08%; the signed stages
+# start from stage 0's gates, and Adam's first updates (about +-lr per logit, whatever the
+# gradient's size) amplify rounding: up to 4.1% of G+ / G- gates moved by more than 0.05 and
+# their validation losses by up to 3.8%; block-mask keep probabilities by at most 0.0003,
+# masks identical. A code change is far outside these: learning rate 0.9 instead of 1.0
+# moves 24-30% of stage-0 gates by more than 0.05 and 44-55% of signed ones; lambda 0.12
+# instead of 0.1 is caught only on the recording's own kind of CPU, where the rerun agrees
+# to 1e-4.
+SAME_CPU_ATOL = 1e-4
+OTHER_CPU_STAGE0_ATOL = 5e-3
+OTHER_CPU_SIGNED_MOVED = (0.05, 0.10)  # (gate change, largest share of heads that may move so)
+OTHER_CPU_LOSS_RTOL = {"val_loss": 5e-3, "val_loss_plus": 0.1, "val_loss_minus": 0.1}
+OTHER_CPU_KEEP_PROB_ATOL = 2e-3
+
+
+def _same_cpu(recorded) -> bool:
+    """Whether this machine is the checkpoint's kind of CPU (same vendor, vector extension)."""
+    return recorded.attrs["cpu"] == recordings.cpu_kind()
+
+
+def _compare_head_roles(again, recorded, same_cpu: bool) -> None:
+    if same_cpu:
+        for name in ("gate", "gate_plus", "gate_minus"):
+            np.testing.assert_allclose(
+                again[name].values, recorded[name].values, atol=SAME_CPU_ATOL
+            )
+        for name in ("val_loss", "val_loss_plus", "val_loss_minus"):
+            np.testing.assert_allclose(again[name].values, recorded[name].values, rtol=1e-4)
+        return
+    np.testing.assert_allclose(
+        again["gate"].values, recorded["gate"].values, atol=OTHER_CPU_STAGE0_ATOL
+    )
+    change, share = OTHER_CPU_SIGNED_MOVED
+    for name in ("gate_plus", "gate_minus"):
+        moved = float((np.abs(again[name].values - recorded[name].values) > change).mean())
+        assert moved <= share, f"{moved:.1%} of {name} moved by more than {change}"
+    for name, rtol in OTHER_CPU_LOSS_RTOL.items():
+        np.testing.assert_allclose(again[name].values, recorded[name].values, rtol=rtol)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "path",
@@ -141,33 +184,65 @@ def _torch_threads(count: int):
 )
 def test_shipped_checkpoint_is_reproduced(path):
     """The first updates of a recorded fit, recomputed: the recorded files and today's code
-    agree. Recomputed at the recording's torch thread count (reductions split by thread);
-    tolerance 1e-4 on gates: float rounding may still differ between CPUs (Adam's first
-    updates move every logit by about lr, so a different code path shows as O(1))."""
+    agree. Recomputed at the recording's torch thread count (reductions split by thread); on
+    the checkpoint's kind of CPU to 1e-4, on another within the tolerances measured across
+    CPUs (above)."""
     recorded = lsc.open(path)
     model = lsc.load(path.parent.parent.name, device="cpu")
     with _torch_threads(int(recorded.attrs.get("torch_threads", 1))):
         again = recordings.head_roles_checkpoint(
             model, path.parent.name, precision=recorded.attrs["precision"]
         )
-    for name in ("gate", "gate_plus", "gate_minus"):
-        np.testing.assert_allclose(again[name].values, recorded[name].values, atol=1e-4)
-    for name in ("val_loss", "val_loss_plus", "val_loss_minus"):
-        np.testing.assert_allclose(again[name].values, recorded[name].values, rtol=1e-4)
+    _compare_head_roles(again, recorded, _same_cpu(recorded))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", _shipped_checkpoints("block_masks"), ids=lambda p: p.parent.name)
 def test_shipped_mask_checkpoint_is_reproduced(path):
     """The first updates of the recorded F1 fit (same clusters, sparsity and options),
-    recomputed: keep probabilities agree to 1e-4 and the masks are identical."""
+    recomputed: keep probabilities agree (1e-4 on the checkpoint's kind of CPU, 2e-3 on
+    another) and the masks are identical."""
     recorded = lsc.open(path)
     model = lsc.load(path.parent.name, device="cpu")
     with _torch_threads(int(recorded.attrs["torch_threads"])):
         again = recordings.block_masks_checkpoint(model, precision=recorded.attrs["precision"])
-    np.testing.assert_allclose(again["keep_prob"].values, recorded["keep_prob"].values, atol=1e-4)
+    atol = SAME_CPU_ATOL if _same_cpu(recorded) else OTHER_CPU_KEEP_PROB_ATOL
+    np.testing.assert_allclose(again["keep_prob"].values, recorded["keep_prob"].values, atol=atol)
     assert (again["mask"].values == recorded["mask"].values).all()
     assert (again["steps"].values == recorded["steps"].values).all()
+
+
+def test_checkpoints_name_their_cpu():
+    """Every shipped checkpoint says which kind of CPU computed it, so the test above knows
+    whether to expect float-rounding agreement."""
+    kinds = {
+        p: lsc.open(p).attrs.get("cpu")
+        for name in ("head_roles", "block_masks")
+        for p in _shipped_checkpoints(name)
+    }
+    assert all(isinstance(k, str) and " " in k for k in kinds.values()), kinds
+
+
+def test_a_code_change_is_caught_across_cpus():
+    """The cross-CPU comparison still fails a checkpoint that moved like a code change."""
+    gates = (("seed", "layer", "head"), np.linspace(0.05, 0.95, 270).reshape(1, 30, 9))
+    recorded = xr.Dataset(
+        {
+            **dict.fromkeys(("gate", "gate_plus", "gate_minus"), gates),
+            **{name: (("seed",), [1.0]) for name in OTHER_CPU_LOSS_RTOL},
+        }
+    )
+    _compare_head_roles(recorded.copy(deep=True), recorded, False)  # identical: passes
+    shifted = recorded.copy(deep=True)
+    shifted["gate_plus"] = shifted["gate_plus"] + 0.06 * (np.arange(270).reshape(1, 30, 9) % 4 == 0)
+    with pytest.raises(AssertionError, match="gate_plus moved"):
+        _compare_head_roles(shifted, recorded, False)
+    stage0 = recorded.copy(deep=True)
+    stage0["gate"] = stage0["gate"] + 0.01
+    with pytest.raises(AssertionError):
+        _compare_head_roles(stage0, recorded, False)
+    with pytest.raises(AssertionError):
+        _compare_head_roles(recorded.assign(gate=recorded["gate"] + 2e-4), recorded, True)
 
 
 @pytest.mark.parametrize("name", ["head_roles", "block_masks"])

@@ -18,7 +18,10 @@ unit it was in, with the same numbers (the unit's ``resumed`` attr says so and i
 Next to the units, each recording keeps a *checkpoint*: the result of the first few
 updates of its fit (head roles: seed 0 on the first items; block masks: the per-cluster
 masks on the recorded clusters), which ``tests/test_recordings.py`` recomputes, so the shipped data
-cannot drift from the code that made it.
+cannot drift from the code that made it. A checkpoint names the CPU kind and torch thread
+count it was computed with (``cpu_kind``): on that kind the rerun agrees to float rounding;
+on another (another vendor's math library, another vector extension) Adam's first updates
+amplify rounding, and the test compares with tolerances measured across CPUs.
 
 Layout: ``recorded_data/<name>/<model>/<task>/seed<N>.nc`` and ``.../checkpoint.nc`` for
 head roles; ``recorded_data/<name>/<model>/k<K>.nc`` and ``.../checkpoint.nc`` for block
@@ -27,6 +30,7 @@ masks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -214,14 +218,29 @@ def _fit_state(unit: Path) -> Path:
     return unit.with_name(f".{unit.stem}.fit-state")
 
 
+def cpu_kind() -> str:
+    """The CPU vendor and the vector extension torch dispatches to, e.g. ``"GenuineIntel
+    AVX512"``: a fit's rounding depends on both (and on the torch thread count), so a
+    checkpoint is bit-reproducible only on the same kind."""
+    vendor = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                vendor = line.split(":", 1)[1].strip()
+                break
+    return f"{vendor} {torch.backends.cpu.get_cpu_capability()}"
+
+
 def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.Dataset:
     """The first ``CHECKPOINT_STEPS`` updates per stage of seed 0 on the first
     ``CHECKPOINT_ITEMS`` training items: what ``tests/test_recordings.py`` recomputes.
 
-    The torch thread count is recorded (attr ``torch_threads``): CPU matmuls split their
-    reductions by thread, so a fit is bit-identical only at the same count (measured: 1 vs 2
-    threads differ by up to 0.02 in a gate after 3 updates, since Adam's first updates move
-    every logit by about lr whatever the gradient's size)."""
+    The torch thread count and CPU kind are recorded (attrs ``torch_threads``, ``cpu``): CPU
+    matmuls split their reductions by thread and by vector extension, so a fit is
+    bit-identical only on the same kind at the same count (measured: 1 vs 2 threads differ
+    by up to 0.02 in a gate after 3 updates, an AMD AVX2 vs an Intel AVX512 CPU by up to
+    0.21 in a G+ gate, since Adam's first updates move every logit by about lr whatever
+    the gradient's size)."""
     point = head_gating(
         model,
         data.task(task)[:CHECKPOINT_ITEMS],
@@ -231,7 +250,7 @@ def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.
         precision=precision,  # type: ignore[arg-type]
         progress=False,
     )
-    point.attrs["torch_threads"] = torch.get_num_threads()
+    point.attrs.update(torch_threads=torch.get_num_threads(), cpu=cpu_kind())
     return point
 
 
@@ -337,8 +356,8 @@ def _f1_split(k: int = BLOCK_MASKS_K) -> tuple[PromptSet, PromptSet, cluster.Clu
 def block_masks_checkpoint(model: LensModel, *, precision: str) -> xr.Dataset:
     """The first ``CHECKPOINT_STEPS`` updates of F1's per-cluster masks (``block_masks`` on
     the recorded clusters at the recorded sparsity): what ``tests/test_recordings.py``
-    recomputes. Its ``keep_prob`` moves with any change to the fit; the torch thread count is
-    recorded as in ``head_roles_checkpoint``."""
+    recomputes. Its ``keep_prob`` moves with any change to the fit; the torch thread count and
+    CPU kind are recorded as in ``head_roles_checkpoint``."""
     train, _, clusters = _f1_split()
     point = block_masks(
         model,
@@ -349,7 +368,7 @@ def block_masks_checkpoint(model: LensModel, *, precision: str) -> xr.Dataset:
         precision=precision,  # type: ignore[arg-type]
         progress=False,
     )
-    point.attrs["torch_threads"] = torch.get_num_threads()
+    point.attrs.update(torch_threads=torch.get_num_threads(), cpu=cpu_kind())
     return point
 
 
