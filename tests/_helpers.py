@@ -16,6 +16,7 @@ internals), shared by the capture tests and the bundled-model tests.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -300,3 +301,16 @@ def reference_correct(model, prompts):
             for p in prompts
         ]
     )
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """Run at ``count`` torch threads: on CPUs whose BLAS splits reductions by thread
+    (measured: Intel AVX512 with MKL, 1 vs 2 threads differ by 2e-6 in attribution
+    patching), results are bit-identical only at the same count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

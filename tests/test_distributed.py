@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-from _helpers import answered_prompts, reference_correct
+from _helpers import answered_prompts, reference_correct, torch_threads
 
 import lenscape as lsc
 from lenscape import models, store
@@ -53,7 +53,9 @@ def test_tiny_model_on_two_workers_equals_one_process(client, tiny_llama, factua
 @pytest.mark.slow
 def test_bundled_model_on_two_workers_equals_one_process(client, smol, factual, tmp_path):
     prompts = factual[:16]
-    expected = lsc.attribution_patching(smol, prompts, batch_size=4, progress=False)
+    (threads,) = set(client.run(torch.get_num_threads).values())
+    with torch_threads(threads):  # the workers' count: reductions split by thread
+        expected = lsc.attribution_patching(smol, prompts, batch_size=4, progress=False)
     got = lsc.capture_to(
         tmp_path / "smol.zarr",
         "attribution_patching",

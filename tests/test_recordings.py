@@ -3,13 +3,12 @@ schema check, and the shipped checkpoints recomputed so the data cannot drift fr
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import xarray as xr
+from _helpers import torch_threads
 
 import lenscape as lsc
 from lenscape import recordings, schema
@@ -123,17 +122,6 @@ def _shipped_checkpoints(name: str) -> list[Path]:
     return sorted(root.glob(pattern)) if root.is_dir() else []
 
 
-@contextlib.contextmanager
-def _torch_threads(count: int):
-    """Run at the recording's torch thread count (CPU reductions split by thread)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 # Tolerances for a checkpoint recomputed on another kind of CPU (``recordings.cpu_kind``).
 # Measured 2026-11-25, the shipped checkpoints (AMD AVX2) recomputed on an Intel AVX512 CPU:
 # stage-0 gates differ by at most 0.0010 and its validation loss by 0.08%; the signed stages
@@ -189,7 +177,7 @@ def test_shipped_checkpoint_is_reproduced(path):
     CPUs (above)."""
     recorded = lsc.open(path)
     model = lsc.load(path.parent.parent.name, device="cpu")
-    with _torch_threads(int(recorded.attrs.get("torch_threads", 1))):
+    with torch_threads(int(recorded.attrs.get("torch_threads", 1))):
         again = recordings.head_roles_checkpoint(
             model, path.parent.name, precision=recorded.attrs["precision"]
         )
@@ -204,7 +192,7 @@ def test_shipped_mask_checkpoint_is_reproduced(path):
     another) and the masks are identical."""
     recorded = lsc.open(path)
     model = lsc.load(path.parent.name, device="cpu")
-    with _torch_threads(int(recorded.attrs["torch_threads"])):
+    with torch_threads(int(recorded.attrs["torch_threads"])):
         again = recordings.block_masks_checkpoint(model, precision=recorded.attrs["precision"])
     atol = SAME_CPU_ATOL if _same_cpu(recorded) else OTHER_CPU_KEEP_PROB_ATOL
     np.testing.assert_allclose(again["keep_prob"].values, recorded["keep_prob"].values, atol=atol)

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 from _helpers import answered_prompts, reference_correct
 
@@ -157,7 +158,9 @@ def test_read_only_location(tiny_llama, factual, tmp_path):
 
 CHILD = textwrap.dedent("""
     import sys
+    import torch
     import lenscape as lsc
+    torch.set_num_threads(int(sys.argv[2]))  # the parent's: reductions split by thread
     prompts = lsc.data.prompts("factual")[:12]
     model = lsc.load("smollm2-135m", device="cpu")
     lsc.capture_to(sys.argv[1], "activation_patching", model, prompts, batch_size=2,
@@ -168,7 +171,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_equals_uninterrupted(smol, factual, tmp_path):
     prompts, path = factual[:12], tmp_path / "killed.zarr"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)])
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(torch.get_num_threads())])
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and child.poll() is None:
