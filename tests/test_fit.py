@@ -87,7 +87,7 @@ def test_precision_is_checked():
         optim.check_precision("bf16")
 
 
-def _noisy_fit(resume, stop_at=None, max_steps=12):
+def _noisy_fit(resume, stop_at=None, max_steps=12, start=None):
     """A fit whose gradient uses the caller's random state (as minibatches do): a resumed
     fit only matches an uninterrupted one if that state is kept too."""
     rng = torch.Generator().manual_seed(0)
@@ -110,7 +110,7 @@ def _noisy_fit(resume, stop_at=None, max_steps=12):
             lambda s: rng.set_state(s["rng"]),
         )
     return optim.fit_until_still(
-        torch.zeros(3, 2),
+        torch.zeros(3, 2) if start is None else start,
         loss_and_grad,
         watch=lambda p: p,
         lr=0.1,
@@ -141,6 +141,19 @@ def test_a_state_from_other_settings_is_refused(tmp_path):
     _noisy_fit(state)
     with pytest.raises(ValueError, match=r"other settings \(differing: \['max_steps'\]\)"):
         _noisy_fit(state, max_steps=8)
+
+
+def test_a_start_within_rounding_resumes_another_is_refused(tmp_path):
+    """Another CPU draws the same start up to its last bits: that state is continued; a
+    start that differs (another seed) is refused, naming the start."""
+    state = tmp_path / "fit.pt"
+    with pytest.raises(KeyboardInterrupt):
+        _noisy_fit(state, stop_at=7)
+    whole = _noisy_fit(None)
+    rounded = _noisy_fit(state, start=torch.full((3, 2), 1e-7))
+    torch.testing.assert_close(rounded.params, whole.params, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="from another start"):
+        _noisy_fit(state, start=torch.full((3, 2), 0.1))
 
 
 def test_checkpoint_folder_is_checked(tmp_path):
