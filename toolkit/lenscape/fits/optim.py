@@ -105,7 +105,8 @@ class Resume:
         path: the state file (written atomically every ``window`` updates; a finished fit
             leaves its final state there, so a rerun returns at once).
         key: plain values the fit depends on (settings, a fingerprint of its data); a file
-            written under another key is refused rather than continued.
+            written under another key, or from a start more than ``START_ATOL`` away, is
+            refused rather than continued.
         get_state: the caller's random state (minibatch order, gate noise), as plain values
             and tensors.
         set_state: puts a state from ``get_state`` back.
