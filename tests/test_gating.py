@@ -297,6 +297,13 @@ def test_gating_check_errors(fitted, tiny_llama, kwargs, message):
         )
 
 
+def test_gating_check_refuses_a_progress_that_is_not_a_flag(fitted, tiny_llama):
+    with pytest.raises(TypeError, match=r"progress must be True or False, got 'no'"):
+        lsc.gating_check(
+            tiny_llama, fitted, lsc.data.task("syntax", split="validation")[:4], progress="no"
+        )
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

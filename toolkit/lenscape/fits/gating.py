@@ -602,6 +602,7 @@ def gating_check(
     k: int | None = None,
     seed: int = 0,
     batch_size: int = 8,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Causal check of head-gating roles on held-out items, defined when gates saturate.
 
@@ -624,6 +625,8 @@ def gating_check(
             role; refused when the k-th score is tied (a top-k of tied heads is a draw).
         seed: seeds the random sets.
         batch_size: validation items per forward pass.
+        progress: show a progress bar (one step per pass over ``validation``, each
+            measuring up to 32 gate sets).
 
     Returns:
         Dataset over ``role`` (facilitating, interfering): ``set_size``, ``loss_off``,
@@ -641,6 +644,7 @@ def gating_check(
     k = _validate.positive_int("k", k, none_means="use the role sets")
     seed = _validate.integer("seed", seed, low=0)
     batch_size = _validate.positive_int("batch_size", batch_size)
+    progress = _validate.flag("progress", progress)
     spec = model.spec
     n_cells = spec.n_layers * spec.n_heads
     if n_random < 20:
@@ -659,11 +663,10 @@ def gating_check(
     reasons = {role: _undefined(role, cells, n_cells, threshold) for role, cells in sets.items()}
     rows = _switched_off(sets, reasons, n_cells, n_random, np.random.default_rng(seed))
     gates = torch.as_tensor(rows, dtype=torch.float32).view(-1, spec.n_layers, spec.n_heads)
+    parts = gates.split(SETS_PER_PASS)
+    bar = tqdm(parts, disable=not progress, desc=f"gating check ({len(gates)} gate sets)")
     losses = torch.cat(
-        [
-            task_loss(model, validation, part, batch_size=batch_size)
-            for part in gates.split(SETS_PER_PASS)
-        ]
+        [task_loss(model, validation, part, batch_size=batch_size) for part in bar]
     ).numpy()
     table, random_off = _compare(losses, reasons, n_random)
     attrs = {
