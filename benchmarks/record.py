@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import _report
-import numpy as np
 import torch
 
 import lenscape as lsc
@@ -69,7 +68,7 @@ def summary(args: argparse.Namespace) -> None:
             f"{float(aggregate.any_(ds[role]).mean()):.1%}"
             for role in ("facilitation", "interference")
         ]
-        wall = ds["wall_time"].values
+        whole = ds["wall_time"].where(ds["resumed"] == 0)  # a resumed seed's time is partial
         rows.append(
             [
                 task,
@@ -77,7 +76,8 @@ def summary(args: argparse.Namespace) -> None:
                 steps,
                 "yes" if ds.attrs["converged"] else "no",
                 *shares,
-                f"{np.mean(wall) / 60:.0f} min ({int(ds['torch_threads'][0])} thread)",
+                f"{float(whole.median()) / 60:.0f} min (median of {int(whole.count())} "
+                f"uninterrupted runs, {int(ds['torch_threads'][0])} thread)",
                 ds.attrs["precision"],
                 ", ".join(sorted({str(c)[:10] for c in ds["commit"].values})),
             ]
@@ -180,10 +180,11 @@ Block masks (F1): `lsc.mask_comparison` at K clusters and sparsity 0.3, held-out
 relative to the unmasked model (routed: each held-out text with its nearest cluster's mask;
 global: one mask fitted on all training texts; random: 20 masks of the same size); a cluster
 counts as a win where its routed texts have a lower mean loss under the routed mask than under
-the global one. Fit time is the last run's when the fit resumed. A file's `command` names the
-tasks its run recorded: from math seed 3 on, `--tasks math` and `--tasks syntax` ran side by
-side, one torch thread each on its own core (measured on the Intel machine: 2.4 s per stage-0
-update in each, the same as one run alone)."""
+the global one. Fit time per seed is the median over the seeds fitted in one uninterrupted
+run (a resumed seed carries only its last run's time), on whichever machines made them. A
+file's `command` names the tasks its run recorded: from math seed 3 on, `--tasks math` and
+`--tasks syntax` ran side by side, one torch thread each on its own core (measured on the
+Intel machine: 2.4 s per stage-0 update in each, the same as one run alone)."""
     _report.emit(
         args, _report.section("record", "Recorded results (issue 22)", intro, "\n\n".join(parts))
     )
