@@ -54,7 +54,7 @@ def _loaded(name: str, **where) -> object | None:
 
 def summary(args: argparse.Namespace) -> None:
     """The ``record`` section of RESULTS.md, read from the recorded files."""
-    rows, checks, masks = [], [], []
+    rows, checks, masks, per_cluster = [], [], [], []
     for task in recordings.HEAD_ROLES_TASKS:
         ds = _loaded("head_roles", model=args.model, task=task)
         if ds is None:
@@ -118,6 +118,21 @@ def summary(args: argparse.Namespace) -> None:
                 str(ds.attrs["commit"])[:10],
             ]
         )
+        routed, global_ = (
+            ds["loss_routed"].isel(target_sparsity=0),
+            ds["loss_global"].isel(target_sparsity=0),
+        )
+        per_cluster += [
+            [
+                model,
+                int(c),
+                int(ds["n_held_out"].sel(cluster=c)),
+                f"{float(routed.sel(cluster=c)):.3f}",
+                f"{float(global_.sel(cluster=c)):.3f}",
+                "yes" if bool(wins.sel(cluster=c)) else "no",
+            ]
+            for c in wins["cluster"].values
+        ]
     parts = [
         _report.table(
             [
@@ -168,23 +183,41 @@ def summary(args: argparse.Namespace) -> None:
         )
         if masks
         else "No block masks recorded yet (`python benchmarks/record.py block_masks`).",
+        *(
+            [
+                _report.table(
+                    [
+                        "model",
+                        "cluster",
+                        "held-out texts",
+                        "loss routed (nats)",
+                        "loss global (nats)",
+                        "routed beats global",
+                    ],
+                    per_cluster,
+                )
+            ]
+            if per_cluster
+            else []
+        ),
     ]
     intro = """\
 The reference-protocol results shipped in `toolkit/lenscape/recorded_data` (`lsc.recorded`),
 read from the files (each file carries its command, commit, date, machine, torch threads and
 wall time). Head roles (F4): `lsc.head_gating` at its defaults (the reference protocol), one
-seed at a time, training split, validation split held out. Causal check: each role's whole
-set (score >= 0.5 in every recorded seed) off vs 200 random sets of the same size drawn from
-the other heads, on the validation split; percentile = share of random sets that cost less.
-Block masks (F1): `lsc.mask_comparison` at K clusters and sparsity 0.3, held-out perplexity
-relative to the unmasked model (routed: each held-out text with its nearest cluster's mask;
-global: one mask fitted on all training texts; random: 20 masks of the same size); a cluster
-counts as a win where its routed texts have a lower mean loss under the routed mask than under
-the global one. Fit time per seed is the median over the seeds fitted in one uninterrupted
-run (a resumed seed carries only its last run's time), on whichever machines made them. A
-file's `command` names the tasks its run recorded: from math seed 3 on, `--tasks math` and
-`--tasks syntax` ran side by side, one torch thread each on its own core (measured on the
-Intel machine: 2.4 s per stage-0 update in each, the same as one run alone)."""
+seed at a time, training split, validation split held out. Causal check: each role's whole set
+(score >= 0.5 in every recorded seed) off vs 200 random sets of the same size drawn from the
+other heads, on the validation split; percentile = share of random sets that cost less. Block
+masks (F1): `lsc.mask_comparison` at K clusters and sparsity 0.3, held-out perplexity relative
+to the unmasked model (routed: each held-out text with its nearest cluster's mask; global: one
+mask fitted on all training texts; random: 20 masks of the same size); a cluster counts as a
+win where its routed texts have a lower mean loss under the routed mask than under the global
+one (second table: per cluster, the mean held-out NLL of the texts routed to it; the random
+masks are scored over all held-out texts only). Fit time per seed is the median over the seeds
+fitted in one uninterrupted run (a resumed seed carries only its last run's time), on whichever
+machines made them. A file's `command` names the tasks its run recorded: from math seed 3 on,
+`--tasks math` and `--tasks syntax` ran side by side, one torch thread each on its own core
+(measured on the Intel machine: 2.4 s per stage-0 update in each, the same as one run alone)."""
     _report.emit(
         args, _report.section("record", "Recorded results (issue 22)", intro, "\n\n".join(parts))
     )
