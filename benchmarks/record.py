@@ -118,21 +118,19 @@ def summary(args: argparse.Namespace) -> None:
                 str(ds.attrs["commit"])[:10],
             ]
         )
-        routed, global_ = (
-            ds["loss_routed"].isel(target_sparsity=0),
-            ds["loss_global"].isel(target_sparsity=0),
-        )
-        per_cluster += [
-            [
-                model,
-                int(c),
-                int(ds["n_held_out"].sel(cluster=c)),
-                f"{float(routed.sel(cluster=c)):.3f}",
-                f"{float(global_.sel(cluster=c)):.3f}",
-                "yes" if bool(wins.sel(cluster=c)) else "no",
-            ]
-            for c in wins["cluster"].values
-        ]
+        losses = ds[["loss_routed", "loss_global", "n_held_out"]].isel(target_sparsity=0)
+        for c in wins["cluster"].values:
+            one = losses.sel(cluster=c)
+            per_cluster.append(
+                [
+                    model,
+                    int(c),
+                    int(one["n_held_out"]),
+                    f"{float(one['loss_routed']):.3f}",
+                    f"{float(one['loss_global']):.3f}",
+                    "yes" if bool(wins.sel(cluster=c)) else "no",
+                ]
+            )
     parts = [
         _report.table(
             [
@@ -183,24 +181,21 @@ def summary(args: argparse.Namespace) -> None:
         )
         if masks
         else "No block masks recorded yet (`python benchmarks/record.py block_masks`).",
-        *(
-            [
-                _report.table(
-                    [
-                        "model",
-                        "cluster",
-                        "held-out texts",
-                        "loss routed (nats)",
-                        "loss global (nats)",
-                        "routed beats global",
-                    ],
-                    per_cluster,
-                )
-            ]
-            if per_cluster
-            else []
-        ),
     ]
+    if per_cluster:
+        parts.append(
+            _report.table(
+                [
+                    "model",
+                    "cluster",
+                    "held-out texts",
+                    "loss routed (nats)",
+                    "loss global (nats)",
+                    "routed beats global",
+                ],
+                per_cluster,
+            )
+        )
     intro = """\
 The reference-protocol results shipped in `toolkit/lenscape/recorded_data` (`lsc.recorded`),
 read from the files (each file carries its command, commit, date, machine, torch threads and
@@ -212,7 +207,7 @@ masks (F1): `lsc.mask_comparison` at K clusters and sparsity 0.3, held-out perpl
 to the unmasked model (routed: each held-out text with its nearest cluster's mask; global: one
 mask fitted on all training texts; random: 20 masks of the same size); a cluster counts as a
 win where its routed texts have a lower mean loss under the routed mask than under the global
-one (second table: per cluster, the mean held-out NLL of the texts routed to it; the random
+one (last table: per cluster, the mean held-out NLL of the texts routed to it; the random
 masks are scored over all held-out texts only). Fit time per seed is the median over the seeds
 fitted in one uninterrupted run (a resumed seed carries only its last run's time), on whichever
 machines made them. A file's `command` names the tasks its run recorded: from math seed 3 on,
