@@ -158,3 +158,37 @@ def test_refined_run_ranks_once_on_the_client_and_workers_reuse_it(
     assert got.attrs == expected.attrs
     assert len(on_client) == 2  # one ranking pass per run: in memory, then the dask run
     assert sum(client.run(count_ranking_passes).values()) == before  # none on the workers
+
+
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("edge_attribution", {"per_prompt": True}),
+        ("logit_lens", {}),
+        ("faithfulness", {}),
+    ],
+)
+def test_newer_methods_on_two_workers_equal_one_process(
+    client, tiny_llama, factual, tmp_path, method, options
+):
+    prompts = factual[:6]
+    call = getattr(lsc, method)
+    (threads,) = set(client.run(torch.get_num_threads).values())
+    with torch_threads(threads):  # the workers' count: reductions split by thread
+        expected = call(tiny_llama, prompts, batch_size=2, progress=False, **options)
+    got = call(
+        tiny_llama,
+        prompts,
+        batch_size=2,
+        store=tmp_path / ("parts" if method == "faithfulness" else "r.zarr"),
+        client=client,
+        progress=False,
+        **options,
+    )
+    if method == "faithfulness":  # timings differ; the numbers may not
+        timing = ["seconds", "cost_vs_atp", "speedup_vs_exact"]
+        got, expected = got.drop_vars(timing), expected.drop_vars(timing)
+        got.attrs, expected.attrs = {}, {}
+        xr.testing.assert_identical(got, expected)
+    else:
+        xr.testing.assert_identical(got.compute(), expected)

@@ -1,4 +1,4 @@
-"""Edge attribution, circuits and exact edge patching (capture/edges.py).
+"""Edge attribution, circuits and exact edge patching (capture/edges/).
 
 Exactness is checked two ways on tiny float64 Llamas with grouped-query attention (4 query
 heads, 2 key/value heads):
@@ -19,7 +19,11 @@ import xarray as xr
 import lenscape as lsc
 from lenscape import data, models
 from lenscape.capture import edges
-from lenscape.sweep.inputs import prepare
+from lenscape.capture.edges import circuits, hooks
+from lenscape.capture.edges import patching as edge_patching
+from lenscape.capture.edges.graph import Graph
+from lenscape.sweep.inputs import batched, tokenize
+from lenscape.sweep.options import Options
 
 IOI = data.prompts("ioi")
 
@@ -83,16 +87,18 @@ def linear64(tokenizer):
 
 
 def _inputs(model, prompts):
-    return prepare(
-        model,
-        prompts,
-        metric="logit_diff",
-        level="head",
-        backend="nnsight",
-        batch_size=8,
-        padding_side="right",
-        needs_corrupt=True,
+    tokens = tokenize(model, prompts, needs_corrupt=True, needs_distractor=True)
+    options = Options.of(
+        "edge_attribution",
+        dict(metric="logit_diff", backend="nnsight", batch_size=8, padding_side="right"),
     )
+    return batched(model, tokens, options)
+
+
+def _patched_metrics(inputs, weights, base):
+    """(variants, batch) patched metrics, (batch,) base and (batch,) other metric."""
+    values = edge_patching._patched_metrics(inputs, inputs.batch(0), weights, base).values.T
+    return values[:-2], values[-2], values[-1]
 
 
 def _logit_diff(logits: torch.Tensor, batch) -> torch.Tensor:
@@ -106,14 +112,12 @@ def _patch_derivative(model, prompts, weights: np.ndarray, eps: float = 1e-5) ->
     t = 0 (central difference in float64), per prompt."""
     inputs = _inputs(model, prompts)
     batch = inputs.batch(0)
-    clean, _ = edges._senders(inputs, batch.clean)
+    clean, _ = hooks.unedited(inputs, batch.clean)
     values = []
     for t in (eps, -eps):
-        state = edges._Pass(
-            edges.Graph.of(model), other=clean, patched=torch.as_tensor(t * weights)
-        )
+        state = hooks.Pass(Graph.of(model), other=clean, patched=torch.as_tensor(t * weights))
         with torch.no_grad():
-            logits = edges._run(model, "nnsight", batch.corrupt, state, grad=False)
+            logits = hooks.run_pass(model, "nnsight", batch.corrupt, state, grad=False)
         values.append(_logit_diff(logits, batch))
     return ((values[0] - values[1]) / (2 * eps)).numpy()
 
@@ -129,7 +133,7 @@ def test_graph_counts_senders_receivers_and_edges(gqa64):
     assert np.isnan(mlp0.sel(sender="L0.MLP"))
     assert np.isnan(scores.sel(sender="L1.H0", receiver="L1.KV0.k"))
     assert np.isfinite(scores.sel(sender="L0.MLP", receiver="L1.KV1.v"))
-    graph = edges.Graph(layers, heads, kv)
+    graph = Graph(layers, heads, kv)
     assert int(np.isfinite(scores.values).sum()) == int(graph.valid.sum())
 
 
@@ -179,7 +183,7 @@ def test_eap_equals_exact_edge_patching_on_a_linear_model(linear64):
     of their EAP scores (a chain of patched edges would instead cut the paths through it)."""
     prompts = IOI[:4]
     scores = edges.edge_attribution(linear64, prompts, per_prompt=True, progress=False)
-    graph = edges.Graph(3, 4, 2)
+    graph = Graph(3, 4, 2)
     early = scores["sender_layer"].values <= 0
     late = scores["receiver_layer"].values >= 1
     rng = np.random.default_rng(0)
@@ -190,7 +194,7 @@ def test_eap_equals_exact_edge_patching_on_a_linear_model(linear64):
     # The corrupt run with every edge outside the circuit reading the clean run.
     patched = edges.edge_patching(linear64, prompts, circuit, base="corrupt", progress=False)
     inputs = _inputs(linear64, prompts)
-    _, corrupt, clean = edges._patched_metrics(inputs, inputs.batch(0), [], base="corrupt")
+    _, corrupt, clean = _patched_metrics(inputs, [], "corrupt")
     estimate = corrupt.numpy() + np.where(patched_edges[None], scores.values, 0).sum((1, 2))
     assert np.abs(patched.values - corrupt.numpy()).max() > 1e-3
     np.testing.assert_allclose(patched.values, estimate, rtol=1e-5, atol=1e-5)
@@ -212,10 +216,10 @@ def test_eap_ig_with_one_step_is_eap_and_more_steps_differ(tiny_llama):
 def test_patching_every_edge_gives_the_other_run_and_none_gives_the_base(gqa64):
     prompts = IOI[:5]
     inputs = _inputs(gqa64, prompts)
-    valid = edges.Graph.of(gqa64).valid
+    valid = Graph.of(gqa64).valid
     for base in ("clean", "corrupt"):
-        patched, base_metric, other_metric = edges._patched_metrics(
-            inputs, inputs.batch(0), [valid, np.zeros_like(valid)], base=base
+        patched, base_metric, other_metric = _patched_metrics(
+            inputs, [valid.astype(float), np.zeros(valid.shape)], base
         )
         np.testing.assert_allclose(patched[0], other_metric, rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(patched[1], base_metric, rtol=1e-10, atol=1e-10)
@@ -239,8 +243,8 @@ def test_circuit_keeps_top_edges_on_paths_and_round_trips(gqa64, tmp_path):
     kept = chosen.values
     magnitude = np.abs(np.nan_to_num(scores.values))
     assert magnitude[kept].min() >= np.sort(magnitude.ravel())[-20]  # from the top 20
-    graph = edges.Graph.of(gqa64)
-    np.testing.assert_array_equal(edges._on_paths(graph, kept), kept)  # pruning is stable
+    graph = Graph.of(gqa64)
+    np.testing.assert_array_equal(circuits.on_paths(graph, kept), kept)  # pruning is stable
     assert kept[:, -1].any()  # something reaches the logits
     every = edges.circuit(scores, fraction=1.0)
     assert every.attrs["n_edges"] == int(graph.valid.sum())
@@ -250,15 +254,15 @@ def test_circuit_keeps_top_edges_on_paths_and_round_trips(gqa64, tmp_path):
 
 
 def test_pruning_drops_edges_that_lead_nowhere():
-    graph = edges.Graph(2, 2, 1)
+    graph = Graph(2, 2, 1)
     kept = np.zeros(graph.valid.shape, dtype=bool)
-    receivers = {label: r for r, label in enumerate(graph.receiver_labels())}
-    senders = {label: s for s, label in enumerate(graph.sender_labels())}
+    receivers = {label: r for r, label in enumerate(graph.receiver_labels)}
+    senders = {label: s for s, label in enumerate(graph.sender_labels)}
     kept[senders["embed"], receivers["L0.H1.q"]] = True  # embed -> head 0.1 ...
     kept[senders["L0.H1"], receivers["logits"]] = True  # ... -> logits: a path
     kept[senders["embed"], receivers["L1.KV0.v"]] = True  # L1 heads reach nothing: dropped
     kept[senders["L1.MLP"], receivers["logits"]] = True  # L1 MLP reads nothing: dropped
-    pruned = edges._on_paths(graph, kept)
+    pruned = circuits.on_paths(graph, kept)
     assert pruned.sum() == 2
     assert pruned[senders["embed"], receivers["L0.H1.q"]]
     assert pruned[senders["L0.H1"], receivers["logits"]]
@@ -313,7 +317,7 @@ def test_corrupt_prompt_of_another_length_is_refused(tiny_llama):
 
 def test_bad_budgets_and_foreign_circuits_are_refused(gqa64, tiny_llama, tokenizer):
     scores = edges.edge_attribution(gqa64, IOI[:2], progress=False)
-    n_edges = int(edges.Graph.of(gqa64).valid.sum())
+    n_edges = int(Graph.of(gqa64).valid.sum())
     for budget, match in [
         ({"edges": 0}, "edges"),
         ({"edges": n_edges + 1}, "edges"),
@@ -336,8 +340,8 @@ def test_bad_circuits_budgets_and_seeds_are_refused_by_name(tiny_llama):
     scores = edges.edge_attribution(tiny_llama, IOI[:2], progress=False)
     for circuit, error in [
         (None, TypeError),
-        (lsc.circuit(scores, edges=3).to_dataset(name="kept"), TypeError),
-        (lsc.circuit(scores, edges=3).isel(sender=0), ValueError),
+        (lsc.circuit(scores, fraction=0.5).to_dataset(name="kept"), TypeError),
+        (lsc.circuit(scores, fraction=0.5).isel(sender=0), ValueError),
     ]:
         with pytest.raises(error, match=r"^circuit "):
             edges.edge_patching(tiny_llama, IOI[:2], circuit, progress=False)
@@ -472,7 +476,7 @@ def test_edge_patching_with_every_edge_kept_is_the_unpatched_run(gqa64):
     scores = edges.edge_attribution(gqa64, prompts, progress=False)
     full = lsc.circuit(scores, fraction=1.0)
     inputs = _inputs(gqa64, prompts)
-    _, clean, corrupt = edges._patched_metrics(inputs, inputs.batch(0), [], base="clean")
+    _, clean, corrupt = _patched_metrics(inputs, [], "clean")
     for base, expected in (("clean", clean), ("corrupt", corrupt)):
         patched = lsc.edge_patching(gqa64, prompts, full, base=base, progress=False)
         assert patched.dims == ("prompt",) and patched.attrs["base"] == base

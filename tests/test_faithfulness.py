@@ -11,6 +11,7 @@ import xarray as xr
 import lenscape as lsc
 from lenscape.capture import patching
 from lenscape.capture.faithfulness import parse_estimator
+from lenscape.sweep.options import MAX_STEPS
 
 
 @pytest.fixture(scope="module")
@@ -99,4 +100,6 @@ def test_attribution_patching_bounds_the_integration_steps(tiny_llama, pairs):
     """A billion steps would run a billion forward and backward passes per batch."""
     with pytest.raises(ValueError, match=r"steps=1000000000 integration points.*at most 512"):
         lsc.attribution_patching(tiny_llama, pairs, estimator="ig", steps=10**9, progress=False)
-    assert patching._check_estimator("ig", patching.MAX_IG_STEPS) == 512
+    assert patching._check_estimator("ig", MAX_STEPS) == MAX_STEPS == 512
+    with pytest.raises(ValueError, match=r"steps=513 integration points.*at most 512"):
+        lsc.edge_attribution(tiny_llama, pairs, estimator="eap-ig", steps=513, progress=False)

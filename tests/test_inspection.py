@@ -15,7 +15,7 @@ def prompts():
 
 
 def test_inspect_tabulates_top_tokens_and_metrics(tiny_llama, prompts):
-    report = lsc.inspect(tiny_llama, prompts, top_k=4)
+    report = lsc.inspect_prompts(tiny_llama, prompts, top_k=4)
     ds = report.data
     assert dict(ds.sizes) == {"prompt": 3, "rank": 4}
     assert ds["text"].values.tolist() == prompts.texts
@@ -38,7 +38,7 @@ def test_inspect_tabulates_top_tokens_and_metrics(tiny_llama, prompts):
 
 
 def test_inspect_shows_as_a_compact_table(tiny_llama, prompts):
-    report = lsc.inspect(tiny_llama, prompts)
+    report = lsc.inspect_prompts(tiny_llama, prompts)
     table = report._repr_html_()
     assert table.startswith("<table") and table.count("<tr") == 1 + len(prompts)
     assert "The capital of France is the city of <b>→  Paris</b>" in table
@@ -48,7 +48,7 @@ def test_inspect_shows_as_a_compact_table(tiny_llama, prompts):
 
 
 def test_prompts_without_corrupt_texts_show_the_clean_side_only(tiny_llama):
-    report = lsc.inspect(
+    report = lsc.inspect_prompts(
         tiny_llama, [{"text": "The capital of France is", "target": " Paris"}], metric="logprob"
     )
     assert "corrupt_token" not in report.data and "corrupt" not in report.to_dataframe()
@@ -59,16 +59,16 @@ def test_prompts_without_corrupt_texts_show_the_clean_side_only(tiny_llama):
 
 def test_bad_options_are_named(tiny_llama, prompts):
     with pytest.raises(ValueError, match="top_k must be a positive integer"):
-        lsc.inspect(tiny_llama, prompts, top_k=0)
+        lsc.inspect_prompts(tiny_llama, prompts, top_k=0)
     with pytest.raises(ValueError, match="Unknown metric"):
-        lsc.inspect(tiny_llama, prompts, metric="accuracy")
+        lsc.inspect_prompts(tiny_llama, prompts, metric="accuracy")
 
 
 def test_inspect_flags_the_prompts_the_model_gets_wrong(tiny_llama):
     prompts = answered_prompts(tiny_llama, lsc.data.prompts("factual")[:5])
     expected = reference_correct(tiny_llama, prompts)
     assert expected.any() and not expected.all()
-    report = lsc.inspect(tiny_llama, prompts)
+    report = lsc.inspect_prompts(tiny_llama, prompts)
     np.testing.assert_array_equal(report.data["correct"].values, expected)
     top_is_target = report.data["clean_token"].values[:, 0] == report.data["target"].values
     np.testing.assert_array_equal(report.data["correct"].values, top_is_target)

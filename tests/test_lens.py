@@ -97,17 +97,34 @@ def test_plain_text_follows_the_models_own_answer(tiny_llama):
 @pytest.mark.parametrize(
     ("prompt", "target", "error", "match"),
     [
-        ("   ", None, ValueError, "empty; pass a text"),
+        ("   ", None, ValueError, "is empty; give the words"),
         (TEXT, " Paris France", ValueError, "single tokens"),
-        (TEXT, "", ValueError, "is empty"),
+        (TEXT, "", ValueError, "target '' is empty"),
         (TEXT, 3, TypeError, "target must be a string"),
-        (["a", "b"], None, TypeError, "pass one prompt"),
+        (3, None, TypeError, "or a list of them"),
+        ([3], None, ValueError, "Record 0"),
         ({"text": TEXT}, None, ValueError, "text"),
     ],
 )
 def test_bad_input_names_the_fix(tiny_llama, prompt, target, error, match):
     with pytest.raises(error, match=match):
         logit_lens(tiny_llama, prompt, target=target)
+
+
+def test_a_list_of_prompts_gives_each_its_own_positions(tiny_llama):
+    """Several prompts: (prompt, layer, pos), each from position 0 and NaN past its end,
+    equal to the one-prompt lens of each (whatever else shares its batch)."""
+    texts = [TEXT, "The capital of Italy is", "Rome"]
+    many = logit_lens(tiny_llama, texts, target=" Paris", batch_size=2, progress=False)
+    assert many.dims == ("prompt", "layer", "pos") and list(many["text"].values) == texts
+    for i, text in enumerate(texts):
+        one = logit_lens(tiny_llama, text, target=" Paris", progress=False)
+        got = many.isel(prompt=i, pos=slice(0, one.sizes["pos"]))
+        np.testing.assert_allclose(got.values, one.values, atol=1e-5)
+        np.testing.assert_array_equal(got["top_token"].values, one["top_token"].values)
+        assert np.isnan(many.isel(prompt=i, pos=slice(one.sizes["pos"], None))).all()
+        rest = many["target_rank"].isel(prompt=i, pos=slice(one.sizes["pos"], None))
+        assert (rest == -1).all()
 
 
 def test_text_longer_than_the_context_is_refused(tiny_llama):

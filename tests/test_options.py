@@ -36,6 +36,10 @@ OWN_MEANING = {
     ("models/lens_model.py", "provenance", "backend"),
     # A plan rebuilt from its data on a worker shows no bar of its own.
     ("sweep/plan.py", "build", "progress"),
+    # None: the level the options give (batching for one level of a two-level method;
+    # provenance of a result that has no level, such as edge scores).
+    ("sweep/inputs.py", "batched", "level"),
+    ("sweep/result.py", "provenance", "level"),
 }
 
 

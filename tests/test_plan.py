@@ -13,10 +13,13 @@ import pytest
 import xarray as xr
 
 from lenscape.capture import patching
+from lenscape.sweep.inputs import tokenize
+from lenscape.sweep.options import Options
 from lenscape.sweep.plan import PlanData, run_in_memory
 
 # Runs in a fresh interpreter: rebuild the plan from its pickled data on a model loaded from
-# its recipe, with the pre-pass functions made to fail, and pickle the result back.
+# its recipe, with the pre-pass functions and the tokenizer made to fail (the plan carries
+# its tokens), and pickle the result back.
 FRESH_PROCESS = """
 import pickle, sys
 import cloudpickle
@@ -30,6 +33,15 @@ patching._site_means = patching._refined_columns = redone
 folder = sys.argv[1]
 data = pickle.loads(open(f"{folder}/plan.pkl", "rb").read())
 model = cloudpickle.loads(open(f"{folder}/recipe.pkl", "rb").read())()
+
+class NoTokenising:
+    def __init__(self, tokenizer):
+        self.pad_token_id = tokenizer.pad_token_id
+
+    def __call__(self, *args, **kwargs):
+        raise AssertionError("the prompts were tokenised again")
+
+model.tokenizer = NoTokenising(model.tokenizer)
 result = run_in_memory(data.build(model), progress=False)
 open(f"{folder}/result.pkl", "wb").write(pickle.dumps(result))
 """
@@ -53,19 +65,19 @@ open(f"{folder}/result.pkl", "wb").write(pickle.dumps(result))
 def test_plan_pickles_and_runs_in_a_fresh_process(
     tiny_llama, factual, tmp_path, planner, options, prepass
 ):
-    options_class = {
-        patching.plan_ablation: patching.AblationOptions,
-        patching.plan_activation_patching: patching.ActivationPatchingOptions,
+    name = {
+        patching.plan_ablation: "ablation",
+        patching.plan_activation_patching: "activation_patching",
     }[planner]
-    checked = options_class(
-        level="head",
-        metric="logit_diff",
-        batch_size=3,
-        backend="nnsight",
-        padding_side="right",
-        **options,
+    checked = Options.of(
+        name,
+        dict(
+            level="head", metric="logit_diff", batch_size=3, backend="nnsight", padding_side="right"
+        )
+        | options,
     )
-    plan = planner(tiny_llama, factual[:7], checked, progress=False)
+    tokens = tokenize(tiny_llama, factual[:7], needs_corrupt=True, needs_distractor=True)
+    plan = planner(tiny_llama, tokens, checked, progress=False)
     expected = run_in_memory(plan, progress=False)
     data = PlanData.of(planner, checked, plan)
     assert set(data.prepass) == prepass

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-from _helpers import answered_prompts, reference_correct
+from _helpers import answered_prompts, reference_correct, torch_threads
 
 import lenscape as lsc
 from lenscape import store
@@ -230,3 +230,133 @@ def test_correct_flags_are_streamed_batch_by_batch_and_resumed(
     np.testing.assert_array_equal(resumed["correct"].values, expected)
     in_memory = fn(tiny_llama, prompts, batch_size=2, progress=False, **options)
     xr.testing.assert_identical(resumed.compute(), in_memory)
+
+
+# ---------------------------------------------------------- every method on one core
+
+#: The methods that joined the plan core, with options, and how to read their result.
+NEWER = [
+    ("edge_attribution", {"per_prompt": True}),
+    ("logit_lens", {}),
+    ("attention_pattern", {"layer": 1}),
+]
+
+
+@pytest.mark.parametrize("method, options", NEWER)
+def test_newer_methods_stream_and_equal_in_memory(tiny_llama, factual, tmp_path, method, options):
+    prompts = factual[:7]  # 3 batches of 3, the last one short
+    fn = getattr(lsc, method)
+    expected = fn(tiny_llama, prompts, batch_size=3, progress=False, **options)
+    streamed = fn(
+        tiny_llama, prompts, batch_size=3, store=tmp_path / "r.zarr", progress=False, **options
+    )
+    assert streamed.chunks is not None  # lazily opened, dask-backed
+    xr.testing.assert_identical(streamed.compute(), expected)
+    again = lsc.capture_to(
+        tmp_path / "r2.zarr", method, tiny_llama, prompts, batch_size=3, progress=False, **options
+    )
+    xr.testing.assert_identical(again.compute(), expected)
+
+
+def test_prompt_inspection_streams(tiny_llama, factual, tmp_path):
+    expected = lsc.inspect_prompts(tiny_llama, factual[:5], batch_size=2, progress=False)
+    streamed = lsc.inspect_prompts(
+        tiny_llama, factual[:5], batch_size=2, store=tmp_path / "i.zarr", progress=False
+    )
+    xr.testing.assert_identical(streamed.data, expected.data)
+
+
+def test_edge_mean_from_a_store_equals_the_mean_in_memory(tiny_llama, factual, tmp_path):
+    expected = lsc.edge_attribution(tiny_llama, factual[:5], batch_size=2, progress=False)
+    streamed = lsc.edge_attribution(
+        tiny_llama, factual[:5], batch_size=2, store=tmp_path / "e.zarr", progress=False
+    )
+    assert streamed.dims == ("sender", "receiver") and streamed.dtype == np.float64
+    xr.testing.assert_identical(streamed, expected)
+    # the store keeps the per-prompt scores, with the model's own answers
+    assert lsc.open(tmp_path / "e.zarr").dims == ("prompt", "sender", "receiver")
+
+
+KILLED = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[3])
+    import torch
+    torch.set_num_threads(1)
+    import lenscape as lsc
+    from lenscape import models
+    from lenscape.sweep import streaming
+    from _helpers import small_tokenizer
+
+    write = streaming.write_batch
+
+    def slow_write(*args, **kwargs):  # a batch every 0.2 s: time to be killed mid-run
+        write(*args, **kwargs)
+        time.sleep(0.2)
+
+    streaming.write_batch = slow_write
+    model = models.tiny("llama", n_layers=3, seed=0, tokenizer=small_tokenizer())
+    prompts = lsc.data.prompts("factual")[:12]
+    {call}
+""")
+
+#: method -> the call the child makes (and the parent repeats), into ``sys.argv[1]``.
+KILLED_CALLS = {
+    "edge_attribution": "lsc.edge_attribution(model, prompts, batch_size=1, per_prompt=True, "
+    "store=sys.argv[1], progress=False)",
+    "logit_lens": "lsc.logit_lens(model, prompts, batch_size=1, store=sys.argv[1], progress=False)",
+    "faithfulness": "lsc.faithfulness(model, prompts, batch_size=1, store=sys.argv[1], "
+    "progress=False)",
+}
+
+
+def _kill_when(child: subprocess.Popen, ready) -> None:
+    """SIGKILL ``child`` as soon as ``ready()`` is true (fail if it ends first)."""
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and child.poll() is None and not ready():
+            time.sleep(0.02)
+        assert child.poll() is None, "the child finished or died before it could be killed"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def _done(path) -> int:
+    try:
+        return int(store.progress(path)[1].sum())
+    except ValueError:  # no store yet, or its layout is still being written
+        return 0
+
+
+@pytest.mark.parametrize("method", ["edge_attribution", "logit_lens", "faithfulness"])
+def test_newer_methods_resume_after_sigkill_to_identical_numbers(
+    tiny_llama, factual, tmp_path, method
+):
+    from pathlib import Path
+
+    path = tmp_path / ("parts" if method == "faithfulness" else "killed.zarr")
+    # faithfulness keeps its parts in a folder: kill it inside its second part
+    watched = path / "exact_block.zarr" if method == "faithfulness" else path
+    code = KILLED.replace("{call}", KILLED_CALLS[method])
+    helpers = str(Path(__file__).parent)
+    child = subprocess.Popen([sys.executable, "-c", code, str(path), "", helpers])
+    _kill_when(child, lambda: _done(watched) >= 2)
+    assert 2 <= _done(watched) < 12
+    call = getattr(lsc, method)
+    options = {"per_prompt": True} if method == "edge_attribution" else {}
+    prompts = factual[:12]
+    with torch_threads(1):
+        resumed = call(tiny_llama, prompts, batch_size=1, store=path, progress=False, **options)
+        whole = call(tiny_llama, prompts, batch_size=1, progress=False, **options)
+    if method == "faithfulness":  # resumed parts are not timed; everything else is equal
+        timing = ["seconds", "cost_vs_atp", "speedup_vs_exact"]
+        assert np.isnan(resumed.attrs["exact_seconds_block"])  # resumed from the store
+        assert np.isfinite(resumed["seconds"]).all()  # the estimators ran whole in this call
+        resumed, whole = resumed.drop_vars(timing), whole.drop_vars(timing)
+        resumed.attrs, whole.attrs = {}, {}
+        xr.testing.assert_identical(resumed, whole)
+    else:
+        xr.testing.assert_identical(resumed.compute(), whole)
+    assert not list(path.rglob("*.partial"))

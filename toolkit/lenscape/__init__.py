@@ -6,23 +6,8 @@ DataArrays -> ``save``/``open`` them -> aggregate -> draw with ``heatmap`` -> br
 """
 
 from . import accessor as _accessor  # registers the ``da.lsc`` accessor
-from . import aggregate, cluster, data, schema
-from .capture import (
-    ablation,
-    activation_patching,
-    attribution_patching,
-    capture_to,
-    circuit,
-    circuit_faithfulness,
-    direct_logit_attribution,
-    edge_agreement,
-    edge_attribution,
-    edge_patching,
-)
-from .capture.attention import attention_pattern
-from .capture.faithfulness import faithfulness
-from .capture.inspection import inspect
-from .capture.lens import logit_lens
+from . import aggregate, capture, cluster, data, schema
+from .capture import *  # noqa: F403  every registered method (lenscape.sweep.registry.METHODS)
 from .fits import (
     apply_mask,
     block_mask_estimate,
@@ -46,6 +31,7 @@ from .widgets_circuit import CircuitExplorer
 del _accessor
 
 __all__ = [
+    *capture.__all__,
     "ArchLayout",
     "CircuitExplorer",
     "Explorer",
@@ -53,39 +39,25 @@ __all__ = [
     "LensModel",
     "ModelSpec",
     "PromptForm",
-    "ablation",
-    "activation_patching",
     "aggregate",
     "agreement",
     "apply_mask",
-    "attention_pattern",
-    "attribution_patching",
     "block_mask_estimate",
     "block_masks",
-    "capture_to",
     "check",
-    "circuit",
-    "circuit_faithfulness",
     "circuit_graph",
     "cluster",
     "data",
-    "direct_logit_attribution",
-    "edge_agreement",
-    "edge_attribution",
     "edge_heatmap",
-    "edge_patching",
     "enable_offline",
     "export",
-    "faithfulness",
     "faithfulness_curve",
     "finetune",
     "from_hf",
     "gating_check",
     "head_gating",
     "heatmap",
-    "inspect",
     "load",
-    "logit_lens",
     "mask_comparison",
     "masked_loss",
     "open",

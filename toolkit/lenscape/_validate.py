@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence, Sized
+from collections.abc import Mapping, Sequence, Sized
 from typing import Any, cast, overload
 
 import numpy as np
@@ -372,3 +372,25 @@ def result(
                 f"model with {made_by}."
             )
     return value
+
+
+def origin(name: str, value: Any, expected: Mapping[str, Any], *, made_by: str) -> None:
+    """Check that a result passed back in was computed on the model described by
+    ``expected`` (attr -> this model's value: ``model``, ``layout_fingerprint``,
+    ``weights_sha256`` ...). Each attr is compared where the result records it, and the
+    message names the attrs that differ with both values.
+
+    Raises:
+        ValueError: the result records a different value for any of ``expected``.
+    """
+    attrs = value.attrs
+    differ = [
+        f"{key} {attrs[key]!r} (the result) vs {want!r} (this model)"
+        for key, want in expected.items()
+        if key in attrs and attrs[key] != want
+    ]
+    if differ:
+        raise ValueError(
+            f"{name} was computed on another model than this one ({'; '.join(differ)}); "
+            f"compute it for this model with {made_by}."
+        )

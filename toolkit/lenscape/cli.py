@@ -22,6 +22,7 @@ import torch
 
 import lenscape as lsc
 
+from .capture.faithfulness import faithfulness
 from .models import resolve_device
 from .models.bundled import BUNDLED, DEFAULT_MODEL, ENCODERS
 from .schema import package_version
@@ -119,7 +120,7 @@ def _demo(args: argparse.Namespace) -> None:
     prompts = prompts if args.prompts is None else prompts[: args.prompts]
     print(f"{model}\n{len(prompts)} factual prompts")
     # Exact activation patching of every head and block, and the two gradient estimates.
-    report = lsc.faithfulness(model, prompts, estimators=("atp", "ig"))
+    report = faithfulness(model, prompts, estimators=("atp", "ig"))
     store = out / "demo.zarr"
     lsc.save(report, store)
     exact = report["exact_heads"]

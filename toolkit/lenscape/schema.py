@@ -36,6 +36,9 @@ DIMS: tuple[str, ...] = (
     "sender",
     "receiver",
 )
+#: What reads an edge's sender (capture/edges): a query head, a key/value head's k or v
+#: projection, an MLP, or the logits.
+RECEIVER_KINDS: tuple[str, ...] = ("q", "k", "v", "mlp", "logits")
 #: Dims whose coords are integers counting from 0.
 INT_DIMS: tuple[str, ...] = (
     "seed",
@@ -159,6 +162,8 @@ def make(
     for name, value in coords.items():
         if name in dims:
             full_coords[name] = (name, np.asarray(value))
+        elif isinstance(value, tuple):  # (dims, values): placed already
+            full_coords[name] = value
         elif name in LABEL_COORDS:
             full_coords[name] = (LABEL_COORDS[name], np.asarray(value))
         else:
@@ -213,7 +218,7 @@ def validate(da: xr.DataArray, *, provenance: bool = True) -> xr.DataArray:
                     f"{list(COMPONENTS)} (map other names in models.py)."
                 )
     for name, dim in LABEL_COORDS.items():
-        if name in da.coords and da[name].dims != (dim,):
+        if name in da.coords and dim not in da[name].dims:
             raise ValueError(f"Coord '{name}' must lie along '{dim}', found dims {da[name].dims}.")
     for key, value in da.attrs.items():
         if not isinstance(value, _SCALAR_TYPES):

@@ -437,7 +437,9 @@ def create(
     ds.attrs[_SETTINGS] = json.dumps(settings, sort_keys=True)
     data = _per_prompt_data(ds)
     # Chunk the variables alone: a DataArray's ``chunk`` would chunk its coords too.
-    ds = ds.assign({name: ds[name].variable.chunk({"prompt": chunk}) for name in data})
+    chunked = {name: ds[name].variable.chunk({"prompt": chunk}) for name in data}
+    ds = ds.assign_coords({n: v for n, v in chunked.items() if n in ds.coords})
+    ds = ds.assign({n: v for n, v in chunked.items() if n in ds.data_vars})
     encoding = {
         name: {
             "chunks": tuple(
@@ -456,24 +458,20 @@ def create(
     )
 
 
-#: Coords along ``prompt`` that a capture computes batch by batch with the numbers (the
-#: model's own answer, ``correct``): written part by part like the data.
-PART_COORDS = ("correct",)
-
-
 def _per_prompt_data(ds: xr.Dataset) -> list[Hashable]:
-    """Variables filled part by part: data variables along ``prompt`` and ``PART_COORDS``.
-    Other coords, such as the ``text`` and ``category`` labels, are written whole by
-    ``create``; a part coord reads as False until its prompts are written."""
+    """Variables filled part by part: data variables and coords along ``prompt`` (but the
+    ``prompt`` index itself), such as the model's own answer ``correct`` or a logit lens's
+    top tokens. ``create`` writes them whole with the template's values ("not computed"),
+    chunked like the data, and every part overwrites its own chunks."""
     return [name for name, var in ds.data_vars.items() if "prompt" in var.dims] + [
-        name for name in PART_COORDS if name in ds.coords
+        name for name, var in ds.coords.items() if "prompt" in var.dims and name != "prompt"
     ]
 
 
 def write_part(part: xr.DataArray | xr.Dataset, path: str | Path, *, start: int) -> None:
     """Write the data of prompts ``start .. start + len(part)`` and then mark them done."""
     ds = _as_dataset(part, "zarr")
-    ds = ds.reset_coords([name for name in PART_COORDS if name in ds.coords])
+    ds = ds.reset_coords([name for name in _per_prompt_data(ds) if name in ds.coords])
     stop = start + ds.sizes["prompt"]
     region = {"prompt": slice(start, stop)}
     data = (

@@ -1,24 +1,23 @@
-"""Per-prompt methods: each takes a model and prompts and returns a validated DataArray.
+"""Per-prompt methods: each takes a model and prompts and returns a validated result.
 
 One module per method family (``patching``: ablation, activation and attribution patching;
-``logit``: direct logit attribution; ``edges``: edge attribution and circuits; ``attention``,
-``lens``, ``inspection``, ``faithfulness``), all built on ``lenscape.sweep``; ``to_store``
-runs a method by name into a resumable store."""
+``logit``: direct logit attribution; ``edges``: edge attribution and circuits; ``lens``,
+``attention``, ``inspection``, ``faithfulness``), all run by ``lenscape.sweep.registry``.
+A method registers itself where it is written (``@method``); importing this package imports
+every module in it, so ``METHODS`` is complete and every public method is exported here
+(and from ``lenscape``) without being listed by hand. ``to_store`` runs a method by name
+into a resumable store; ``circuit`` reads edge scores (no model run).
+"""
 
-from .edges import circuit, circuit_faithfulness, edge_agreement, edge_attribution, edge_patching
-from .logit import direct_logit_attribution
-from .patching import ablation, activation_patching, attribution_patching
-from .to_store import capture_to
+import importlib
+import pkgutil
 
-__all__ = [
-    "ablation",
-    "activation_patching",
-    "attribution_patching",
-    "capture_to",
-    "circuit",
-    "circuit_faithfulness",
-    "direct_logit_attribution",
-    "edge_agreement",
-    "edge_attribution",
-    "edge_patching",
-]
+from ..sweep.registry import METHODS
+from .edges import circuit as circuit
+from .to_store import capture_to as capture_to
+
+for _module in pkgutil.walk_packages(__path__, prefix=f"{__name__}."):
+    importlib.import_module(_module.name)
+
+globals().update({name: spec.function for name, spec in METHODS.items() if spec.public})
+__all__ = sorted(["capture_to", "circuit", *(n for n, s in METHODS.items() if s.public)])

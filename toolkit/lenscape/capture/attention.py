@@ -7,25 +7,31 @@ pass and returns the softmaxed attention weights of that head as a DataArray
 query heads: a grouped-query model (SmolLM2: 9 query heads sharing 3 key/value heads)
 gives one pattern per query head. Both backends read the same thing (the HF attention
 module's weights under nnsight, ``hook_pattern`` under TransformerLens); nnsight needs the
-model's eager attention, which is switched on for the pass only.
+model's eager attention, which is switched on for the pass only. Given a list of prompts
+it is a planned method like the others: (prompt, head, query_pos, key_pos), each prompt at
+its own positions from 0, streamed with ``store=`` or scored on dask workers.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import xarray as xr
 
-from .. import _validate, schema
-from ..data import Prompt
+from .. import schema
+from ..data import Prompt, PromptSet
 from ..models import LensModel
-from ..sweep.backend import BACKENDS, get_backend
-from ..sweep.inputs import pad
-from ..sweep.options import DEFAULTS
+from ..sweep.backend import get_backend
+from ..sweep.inputs import Batch, Tokens, batched
+from ..sweep.options import DEFAULTS, Options
+from ..sweep.plan import Plan, Scores
+from ..sweep.registry import method, run
+from ..sweep.result import prompt_coords, provenance
 
 
 @contextlib.contextmanager
@@ -71,38 +77,39 @@ def _heads(head: int | Sequence[int] | None, n_heads: int) -> list[int]:
     return [int(h) for h in heads]
 
 
-def attention_pattern(
+def _single(prompts: Any) -> bool:
+    return isinstance(prompts, (str, Prompt))
+
+
+def _as_prompts(prompts: Any, options: Options) -> Any:
+    """One prompt or a list (texts or ``Prompt``s) as a ``PromptSet`` with no targets read."""
+    if isinstance(prompts, Tokens):
+        return prompts
+    given = [prompts] if _single(prompts) else prompts
+    if isinstance(given, (bytes, dict)) or not isinstance(given, (list, tuple, PromptSet)):
+        raise ValueError(
+            f"prompt must be a non-empty string or lsc.data.Prompt (or a list of them), got "
+            f"{prompts!r}."
+        )
+    for p in given:
+        if not isinstance(p, (str, Prompt)) or not (p if isinstance(p, str) else p.text).strip():
+            raise ValueError(f"prompt must be a non-empty string or lsc.data.Prompt, got {p!r}.")
+    return PromptSet([Prompt(p if isinstance(p, str) else p.text, "") for p in given])
+
+
+def plan_attention_pattern(
     model: LensModel,
-    prompt: str | Prompt,
+    tokens: Tokens,
+    options: Options,
     *,
-    layer: int,
-    head: int | Sequence[int] | None = None,
-    backend: str = DEFAULTS.backend,
-) -> xr.DataArray:
-    """Attention weights of one prompt at one layer.
-
-    Args:
-        model: a loaded model (``lsc.load``).
-        prompt: the text, or a ``Prompt`` (its clean ``text`` is used).
-        layer: the block, 0..n_layers-1.
-        head: a query head, a list of them, or None for every query head.
-        backend: "nnsight" or "transformer_lens"; both give the same numbers.
-
-    Returns:
-        DataArray (query_pos, key_pos) for one head (``head`` a scalar coord), else
-        (head, query_pos, key_pos); each query row sums to 1 over the key positions it may
-        see (the rest are 0: causal masking). Coords ``query_token`` and ``key_token`` hold
-        the tokens; attrs the provenance and the ``text``.
-
-    Raises:
-        ValueError: empty text, a text longer than the model's context, unknown backend,
-            or a layer or head the model lacks.
-    """
-    text = prompt.text if isinstance(prompt, Prompt) else prompt
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"prompt must be a non-empty string or lsc.data.Prompt, got {prompt!r}.")
-    _validate.choice("backend", backend, BACKENDS)
+    progress: bool,
+    prepass: dict[str, Any] | None = None,
+) -> Plan[xr.DataArray]:
+    """``attention_pattern`` as a plan: one clean pass per batch (eager attention). Per
+    prompt, the columns hold every chosen head's (query_pos, key_pos) weights at the
+    prompt's own positions (NaN past its end)."""
     spec = model.spec
+    layer = options.layer
     if (
         not isinstance(layer, (int, np.integer))
         or isinstance(layer, bool)
@@ -111,32 +118,96 @@ def attention_pattern(
         raise ValueError(
             f"layer={layer!r} is not a layer of this model; pass an int in 0..{spec.n_layers - 1}."
         )
-    heads = _heads(head, spec.n_heads)
-    ids = model.tokenizer(text)["input_ids"]
-    model.check_context([len(ids)], what="text")
-    tokens = pad([ids], model.tokenizer.pad_token_id, "right").to(model.device)
-    site = ("pattern", int(layer))
-    with torch.no_grad(), eager_attention(model):
-        pattern = get_backend(model, backend).run(tokens, sites=[site]).acts[site]
-    values = pattern[0, heads].float().cpu().numpy()  # (head, query_pos, key_pos)
-    labels = token_labels(model.tokenizer, ids)
-    positions = np.arange(len(ids))
-    da = schema.make(
-        values,
-        dims=("head", "query_pos", "key_pos"),
-        coords={
+    layer = int(layer)
+    heads = _heads(options.head, spec.n_heads)
+    inputs = batched(model, tokens, options.replace(metric="logit"), level="head")
+    runner, site, width = get_backend(model, options.backend), ("pattern", layer), tokens.width
+
+    def score(batch: Batch, step) -> Scores:
+        with torch.no_grad(), eager_attention(model):
+            run = runner.run(batch.clean, sites=[site])
+        pattern = run.acts[site][:, heads].float().cpu()  # (batch, head, query, key)
+        out = torch.full((len(batch.index), len(heads), width, width), float("nan"))
+        for row, mask in enumerate(batch.clean.attention_mask.bool().cpu()):
+            n = int(mask.sum())
+            out[row, :, :n, :n] = pattern[row][:, mask][:, :, mask]
+        step()
+        return Scores(out.flatten(1), torch.ones(len(batch.index), dtype=torch.bool))
+
+    def finish(values, correct, index) -> xr.DataArray:
+        values = np.asarray(values, dtype=np.float32).reshape(-1, len(heads), width, width)
+        coords = prompt_coords(inputs, index, correct)
+        labels = np.full((len(coords["prompt"]), width), "", dtype=object)
+        for i, prompt in enumerate(coords["prompt"]):
+            ids = tokens.clean_ids[prompt]
+            labels[i, : len(ids)] = token_labels(model.tokenizer, ids)
+        positions = np.arange(width)
+        coords |= {
             "head": heads,
             "query_pos": positions,
             "key_pos": positions,
-            "query_token": labels,
-            "key_token": labels,
-        },
-        attrs={
+            "query_token": (("prompt", "query_pos"), labels.astype(str)),
+            "key_token": (("prompt", "key_pos"), labels.astype(str)),
+        }
+        attrs = {
             "long_name": "attention weight",
             "units": "probability",
+            **provenance(inputs, "attention_pattern"),
             "metric": "none",
-            **model.provenance("attention_pattern", backend=backend, text=text),
-        },
-    )
-    da = da.assign_coords(layer=int(layer))
-    return da.squeeze("head") if isinstance(head, (int, np.integer)) else da
+        }
+        da = schema.make(
+            values, dims=("prompt", "head", "query_pos", "key_pos"), coords=coords, attrs=attrs
+        )
+        return da.assign_coords(layer=layer)
+
+    return Plan(inputs, len(heads) * width * width, score, finish, desc="attention patterns")
+
+
+def _one_or_all(result: xr.DataArray, options: Options, prompts: Any) -> xr.DataArray:
+    """What ``attention_pattern`` returns: for one prompt (query_pos, key_pos) per head with
+    its text in attrs; for one head (an int) without the head dim."""
+    if _single(prompts):
+        one = result.isel(prompt=0).load()
+        attrs = {**one.attrs, "text": str(one["text"].values)}
+        one = one.drop_vars(["prompt", "text", "category", "correct"]).assign_attrs(attrs)
+        result = one
+    if isinstance(options.head, (int, np.integer)):
+        return result.squeeze("head")
+    return result
+
+
+@method(plan_attention_pattern, needs_target=False, read_prompts=_as_prompts, view=_one_or_all)
+def attention_pattern(
+    model: LensModel,
+    prompts: Any,
+    *,
+    layer: int,
+    head: int | Sequence[int] | None = None,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    progress: bool = DEFAULTS.progress,
+) -> xr.DataArray:
+    """Attention weights at one layer, for one prompt or a list.
+
+    Args:
+        prompts: a text or a ``Prompt`` (its clean ``text`` is used), or a list of them.
+        layer: the block, 0..n_layers-1.
+        head: a query head, a list of them, or None for every query head.
+        backend: "nnsight" or "transformer_lens"; both give the same numbers.
+
+    Returns:
+        For one prompt: DataArray (query_pos, key_pos) for one head (``head`` a scalar
+        coord), else (head, query_pos, key_pos); each query row sums to 1 over the key
+        positions it may see (the rest are 0: causal masking). Coords ``query_token`` and
+        ``key_token`` hold the tokens; attrs the provenance and the ``text``. For a list:
+        a ``prompt`` dim first, each prompt at its own positions from 0 (NaN past its end,
+        tokens ""), with ``text``, ``category`` and ``correct`` on ``prompt``.
+
+    Raises:
+        ValueError: empty text, a text longer than the model's context, unknown backend,
+            or a layer or head the model lacks.
+    """
+    return run(attention_pattern, locals())

@@ -11,7 +11,8 @@ component type (heads, attention blocks, MLP blocks), with the cost of each.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,14 +22,10 @@ import xarray as xr
 from .. import _validate, schema
 from ..data import Prompts
 from ..models import LensModel
-from ..sweep.options import DEFAULTS
-from .patching import (
-    DEFAULT_IG_STEPS,
-    ESTIMATORS,
-    MAX_IG_STEPS,
-    activation_patching,
-    attribution_patching,
-)
+from ..sweep.inputs import Tokens, tokenize
+from ..sweep.options import DEFAULTS, MAX_STEPS
+from ..sweep.registry import method, part_store
+from .patching import DEFAULT_IG_STEPS, ESTIMATORS, activation_patching, attribution_patching
 
 #: Component types compared: per-head outputs, attention blocks, MLP blocks.
 COMPONENT_TYPES = ("head", "attn", "mlp")
@@ -51,9 +48,9 @@ def parse_estimator(label: str) -> tuple[str, int]:
         )
     if not steps:
         return name, 1 if name == "atp" else DEFAULT_IG_STEPS
-    if not 1 <= int(steps) <= MAX_IG_STEPS:
+    if not 1 <= int(steps) <= MAX_STEPS:
         raise ValueError(
-            f"Estimator {label!r}: steps={int(steps)} must lie in 1..{MAX_IG_STEPS} "
+            f"Estimator {label!r}: steps={int(steps)} must lie in 1..{MAX_STEPS} "
             "(each step is a forward and a backward pass per batch), e.g. 'ig:8'."
         )
     return name, int(steps)
@@ -115,6 +112,85 @@ def _by_type(heads: xr.DataArray, blocks: xr.DataArray) -> dict[str, xr.DataArra
     }
 
 
+def _timed(
+    method: Callable[..., Any], model: LensModel, tokens: Tokens, path: Path | None, **options
+) -> tuple[Any, float]:
+    """``method(model, tokens, store=path, **options)``, loaded, and its seconds; NaN seconds
+    when it resumed a store that existed (only part of its work was timed)."""
+    resumed = path is not None and path.exists()
+    start = time.perf_counter()
+    result = method(model, tokens, store=path, **options).load()
+    return result, float("nan") if resumed else time.perf_counter() - start
+
+
+def _exact_maps(
+    model: LensModel, tokens: Tokens, options: dict[str, Any], store: Any
+) -> tuple[dict[str, xr.DataArray], dict[str, float]]:
+    """Exact activation patching at head and block level: the maps and their seconds."""
+    maps, seconds = {}, {}
+    for level in ("head", "block"):
+        path = part_store(store, f"exact_{level}")
+        maps[level], seconds[level] = _timed(
+            activation_patching, model, tokens, path, level=level, **options
+        )
+    return maps, seconds
+
+
+def _parsed(estimators: Any) -> dict[str, tuple[str, int]]:
+    """Label -> (estimator, steps); labels name the step count ("ig" -> "ig:2"), so a
+    report says what it measured."""
+    estimators = _validate.strings("estimators", estimators, example="('atp', 'ig:8')")
+    parsed = {}
+    for given in estimators:
+        name, steps = parse_estimator(given)
+        parsed[name if name == "atp" else f"{name}:{steps}"] = (name, steps)
+    return parsed
+
+
+def _statistics(
+    exact: dict[str, xr.DataArray], estimates: dict[str, xr.Dataset], top_k: int
+) -> dict[str, Any]:
+    """The (estimator, component_type) agreement variables, with their ``undefined`` note."""
+    exact_types = _by_type(exact["head"], exact["block"])
+    stats: dict[str, list[float]] = {}  # stat -> one value per (estimator, component type)
+    for estimate in estimates.values():
+        for ctype, estimate_type in _by_type(estimate["heads"], estimate["blocks"]).items():
+            for stat, value in agreement(exact_types[ctype], estimate_type, top_k=top_k).items():
+                stats.setdefault(stat, []).append(value)
+    return {
+        stat: (
+            ("estimator", "component_type"),
+            np.asarray(values).reshape(len(estimates), len(COMPONENT_TYPES)),
+            {
+                "undefined": UNDEFINED[
+                    stat if stat in ("top_overlap", "sign_agreement") else "correlation"
+                ]
+            },
+        )
+        for stat, values in stats.items()
+    }
+
+
+def _costs(
+    parsed: dict[str, tuple[str, int]], seconds: dict[str, float], exact_seconds: float
+) -> dict[str, Any]:
+    """(estimator,) cost variables: seconds, passes per batch and the ratios."""
+    labels = list(parsed)
+    times = np.asarray([seconds[label] for label in labels])
+    steps = np.asarray([parsed[label][1] for label in labels])
+    return {
+        "seconds": (("estimator",), times),
+        "forward_passes": (("estimator",), 1 + steps),  # one clean pass, one per path point
+        "backward_passes": (("estimator",), steps),
+        "cost_vs_atp": (
+            ("estimator",),
+            times / times[labels.index("atp")] if "atp" in labels else np.full(len(labels), np.nan),
+        ),
+        "speedup_vs_exact": (("estimator",), exact_seconds / times),
+    }
+
+
+@method(None, needs_corrupt=True, store="a folder: one .zarr store per part")
 def faithfulness(
     model: LensModel,
     prompts: Prompts,
@@ -124,21 +200,24 @@ def faithfulness(
     batch_size: int | None = DEFAULTS.batch_size,
     backend: str = DEFAULTS.backend,
     top_k: int = 10,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
     progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Agreement of each estimator with exact activation patching, per component type.
 
     Runs exact activation patching at head and block level and ``attribution_patching``
-    (level "all") with each estimator, on the same prompts and metric.
+    (level "all") with each estimator, on the same prompts (tokenised once) and metric.
 
     Args:
-        model: a ``LensModel``.
         prompts: clean/corrupt pairs (e.g. ``lsc.data.prompts("factual")`` or ``("ioi")``).
         estimators: "atp", "ig" (``DEFAULT_IG_STEPS`` steps) or "ig:N"; the report labels
             them "atp" and "ig:N".
         top_k: size of the top sets compared by ``top_overlap``; a type with ``top_k`` or
             fewer components gets NaN there (the overlap would be 1.0 for any estimate).
-        metric, batch_size, backend, progress: as in ``lsc.activation_patching``.
+        store: a folder: each part (exact patching per level, each estimator) streams into
+            its own ``.zarr`` store there and an interrupted run resumes; a part resumed
+            from a store is not timed (its ``seconds`` are NaN).
 
     Returns:
         Dataset with
@@ -155,93 +234,73 @@ def faithfulness(
           ``estimate_blocks`` (estimator, prompt, layer, component);
         - attrs: model, metric, prompt set and fingerprint, backend, top_k, exact seconds.
     """
-    estimators = _validate.strings("estimators", estimators, example="('atp', 'ig:8')")
+    parsed = _parsed(estimators)
     top_k = _validate.positive_int("top_k", top_k)
-    progress = _validate.flag("progress", progress)
-    # Labels name the step count ("ig" -> "ig:2"), so a report says what it measured.
-    parsed = {}
-    for given in estimators:
-        name, steps = parse_estimator(given)
-        parsed[name if name == "atp" else f"{name}:{steps}"] = (name, steps)
-    labels = list(parsed)
+    tokens = tokenize(model, prompts, needs_corrupt=True, needs_distractor=metric == "logit_diff")
     options: dict[str, Any] = dict(
-        metric=metric, batch_size=batch_size, backend=backend, progress=progress
+        metric=metric, batch_size=batch_size, backend=backend, client=client, progress=progress
     )
-
-    exact, exact_seconds = {}, {}
-    for level in ("head", "block"):
-        start = time.perf_counter()
-        exact[level] = activation_patching(model, prompts, level=level, **options)
-        exact_seconds[level] = time.perf_counter() - start
-    exact_types = _by_type(exact["head"], exact["block"])
-
-    stats: dict[str, list[float]] = {}  # stat -> one value per (estimator, component type)
-    costs: dict[str, list[float]] = {"seconds": [], "forward_passes": [], "backward_passes": []}
-    head_maps, block_maps = [], []
-    for label in labels:
-        name, steps = parsed[label]
-        start = time.perf_counter()
-        estimate = attribution_patching(
-            model, prompts, level="all", estimator=name, steps=steps, **options
+    exact, exact_seconds = _exact_maps(model, tokens, options, store)
+    estimates, seconds = {}, {}
+    for label, (name, steps) in parsed.items():
+        path = part_store(store, label.replace(":", "-"))
+        estimates[label], seconds[label] = _timed(
+            attribution_patching,
+            model,
+            tokens,
+            path,
+            level="all",
+            estimator=name,
+            steps=steps,
+            **options,
         )
-        costs["seconds"].append(time.perf_counter() - start)
-        costs["forward_passes"].append(1 + steps)  # one clean pass, one per path point
-        costs["backward_passes"].append(steps)
-        head_maps.append(estimate["heads"])
-        block_maps.append(estimate["blocks"])
-        for ctype, estimate_type in _by_type(estimate["heads"], estimate["blocks"]).items():
-            for stat, value in agreement(exact_types[ctype], estimate_type, top_k=top_k).items():
-                stats.setdefault(stat, []).append(value)
-    # stats[stat] is estimator-major: [e0/head, e0/attn, e0/mlp, e1/head, ...]
-    data: dict[str, Any] = {
-        stat: (
-            ("estimator", "component_type"),
-            np.asarray(values).reshape(len(labels), len(COMPONENT_TYPES)),
-            {
-                "undefined": UNDEFINED[
-                    stat if stat in ("top_overlap", "sign_agreement") else "correlation"
-                ]
-            },
-        )
-        for stat, values in stats.items()
-    }
-    sizes = np.array([exact_types[ctype].isel(prompt=0).size for ctype in COMPONENT_TYPES])
+    data = _statistics(exact, estimates, top_k)
+    sizes = np.array(
+        [m.isel(prompt=0).size for m in _by_type(exact["head"], exact["block"]).values()]
+    )
     data["n_components"] = (("component_type",), sizes)
     data["top_k_used"] = (
         ("component_type",),
         np.where(top_k < sizes, float(top_k), np.nan),
         {"undefined": UNDEFINED["top_overlap"]},
     )
-    data.update({cost: (("estimator",), np.asarray(values)) for cost, values in costs.items()})
-    seconds = np.asarray(costs["seconds"])
-    data["cost_vs_atp"] = (
-        ("estimator",),
-        seconds / seconds[labels.index("atp")] if "atp" in labels else np.full(len(labels), np.nan),
-    )
-    data["speedup_vs_exact"] = (("estimator",), sum(exact_seconds.values()) / seconds)
+    data |= _costs(parsed, seconds, sum(exact_seconds.values()))
     data["exact_heads"], data["exact_blocks"] = exact["head"], exact["block"]
-    data["estimate_heads"] = xr.concat(head_maps, dim="estimator", combine_attrs="drop_conflicts")
-    data["estimate_blocks"] = xr.concat(block_maps, dim="estimator", combine_attrs="drop_conflicts")
-    first = exact["head"]
+    for level, variable in (("heads", "estimate_heads"), ("blocks", "estimate_blocks")):
+        data[variable] = xr.concat(
+            [e[level] for e in estimates.values()], dim="estimator", combine_attrs="drop_conflicts"
+        )
     return xr.Dataset(
         data,
-        coords={"estimator": labels, "component_type": list(COMPONENT_TYPES)},
-        attrs={
-            "long_name": "Agreement of gradient estimates with exact activation patching",
-            "method": "faithfulness",
-            "metric": metric,
-            "model": first.attrs["model"],
-            "layout_fingerprint": first.attrs["layout_fingerprint"],
-            "layout_checked": first.attrs["layout_checked"],
-            "backend": backend,
-            "dtype": first.attrs["dtype"],
-            "prompt_set": first.attrs["prompt_set"],
-            "n_prompts": first.attrs["n_prompts"],
-            "prompts_sha256": first.attrs["prompts_sha256"],
-            "top_k": top_k,
-            "exact_seconds_head": exact_seconds["head"],
-            "exact_seconds_block": exact_seconds["block"],
-            "lenscape_version": first.attrs["lenscape_version"],
-            "schema_version": schema.SCHEMA_VERSION,
-        },
+        coords={"estimator": list(parsed), "component_type": list(COMPONENT_TYPES)},
+        attrs=_report_attrs(
+            exact["head"], backend=backend, metric=metric, top_k=top_k, exact_seconds=exact_seconds
+        ),
     )
+
+
+def _report_attrs(
+    first: xr.DataArray, *, backend: str, metric: str, top_k: int, exact_seconds: dict
+) -> dict[str, Any]:
+    """The report's attrs: what was measured on what, from the first exact map's."""
+    keep = (
+        "model",
+        "layout_fingerprint",
+        "layout_checked",
+        "dtype",
+        "prompt_set",
+        "n_prompts",
+        "prompts_sha256",
+        "lenscape_version",
+    )
+    return {
+        "long_name": "Agreement of gradient estimates with exact activation patching",
+        "method": "faithfulness",
+        "metric": metric,
+        "backend": backend,
+        "top_k": top_k,
+        "exact_seconds_head": exact_seconds["head"],
+        "exact_seconds_block": exact_seconds["block"],
+        "schema_version": schema.SCHEMA_VERSION,
+        **{key: first.attrs[key] for key in keep},
+    }

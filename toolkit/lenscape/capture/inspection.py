@@ -1,6 +1,6 @@
 """Prompt inspector: what the model actually answers, prompt by prompt.
 
-``lsc.inspect(model, prompts)`` runs each clean (and corrupt) prompt once and tabulates,
+``lsc.inspect_prompts(model, prompts)`` runs each clean (and corrupt) prompt once and tabulates,
 per prompt, the texts, the target and distractor, the model's top next tokens with their
 probabilities on both sides, the target's probability and the metric. Look at it before
 reading attributions: a head "carrying" a fact the model gets wrong explains nothing.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,13 +23,15 @@ import torch
 import xarray as xr
 
 from .. import _validate
-from ..data import Prompt, PromptSet
+from ..data import Prompt, PromptSet, as_prompt_set
 from ..models import LensModel
 from ..sweep import metrics
 from ..sweep.backend import get_backend
-from ..sweep.inputs import prepare
-from ..sweep.options import DEFAULTS, check_options
-from ..sweep.plan import top_is_target
+from ..sweep.inputs import Batch, Inputs, Tokens, batched
+from ..sweep.options import DEFAULTS, Options
+from ..sweep.plan import Plan, Scores, top_is_target
+from ..sweep.registry import method, run
+from ..sweep.result import prompt_coords, provenance
 from .attention import token_labels
 
 
@@ -140,7 +143,100 @@ def _top_html(ds: xr.Dataset, side: str, i: int, expected: str) -> str:
     return " · ".join(parts)
 
 
-def inspect(
+def _all_corrupt(options: Options, prompts: Any) -> bool:
+    """Whether every prompt has a corrupt text (then both sides are inspected)."""
+    if isinstance(prompts, Tokens):
+        return prompts.corrupt_ids is not None
+    return all(p.corrupt is not None for p in as_prompt_set(prompts))
+
+
+def _side(model: LensModel, inputs: Inputs, batch: Batch, side: str, top_k: int) -> Scores:
+    """(batch, 2 top_k + 2) of one side's pass: top ids, top probs, p(target), metric; and
+    whether its top token is the target."""
+    with torch.no_grad():
+        logits = get_backend(model, inputs.backend).run(getattr(batch, side)).logits.float()
+    probs = torch.softmax(logits, dim=-1)
+    top = probs.topk(top_k, dim=-1)
+    # the same metric on both sides (as patching measures it): on the corrupt prompt a
+    # logit difference should be negative, a target log-prob low
+    value = metrics.compute(inputs.metric, logits, batch.target, batch.distractor)
+    chosen = probs[torch.arange(len(batch.index)), batch.target]
+    values = torch.cat([top.indices.float(), top.values, chosen[:, None], value[:, None]], 1)
+    return Scores(values.cpu(), top_is_target(logits, batch.target).cpu())
+
+
+def plan_inspect(
+    model: LensModel,
+    tokens: Tokens,
+    options: Options,
+    *,
+    progress: bool,
+    prepass: dict[str, Any] | None = None,
+) -> Plan[xr.Dataset]:
+    """``inspect_prompts`` as a plan: one clean (and one corrupt) pass per batch."""
+    top_k = _validate.positive_int("top_k", options.top_k)
+    inputs = batched(model, tokens, options, level="head")
+    sides = ("clean", "corrupt") if tokens.corrupt_ids is not None else ("clean",)
+    width = 2 * top_k + 2
+
+    def score(batch: Batch, step) -> Scores:
+        parts = [_side(model, inputs, batch, side, top_k) for side in sides]
+        step()
+        return Scores(torch.cat([part.values for part in parts], 1), parts[0].correct)
+
+    def finish(values, correct, index) -> xr.Dataset:
+        values = np.asarray(values, dtype=np.float32)
+        return _table(inputs, values, correct, index, sides, top_k)
+
+    return Plan(inputs, width * len(sides), score, finish, desc="inspecting prompts")
+
+
+def _table(
+    inputs: Inputs, values: np.ndarray, correct: Any, index: Any, sides: tuple, top_k: int
+) -> xr.Dataset:
+    """The Dataset over (prompt, rank) of the plan's values for prompts ``index``."""
+    coords = prompt_coords(inputs, index, correct)
+    prompts = [inputs.prompts[int(i)] for i in coords["prompt"]]
+    tokenizer, metric = inputs.model.tokenizer, inputs.metric
+    dims = ("prompt", "rank")
+    data: dict[str, tuple[Any, ...]] = {
+        "target": ("prompt", [p.target for p in prompts]),
+        "distractor": ("prompt", [p.distractor or "" for p in prompts]),
+        "corrupt": ("prompt", [p.corrupt or "" for p in prompts]),
+    }
+    for number, side in enumerate(sides):
+        part = values[:, number * (2 * top_k + 2) : (number + 1) * (2 * top_k + 2)]
+        ids = part[:, :top_k]
+        labels = np.full(ids.shape, "", dtype=object)
+        known = np.isfinite(ids)
+        labels[known] = token_labels(tokenizer, ids[known].astype(np.int64).tolist())
+        data[f"{side}_token"] = (dims, labels.astype(str))
+        data[f"{side}_prob"] = (dims, part[:, top_k : 2 * top_k])
+        data[f"{side}_metric"] = ("prompt", part[:, -1])
+        if side == "clean":
+            data["target_prob"] = ("prompt", part[:, -2])
+    ds = xr.Dataset(
+        data,
+        coords={**coords, "rank": np.arange(1, top_k + 1)},
+    )
+    ds["clean_metric"].attrs = {
+        "long_name": f"{metrics.LONG_NAMES[metric]}, clean prompt",
+        "units": metrics.UNITS[metric],
+    }
+    ds.attrs = {
+        **provenance(inputs, "inspect_prompts"),
+        "units": metrics.UNITS[metric],
+        "metric_long_name": metrics.LONG_NAMES[metric],
+    }
+    return ds
+
+
+def _as_inspection(result: xr.Dataset, options: Options, prompts: Any) -> Inspection:
+    return Inspection(result.load())
+
+
+@method(plan_inspect, needs_corrupt=_all_corrupt, view=_as_inspection)
+def inspect_prompts(
     model: LensModel,
     prompts: PromptSet | Iterable[Prompt | dict[str, Any]],
     *,
@@ -148,17 +244,17 @@ def inspect(
     top_k: int = 5,
     batch_size: int | None = DEFAULTS.batch_size,
     backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    progress: bool = DEFAULTS.progress,
 ) -> Inspection:
     """The model's answers on each prompt: top next tokens, target probability, metric.
 
     Args:
-        model: a loaded model (``lsc.load``).
         prompts: a ``PromptSet``, ``Prompt``s or dicts (as for capture methods); corrupt
             prompts are run when every prompt has one.
-        metric: "logit_diff", "logprob", "loss" or "logit" (as in ``lsc.ablation``).
         top_k: how many of the most probable next tokens to list.
-        batch_size: prompts per forward pass (None: from free memory).
-        backend: "nnsight" or "transformer_lens".
 
     Returns:
         An ``Inspection`` (its ``data``: Dataset over (prompt, rank)).
@@ -166,86 +262,4 @@ def inspect(
     Raises:
         ValueError: bad options or prompts, with the same messages as the capture methods.
     """
-    _validate.positive_int("top_k", top_k)
-    check_options({"metric": metric, "backend": backend, "batch_size": batch_size})
-    inputs = prepare(
-        model,
-        prompts,
-        metric=metric,
-        level="head",
-        backend=backend,
-        batch_size=batch_size,
-        padding_side="right",
-        needs_corrupt=False,
-    )
-    prompt_set = inputs.prompts
-    corrupt = all(p.corrupt is not None for p in prompt_set)
-    if corrupt:
-        inputs = prepare(
-            model,
-            prompt_set,
-            metric=metric,
-            level="head",
-            backend=backend,
-            batch_size=inputs.batch_size,
-            padding_side="right",
-            needs_corrupt=True,
-        )
-    runner = get_backend(model, backend)
-    sides = ("clean", "corrupt") if corrupt else ("clean",)
-    found: dict[str, list[torch.Tensor]] = {}
-    for batch in inputs.batches():
-        for side in sides:
-            with torch.no_grad():
-                logits = runner.run(getattr(batch, side)).logits.float()
-            probs = torch.softmax(logits, dim=-1)
-            top = probs.topk(top_k, dim=-1)
-            # the same metric on both sides (as patching measures it): on the corrupt
-            # prompt a logit difference should be negative, a target log-prob low
-            value = metrics.compute(metric, logits, batch.target, batch.distractor)
-            parts = {
-                f"{side}_ids": top.indices,
-                f"{side}_prob": top.values,
-                f"{side}_metric": value,
-            }
-            if side == "clean":
-                parts["target_prob"] = probs[torch.arange(len(batch.index)), batch.target]
-                parts["correct"] = top_is_target(logits, batch.target)
-            for key, part in parts.items():
-                found.setdefault(key, []).append(part.cpu())
-    joined = {k: torch.cat(v).numpy() for k, v in found.items()}
-    tok = model.tokenizer
-    dims = ("prompt", "rank")
-    data: dict[str, tuple[Any, ...]] = {
-        "text": ("prompt", prompt_set.texts),
-        "target": ("prompt", [p.target for p in prompt_set]),
-        "distractor": ("prompt", [p.distractor or "" for p in prompt_set]),
-        "corrupt": ("prompt", [p.corrupt or "" for p in prompt_set]),
-        "category": ("prompt", prompt_set.categories),
-        "target_prob": ("prompt", joined["target_prob"]),
-        "correct": ("prompt", joined["correct"]),
-    }
-    for side in sides:
-        data[f"{side}_token"] = (
-            dims,
-            np.array([token_labels(tok, ids) for ids in joined[f"{side}_ids"]]),
-        )
-        data[f"{side}_prob"] = (dims, joined[f"{side}_prob"])
-        data[f"{side}_metric"] = ("prompt", joined[f"{side}_metric"])
-    ds = xr.Dataset(
-        data, coords={"prompt": np.arange(len(prompt_set)), "rank": np.arange(1, top_k + 1)}
-    )
-    ds.attrs = {
-        "model": model.name,
-        "metric": metric,
-        "units": metrics.UNITS[metric],
-        "backend": backend,
-        "prompt_set": prompt_set.name,
-        "method": "inspect",
-        "metric_long_name": metrics.LONG_NAMES[metric],
-    }
-    ds["clean_metric"].attrs = {
-        "long_name": f"{metrics.LONG_NAMES[metric]}, clean prompt",
-        "units": metrics.UNITS[metric],
-    }
-    return Inspection(ds)
+    return run(inspect_prompts, locals())

@@ -8,39 +8,75 @@ soft-capping). The last layer is therefore the model's own output; earlier layer
 where, and how early, the answer forms. The result is the target token's probability as
 a DataArray (layer, pos) with the rank of the target and the top tokens as coords, ready
 for ``lsc.heatmap(lens, x="pos", y="layer")``.
+
+Given a list of prompts it is a planned method like the others: (prompt, layer, pos), each
+prompt's positions from 0 (NaN and "" past its end), streamed with ``store=`` and resumed,
+or scored on dask workers with ``client=``. Per prompt, the plan's columns hold, for every
+layer and position, p(target), the target's rank and the top tokens' ids and probabilities,
+then the target's id; ``finish`` decodes them into the labels.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import xarray as xr
 
-from .. import _validate, schema
-from ..data import Prompt, from_records
+from .. import schema
+from ..data import Prompt, PromptSet, as_prompt_set
 from ..models import LensModel
-from ..sweep.backend import BACKENDS, Site, get_backend
-from ..sweep.inputs import _single_token, pad
-from ..sweep.options import DEFAULTS
+from ..sweep.backend import Site, get_backend
+from ..sweep.inputs import Batch, Inputs, Tokens, batched
+from ..sweep.options import DEFAULTS, Options
+from ..sweep.plan import Plan, Scores, top_is_target
+from ..sweep.registry import method, run
+from ..sweep.result import prompt_coords, provenance
 from .attention import token_labels
 
 #: Top tokens listed per cell in the ``top_tokens`` coord.
 TOP_K = 5
+#: Numbers per (layer, pos) cell in a plan's columns: p(target), rank, TOP_K ids and probs.
+CELL = 2 + 2 * TOP_K
+SINGLE = (str, Prompt, dict)
 
 
-def _prompt(prompt: Any) -> Prompt | str:
-    """A Prompt or a plain text from what the user passed (a record dict becomes a Prompt)."""
-    if isinstance(prompt, dict):
-        return from_records([prompt])[0]
-    if isinstance(prompt, (Prompt, str)):
-        return prompt
-    raise TypeError(
-        f"prompt must be a string, an lsc.data.Prompt or a record dict with 'text' and "
-        f"'target', got {type(prompt).__name__} ({prompt!r}); pass one prompt, e.g. "
-        "'The Eiffel Tower is in the city of'."
-    )
+def _as_prompts(prompts: Any, options: Options) -> Any:
+    """One prompt or a list of them (texts, ``Prompt``s or record dicts) as a ``PromptSet``
+    (``Tokens`` of a composite method pass through); ``options.target``, when given,
+    replaces every prompt's target, and a plain text without it follows the model's own
+    prediction (an empty target).
+
+    Raises:
+        TypeError: a prompt or target of the wrong type.
+    """
+    if isinstance(prompts, Tokens):
+        return prompts
+    target = options.target
+    if target is not None and not isinstance(target, str):
+        raise TypeError(
+            f"target must be a string (one token, e.g. ' Paris') or None, got "
+            f"{type(target).__name__} ({target!r})."
+        )
+    if target is not None and not target.strip():
+        raise ValueError(
+            f"target {target!r} is empty; give the token to follow with its leading space "
+            "(e.g. ' Paris'), or target=None for the model's own prediction."
+        )
+    given = [prompts] if isinstance(prompts, SINGLE) else prompts
+    if isinstance(given, (str, bytes)) or not isinstance(given, (list, tuple, PromptSet)):
+        raise TypeError(
+            f"prompts must be a string, an lsc.data.Prompt, a record dict with 'text' and "
+            f"'target', or a list of them, got {type(prompts).__name__} ({prompts!r}); e.g. "
+            "'The Eiffel Tower is in the city of'."
+        )
+    prompt_set = as_prompt_set([Prompt(p, "") if isinstance(p, str) else p for p in given])
+    if target is None:
+        return prompt_set
+    return PromptSet([replace(p, target=target) for p in prompt_set], name=prompt_set.name)
 
 
 def lens_sites(n_layers: int) -> list[Site]:
@@ -64,111 +100,187 @@ def read_out(model: LensModel, resid: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def _cells(model: LensModel, acts: dict, sites: list[Site], target: torch.Tensor) -> torch.Tensor:
+    """(batch, layer, pos, CELL) numbers of each cell read from the kept residual streams
+    ``acts`` (batch, pos, d_model) at ``sites``: p(target), its rank, the top ids and probs.
+    ``target``: (batch,) token ids."""
+    rows = torch.arange(len(target), device=target.device)
+    layers = []
+    for site in sites:  # one layer at a time: never (layer, pos, vocab) at once
+        probs = torch.softmax(read_out(model, acts[site]), dim=-1)  # (batch, pos, vocab)
+        chosen = probs[rows, :, target]  # (batch, pos)
+        rank = (probs > chosen[..., None]).sum(-1)
+        top = probs.topk(TOP_K, dim=-1)
+        layers.append(
+            torch.cat([chosen[..., None], rank[..., None], top.indices, top.values], dim=-1)
+        )
+    return torch.stack(layers, 1).float()
+
+
+def _at_prompt_positions(cells: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
+    """``cells`` (batch, layer, padded pos, CELL) moved to each prompt's own positions
+    0..len-1 of ``width`` (NaN past its end), whatever the padding side."""
+    rows, n_layers, _, n = cells.shape
+    out = cells.new_full((rows, n_layers, width, n), float("nan"))
+    for row in range(rows):
+        real = mask[row].bool()
+        out[row, :, : int(real.sum())] = cells[row][:, real]
+    return out
+
+
+def plan_logit_lens(
+    model: LensModel,
+    tokens: Tokens,
+    options: Options,
+    *,
+    progress: bool,
+    prepass: dict[str, Any] | None = None,
+) -> Plan[xr.DataArray]:
+    """``logit_lens`` as a plan: one clean pass per batch. No pre-pass."""
+    inputs = batched(model, tokens, options.replace(metric="logit"), level="head")
+    sites, width = lens_sites(model.spec.n_layers), tokens.width
+    runner = get_backend(model, options.backend)
+
+    def score(batch: Batch, step) -> Scores:
+        with torch.no_grad():
+            run = runner.run(batch.clean, sites=sites)
+            rows = torch.arange(len(batch.index), device=model.device)
+            final = read_out(model, run.acts[sites[-1]][rows, batch.clean.read_pos])
+            target = torch.where(batch.target >= 0, batch.target, final.argmax(-1))
+            cells = _cells(model, run.acts, sites, target)
+        placed = _at_prompt_positions(cells.cpu(), batch.clean.attention_mask.cpu(), width)
+        values = torch.cat([placed.flatten(1), target.cpu().float()[:, None]], dim=1)
+        step()
+        return Scores(values, top_is_target(run.logits, target).cpu())
+
+    return Plan(
+        inputs,
+        model.spec.n_layers * width * CELL + 1,
+        score,
+        lambda values, correct, index: _lens_result(inputs, values, correct, index),
+        desc="logit lens",
+    )
+
+
+def _labels(tokenizer: Any, ids: np.ndarray) -> np.ndarray:
+    """Token labels of an array of float ids, "" where an id is NaN (decoding each once)."""
+    known = np.isfinite(ids)
+    shown, where = np.unique(ids[known].astype(np.int64), return_inverse=True)
+    labels = np.full(ids.shape, "", dtype=object)
+    labels[known] = np.asarray(token_labels(tokenizer, shown.tolist()), dtype=object)[where]
+    return labels.astype(str)
+
+
+def _lens_result(inputs: Inputs, values: Any, correct: Any, index: Any) -> xr.DataArray:
+    """The labelled (prompt, layer, pos) result of the plan's ``values`` for prompts
+    ``index`` (see the module docstring for the columns)."""
+    model, tokens = inputs.model, inputs.tokens
+    tokenizer, n_layers = model.tokenizer, model.spec.n_layers
+    values = np.asarray(values, dtype=np.float32)
+    cells = values[:, :-1].reshape(len(values), n_layers, tokens.width, CELL)
+    coords = prompt_coords(inputs, index, correct)
+    rows = coords["prompt"]
+    top_ids, top_probs = cells[..., 2 : 2 + TOP_K], cells[..., 2 + TOP_K :]
+    top_labels = _labels(tokenizer, top_ids)
+    top_tokens = np.full(top_labels.shape[:-1], "", dtype=object)
+    for cell in zip(*np.nonzero(np.isfinite(top_probs[..., 0])), strict=True):
+        top_tokens[cell] = " | ".join(
+            f"{str(t)!r} {p:.2f}" for t, p in zip(top_labels[cell], top_probs[cell], strict=True)
+        )
+    token = np.full((len(rows), tokens.width), np.nan)
+    for i, prompt in enumerate(rows):
+        ids = tokens.clean_ids[prompt]
+        token[i, : len(ids)] = ids
+    given = [bool(tokens.prompts[int(prompt)].target) for prompt in rows]
+    rank = cells[..., 1]
+    coords |= {
+        "layer": np.arange(n_layers),
+        "pos": np.arange(tokens.width),
+        "token": (("prompt", "pos"), _labels(tokenizer, token)),
+        "target": ("prompt", _labels(tokenizer, values[:, -1])),
+        "target_source": ("prompt", ["given" if g else "model's top prediction" for g in given]),
+        "target_rank": (
+            ("prompt", "layer", "pos"),
+            np.where(np.isfinite(rank), rank, -1).astype(np.int64),
+        ),
+        "top_token": (("prompt", "layer", "pos"), top_labels[..., 0]),
+        "top_tokens": (("prompt", "layer", "pos"), top_tokens.astype(str)),
+    }
+    attrs = {
+        "long_name": "p(target) read through the final norm and unembedding",
+        "units": "probability",
+        **provenance(inputs, "logit_lens"),
+        "metric": "none",
+    }
+    da = schema.make(
+        cells[..., 0],
+        dims=("prompt", "layer", "pos"),
+        coords=coords,
+        attrs=attrs,
+        n_layers=n_layers,
+    )
+    return da.rename("target_prob")
+
+
+def _one_or_all(result: xr.DataArray, options: Options, prompts: Any) -> xr.DataArray:
+    """What ``logit_lens`` returns: for one prompt its (layer, pos) map with the prompt's
+    text and target in attrs, for a list the (prompt, layer, pos) result."""
+    if not isinstance(prompts, SINGLE):
+        return result
+    one = result.isel(prompt=0).load()
+    target = str(one["target"].values)
+    attrs = {
+        **one.attrs,
+        "long_name": f"p({target!r}) read through the final norm and unembedding",
+        "text": str(one["text"].values),
+        "target": target,
+        "target_source": str(one["target_source"].values),
+    }
+    dropped = [
+        name
+        for name in one.coords
+        if name in ("prompt", "text", "category", "correct", "target", "target_source")
+    ]
+    return one.drop_vars(dropped).assign_attrs(attrs)
+
+
+@method(plan_logit_lens, needs_target=False, read_prompts=_as_prompts, view=_one_or_all)
 def logit_lens(
     model: LensModel,
-    prompt: str | Prompt | dict[str, Any],
+    prompts: Any,
     *,
     target: str | None = None,
+    batch_size: int | None = DEFAULTS.batch_size,
     backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    progress: bool = DEFAULTS.progress,
 ) -> xr.DataArray:
     """The target's probability when each layer's residual stream is read as the output.
 
     Args:
-        model: a loaded model (``lsc.load``).
-        prompt: the text, an ``lsc.data.Prompt`` or a record dict (its ``text`` is run).
-        target: the token to follow, with its leading space (e.g. " Paris"); default: the
-            prompt's target, or for a plain text the model's own top prediction at the
-            last position (attrs ``target_source`` says which).
+        prompts: one prompt (a text, an ``lsc.data.Prompt`` or a record dict: its ``text``
+            is run) or a list of them.
+        target: the token to follow, with its leading space (e.g. " Paris"), for every
+            prompt; default: each prompt's target, or for a plain text the model's own top
+            prediction at the last position (coord/attr ``target_source`` says which).
         backend: "nnsight" or "transformer_lens"; both give the same numbers.
 
     Returns:
-        DataArray ``target_prob`` (layer, pos): p(target) from the residual stream after
-        block ``layer`` at position ``pos``; the last layer is the model's own softmax.
-        Coords: ``layer``, ``depth`` (layer), ``pos``, ``token`` (pos, the input token's
-        text), ``target_rank`` (layer, pos; int, 0 = the top token), ``top_token``
+        For one prompt, DataArray ``target_prob`` (layer, pos): p(target) from the residual
+        stream after block ``layer`` at position ``pos``; the last layer is the model's own
+        softmax. Coords: ``layer``, ``depth`` (layer), ``pos``, ``token`` (pos, the input
+        token's text), ``target_rank`` (layer, pos; int, 0 = the top token), ``top_token``
         (layer, pos; str) and ``top_tokens`` (layer, pos; str, the top 5 with their
         probabilities, "' Paris' 0.41 | ' London' 0.12 | ..."). Attrs: provenance,
-        ``text``, ``target``, ``target_source``.
+        ``text``, ``target``, ``target_source``. For a list: (prompt, layer, pos), each
+        prompt from position 0, NaN past its end (``target_rank`` -1, tokens ""), with
+        ``text``, ``category``, ``correct``, ``target`` and ``target_source`` on ``prompt``.
 
     Raises:
         TypeError: a prompt or target of the wrong type.
         ValueError: an empty text, a text longer than the model's context, a target that
             is not one token, or an unknown backend.
     """
-    _validate.choice("backend", backend, BACKENDS)
-    given = _prompt(prompt)
-    text = given.text if isinstance(given, Prompt) else given
-    if not text.strip():
-        raise ValueError(
-            f"prompt {text!r} is empty; pass a text to read, e.g. "
-            "'The Eiffel Tower is in the city of'."
-        )
-    if target is None and isinstance(given, Prompt):
-        target = given.target
-    if target is not None and not isinstance(target, str):
-        raise TypeError(
-            f"target must be a string (one token, e.g. ' Paris') or None, got "
-            f"{type(target).__name__} ({target!r})."
-        )
-    tokenizer = model.tokenizer
-    target_id = None if target is None else _single_token(tokenizer, target, "target", 0)
-    ids = tokenizer(text)["input_ids"]
-    model.check_context([len(ids)], what="text")
-
-    n_layers = model.spec.n_layers
-    sites = lens_sites(n_layers)
-    tokens = pad([ids], tokenizer.pad_token_id, "right").to(model.device)
-    source = "given" if target is not None else "model's top prediction"
-    with torch.no_grad():
-        acts = get_backend(model, backend).run(tokens, sites=sites).acts
-        if target_id is None:
-            final = read_out(model, acts[sites[-1]][0, -1])  # (vocab,) the model's own output
-            target_id = int(final.argmax())
-            target = tokenizer.decode([target_id])
-        # One layer at a time: (pos, vocab) probabilities, never (layer, pos, vocab).
-        target_probs, ranks, top_values, top_indices = [], [], [], []
-        for site in sites:
-            probs = torch.softmax(read_out(model, acts[site][0]), dim=-1)
-            target_probs.append(probs[:, target_id])
-            ranks.append((probs > probs[:, target_id, None]).sum(-1))
-            top = probs.topk(TOP_K, dim=-1)
-            top_values.append(top.values)
-            top_indices.append(top.indices)
-    target_prob, rank = torch.stack(target_probs), torch.stack(ranks)  # (layer, pos)
-    top_ids = torch.stack(top_indices).cpu().numpy()  # (layer, pos, TOP_K)
-    shown, where = np.unique(top_ids, return_inverse=True)  # decode each token once
-    top_labels = np.asarray(token_labels(tokenizer, shown.tolist()))[where.reshape(top_ids.shape)]
-    top_probs = torch.stack(top_values).cpu().numpy()
-    top_tokens = [
-        [
-            " | ".join(f"{str(t)!r} {p:.2f}" for t, p in zip(cell_t, cell_p, strict=True))
-            for cell_t, cell_p in zip(row_t, row_p, strict=True)
-        ]
-        for row_t, row_p in zip(top_labels, top_probs, strict=True)
-    ]
-    da = schema.make(
-        target_prob.cpu().numpy(),
-        dims=("layer", "pos"),
-        coords={
-            "layer": np.arange(n_layers),
-            "pos": np.arange(len(ids)),
-            "token": ("pos", token_labels(tokenizer, ids)),
-            "target_rank": (("layer", "pos"), rank.cpu().numpy().astype(np.int64)),
-            "top_token": (("layer", "pos"), top_labels[..., 0].astype(str)),
-            "top_tokens": (("layer", "pos"), np.asarray(top_tokens, dtype=str)),
-        },
-        attrs={
-            "long_name": f"p({target!r}) read through the final norm and unembedding",
-            "units": "probability",
-            "metric": "none",
-            **model.provenance(
-                "logit_lens",
-                backend=backend,
-                text=text,
-                target=target,
-                target_source=source,
-            ),
-        },
-        n_layers=n_layers,
-    )
-    return da.rename("target_prob")
+    return run(logit_lens, locals())

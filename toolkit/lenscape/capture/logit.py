@@ -10,9 +10,9 @@ any unembedding bias). Gemma's post-attention norm is frozen the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import xarray as xr
@@ -21,93 +21,21 @@ from ..data import Prompts
 from ..models import LensModel
 from ..models.parts import head_outputs, norm_weight, rms_scale
 from ..sweep.backend import get_backend
-from ..sweep.inputs import prepare
-from ..sweep.options import DEFAULTS, CaptureOptions
+from ..sweep.inputs import Batch, Inputs, Tokens, batched
+from ..sweep.options import DEFAULTS, Options
 from ..sweep.plan import Plan, Scores, top_is_target
-from ..sweep.result import components, to_dataarray
-from ..sweep.streaming import execute
+from ..sweep.registry import method, run
+from ..sweep.result import LEVELS, components, to_dataarray
 
 DLA_METRICS = ("logit_diff", "logit")
 
 
-@dataclass(frozen=True)
-class DirectLogitAttributionOptions(CaptureOptions):
-    """``direct_logit_attribution``'s options: the shared ones (defaults and meaning: its
-    signature and docstring)."""
-
-    method: ClassVar[str] = "direct_logit_attribution"
-
-
-def direct_logit_attribution(
-    model: LensModel,
-    prompts: Prompts,
-    *,
-    level: str = DEFAULTS.level,
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
-) -> xr.DataArray:
-    """Direct effect of each head or block on the metric's logits, per prompt.
-
-    Args:
-        model, prompts, level, batch_size, backend, padding_side, store, client, progress:
-            as in ``lsc.ablation``.
-        metric: "logit_diff" or "logit" (DLA is linear in the logits, so log-prob and
-            loss are not defined for it).
-
-    Returns:
-        DataArray (prompt, layer, head) or (prompt, layer, component), in logits.
-    """
-    options = DirectLogitAttributionOptions(
-        level=level,
-        metric=metric,
-        batch_size=batch_size,
-        backend=backend,
-        padding_side=padding_side,
-    )
-    return execute(
-        plan_direct_logit_attribution,
-        model,
-        prompts,
-        options,
-        store=store,
-        client=client,
-        progress=progress,
-    )
-
-
-def plan_direct_logit_attribution(
-    model: LensModel,
-    prompts: Prompts,
-    options: DirectLogitAttributionOptions,
-    *,
-    progress: bool,
-    prepass: dict[str, Any] | None = None,
-) -> Plan[xr.DataArray]:
-    """``direct_logit_attribution`` as a plan: one clean forward pass per batch. It has no
-    pre-pass: ``prepass`` is accepted like every planner's and stays empty."""
-    level, metric = options.level, options.metric
-    if metric not in DLA_METRICS:
-        raise ValueError(
-            f"direct_logit_attribution supports metric in {list(DLA_METRICS)}, "
-            f"got {metric!r}; for log-probabilities use lsc.attribution_patching."
-        )
-    inputs = prepare(
-        model,
-        prompts,
-        metric=metric,
-        level=level,
-        backend=options.backend,
-        batch_size=options.batch_size,
-        padding_side=options.padding_side,
-        needs_corrupt=False,
-    )
+def _scorer(inputs: Inputs) -> Callable[[Batch, Callable], Scores]:
+    """``score(batch, step)``: each component's direct logit share at the read position,
+    (rows, n_components), and whether the model answers each prompt correctly."""
+    model, level, metric = inputs.model, inputs.level, inputs.metric
     spec, layout = model.spec, model.spec.layout
-    runner = get_backend(model, options.backend)
+    runner = get_backend(model, inputs.backend)
     sites = [*list(dict.fromkeys(site for site, _ in components(inputs))), ("resid_final", -1)]
     final_norm = model.hf.get_submodule(layout.final_norm)
     unembed = model.hf.get_submodule(layout.unembed).weight.float()
@@ -141,6 +69,27 @@ def plan_direct_logit_attribution(
         step()
         return Scores(torch.cat(columns, dim=1).cpu(), top_is_target(run.logits, batch.target))
 
+    return score
+
+
+def plan_direct_logit_attribution(
+    model: LensModel,
+    tokens: Tokens,
+    options: Options,
+    *,
+    progress: bool,
+    prepass: dict[str, Any] | None = None,
+) -> Plan[xr.DataArray]:
+    """``direct_logit_attribution`` as a plan: one clean forward pass per batch. It has no
+    pre-pass: ``prepass`` is accepted like every planner's and stays empty."""
+    metric = options.metric
+    if metric not in DLA_METRICS:
+        raise ValueError(
+            f"direct_logit_attribution supports metric in {list(DLA_METRICS)}, "
+            f"got {metric!r}; for log-probabilities use lsc.attribution_patching."
+        )
+    inputs = batched(model, tokens, options)
+    score = _scorer(inputs)
     return Plan(
         inputs,
         len(components(inputs)),
@@ -155,3 +104,29 @@ def plan_direct_logit_attribution(
         ),
         desc="direct logit attribution",
     )
+
+
+@method(plan_direct_logit_attribution, levels=LEVELS)
+def direct_logit_attribution(
+    model: LensModel,
+    prompts: Prompts,
+    *,
+    level: str = DEFAULTS.level,
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    progress: bool = DEFAULTS.progress,
+) -> xr.DataArray:
+    """Direct effect of each head or block on the metric's logits, per prompt.
+
+    Args:
+        metric: "logit_diff" or "logit" (DLA is linear in the logits, so log-prob and
+            loss are not defined for it).
+
+    Returns:
+        DataArray (prompt, layer, head) or (prompt, layer, component), in logits.
+    """
+    return run(direct_logit_attribution, locals())

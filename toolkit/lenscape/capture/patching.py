@@ -33,10 +33,10 @@ value; the others are NaN ("not computed").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,11 +48,11 @@ from ..data import Prompts
 from ..models import LensModel
 from ..sweep import memory, metrics
 from ..sweep.backend import Site, TokenBatch, get_backend
-from ..sweep.inputs import Batch, Inputs, prepare
-from ..sweep.options import DEFAULTS, CaptureOptions
+from ..sweep.inputs import Batch, Inputs, Tokens, batched
+from ..sweep.options import DEFAULTS, Options
 from ..sweep.plan import Plan, Result, Scores, once, top_is_target
-from ..sweep.result import components, to_dataarray
-from ..sweep.streaming import execute
+from ..sweep.registry import method, run
+from ..sweep.result import LEVELS, components, to_dataarray
 
 ABLATION_KINDS = ("zero", "mean")
 #: Gradient estimators of a patching effect; see the module docstring.
@@ -62,10 +62,6 @@ ESTIMATORS = ("atp", "ig")
 #: exact patching most per unit of cost (Pearson r over cells 0.71 -> 0.90 on the factual set,
 #: 0.59 -> 0.88 on IOI, for 1.4-1.7x AtP's time); 8 points reach 0.93 / 0.96 at 4-6x.
 DEFAULT_IG_STEPS = 2
-#: The most integration points ``steps`` may ask for: each is a forward and a backward pass
-#: per batch, and a left Riemann sum's error falls as 1/steps (8 points already agree with
-#: exact patching to r 0.93-0.96), so more is a typo, not a finer estimate.
-MAX_IG_STEPS = 512
 #: Where integrated gradients interpolates: the residual stream entering block 0.
 INPUT_SITE: Site = ("resid_pre", 0)
 Variant = tuple[Site, "int | None"]
@@ -125,6 +121,38 @@ def _layer_groups(variants: list[Variant], columns: list[int]) -> list[tuple[int
     return sorted(groups.items())
 
 
+def _edited_metric(
+    backend: Any,
+    metric: str,
+    batch: Batch,
+    source: str,
+    chunk: list[Variant],
+    unedited: Any,
+    replacement: Callable,
+) -> torch.Tensor:
+    """(copies * rows,) metric of one stacked pass: copy ``c`` of ``batch``'s ``source``
+    tokens with ``chunk[c]`` replaced, resumed from the unedited run's residual stream at
+    the chunk's block (every variant of a chunk edits the same block)."""
+    (_, layer), _ = chunk[0]
+    copies, rows = len(chunk), len(batch.index)
+    tokens = getattr(batch, source)
+    resume = (
+        None if layer == 0 else (layer, unedited.acts[("resid_pre", layer)].repeat(copies, 1, 1))
+    )
+    run = backend.run(
+        tokens.repeat(copies),
+        sites=_sites(chunk),
+        edit=_stacked_edit(chunk, rows, replacement),
+        resume=resume,
+    )
+    return metrics.compute(
+        metric,
+        run.logits,
+        batch.target.repeat(copies),
+        batch.distractor.repeat(copies),
+    )
+
+
 def _sweep_scorer(
     inputs: Inputs,
     *,
@@ -176,29 +204,15 @@ def _sweep_scorer(
             correct = top_is_target(
                 unedited.logits if clean_logits is None else clean_logits, batch.target
             )
-            for layer, group in groups:
+            for _, group in groups:
                 for start in range(0, len(group), per_pass):
                     chunk_columns = group[start : start + per_pass]
                     chunk = [variants[c] for c in chunk_columns]
-                    copies = len(chunk)
-                    resume = (
-                        None
-                        if layer == 0
-                        else (layer, unedited.acts[("resid_pre", layer)].repeat(copies, 1, 1))
+                    value = _edited_metric(
+                        backend, metric, batch, source, chunk, unedited, replacement
                     )
-                    run = backend.run(
-                        tokens.repeat(copies),
-                        sites=_sites(chunk),
-                        edit=_stacked_edit(chunk, rows, replacement),
-                        resume=resume,
-                    )
-                    value = metrics.compute(
-                        metric,
-                        run.logits,
-                        batch.target.repeat(copies),
-                        batch.distractor.repeat(copies),
-                    )
-                    effects[:, chunk_columns] = (value.view(copies, rows) - base).T.float().cpu()
+                    change = value.view(len(chunk), rows) - base
+                    effects[:, chunk_columns] = change.T.float().cpu()
                 step()
             for _ in range(model.spec.n_layers - len(groups)):  # blocks with nothing to measure
                 step()
@@ -291,12 +305,6 @@ def _check_estimator(estimator: str, steps: int | None) -> int:
         raise ValueError(f"Unknown estimator {estimator!r}; choose one of {list(ESTIMATORS)}.")
     if steps is None:
         return 1 if estimator == "atp" else DEFAULT_IG_STEPS
-    steps = _validate.positive_int("steps", steps)
-    if steps > MAX_IG_STEPS:
-        raise ValueError(
-            f"steps={steps} integration points would take {steps} forward and backward "
-            f"passes per batch; use at most {MAX_IG_STEPS} (8 to 32 are plenty)."
-        )
     if estimator == "atp" and steps != 1:
         raise ValueError(
             f"estimator='atp' takes the gradient at one point; steps={steps} "
@@ -399,77 +407,31 @@ def _refine_params(refine: int | None, estimator: str, steps: int) -> dict[str, 
 # ------------------------------------------------------------------------------ ablation
 
 
-@dataclass(frozen=True)
-class AblationOptions(CaptureOptions):
-    """``ablation``'s options (defaults and meaning: its signature and docstring)."""
-
-    method: ClassVar[str] = "ablation"
-
-    kind: str
-    variants_per_pass: int | None
-    refine: int | None
-
-
-def ablation(
-    model: LensModel,
-    prompts: Prompts,
-    *,
-    level: str = DEFAULTS.level,
-    kind: str = "zero",
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    variants_per_pass: int | None = DEFAULTS.variants_per_pass,
-    refine: int | None = None,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
-) -> xr.DataArray:
-    """Exact ablation of every head or block: metric(ablated) - metric(clean), per prompt.
-
-    Args:
-        model: a ``LensModel`` from ``lsc.load``.
-        prompts: a ``PromptSet`` (or Prompts / dicts) with single-token targets.
-        level: "head" -> dims (prompt, layer, head); "block" -> (prompt, layer, component).
-        kind: "zero" or "mean" (mean over all real tokens of the prompt set).
-        metric: "logit_diff", "logprob", "loss" or "logit".
-        batch_size: prompts per forward pass (each pass holds ``variants_per_pass`` copies);
-            None picks one from free memory (GPU: up to 256).
-        backend: "nnsight" or "transformer_lens".
-        padding_side: "right" or "left"; results do not depend on it.
-        variants_per_pass: components measured per pass (default: one block's, n_heads
-            at head level, fewer if they do not fit in memory).
-        refine: measure exactly only the ``refine`` components whose first-order estimate
-            grad_clean(metric) . (replacement - clean activation), averaged over prompts,
-            is largest in absolute value; the others are NaN. None: all components.
-        store: a ``.zarr`` path: stream results there batch by batch and resume an
-            interrupted run (see ``lsc.capture_to``); returns the stored result, lazily.
-        client: a ``dask.distributed.Client``: score batches on its workers (needs ``store``).
-        progress: show a progress bar.
-
-    Returns:
-        DataArray of metric changes (negative: the component helps the metric).
-    """
-    options = AblationOptions(
-        level=level,
-        kind=kind,
-        metric=metric,
-        batch_size=batch_size,
-        backend=backend,
-        padding_side=padding_side,
-        variants_per_pass=variants_per_pass,
-        refine=refine,
+def _ablation_targets(
+    inputs: Inputs, variants: list[Variant], kind: str, prepass: dict[str, Any], progress: bool
+) -> tuple[Callable, Callable]:
+    """What an ablation replaces a component with: ``goal(site, act)`` (the replacement of
+    a whole activation, for the ranking pass of ``refine``) and ``replacement_for(batch)``
+    (as ``_sweep_scorer`` takes it); the means of kind="mean" are kept in ``prepass``."""
+    if kind == "zero":
+        return (lambda site, act: torch.zeros_like(act)), (lambda batch: ((lambda s, h: 0.0), None))
+    cpu_means = once(
+        prepass,
+        "means",
+        lambda: {s: m.cpu() for s, m in _site_means(inputs, _sites(variants), progress).items()},
     )
-    return execute(
-        plan_ablation, model, prompts, options, store=store, client=client, progress=progress
-    )
+    means = {site: mean.to(inputs.model.device) for site, mean in cpu_means.items()}
+
+    def replacement_for(batch):
+        return (lambda site, head: means[site] if head is None else means[site][head]), None
+
+    return (lambda site, act: means[site].expand_as(act)), replacement_for
 
 
 def plan_ablation(
     model: LensModel,
-    prompts: Prompts,
-    options: AblationOptions,
+    tokens: Tokens,
+    options: Options,
     *,
     progress: bool,
     prepass: dict[str, Any] | None = None,
@@ -480,41 +442,9 @@ def plan_ablation(
     kind, refine = options.kind, options.refine
     if kind not in ABLATION_KINDS:
         raise ValueError(f"Unknown ablation kind {kind!r}; choose one of {list(ABLATION_KINDS)}.")
-    inputs = prepare(
-        model,
-        prompts,
-        metric=options.metric,
-        level=options.level,
-        backend=options.backend,
-        batch_size=options.batch_size,
-        padding_side=options.padding_side,
-        needs_corrupt=False,
-        grad=refine is not None,
-    )
+    inputs = batched(model, tokens, options, grad=refine is not None)
     variants = components(inputs)
-    if kind == "zero":
-
-        def goal(site, act):
-            return torch.zeros_like(act)
-
-        def replacement_for(batch):
-            return (lambda site, head: 0.0), None
-    else:
-        cpu_means = once(
-            prepass,
-            "means",
-            lambda: {
-                s: m.cpu() for s, m in _site_means(inputs, _sites(variants), progress).items()
-            },
-        )
-        means = {site: mean.to(model.device) for site, mean in cpu_means.items()}
-
-        def goal(site, act):
-            return means[site].expand_as(act)
-
-        def replacement_for(batch):
-            return (lambda site, head: means[site] if head is None else means[site][head]), None
-
+    goal, replacement_for = _ablation_targets(inputs, variants, kind, prepass, progress)
     columns = None
     if refine is not None:
         runner = get_backend(model, options.backend)
@@ -548,81 +478,44 @@ def plan_ablation(
     )
 
 
-# ------------------------------------------------------------------- activation patching
-
-
-@dataclass(frozen=True)
-class ActivationPatchingOptions(CaptureOptions):
-    """``activation_patching``'s options (defaults and meaning: its signature and docstring)."""
-
-    method: ClassVar[str] = "activation_patching"
-
-    variants_per_pass: int | None
-    refine: int | None
-    estimator: str
-    steps: int | None
-
-
-def activation_patching(
+@method(plan_ablation, levels=LEVELS)
+def ablation(
     model: LensModel,
     prompts: Prompts,
     *,
     level: str = DEFAULTS.level,
+    kind: str = "zero",
     metric: str = DEFAULTS.metric,
     batch_size: int | None = DEFAULTS.batch_size,
     backend: str = DEFAULTS.backend,
     padding_side: str = DEFAULTS.padding_side,
     variants_per_pass: int | None = DEFAULTS.variants_per_pass,
     refine: int | None = None,
-    estimator: str = "atp",
-    steps: int | None = None,
     store: str | Path | None = DEFAULTS.store,
     client: Any = DEFAULTS.client,
     progress: bool = DEFAULTS.progress,
 ) -> xr.DataArray:
-    """Exact activation patching (clean -> corrupt): metric(patched) - metric(corrupt).
-
-    Each prompt's corrupt run gets one component's clean activation (all positions).
-    Arguments as in ``ablation``; every prompt needs a ``corrupt`` text of equal token length.
+    """Exact ablation of every head or block: metric(ablated) - metric(clean), per prompt.
 
     Args:
-        refine: measure exactly only the ``refine`` components whose prompt-mean
-            ``attribution_patching`` estimate is largest in absolute value; the others are
-            NaN ("not computed"). Attrs record ``refined_k``, ``refine_estimator`` and
-            ``refine_steps``. None: all components.
-        estimator, steps: the estimator that ranks components for ``refine`` (see
-            ``attribution_patching``).
+        kind: "zero" or "mean" (mean over all real tokens of the prompt set).
+        refine: measure exactly only the ``refine`` components whose first-order estimate
+            grad_clean(metric) . (replacement - clean activation), averaged over prompts,
+            is largest in absolute value; the others are NaN. None: all components.
 
     Returns:
-        DataArray (prompt, layer, head) or (prompt, layer, component); positive: the
-        component carries the clean answer.
+        DataArray of metric changes (negative: the component helps the metric).
     """
-    options = ActivationPatchingOptions(
-        level=level,
-        metric=metric,
-        batch_size=batch_size,
-        backend=backend,
-        padding_side=padding_side,
-        variants_per_pass=variants_per_pass,
-        refine=refine,
-        estimator=estimator,
-        steps=steps,
-    )
-    return execute(
-        plan_activation_patching,
-        model,
-        prompts,
-        options,
-        store=store,
-        client=client,
-        progress=progress,
-    )
+    return run(ablation, locals())
+
+
+# ------------------------------------------------------------------- activation patching
 
 
 def plan_activation_patching(
     model: LensModel,
-    prompts: Prompts,
-    options: ActivationPatchingOptions,
+    tokens: Tokens,
+    options: Options,
     *,
     progress: bool,
     prepass: dict[str, Any] | None = None,
@@ -631,17 +524,7 @@ def plan_activation_patching(
     pass, with ``refine``, kept in the plan's ``prepass``)."""
     prepass = {} if prepass is None else prepass
     points = _check_estimator(options.estimator, options.steps)
-    inputs = prepare(
-        model,
-        prompts,
-        metric=options.metric,
-        level=options.level,
-        backend=options.backend,
-        batch_size=options.batch_size,
-        padding_side=options.padding_side,
-        needs_corrupt=True,
-        grad=options.refine is not None,
-    )
+    inputs = batched(model, tokens, options, grad=options.refine is not None)
     runner = get_backend(model, options.backend)
     variants = components(inputs)
     sites = _sites(variants)
@@ -678,20 +561,8 @@ def plan_activation_patching(
     )
 
 
-# ------------------------------------------------------------------ attribution patching
-
-
-@dataclass(frozen=True)
-class AttributionPatchingOptions(CaptureOptions):
-    """``attribution_patching``'s options (defaults and meaning: its signature and docstring)."""
-
-    method: ClassVar[str] = "attribution_patching"
-
-    estimator: str
-    steps: int | None
-
-
-def attribution_patching(
+@method(plan_activation_patching, levels=LEVELS, needs_corrupt=True)
+def activation_patching(
     model: LensModel,
     prompts: Prompts,
     *,
@@ -700,56 +571,41 @@ def attribution_patching(
     batch_size: int | None = DEFAULTS.batch_size,
     backend: str = DEFAULTS.backend,
     padding_side: str = DEFAULTS.padding_side,
+    variants_per_pass: int | None = DEFAULTS.variants_per_pass,
+    refine: int | None = None,
     estimator: str = "atp",
     steps: int | None = None,
     store: str | Path | None = DEFAULTS.store,
     client: Any = DEFAULTS.client,
     progress: bool = DEFAULTS.progress,
-) -> Result:
-    """Gradient estimate of activation patching for every component at once.
+) -> xr.DataArray:
+    """Exact activation patching (clean -> corrupt): metric(patched) - metric(corrupt).
 
-    ``estimator="atp"``: score = sum_pos grad_corrupt(metric) . (clean - corrupt activation),
-    from one clean forward, one corrupt forward and one backward per batch.
-    ``estimator="ig"``: the gradient averaged over ``steps`` points a_k = k / steps of the
-    path from the corrupt to the clean input (the residual stream entering block 0), as in
-    EAP-IG (arXiv 2403.17806): score = sum_pos mean_k grad_{x(a_k)}(metric) . (clean -
-    corrupt activation); ``steps`` forward + backward passes; ``steps=1`` equals "atp".
-    ``lsc.faithfulness`` measures how well each agrees with exact patching.
+    Each prompt's corrupt run gets one component's clean activation (all positions).
+    Every prompt needs a ``corrupt`` text of equal token length.
 
     Args:
-        level: "head", "block", or "all" (both, returned as a Dataset with variables
-            ``heads`` and ``blocks``).
-        estimator: "atp" or "ig".
-        steps: integration points for "ig" (default ``DEFAULT_IG_STEPS``); "atp" takes 1.
-        Others as in ``ablation``.
+        refine: measure exactly only the ``refine`` components whose prompt-mean
+            ``attribution_patching`` estimate is largest in absolute value; the others are
+            NaN ("not computed"). Attrs record ``refined_k``, ``refine_estimator`` and
+            ``refine_steps``. None: all components.
+        estimator, steps: the estimator that ranks components for ``refine`` (see
+            ``attribution_patching``).
 
     Returns:
-        DataArray (prompt, layer, head | component), or a Dataset for level="all".
+        DataArray (prompt, layer, head) or (prompt, layer, component); positive: the
+        component carries the clean answer.
     """
-    options = AttributionPatchingOptions(
-        level=level,
-        metric=metric,
-        batch_size=batch_size,
-        backend=backend,
-        padding_side=padding_side,
-        estimator=estimator,
-        steps=steps,
-    )
-    return execute(
-        plan_attribution_patching,
-        model,
-        prompts,
-        options,
-        store=store,
-        client=client,
-        progress=progress,
-    )
+    return run(activation_patching, locals())
+
+
+# ------------------------------------------------------------------ attribution patching
 
 
 def plan_attribution_patching(
     model: LensModel,
-    prompts: Prompts,
-    options: AttributionPatchingOptions,
+    tokens: Tokens,
+    options: Options,
     *,
     progress: bool,
     prepass: dict[str, Any] | None = None,
@@ -760,32 +616,8 @@ def plan_attribution_patching(
     estimator, level = options.estimator, options.level
     points = _check_estimator(estimator, options.steps)
     levels = ("head", "block") if level == "all" else (level,)
-    first = prepare(
-        model,
-        prompts,
-        metric=options.metric,
-        level=levels[0],
-        backend=options.backend,
-        batch_size=options.batch_size,
-        padding_side=options.padding_side,
-        needs_corrupt=True,
-        grad=True,
-    )
-    inputs_by_level = {
-        lvl: first
-        if lvl == levels[0]
-        else prepare(
-            model,
-            prompts,
-            metric=options.metric,
-            level=lvl,
-            backend=options.backend,
-            batch_size=first.batch_size,
-            padding_side=options.padding_side,
-            needs_corrupt=True,
-        )
-        for lvl in levels
-    }
+    first = batched(model, tokens, options, level=levels[0], grad=True)
+    inputs_by_level = {lvl: dataclasses.replace(first, level=lvl) for lvl in levels}
     widths = [len(components(inputs_by_level[lvl])) for lvl in levels]
     estimate = _patching_estimator(
         first,
@@ -833,3 +665,41 @@ def plan_attribution_patching(
         if estimator == "atp"
         else f"integrated gradients ({points} steps)",
     )
+
+
+@method(plan_attribution_patching, levels=(*LEVELS, "all"), needs_corrupt=True)
+def attribution_patching(
+    model: LensModel,
+    prompts: Prompts,
+    *,
+    level: str = DEFAULTS.level,
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    estimator: str = "atp",
+    steps: int | None = None,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    progress: bool = DEFAULTS.progress,
+) -> Result:
+    """Gradient estimate of activation patching for every component at once.
+
+    ``estimator="atp"``: score = sum_pos grad_corrupt(metric) . (clean - corrupt activation),
+    from one clean forward, one corrupt forward and one backward per batch.
+    ``estimator="ig"``: the gradient averaged over ``steps`` points a_k = k / steps of the
+    path from the corrupt to the clean input (the residual stream entering block 0), as in
+    EAP-IG (arXiv 2403.17806): score = sum_pos mean_k grad_{x(a_k)}(metric) . (clean -
+    corrupt activation); ``steps`` forward + backward passes; ``steps=1`` equals "atp".
+    ``lsc.faithfulness`` measures how well each agrees with exact patching.
+
+    Args:
+        level: "head", "block", or "all" (both, returned as a Dataset with variables
+            ``heads`` and ``blocks``).
+        estimator: "atp" or "ig".
+        steps: integration points for "ig" (default ``DEFAULT_IG_STEPS``); "atp" takes 1.
+
+    Returns:
+        DataArray (prompt, layer, head | component), or a Dataset for level="all".
+    """
+    return run(attribution_patching, locals())

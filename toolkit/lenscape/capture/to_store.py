@@ -2,84 +2,33 @@
 
 ``capture_to(path, lsc.ablation, model, prompts, level="block")`` is the same run as
 ``lsc.ablation(model, prompts, level="block", store=path)``: the options it is given are
-completed from the public function's signature (where the defaults live, see ``plan``),
-then ``streaming.stream`` writes, resumes and (with ``client=``) distributes the batches.
+completed from the public function's signature (``registry.Method.defaults``), then
+``registry.run`` writes, resumes and (with ``client=``) distributes the batches. Every
+method in ``registry.METHODS`` that can stream can be named.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..data import Prompts
 from ..models import LensModel
-from ..sweep.options import DEFAULTS, CaptureOptions
-from ..sweep.plan import Planner, Result
-from ..sweep.streaming import stream
-from . import logit, patching
+from ..sweep.options import DEFAULTS
+from ..sweep.plan import Result
+from ..sweep.registry import METHODS, Method, run
 
 
-class Method(NamedTuple):
-    """A per-prompt method as ``capture_to`` streams it."""
-
-    function: Callable[..., Any]  # the public function; its signature holds the defaults
-    options: type[CaptureOptions]
-    planner: Planner[Any]
-
-
-#: Public name -> method: what ``capture_to`` streams.
-METHODS: dict[str, Method] = {
-    method.function.__name__: method
-    for method in [
-        Method(patching.ablation, patching.AblationOptions, patching.plan_ablation),
-        Method(
-            patching.activation_patching,
-            patching.ActivationPatchingOptions,
-            patching.plan_activation_patching,
-        ),
-        Method(
-            patching.attribution_patching,
-            patching.AttributionPatchingOptions,
-            patching.plan_attribution_patching,
-        ),
-        Method(
-            logit.direct_logit_attribution,
-            logit.DirectLogitAttributionOptions,
-            logit.plan_direct_logit_attribution,
-        ),
-    ]
-}
-
-
-def _method_name(method: Any) -> str:
+def _method(method: Any) -> Method:
     name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
-    if name not in METHODS:
+    streamable = sorted(n for n, spec in METHODS.items() if spec.planner and not spec.streams)
+    if name not in streamable:
         raise ValueError(
             f"capture_to cannot stream {name!r}; it streams the per-prompt methods "
-            f"{sorted(METHODS)} (pass the function or its name)."
+            f"{streamable} (pass the function or its name)."
         )
-    return name
-
-
-def options_for(name: str, given: dict[str, Any]) -> CaptureOptions:
-    """The options of method ``name``: ``given``, completed with the public function's defaults.
-
-    Raises:
-        ValueError: an option the method does not have (the message lists its options).
-        TypeError, ValueError: a shared option out of range (``options.check_options``).
-    """
-    method = METHODS[name]
-    known = [field.name for field in fields(method.options)]
-    unknown = sorted(set(given) - set(known))
-    if unknown:
-        raise ValueError(f"{name} has no option(s) {unknown}; its options are {sorted(known)}.")
-    defaults = inspect.signature(method.function).parameters
-    return method.options(
-        **{option: given.get(option, defaults[option].default) for option in known}
-    )
+    return METHODS[name]
 
 
 def capture_to(
@@ -97,8 +46,8 @@ def capture_to(
 
     Args:
         path: a ``.zarr`` path. New: created. Existing with the same settings: resumed.
-        method: ``lsc.ablation``, ``lsc.activation_patching``, ``lsc.attribution_patching``,
-            ``lsc.direct_logit_attribution`` or the name of one.
+        method: a streaming method (``lsc.ablation``, ``lsc.edge_attribution`` ...: every
+            method of ``lenscape.sweep.registry.METHODS`` with a planner) or its name.
         model, prompts: as for the method.
         client: a ``dask.distributed.Client``: batches are scored on its workers (each
             loads the model once) and written to ``path`` from there.
@@ -109,7 +58,7 @@ def capture_to(
             out or None: the store's).
 
     Returns:
-        The stored result (lazily loaded, dask-backed, when dask is installed).
+        What the method returns with ``store=path``.
 
     Raises:
         TypeError, ValueError: unknown method or option, bad path (not ``.zarr``, missing
@@ -118,13 +67,17 @@ def capture_to(
         store.StoreError: another process is writing ``path``.
         RuntimeError: a dask worker failed; batches finished before it stay in the store.
     """
-    name = _method_name(method)
-    return stream(
-        path,
-        METHODS[name].planner,
-        model,
-        prompts,
-        options_for(name, options),
+    spec = _method(method)
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        raise ValueError(
+            f"{spec.name} has no option(s) {unknown}; its options are {sorted(spec.options)}."
+        )
+    arguments = {"model": model, "prompts": prompts, **spec.defaults, **options}
+    return run(
+        spec.function,
+        arguments,
+        store=path,
         client=client,
         overwrite=overwrite,
         progress=progress,

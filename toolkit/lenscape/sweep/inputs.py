@@ -1,10 +1,13 @@
-"""Prompt checks and tokenization for capture methods.
+"""Prompt checks, tokenisation and batching for capture methods.
 
-``prepare`` turns user input (a ``PromptSet``, Prompts or dicts) into an ``Inputs``:
-checked prompts plus, per prompt, clean (and corrupt) token ids and the target and
-distractor token ids. The options shared by all methods (``batch_size``, ``metric`` ...)
-are checked before, in ``options.check_options``. ``Inputs.batches`` pads prompt batches on
-either side; positions count real tokens only, so results do not depend on padding.
+``tokenize`` turns user input (a ``PromptSet``, Prompts or dicts) into ``Tokens``: checked
+prompts plus, per prompt, clean (and corrupt) token ids, the target and distractor token
+ids and the prompt list's fingerprint. A call tokenises once; a method that runs others
+(the faithfulness report) hands its ``Tokens`` on. ``batched`` cuts them into an ``Inputs``
+for one method's passes; ``Inputs.batches`` pads prompt batches on either side, and
+positions count real tokens only, so results do not depend on padding. The options shared
+by all methods (``batch_size``, ``metric`` ...) are checked before, in
+``options.check_options``.
 """
 
 from __future__ import annotations
@@ -17,14 +20,11 @@ from typing import Any
 
 import torch
 
-from .. import _validate
 from ..data import PromptSet, as_prompt_set
 from ..models import LensModel
 from . import memory
 from .backend import TokenBatch
-
-LEVELS = ("head", "block")
-PADDING_SIDES = ("right", "left")
+from .options import Options
 
 
 @dataclass
@@ -44,42 +44,83 @@ class Batch:
     distractor: torch.Tensor
 
 
-@dataclass
-class Inputs:
-    """Validated capture inputs; see ``prepare``."""
+@dataclass(frozen=True)
+class Tokens:
+    """Prompts checked against a model and tokenised, once per call (``tokenize``).
 
-    model: LensModel
+    Attributes:
+        prompts: the prompts as a ``PromptSet``.
+        clean_ids: per prompt, the clean text's token ids.
+        corrupt_ids: per prompt, the corrupt text's token ids (as long as the clean ones),
+            or None when the method runs no corrupt prompt.
+        target, distractor: (prompt,) token ids; -1 where a prompt has none (a distractor
+            where the metric needs none; a target only for methods that take texts alone).
+        fingerprint: SHA-256 of the prompt list (``fingerprint``).
+        model: the name of the model whose tokenizer made the ids.
+    """
+
     prompts: PromptSet
     clean_ids: list[list[int]]
     corrupt_ids: list[list[int]] | None
     target: torch.Tensor
     distractor: torch.Tensor
+    fingerprint: str
+    model: str
+
+    def __len__(self) -> int:
+        return len(self.clean_ids)
+
+    @property
+    def width(self) -> int:
+        """Tokens in the longest clean prompt."""
+        return max(len(ids) for ids in self.clean_ids)
+
+
+@dataclass
+class Inputs:
+    """Tokenised prompts cut into batches for one method's passes (``batched``).
+
+    Attributes:
+        model: the model the passes run on.
+        tokens: the prompts, tokenised once per call.
+        metric, level, backend, padding_side: the run's options.
+        batch_size: prompts per pass (resolved: never None).
+    """
+
+    model: LensModel
+    tokens: Tokens
     metric: str
     level: str
     backend: str
     batch_size: int
     padding_side: str
-    fingerprint: str
+
+    @property
+    def prompts(self) -> PromptSet:
+        return self.tokens.prompts
+
+    @property
+    def fingerprint(self) -> str:
+        return self.tokens.fingerprint
 
     def batch(self, number: int) -> Batch:
         """Batch ``number``: prompts ``[number * batch_size, (number + 1) * batch_size)``,
         padded on ``padding_side``, on the model's device."""
-        pad_id = self.model.tokenizer.pad_token_id
+        tokens, pad_id = self.tokens, self.model.tokenizer.pad_token_id
         start = number * self.batch_size
-        rows = list(range(start, min(start + self.batch_size, len(self.clean_ids))))
+        rows = list(range(start, min(start + self.batch_size, len(tokens))))
+        device = self.model.device
         corrupt = (
             None
-            if self.corrupt_ids is None
-            else pad([self.corrupt_ids[i] for i in rows], pad_id, self.padding_side)
+            if tokens.corrupt_ids is None
+            else pad([tokens.corrupt_ids[i] for i in rows], pad_id, self.padding_side).to(device)
         )
         return Batch(
             index=torch.tensor(rows),
-            clean=pad([self.clean_ids[i] for i in rows], pad_id, self.padding_side).to(
-                self.model.device
-            ),
-            corrupt=None if corrupt is None else corrupt.to(self.model.device),
-            target=self.target[rows].to(self.model.device),
-            distractor=self.distractor[rows].to(self.model.device),
+            clean=pad([tokens.clean_ids[i] for i in rows], pad_id, self.padding_side).to(device),
+            corrupt=corrupt,
+            target=tokens.target[rows].to(device),
+            distractor=tokens.distractor[rows].to(device),
         )
 
     def batches(self) -> Iterator[Batch]:
@@ -87,7 +128,7 @@ class Inputs:
         return (self.batch(number) for number in range(self.n_batches()))
 
     def n_batches(self) -> int:
-        return -(-len(self.clean_ids) // self.batch_size)
+        return -(-len(self.tokens) // self.batch_size)
 
 
 def pad(sequences: Sequence[Sequence[int]], pad_id: int, side: str) -> TokenBatch:
@@ -135,36 +176,35 @@ def fingerprint(prompts: PromptSet) -> str:
     return hashlib.sha256(json.dumps(records).encode()).hexdigest()[:16]
 
 
-def prepare(
+def tokenize(
     model: LensModel,
     prompts: Any,
     *,
-    metric: str,
-    level: str,
-    backend: str,
-    batch_size: int | None,
-    padding_side: str,
     needs_corrupt: bool,
-    levels: Sequence[str] = LEVELS,
-    grad: bool = False,
-) -> Inputs:
-    """Check the prompts against the model and tokenize them.
-
-    The shared options (``metric``, ``backend``, ``padding_side``, ``batch_size``) arrive
-    checked by ``options.check_options``; ``level`` is checked here against ``levels``,
-    which differ per method.
+    needs_distractor: bool,
+    needs_target: bool = True,
+) -> Tokens:
+    """Check the prompts against the model and tokenise them: once per call.
 
     Args:
-        batch_size: prompts per pass; None picks one from free memory (``memory``), using
-            ``grad`` to tell whether passes keep activations for a backward pass.
+        prompts: a ``PromptSet``, ``Prompt``s or dicts (``data.as_prompt_set``), or the
+            ``Tokens`` of an earlier call on this model (returned as they are when they hold
+            what this call needs).
+        needs_corrupt: tokenise the corrupt texts (each must have as many tokens as its
+            clean text).
+        needs_distractor: every prompt must have a single-token distractor (the logit
+            difference).
+        needs_target: every prompt must have a single-token target; False: an empty target
+            is allowed and becomes -1 (methods that follow the model's own prediction).
 
     Raises:
         TypeError: prompts that are not a list of prompts (``data.as_prompt_set``).
-        ValueError: empty prompt list, unknown level, empty or multi-token targets, texts
-            longer than the model's context, missing distractors/corrupt prompts,
-            clean/corrupt token counts that differ.
+        ValueError: empty prompt list, empty or multi-token targets, texts longer than the
+            model's context, missing distractors/corrupt prompts, clean/corrupt token counts
+            that differ, ``Tokens`` made on another model.
     """
-    _validate.choice("level", level, levels)
+    if isinstance(prompts, Tokens):
+        return _reuse(model, prompts, needs_corrupt=needs_corrupt)
     prompt_set = as_prompt_set(prompts)
     if len(prompt_set) == 0:
         raise ValueError(
@@ -173,8 +213,9 @@ def prepare(
     tokenizer = model.tokenizer
     target, distractor = [], []
     for i, p in enumerate(prompt_set):
-        target.append(_single_token(tokenizer, p.target, "target", i))
-        if metric == "logit_diff" and p.distractor is None:
+        optional = not needs_target and not p.target
+        target.append(-1 if optional else _single_token(tokenizer, p.target, "target", i))
+        if needs_distractor and p.distractor is None:
             raise ValueError(
                 f"Prompt {i} has no distractor, which metric='logit_diff' needs; "
                 "add one or use metric='logprob'."
@@ -184,37 +225,81 @@ def prepare(
         )
     clean_ids = [tokenizer(p.text)["input_ids"] for p in prompt_set]
     model.check_context([len(ids) for ids in clean_ids], what="text")
-    corrupt_ids = None
-    if needs_corrupt:
-        corrupt_ids = []
-        for i, (p, ids) in enumerate(zip(prompt_set, clean_ids, strict=True)):
-            if p.corrupt is None:
-                raise ValueError(
-                    f"Prompt {i} has no corrupt counterpart, which this method "
-                    "needs; add `corrupt=` or use lsc.ablation instead."
-                )
-            cids = tokenizer(p.corrupt)["input_ids"]
-            if len(cids) != len(ids):
-                raise ValueError(
-                    f"Prompt {i}: clean ({len(ids)} tokens) and corrupt "
-                    f"({len(cids)} tokens) differ in length; patching needs "
-                    f"aligned positions. Reword {p.corrupt!r} to match {p.text!r}."
-                )
-            corrupt_ids.append(cids)
-    if batch_size is None:
-        width = max(len(ids) for ids in clean_ids)
-        batch_size = memory.auto_batch_size(model, width=width, grad=grad)
-    return Inputs(
-        model,
+    return Tokens(
         prompt_set,
         clean_ids,
-        corrupt_ids,
+        _corrupt_ids(tokenizer, prompt_set, clean_ids) if needs_corrupt else None,
         torch.tensor(target),
         torch.tensor(distractor),
-        metric,
-        level,
-        backend,
-        batch_size,
-        padding_side,
         fingerprint(prompt_set),
+        model.name,
+    )
+
+
+def _corrupt_ids(tokenizer: Any, prompts: PromptSet, clean_ids: list[list[int]]) -> list[list[int]]:
+    """Per prompt, the corrupt text's token ids, as many as the clean text's.
+
+    Raises:
+        ValueError: a prompt without a corrupt text, or one of another token length.
+    """
+    corrupt_ids = []
+    for i, (p, ids) in enumerate(zip(prompts, clean_ids, strict=True)):
+        if p.corrupt is None:
+            raise ValueError(
+                f"Prompt {i} has no corrupt counterpart, which this method "
+                "needs; add `corrupt=` or use lsc.ablation instead."
+            )
+        cids = tokenizer(p.corrupt)["input_ids"]
+        if len(cids) != len(ids):
+            raise ValueError(
+                f"Prompt {i}: clean ({len(ids)} tokens) and corrupt "
+                f"({len(cids)} tokens) differ in length; patching needs "
+                f"aligned positions. Reword {p.corrupt!r} to match {p.text!r}."
+            )
+        corrupt_ids.append(cids)
+    return corrupt_ids
+
+
+def _reuse(model: LensModel, tokens: Tokens, *, needs_corrupt: bool) -> Tokens:
+    """``tokens`` of an earlier call, checked to serve this one."""
+    if tokens.model != model.name:
+        raise ValueError(
+            f"These prompts were tokenised for the model {tokens.model!r}, not for "
+            f"{model.name!r}; pass the prompts themselves."
+        )
+    if needs_corrupt and tokens.corrupt_ids is None:
+        raise ValueError(
+            "These tokenised prompts hold no corrupt texts, which this method needs; pass "
+            "the prompts themselves."
+        )
+    return tokens
+
+
+def batched(
+    model: LensModel,
+    tokens: Tokens,
+    options: Options,
+    *,
+    level: str | None = None,
+    grad: bool = False,
+) -> Inputs:
+    """``tokens`` cut into batches for one method's passes, as ``options`` say (checked).
+
+    Args:
+        level: the level these passes measure, when not ``options.level`` (a method with
+            no level, or both levels of ``attribution_patching(level="all")``).
+        grad: the passes keep activations for a backward pass; ``options.batch_size=None``
+            picks a batch size from free memory (``memory``) with that in mind.
+    """
+    batch_size = options.batch_size
+    if batch_size is None:
+        batch_size = memory.auto_batch_size(model, width=tokens.width, grad=grad)
+    return Inputs(
+        model,
+        tokens,
+        options.metric,
+        level or options.get("level", "head"),
+        options.backend,
+        batch_size,
+        options.padding_side,
     )

@@ -1,43 +1,38 @@
-"""The options the per-prompt methods share: each declared once, with its default and its check.
+"""The options the per-prompt methods share: each declared once, with its default, its
+check and its description.
 
-``DEFAULTS`` is the one place a shared option's default is written. Public signatures stay
-explicit and typed for a notebook user (``help(lsc.ablation)`` and the editor show
-``batch_size: int | None = 8``) by naming it: ``batch_size: int | None = DEFAULTS.batch_size``;
-``tests/test_options.py`` checks that every public function with a shared option takes its
-default from here. ``check_options`` is the one check of the counts and choices among them,
-run when a method's ``CaptureOptions`` is built (before any model run or store is touched).
+- ``DEFAULTS`` is the one place a shared option's default is written. Public signatures stay
+  explicit and typed for a notebook user (``help(lsc.ablation)`` and the editor show
+  ``batch_size: int | None = 8``) by naming it: ``batch_size: int | None =
+  DEFAULTS.batch_size``; ``tests/test_options.py`` checks that every public function with a
+  shared option takes its default from here.
+- ``check_options`` is the one check of the counts and choices among them.
+- ``DESCRIPTIONS`` is the one place a shared option is described: ``describe`` adds the
+  descriptions of the shared options a method takes to its docstring's ``Args``.
+- ``Options`` holds one call's options (every argument but the model, the prompts and
+  ``RUN_ARGUMENTS``), checked when it is built, before any model run or store is touched.
 
-Imports go one way: ``options`` <- ``plan`` <- ``distributed`` <- ``streaming`` <- the
-methods in ``lenscape.capture``.
+Imports go one way: ``options`` <- ``inputs`` <- ``plan`` <- ``streaming`` <- ``registry``
+<- the methods in ``lenscape.capture``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import inspect
+import textwrap
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from .. import _validate
 from . import metrics
 from .backend import BACKENDS
-from .inputs import PADDING_SIDES
 
 
 @dataclass(frozen=True)
 class SharedDefaults:
-    """The defaults of the shared options (meaning: ``lsc.ablation``'s docstring).
-
-    Attributes:
-        level: "head" (per head) or "block" (attention and MLP per layer).
-        metric: what a change is measured on (``metrics.METRICS``).
-        batch_size: prompts per forward pass; None picks one from free memory.
-        backend: the hook library that reads and edits activations (``BACKENDS``).
-        padding_side: "right" or "left"; results do not depend on it.
-        variants_per_pass: edited copies of a prompt per pass; None: as many as fit.
-        store: a ``.zarr`` path to stream results to and resume from; None: in memory.
-        client: a ``dask.distributed.Client`` to score batches on; None: this process.
-        progress: show a progress bar.
-    """
+    """The defaults of the shared options (their meaning: ``DESCRIPTIONS``)."""
 
     level: str = "head"
     metric: str = "logit_diff"
@@ -52,6 +47,32 @@ class SharedDefaults:
 
 DEFAULTS = SharedDefaults()
 
+#: What each argument the methods share means: a method's docstring gets these (``describe``)
+#: for the arguments its own ``Args`` does not describe.
+DESCRIPTIONS = {
+    "model": "a ``LensModel`` from ``lsc.load``.",
+    "prompts": "a ``PromptSet`` (or ``Prompt``s / dicts) with single-token targets.",
+    "level": '"head" -> dims (prompt, layer, head); "block" -> (prompt, layer, component) '
+    "with attn and mlp.",
+    "metric": '"logit_diff", "logprob", "loss" or "logit": what a change is measured on.',
+    "batch_size": "prompts per forward pass; None picks one from free memory (GPU: up to 256).",
+    "backend": '"nnsight" or "transformer_lens": the hook library that reads and edits '
+    "activations.",
+    "padding_side": '"right" or "left"; results do not depend on it.',
+    "variants_per_pass": "edited copies of a batch per pass (default: one block's components, "
+    "fewer if they do not fit in memory).",
+    "store": "a ``.zarr`` path: stream per-prompt results there batch by batch and resume an "
+    "interrupted run with the same arguments; returns the stored result, lazily.",
+    "client": "a ``dask.distributed.Client``: score batches on its workers (needs ``store``).",
+    "overwrite": "replace an existing ``store`` instead of resuming it.",
+    "progress": "show a progress bar.",
+}
+
+#: Arguments that say where and how a call runs, not what it computes: never part of
+#: ``Options`` (a store is resumed whatever they are).
+RUN_ARGUMENTS = ("store", "client", "overwrite", "progress")
+
+PADDING_SIDES = ("right", "left")
 #: Count options -> what None does.
 COUNT_OPTIONS = {
     "batch_size": "pick one from free memory",
@@ -59,48 +80,108 @@ COUNT_OPTIONS = {
     "refine": "measure every component exactly",
     "steps": "the estimator's default",
 }
+#: The most integration points ``steps`` may ask for: each is a forward and a backward pass
+#: per batch, and a left Riemann sum's error falls as 1/steps (8 points already agree with
+#: exact patching to r 0.93-0.96, benchmarks/RESULTS.md), so more is a typo, not a finer
+#: estimate.
+MAX_STEPS = 512
 #: Choice options -> their allowed values.
 CHOICE_OPTIONS = {"metric": metrics.METRICS, "backend": BACKENDS, "padding_side": PADDING_SIDES}
 
 
-def check_options(options: dict[str, Any]) -> None:
+def check_options(options: Mapping[str, Any]) -> None:
     """Check the options the per-prompt methods share, whichever method gets them.
 
     Raises:
         TypeError: a count that is not an integer (e.g. ``variants_per_pass=2.5``).
-        ValueError: a count below 1, or an unknown ``metric``/``backend``/``padding_side``.
+        ValueError: a count below 1, ``steps`` above ``MAX_STEPS``, or an unknown
+            ``metric``/``backend``/``padding_side``.
     """
     for name, none_means in COUNT_OPTIONS.items():
         if name in options:
             _validate.positive_int(name, options[name], none_means=none_means)
+    steps = options.get("steps")
+    if steps is not None and steps > MAX_STEPS:
+        raise ValueError(
+            f"steps={steps} integration points would take {steps} forward and backward "
+            f"passes per batch; use at most {MAX_STEPS} (8 to 32 are plenty)."
+        )
     for name, choices in CHOICE_OPTIONS.items():
         if name in options:
             _validate.choice(name, options[name], choices)
 
 
 @dataclass(frozen=True)
-class CaptureOptions:
-    """The options every per-prompt method has; each method's subclass adds its own.
+class Options:
+    """One call's options: the method's name and every option by name, checked.
 
-    Fields have no defaults (those are ``DEFAULTS``, named by the public signature), so an
-    option a public function forgets to pass is a TypeError on its first call instead of a
-    silently ignored argument. Creating the options runs ``check_options``.
-
-    Attributes:
-        method: the public name of the method these options belong to (class constant).
-        level, metric, batch_size, backend, padding_side: as in ``lsc.ablation``.
+    Read an option as an attribute (``options.level``); ``replace`` makes a changed copy.
+    It pickles (plans travel to dask workers with it).
 
     Raises:
-        TypeError, ValueError: as ``check_options``.
+        TypeError, ValueError: as ``check_options``, when built.
     """
 
-    method: ClassVar[str]
-
-    level: str
-    metric: str
-    batch_size: int | None
-    backend: str
-    padding_side: str
+    method: str
+    items: tuple[tuple[str, Any], ...]
 
     def __post_init__(self) -> None:
-        check_options(asdict(self))
+        check_options(dict(self.items))
+
+    @classmethod
+    def of(cls, method: str, values: Mapping[str, Any]) -> Options:
+        return cls(method, tuple(sorted(values.items())))
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names that are not fields; ``items`` itself is missing while
+        # unpickling, when the lookup must fail like any missing attribute.
+        if name.startswith("__") or name == "items":
+            raise AttributeError(name)
+        for key, value in self.items:
+            if key == name:
+                return value
+        raise AttributeError(f"the options of {self.method} have no {name!r}")
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict(self.items).get(name, default)
+
+    def asdict(self) -> dict[str, Any]:
+        return dict(self.items)
+
+    def replace(self, **changes: Any) -> Options:
+        return Options.of(self.method, {**self.asdict(), **changes})
+
+
+def describe(doc: str | None, parameters: Iterable[str]) -> str:
+    """``doc`` (a Google-style docstring) with its ``Args:`` section completed and put in
+    the order of ``parameters``: an argument ``doc`` does not describe gets its line from
+    ``DESCRIPTIONS`` (the section is made before ``Returns:`` when there is none)."""
+    doc = inspect.cleandoc(doc or "")
+    head, marker, tail = doc.partition("\nArgs:\n")
+    if not marker:
+        head, returns, rest = doc.partition("\nReturns:")
+        tail = "\n" + ("Returns:" + rest if returns else "")
+    args_block, _, rest = tail.partition("\n\n")
+    entries: dict[str, list[str]] = {}  # "name" or "a, b" -> its lines
+    for line in args_block.splitlines():
+        if line.startswith("    ") and not line.startswith("     ") and ":" in line:
+            entries[line.split(":")[0].strip()] = [line]
+        elif entries:
+            entries[next(reversed(entries))].append(line)
+    by_name = {name.strip(): key for key in entries for name in key.split(",")}
+    lines: list[str] = []
+    for name in parameters:
+        if name in by_name and by_name[name] in entries:
+            lines += entries.pop(by_name[name])
+        elif name in DESCRIPTIONS and name not in by_name:
+            lines.append(
+                textwrap.fill(
+                    f"{name}: {DESCRIPTIONS[name]}",
+                    width=88,
+                    initial_indent="    ",
+                    subsequent_indent="        ",
+                )
+            )
+    lines += [line for rest_lines in entries.values() for line in rest_lines]
+    section = "\nArgs:\n" + "\n".join(lines) if lines else ""
+    return head + section + ("\n\n" + rest.strip("\n") if rest.strip() else "")

@@ -1,24 +1,9 @@
-"""Per-prompt capture methods as plans: independent prompt batches plus a labelling step.
+"""Per-prompt methods as plans: independent prompt batches plus a labelling step.
 
-Each per-prompt method (ablation, activation and attribution patching, direct logit
-attribution) is three things side by side in its module:
-
-- the public function, e.g. ``ablation(model, prompts, *, level="head", ...)``;
-- its options, a frozen ``CaptureOptions`` subclass (``AblationOptions``) with one field
-  per option;
-- its planner, ``plan_ablation(model, prompts, options, *, progress, prepass=None) -> Plan``.
-
-The public function packs its keyword arguments into the options and hands them, with its
-planner, to ``streaming.execute``. The shared options' defaults are written once, in
-``options.DEFAULTS``, and each public signature names them there, so ``help()`` and the
-editor show them; ``capture_to(path, "ablation", ...)`` completes the options it is given
-from that same signature, so both ways of running a method mean the same run.
-
-Building the options runs the checks every method shares (``options.check_options``:
-counts and choices), before any model run or store is touched. The planner checks the method's own
-options (``kind``, ``estimator`` ...) and the prompts (``inputs.prepare``), does the work
-that needs the whole prompt list (the mean activations of mean-ablation) and returns a
-``Plan``:
+A method's planner (``plan_ablation(model, tokens, options, *, progress, prepass=None) ->
+Plan``) turns the tokenised prompts (``inputs.Tokens``) and the call's checked ``Options``
+into a ``Plan``: it checks the method's own options (``kind``, ``estimator`` ...), does the
+work that needs the whole prompt list (the mean activations of mean-ablation) and returns
 
 - ``score(batch, step)`` -> ``Scores``: the method's numbers for one batch of prompts,
   (rows, n_columns), and whether the model answers each prompt correctly, independent of
@@ -37,20 +22,20 @@ independent and deterministic, all three give the same numbers.
 **A plan is data.** The work a planner does over the whole prompt list (the pre-pass: the
 mean activations of mean-ablation, the ranking pass of ``refine=k``) is kept in the plan's
 ``prepass`` (CPU tensors and plain values). ``PlanData`` holds what a plan is built from
-(the planner, by reference, the options with the resolved batch size, the prompts) and that
+(the planner, by reference, the options with the resolved batch size, the tokens) and that
 pre-pass: it pickles, and ``PlanData.build(model)`` rebuilds the same plan on any process
-without redoing the pre-pass (planners take it back as ``prepass=``). Distributed capture
-builds the plan once on the client and sends its ``PlanData`` to the workers.
+without tokenising again or redoing the pre-pass (planners take it back as ``prepass=``).
+Distributed capture builds the plan once on the client and sends its ``PlanData`` to the
+workers.
 
-Imports go one way: ``plan`` <- ``distributed`` <- ``streaming`` (which imports
-``distributed`` lazily: dask is optional) <- ``patching``, ``logit`` <- ``to_store``
-(``capture_to``, which finds a method by name).
+Imports go one way: ``plan`` <- ``distributed`` <- ``streaming`` <- ``registry`` (``run``,
+which every method calls) <- the methods in ``lenscape.capture``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -60,10 +45,9 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import store
-from ..data import PromptSet
 from ..models.lens_model import LensModel
-from .inputs import Batch, Inputs
-from .options import CaptureOptions
+from .inputs import Batch, Inputs, Tokens
+from .options import Options
 
 #: What a plan's ``finish`` returns: a DataArray, or a Dataset of several.
 Result = xr.DataArray | xr.Dataset
@@ -115,7 +99,7 @@ class Plan(Generic[R]):
     prepass: dict[str, Any] = field(default_factory=dict)
 
 
-#: A method's planner: ``(model, prompts, options, *, progress: bool, prepass=None) ->
+#: A method's planner: ``(model, tokens, options, *, progress: bool, prepass=None) ->
 #: Plan[R]``; ``prepass`` (a plan's own, see ``Plan``) skips the pre-pass.
 Planner = Callable[..., Plan[R]]
 
@@ -134,33 +118,33 @@ class PlanData(Generic[R]):
     Attributes:
         planner: the method's planner (a module-level function, pickled by reference).
         options: its options, with the batch size the plan resolved.
-        prompts: the prompts the plan was built for.
+        tokens: the tokenised prompts the plan was built for.
         prepass: the plan's pre-pass results (``Plan.prepass``).
     """
 
     planner: Planner[R]
-    options: CaptureOptions
-    prompts: PromptSet
+    options: Options
+    tokens: Tokens
     prepass: dict[str, Any]
 
     @classmethod
-    def of(cls, planner: Planner[R], options: CaptureOptions, plan: Plan[R]) -> PlanData[R]:
+    def of(cls, planner: Planner[R], options: Options, plan: Plan[R]) -> PlanData[R]:
         """The data of ``plan``, built by ``planner`` from ``options``."""
-        resolved = replace(options, batch_size=plan.inputs.batch_size)
-        return cls(planner, resolved, plan.inputs.prompts, plan.prepass)
+        resolved = options.replace(batch_size=plan.inputs.batch_size)
+        return cls(planner, resolved, plan.inputs.tokens, plan.prepass)
 
     def build(self, model: LensModel, *, progress: bool = False) -> Plan[R]:
         """The plan on ``model`` (a copy of the one it was built on), pre-pass reused."""
         return self.planner(
-            model, self.prompts, self.options, progress=progress, prepass=dict(self.prepass)
+            model, self.tokens, self.options, progress=progress, prepass=dict(self.prepass)
         )
 
 
 def run_in_memory(plan: Plan[R], *, progress: bool) -> R:
     """Score every batch into one (prompt, n_columns) buffer and label it."""
     inputs = plan.inputs
-    values = torch.full((len(inputs.prompts), plan.n_columns), float("nan"))
-    correct = torch.zeros(len(inputs.prompts), dtype=torch.bool)
+    values = torch.full((len(inputs.tokens), plan.n_columns), float("nan"))
+    correct = torch.zeros(len(inputs.tokens), dtype=torch.bool)
     with tqdm(
         total=inputs.n_batches() * plan.steps_per_batch, disable=not progress, desc=plan.desc
     ) as bar:
@@ -174,7 +158,7 @@ def run_in_memory(plan: Plan[R], *, progress: bool) -> R:
 def batch_slice(plan: Plan, number: int) -> slice:
     """The prompt positions of batch ``number`` of ``plan``."""
     size = plan.inputs.batch_size
-    return slice(number * size, min((number + 1) * size, len(plan.inputs.prompts)))
+    return slice(number * size, min((number + 1) * size, len(plan.inputs.tokens)))
 
 
 def write_batch(plan: Plan, number: int, path: Path, step=lambda *_: None) -> None:

@@ -14,6 +14,9 @@ from .backend import Site
 from .inputs import Inputs
 from .metrics import LONG_NAMES, UNITS
 
+#: The levels a per-component result is measured at: per head, or per attention/MLP block.
+LEVELS = ("head", "block")
+
 
 def components(inputs: Inputs) -> list[tuple[Site, int | None]]:
     """The components a level measures, in result order: (site, head or None).
@@ -29,6 +32,55 @@ def components(inputs: Inputs) -> list[tuple[Site, int | None]]:
     return [
         ((kind, layer), None) for layer in range(spec.n_layers) for kind in schema.BLOCK_COMPONENTS
     ]
+
+
+def prompt_coords(inputs: Inputs, index: Sequence[int] | None, correct: Any) -> dict[str, Any]:
+    """Coords of the ``prompt`` dim for prompts ``index`` (None: all): ``prompt`` (their
+    positions in the prompt list), ``text``, ``category`` and ``correct`` ((k,) bool)."""
+    prompts = inputs.prompts
+    rows = range(len(prompts)) if index is None else [int(i) for i in index]
+    return {
+        "prompt": np.asarray(rows, dtype=np.int64),
+        "text": ("prompt", [prompts[i].text for i in rows]),
+        "category": ("prompt", [prompts[i].category for i in rows]),
+        "correct": ("prompt", np.asarray(correct, dtype=bool)),
+    }
+
+
+def provenance(
+    inputs: Inputs, method: str, *, level: str | None = None, **params: Any
+) -> dict[str, Any]:
+    """The attrs naming what produced a result measured on ``inputs``: the model's
+    (``LensModel.provenance``), the run's options (``level`` where it has one) and the
+    prompt list, then ``params``."""
+    model = inputs.model
+    return model.provenance(
+        method,
+        backend=inputs.backend,
+        metric=inputs.metric,
+        **({} if level is None else {"level": level}),
+        device=str(model.device),
+        prompt_set=inputs.prompts.name,
+        n_prompts=len(inputs.prompts),
+        prompts_sha256=inputs.fingerprint,
+        batch_size=inputs.batch_size,
+        padding_side=inputs.padding_side,
+        **params,
+    )
+
+
+def origin_of(model: Any) -> dict[str, Any]:
+    """What a result records of the model it was computed on, to check it when it is passed
+    back in (``_validate.origin``): name, layout fingerprint and weights fingerprint."""
+    return {
+        "model": model.name,
+        "layout_fingerprint": model.spec.fingerprint,
+        **(
+            {"weights_sha256": model.weights_fingerprint}
+            if hasattr(model, "weights_fingerprint")
+            else {}
+        ),
+    }
 
 
 def to_dataarray(
@@ -56,35 +108,17 @@ def to_dataarray(
         DataArray (prompt, layer, head) or (prompt, layer, component), with the coords
         ``text``, ``category`` and ``correct`` on ``prompt``.
     """
-    spec, model = inputs.model.spec, inputs.model
-    rows = range(len(inputs.prompts)) if index is None else [int(i) for i in index]
+    spec = inputs.model.spec
+    coords = prompt_coords(inputs, index, correct)
     last = (spec.n_heads,) if inputs.level == "head" else (len(schema.BLOCK_COMPONENTS),)
-    values = values.reshape(len(rows), spec.n_layers, *last)
+    values = values.reshape(len(coords["prompt"]), spec.n_layers, *last)
     dims = ("prompt", "layer", "head" if inputs.level == "head" else "component")
-    prompts = inputs.prompts
-    coords: dict[str, Any] = {
-        "prompt": np.asarray(rows, dtype=np.int64),
-        "text": [prompts[i].text for i in rows],
-        "category": [prompts[i].category for i in rows],
-        "correct": ("prompt", np.asarray(correct, dtype=bool)),
-    }
     if inputs.level == "block":
         coords["component"] = list(schema.BLOCK_COMPONENTS)
     attrs = {
         "long_name": f"{effect} {LONG_NAMES[inputs.metric]}",
         "units": UNITS[inputs.metric],
-        **model.provenance(
-            method,
-            backend=inputs.backend,
-            metric=inputs.metric,
-            level=inputs.level,
-            device=str(model.device),
-            prompt_set=inputs.prompts.name,
-            n_prompts=len(inputs.prompts),
-            prompts_sha256=inputs.fingerprint,
-            batch_size=inputs.batch_size,
-            padding_side=inputs.padding_side,
-        ),
+        **provenance(inputs, method, level=inputs.level),
         **params,
     }
     return schema.make(values, dims=dims, coords=coords, attrs=attrs, n_layers=spec.n_layers)

@@ -1,41 +1,41 @@
-"""Streaming capture: results go to a zarr store batch by batch, and interrupted runs resume.
+"""Execution of a planned method: in memory, or into a zarr store batch by batch, resumably.
 
-``stream(path, planner, model, prompts, options)`` writes the layout of the whole result to
-``path`` (coords, attrs, NaN data) with the settings that identify the run, plans the method
-(``plan``), then scores the prompt batches that are not done yet and writes each as soon
-as it is scored. Memory holds one batch, never the whole result. A run killed at any
-moment is resumed by running it again with the same arguments: finished batches are
-kept, unfinished ones recomputed, so the final store equals an uninterrupted run's. A
-store made by another method, model, prompt list or settings is refused.
+``execute`` is what ``registry.run`` calls for every per-prompt method. Without ``store=``
+it scores every batch in memory. With ``store=`` it writes the layout of the whole result
+to the store (coords, attrs, NaN data) with the settings that identify the run, plans the
+method, then scores the prompt batches that are not done yet and writes each as soon as it
+is scored. Memory holds one batch, never the whole result. A run killed at any moment is
+resumed by running it again with the same arguments: finished batches are kept, unfinished
+ones recomputed, so the final store equals an uninterrupted run's. A store made by another
+method, model, prompt list or settings is refused.
 
-One process writes a store at a time: ``stream`` holds ``store.writer_lock`` from before it
-reads the store until the last batch is written, so a second writer fails at once with a
-message naming the first. A killed run's lock is released by the operating system, so
+One process writes a store at a time: ``execute`` holds ``store.writer_lock`` from before
+it reads the store until the last batch is written, so a second writer fails at once with
+a message naming the first. A killed run's lock is released by the operating system, so
 running again resumes it.
 
 With ``client=`` (a ``dask.distributed.Client``) batches are scored on the cluster's
 workers instead (``distributed``), writing into the same store.
-
-``execute`` is what every per-prompt method calls: in memory, or ``stream`` when given
-``store=``. ``lsc.capture_to`` (``to_store``) streams a method given by name.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 from tqdm.auto import tqdm
 
-from .. import store
-from ..data import Prompts, as_prompt_set
+from .. import _validate
+from .. import store as results
 from ..models import LensModel
-from .inputs import fingerprint
-from .options import DEFAULTS
+from .inputs import Tokens
+from .options import DEFAULTS, Options
 from .plan import (
-    CaptureOptions,
+    Plan,
     PlanData,
     Planner,
     R,
@@ -49,54 +49,112 @@ from .plan import (
 #: Options that change how a run is cut up, not its numbers (batch_size is checked apart:
 #: the store's prompt chunks follow it).
 SPEED_OPTIONS = ("variants_per_pass", "batch_size")
+#: Characters of JSON above which an option is identified by its SHA-256 in a store.
+LONG_OPTION = 200
 
 
 def execute(
     planner: Planner[R],
     model: LensModel,
-    prompts: Prompts,
-    options: CaptureOptions,
+    tokens: Tokens,
+    options: Options,
     *,
-    store: str | Path | None,
-    client: Any,
-    progress: bool,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    overwrite: bool = False,
+    progress: bool = DEFAULTS.progress,
+    batch_size_given: bool = True,
+    ignore: tuple[str, ...] = (),
 ) -> R:
-    """Run a per-prompt method in memory, or stream it to ``store`` (optionally on dask
-    ``client``): ``planner(model, prompts, options)`` says what to compute.
+    """Run a planned method in memory, or stream it to ``store`` (optionally on dask
+    ``client``): ``planner(model, tokens, options)`` says what to compute.
+
+    Args:
+        store: a ``.zarr`` path. New: created. Existing with the same settings: resumed.
+        client: a ``dask.distributed.Client``: batches are scored on its workers.
+        overwrite: replace an existing store instead of resuming it.
+        batch_size_given: False: ``options.batch_size`` is only the default of a new store;
+            a resumed store keeps its own (``capture_to`` called without ``batch_size``).
+        ignore: options that do not change what the store holds (``Method.view_options``).
+
+    Returns:
+        The result; from a store, lazily loaded (dask-backed, when dask is installed).
 
     Raises:
-        ValueError: ``client`` without ``store``; the rest as ``stream`` and the planner.
+        TypeError, ValueError: ``client`` without ``store``, a bad path (not ``.zarr``,
+            missing folder, read-only), a store made with other settings, a model workers
+            cannot load, the planner's errors.
+        store.StoreError: another process is writing ``store``.
+        RuntimeError: a dask worker failed; batches finished before it stay in the store.
     """
+    progress = _validate.flag("progress", progress)
     if client is not None and store is None:
         raise ValueError(
             "client= distributes batches whose results land in one zarr store; "
             "pass store='results.zarr' too."
         )
     if store is None:
-        return run_in_memory(planner(model, prompts, options, progress=progress), progress=progress)
-    return stream(store, planner, model, prompts, options, client=client, progress=progress)
+        return run_in_memory(planner(model, tokens, options, progress=progress), progress=progress)
+    if client is not None and model.recipe is None:
+        raise ValueError(
+            "Distributed capture needs a model that workers can load themselves: "
+            "use lsc.load(...) (or models.tiny), or save this one with "
+            "model.hf.save_pretrained(folder) and model.tokenizer.save_pretrained("
+            "folder), then lsc.load(folder)."
+        )
+    path = results.check_writable(store)
+    settings = settings_of(options, model, tokens, ignore=ignore)
+    with results.writer_lock(path):
+        resumed = _resumed(path, settings, options, overwrite=overwrite, given=batch_size_given)
+        if resumed is not None:
+            options, done = resumed
+        plan = planner(model, tokens, options, progress=progress)
+        todo = _todo(path, plan, settings, done=None if resumed is None else done)
+        if client is not None:
+            data = PlanData.of(planner, options, plan)
+            _distributed(client, data, plan, todo, path, progress=progress)
+        else:
+            with tqdm(
+                total=len(todo) * plan.steps_per_batch,
+                disable=not progress,
+                desc=f"{plan.desc} -> {path.name}",
+            ) as bar:
+                for number in todo:
+                    write_batch(plan, number, path, bar.update)
+    # The store holds what plan.finish returns: an R again.
+    return cast(R, results.open_result(path, lazy=importlib.util.find_spec("dask") is not None))
 
 
-def settings_of(options: CaptureOptions, model: LensModel, prompts: Prompts) -> dict[str, Any]:
+def settings_of(
+    options: Options, model: LensModel, tokens: Tokens, *, ignore: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """What identifies a run: a store is only resumed by a run with equal settings.
 
     Returns:
         ``{"method", "model", "n_prompts", "prompts_sha256", "options"}``, ``options`` being
-        every option of the method but ``SPEED_OPTIONS``, by name: the keys existing stores
-        hold, so they still resume.
+        every option of the method but ``SPEED_OPTIONS`` and ``ignore``, by name (an option
+        whose JSON is long, such as a list of edges, by its SHA-256): the keys existing
+        stores hold, so they still resume.
     """
-    prompt_set = as_prompt_set(prompts)
     return {
         "method": options.method,
         "model": model.name,
-        "n_prompts": len(prompt_set),
-        "prompts_sha256": fingerprint(prompt_set),
+        "n_prompts": len(tokens),
+        "prompts_sha256": tokens.fingerprint,
         "options": {
-            name: value
-            for name, value in sorted(dataclasses.asdict(options).items())
-            if name not in SPEED_OPTIONS
+            name: _compact(value)
+            for name, value in options.items
+            if name not in SPEED_OPTIONS and name not in ignore
         },
     }
+
+
+def _compact(value: Any) -> Any:
+    """``value`` as JSON keeps it, or ``"sha256:..."`` of that JSON when it is long."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    if len(text) <= LONG_OPTION:
+        return json.loads(text)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _check_same(path: Path, stored: dict[str, Any], wanted: dict[str, Any]) -> None:
@@ -115,121 +173,58 @@ def _check_same(path: Path, stored: dict[str, Any], wanted: dict[str, Any]) -> N
         )
 
 
-def stream(
-    path: str | Path,
-    planner: Planner[R],
-    model: LensModel,
-    prompts: Prompts,
-    options: CaptureOptions,
-    *,
-    client: Any = DEFAULTS.client,
-    overwrite: bool = False,
-    progress: bool = DEFAULTS.progress,
-    batch_size_given: bool = True,
-) -> R:
-    """Run a planned method into the zarr store ``path``, batch by batch, resumably.
-
-    Args:
-        path: a ``.zarr`` path. New: created. Existing with the same settings: resumed.
-        planner, options: the method and its checked options; the store's prompt chunks
-            follow ``options.batch_size`` (None: the stored one when resuming).
-        client: a ``dask.distributed.Client``: batches are scored on its workers.
-        overwrite: replace an existing store instead of resuming it.
-        batch_size_given: False: ``options.batch_size`` is only the default of a new store;
-            a resumed store keeps its own (``capture_to`` called without ``batch_size``).
-
-    Returns:
-        The stored result (lazily loaded, dask-backed, when dask is installed).
+def _resumed(
+    path: Path, settings: dict[str, Any], options: Options, *, overwrite: bool, given: bool
+) -> tuple[Options, np.ndarray] | None:
+    """The options to resume the store at ``path`` with (its batch size) and its (prompt,)
+    done flags, or None when there is nothing to resume (no store, or ``overwrite``).
 
     Raises:
-        TypeError, ValueError: bad path (not ``.zarr``, missing folder, read-only), a store
-            made with other settings, a model workers cannot load, the planner's errors.
-        store.StoreError: another process is writing ``path``.
-        RuntimeError: a dask worker failed; batches finished before it stay in the store.
+        ValueError: the store holds another capture, or was written in other batches.
     """
-    if client is not None and model.recipe is None:
+    if not path.exists() or overwrite:
+        return None
+    stored, done = results.progress(path)
+    stored_batch = stored.pop("batch_size")
+    _check_same(path, stored, settings)
+    if options.batch_size is not None and given and options.batch_size != stored_batch:
         raise ValueError(
-            "Distributed capture needs a model that workers can load themselves: "
-            "use lsc.load(...) (or models.tiny), or save this one with "
-            "model.hf.save_pretrained(folder) and model.tokenizer.save_pretrained("
-            "folder), then lsc.load(folder)."
+            f"The store '{path}' was written in batches of {stored_batch} "
+            f"prompts; resume it with batch_size={stored_batch} (or None)."
         )
-    path = store.check_writable(path)
-    settings = settings_of(options, model, prompts)
-    with store.writer_lock(path):
-        return _stream_locked(
-            path,
-            planner,
-            model,
-            prompts,
-            options,
-            settings,
-            client=client,
-            overwrite=overwrite,
-            progress=progress,
-            batch_size_given=batch_size_given,
-        )
+    results.remove_partial_files(path)
+    return options.replace(batch_size=stored_batch), done
 
 
-def _stream_locked(
-    path: Path,
-    planner: Planner[R],
-    model: LensModel,
-    prompts: Prompts,
-    options: CaptureOptions,
-    settings: dict[str, Any],
-    *,
-    client: Any,
-    overwrite: bool,
-    progress: bool,
-    batch_size_given: bool,
-) -> R:
-    """``stream`` once ``path`` is locked: resume or create the store, write the batches
-    that are not done, and return the stored result."""
-    resume = path.exists() and not overwrite
-    done = None
-    if resume:
-        stored, done = store.progress(path)
-        stored_batch = stored.pop("batch_size")
-        _check_same(path, stored, settings)
-        if options.batch_size is None or not batch_size_given:
-            options = dataclasses.replace(options, batch_size=stored_batch)
-        elif options.batch_size != stored_batch:
-            raise ValueError(
-                f"The store '{path}' was written in batches of {stored_batch} "
-                f"prompts; resume it with batch_size={stored_batch} (or None)."
-            )
-        store.remove_partial_files(path)
-    plan = planner(model, prompts, options, progress=progress)
-    settings["batch_size"] = plan.inputs.batch_size
-    if not resume:
-        n_prompts = len(plan.inputs.prompts)
+def _todo(
+    path: Path, plan: Plan[Any], settings: dict[str, Any], *, done: np.ndarray | None
+) -> list[int]:
+    """The batches of ``plan`` not ``done`` (prompt flags of a resumed store); without
+    ``done`` the store is created first (its layout: coords, attrs, NaN data)."""
+    if done is None:
+        n_prompts = len(plan.inputs.tokens)
         template = plan.finish(
             nan_values(n_prompts, plan.n_columns), not_yet_correct(n_prompts), None
         )
-        store.create(template, path, chunk=plan.inputs.batch_size, settings=settings)
-    todo = [
+        settings = {**settings, "batch_size": plan.inputs.batch_size}
+        results.create(template, path, chunk=plan.inputs.batch_size, settings=settings)
+        return list(range(plan.inputs.n_batches()))
+    return [
         number
         for number in range(plan.inputs.n_batches())
-        if done is None or not done[batch_slice(plan, number)].all()
+        if not done[batch_slice(plan, number)].all()
     ]
-    if client is not None:
-        # dask.distributed is optional (the "dask" extra): import it only when asked for.
-        try:
-            from .distributed import run_batches
-        except ImportError as err:
-            raise ValueError(
-                "client= needs dask.distributed; install it with pip install 'lenscape[dask]'."
-            ) from err
-        data = PlanData.of(planner, options, plan)
-        run_batches(client, data, plan, todo, path, progress=progress)
-    else:
-        with tqdm(
-            total=len(todo) * plan.steps_per_batch,
-            disable=not progress,
-            desc=f"{plan.desc} -> {path.name}",
-        ) as bar:
-            for number in todo:
-                write_batch(plan, number, path, bar.update)
-    # The store holds what plan.finish returns: an R again.
-    return cast(R, store.open_result(path, lazy=importlib.util.find_spec("dask") is not None))
+
+
+def _distributed(
+    client: Any, data: PlanData[Any], plan: Plan[Any], todo: list[int], path: Path, *, progress
+) -> None:
+    """Score batches ``todo`` of ``plan`` on ``client``'s workers, into ``path``."""
+    # dask.distributed is optional (the "dask" extra): import it only when asked for.
+    try:
+        from .distributed import run_batches
+    except ImportError as err:
+        raise ValueError(
+            "client= needs dask.distributed; install it with pip install 'lenscape[dask]'."
+        ) from err
+    run_batches(client, data, plan, todo, path, progress=progress)

@@ -1,0 +1,35 @@
+"""Edges: which component reads what from which, through its query, key or value input.
+
+The residual stream is a sum of *senders*' outputs: the embeddings, every attention head's
+output (its slice of the ``o_proj`` input times its columns of W_O) and every MLP's.
+*Receivers* read it: each query head's q projection, each key/value head's k and v
+projections (under grouped-query attention the key/value head itself, shared by its query
+group, so nothing is counted once per query head), each MLP and the logits. An edge
+``s -> r`` is sender ``s`` as read by receiver ``r``; ``r`` reads every sender upstream of it
+(an earlier layer, or the same layer's heads for an MLP).
+
+One module per job:
+
+- ``graph``: senders, receivers, which edges exist, their labels, and reading an edge
+  result back by label (``aligned``);
+- ``hooks``: the forward hooks that give every receiver its own residual stream (for its
+  input gradient, or for patching any set of edges in one pass);
+- ``scores``: EAP and EAP-IG (``edge_attribution``), a planned method;
+- ``circuits``: the top edges on a path embeddings -> logits (``circuit``), pure numpy;
+- ``patching``: exact edge patching of edge-set variants (``edge_patching``,
+  ``circuit_faithfulness``);
+- ``agreement``: each estimator against exact single-edge patching (``edge_agreement``).
+"""
+
+from .agreement import edge_agreement
+from .circuits import circuit
+from .patching import circuit_faithfulness, edge_patching
+from .scores import edge_attribution
+
+__all__ = [
+    "circuit",
+    "circuit_faithfulness",
+    "edge_agreement",
+    "edge_attribution",
+    "edge_patching",
+]

@@ -1,0 +1,260 @@
+"""How far to trust edge scores: each estimator against exact single-edge patching.
+
+A composite method: it runs ``edge_attribution`` per estimator and ``_edge_variants`` (each
+sampled edge patched alone) on the same tokenised prompts; with ``store=`` each part keeps
+its own resumable store in that folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from ... import _validate
+from ...data import Prompts
+from ...models import LensModel
+from ...schema import RECEIVER_KINDS
+from ...sweep.inputs import Tokens, tokenize
+from ...sweep.options import DEFAULTS
+from ...sweep.registry import method, part_store
+from ..faithfulness import agreement
+from .graph import Graph
+from .patching import _edge_variants
+from .scores import DEFAULT_IG_STEPS, ESTIMATORS, edge_attribution
+
+#: Most edges sampled per kind of draw: each is one forward pass per batch.
+MAX_SAMPLE = 2000
+
+
+def _sample_edges(
+    graph: Graph, scores: list[xr.DataArray], n_top: int, n_random: int, seed: int
+) -> np.ndarray:
+    """Flat indices (in ``graph``'s grid, increasing) of the edges to patch: the ``n_top``
+    of each of ``scores`` (prompt, sender, receiver; aligned to ``graph``) by |prompt-mean
+    score| and ``n_random`` real edges drawn from ``seed``, each once."""
+    valid = np.flatnonzero(graph.valid)
+    chosen: set[int] = set()
+    for result in scores:
+        magnitude = np.abs(np.nan_to_num(result.mean("prompt").values)).ravel()
+        chosen |= set(np.argsort(-magnitude[valid], kind="stable")[:n_top].tolist())
+    rng = np.random.default_rng(seed)
+    chosen |= set(rng.choice(len(valid), size=min(n_random, len(valid)), replace=False).tolist())
+    return valid[sorted(chosen)]
+
+
+def _scores(
+    model: LensModel,
+    tokens: Tokens,
+    estimators: list[str],
+    steps: int,
+    store: str | Path | None,
+    shared: dict[str, Any],
+) -> dict[str, xr.DataArray]:
+    """Per-prompt edge scores of each estimator (each its own part of ``store``)."""
+    return {
+        name: edge_attribution(
+            model,
+            tokens,
+            estimator=name,
+            steps=steps if name == "eap-ig" else 1,
+            per_prompt=True,
+            store=part_store(store, name),
+            **shared,
+        ).load()
+        for name in estimators
+    }
+
+
+def _compared_maps(
+    graph: Graph, edges: np.ndarray, effects: np.ndarray, scores: dict[str, xr.DataArray]
+) -> tuple[xr.DataArray, xr.DataArray]:
+    """The sampled edges' exact ``effects`` (prompt, edge) and each estimator's ``scores``
+    of them (estimator, prompt, edge), with ``sender``, ``receiver`` and ``receiver_kind``
+    coords on ``edge``."""
+    senders, receivers = np.unravel_index(edges, graph.shape)
+    edge_coords = {
+        "sender": ("edge", np.asarray(graph.sender_labels)[senders]),
+        "receiver": ("edge", np.asarray(graph.receiver_labels)[receivers]),
+        "receiver_kind": ("edge", np.asarray([graph.receivers[r][0] for r in receivers])),
+    }
+    exact = xr.DataArray(effects, dims=("prompt", "edge"), coords=edge_coords)
+    estimate = xr.concat(
+        [
+            xr.DataArray(
+                result.values.reshape(result.sizes["prompt"], -1)[:, edges].astype(np.float64),
+                dims=("prompt", "edge"),
+            )
+            for result in scores.values()
+        ],
+        dim="estimator",
+    ).assign_coords({**edge_coords, "estimator": list(scores)})
+    return exact, estimate
+
+
+def _agreement_by_kind(
+    exact: xr.DataArray, estimate: xr.DataArray, kinds: list[str], *, top_k: int
+) -> dict[str, tuple[tuple[str, str], np.ndarray]]:
+    """``agreement`` of each estimator with the exact effects, per receiver kind.
+
+    Args:
+        exact: (prompt, edge); estimate: (estimator, prompt, edge); both with a
+            ``receiver_kind`` coord on ``edge``.
+
+    Returns:
+        Per statistic, an (estimator, receiver_kind) variable.
+    """
+    stats: dict[str, list[list[float]]] = {}
+    for name in estimate["estimator"].values:
+        rows: dict[str, list[float]] = {}
+        for kind in kinds:
+            where = exact["receiver_kind"] == kind
+            pair = agreement(
+                exact.where(where, drop=True),
+                estimate.sel(estimator=name, drop=True).where(where, drop=True),
+                top_k=top_k,
+            )
+            for stat, value in pair.items():
+                rows.setdefault(stat, []).append(value)
+        for stat, values in rows.items():
+            stats.setdefault(stat, []).append(values)
+    return {
+        stat: (("estimator", "receiver_kind"), np.asarray(values)) for stat, values in stats.items()
+    }
+
+
+def _checked(
+    estimators: Any, steps: Any, n_top: Any, n_random: Any, top_k: Any, seed: Any
+) -> tuple[list[str], int, int, int, int, int]:
+    """``edge_agreement``'s own options, checked.
+
+    Raises:
+        TypeError, ValueError: as ``edge_agreement`` says.
+    """
+    estimators = _validate.strings("estimators", estimators, example="('eap', 'eap-ig')")
+    for name in estimators:
+        _validate.choice("estimators", name, ESTIMATORS)
+    if len(set(estimators)) < len(estimators):
+        raise ValueError(f"estimators names one twice: {estimators}; name each once.")
+    n_top = _validate.integer("n_top", n_top, low=0, high=MAX_SAMPLE)
+    n_random = _validate.integer("n_random", n_random, low=0, high=MAX_SAMPLE)
+    if n_top == 0 and n_random == 0:
+        raise ValueError("n_top=0 and n_random=0 sample no edge; sample at least one.")
+    return (
+        estimators,
+        _validate.positive_int("steps", steps),
+        n_top,
+        n_random,
+        _validate.positive_int("top_k", top_k),
+        _validate.integer("seed", seed, low=0),
+    )
+
+
+@method(None, needs_corrupt=True, store="a folder: one .zarr store per part")
+def edge_agreement(
+    model: LensModel,
+    prompts: Prompts,
+    *,
+    estimators: Sequence[str] = ESTIMATORS,
+    steps: int = DEFAULT_IG_STEPS,
+    n_top: int = 20,
+    n_random: int = 20,
+    top_k: int = 5,
+    seed: int = 0,
+    metric: str = DEFAULTS.metric,
+    batch_size: int | None = DEFAULTS.batch_size,
+    backend: str = DEFAULTS.backend,
+    padding_side: str = DEFAULTS.padding_side,
+    store: str | Path | None = DEFAULTS.store,
+    client: Any = DEFAULTS.client,
+    progress: bool = DEFAULTS.progress,
+) -> xr.Dataset:
+    """How far to trust edge scores: each estimator vs exact single-edge patching.
+
+    The sample: each estimator's ``n_top`` edges by |prompt-mean score| and ``n_random``
+    valid edges drawn at random. Each is patched alone, exactly (the corrupt run with that
+    one receiver reading its sender from the clean run; effect = m(patched) - m(corrupt),
+    the quantity EAP estimates), and compared per receiver kind with the statistics of
+    ``lsc.faithfulness`` (``capture.faithfulness.agreement``).
+
+    Args:
+        estimators: "eap" and/or "eap-ig" (with ``steps`` points).
+        n_top, n_random: edges sampled from the top of each estimator and at random (each
+            at most ``MAX_SAMPLE``).
+        top_k: size of the top sets compared per receiver kind (NaN where a kind has
+            ``top_k`` sampled edges or fewer).
+        seed: seeds the random sample.
+        store: a folder: each part (the scores of each estimator, the single-edge effects)
+            streams into its own ``.zarr`` store there, and an interrupted run resumes.
+
+    Returns:
+        Dataset with (estimator, receiver_kind) ``pearson_cells``, ``spearman_cells``,
+        ``pearson_means``, ``spearman_means``, ``top_overlap``, ``sign_agreement``;
+        (receiver_kind,) ``n_edges`` sampled; and the maps compared: ``exact``
+        (prompt, edge) and ``estimate`` (estimator, prompt, edge), with ``sender`` and
+        ``receiver`` coords on ``edge``.
+
+    Raises:
+        TypeError: estimators that are not a list of strings, counts or a seed that are
+            not integers.
+        ValueError: an unknown or repeated estimator, ``steps`` or ``top_k`` below 1, a
+            negative count or seed, ``n_top=0`` with ``n_random=0`` (no edge sampled).
+    """
+    estimators, steps, n_top, n_random, top_k, seed = _checked(
+        estimators, steps, n_top, n_random, top_k, seed
+    )
+    tokens = tokenize(model, prompts, needs_corrupt=True, needs_distractor=metric == "logit_diff")
+    shared: dict[str, Any] = dict(
+        metric=metric,
+        batch_size=batch_size,
+        backend=backend,
+        padding_side=padding_side,
+        client=client,
+        progress=progress,
+    )
+    scores = _scores(model, tokens, estimators, steps, store, shared)
+    graph = Graph.of(model)
+    edges = _sample_edges(graph, list(scores.values()), n_top, n_random, seed)
+    effects = _edge_variants(
+        model,
+        tokens,
+        variants=tuple(("only", (int(edge),)) for edge in edges),
+        base="corrupt",
+        store=part_store(store, "single_edges"),
+        **shared,
+    )
+    exact, estimate = _compared_maps(
+        graph,
+        edges,
+        (effects["patched"] - effects["base"]).astype(np.float64).values,
+        scores,
+    )
+    attrs = {**effects.attrs, "method": "edge_agreement", "steps": steps, "top_k": top_k}
+    return _report(exact, estimate, list(estimators), top_k, {**attrs, "seed": seed})
+
+
+def _report(
+    exact: xr.DataArray,
+    estimate: xr.DataArray,
+    estimators: list[str],
+    top_k: int,
+    attrs: dict[str, Any],
+) -> xr.Dataset:
+    """``edge_agreement``'s Dataset from the exact and estimated maps of the sample."""
+    kinds = [kind for kind in RECEIVER_KINDS if (exact["receiver_kind"] == kind).any()]
+    return xr.Dataset(
+        {
+            **_agreement_by_kind(exact, estimate, kinds, top_k=top_k),
+            "n_edges": (
+                ("receiver_kind",),
+                [int((exact["receiver_kind"] == kind).sum()) for kind in kinds],
+            ),
+            "exact": exact,
+            "estimate": estimate,
+        },
+        coords={"estimator": estimators, "receiver_kind": kinds},
+        attrs=attrs,
+    )

@@ -1,0 +1,236 @@
+"""The edge graph of a model: senders, receivers, which edges exist, and their labels.
+
+Senders in order: ``embed``, then per layer its heads and its MLP. Receivers: per layer its
+q heads, k heads (key/value heads), v heads and MLP, then ``logits``. An edge ``s -> r``
+exists when ``s`` is upstream of ``r`` (an earlier layer, or the same layer's heads for an
+MLP). Results over edges are labelled: ``sender`` ("embed", "L3.H2", "L3.MLP") and
+``receiver`` ("L3.H2.q", "L3.KV1.k", "L3.MLP", "logits"). Everything that reads an edge
+result back reads it by these labels (``aligned``), never by position, so a ``sortby``,
+``isel`` or ``transpose`` of the input never changes an answer.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from ... import _validate
+from ...models import LensModel
+
+SENDER_KINDS = ("embed", "head", "mlp")
+EDGE_DIMS = ("sender", "receiver")
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Senders, receivers and which edges exist, for one model's sizes."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+
+    @classmethod
+    def of(cls, model: LensModel) -> Graph:
+        spec = model.spec
+        return cls(spec.n_layers, spec.n_heads, spec.n_kv_heads)
+
+    @property
+    def per_layer(self) -> int:
+        """Receivers per layer: q, k, v heads and the MLP."""
+        return self.n_heads + 2 * self.n_kv_heads + 1
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(n_senders, n_receivers)."""
+        return len(self.senders), len(self.receivers)
+
+    def head_sender(self, layer: int) -> int:
+        """Index of layer ``layer``'s head 0 among the senders (its MLP follows its heads)."""
+        return 1 + layer * (self.n_heads + 1)
+
+    def attn_receivers(self, layer: int) -> slice:
+        """Layer ``layer``'s q, k and v receivers (q heads, then k, then v)."""
+        start = layer * self.per_layer
+        return slice(start, start + self.per_layer - 1)
+
+    def mlp_receiver(self, layer: int) -> int:
+        return (layer + 1) * self.per_layer - 1
+
+    @functools.cached_property
+    def senders(self) -> list[tuple[str, int, int]]:
+        """(kind, layer, head); -1 where a sender has no layer (embed) or head."""
+        out = [("embed", -1, -1)]
+        for layer in range(self.n_layers):
+            out += [("head", layer, head) for head in range(self.n_heads)]
+            out.append(("mlp", layer, -1))
+        return out
+
+    @functools.cached_property
+    def receivers(self) -> list[tuple[str, int, int]]:
+        """(kind, layer, head); k and v heads count key/value heads; -1: no head."""
+        out = []
+        for layer in range(self.n_layers):
+            out += [("q", layer, head) for head in range(self.n_heads)]
+            out += [("k", layer, head) for head in range(self.n_kv_heads)]
+            out += [("v", layer, head) for head in range(self.n_kv_heads)]
+            out.append(("mlp", layer, -1))
+        out.append(("logits", self.n_layers, -1))
+        return out
+
+    @functools.cached_property
+    def upstream(self) -> np.ndarray:
+        """(n_receivers,) how many senders (a prefix of ``senders``) each receiver reads."""
+        counts = []
+        for kind, layer, _ in self.receivers:
+            if kind == "logits":
+                counts.append(len(self.senders))
+            elif kind == "mlp":
+                counts.append(self.head_sender(layer) + self.n_heads)
+            else:
+                counts.append(self.head_sender(layer))
+        return np.asarray(counts)
+
+    @functools.cached_property
+    def valid(self) -> np.ndarray:
+        """(n_senders, n_receivers) bool: the edge exists (sender upstream of receiver)."""
+        return np.arange(len(self.senders))[:, None] < self.upstream[None, :]
+
+    @functools.cached_property
+    def feeds(self) -> np.ndarray:
+        """(n_receivers, n_senders + 1) bool: receiver -> the component(s) it is an input
+        of (a sender, or the logits, last). A key/value head feeds its whole query group."""
+        out = np.zeros((len(self.receivers), len(self.senders) + 1), dtype=bool)
+        group = self.n_heads // self.n_kv_heads
+        for r, (kind, layer, head) in enumerate(self.receivers):
+            if kind == "logits":
+                out[r, -1] = True
+            elif kind == "mlp":
+                out[r, self.head_sender(layer) + self.n_heads] = True
+            elif kind == "q":
+                out[r, self.head_sender(layer) + head] = True
+            else:
+                start = self.head_sender(layer) + head * group
+                out[r, start : start + group] = True
+        return out
+
+    @functools.cached_property
+    def sender_labels(self) -> list[str]:
+        return [
+            "embed"
+            if kind == "embed"
+            else f"L{layer}.H{head}"
+            if kind == "head"
+            else f"L{layer}.MLP"
+            for kind, layer, head in self.senders
+        ]
+
+    @functools.cached_property
+    def receiver_labels(self) -> list[str]:
+        labels = []
+        for kind, layer, head in self.receivers:
+            if kind == "logits":
+                labels.append("logits")
+            elif kind == "mlp":
+                labels.append(f"L{layer}.MLP")
+            elif kind == "q":
+                labels.append(f"L{layer}.H{head}.q")
+            else:
+                labels.append(f"L{layer}.KV{head}.{kind}")
+        return labels
+
+    def coords(self) -> dict[str, Any]:
+        """Dim and label coords of a (sender, receiver) result."""
+        senders, receivers = np.asarray(self.senders, dtype=object), self.receivers
+        return {
+            "sender": self.sender_labels,
+            "receiver": self.receiver_labels,
+            "sender_kind": ("sender", [kind for kind, _, _ in self.senders]),
+            "sender_layer": ("sender", senders[:, 1].astype(np.int64)),
+            "sender_head": ("sender", senders[:, 2].astype(np.int64)),
+            "receiver_kind": ("receiver", [kind for kind, _, _ in receivers]),
+            "receiver_layer": ("receiver", np.asarray([r[1] for r in receivers], np.int64)),
+            "receiver_head": ("receiver", np.asarray([r[2] for r in receivers], np.int64)),
+        }
+
+    def describe(self) -> str:
+        """ "30 layers x 9 heads (3 key/value): 301 senders x 481 receivers"."""
+        return (
+            f"{self.n_layers} layers x {self.n_heads} heads ({self.n_kv_heads} key/value): "
+            f"{self.shape[0]} senders x {self.shape[1]} receivers"
+        )
+
+    @classmethod
+    def of_result(cls, result: xr.DataArray) -> Graph:
+        """The graph a (sender, receiver) result was measured on, from its labels.
+
+        Raises:
+            ValueError: labels that are not those of any model's graph.
+        """
+        kinds = result["sender_kind"].values if "sender_kind" in result.coords else None
+        if kinds is None or "receiver_kind" not in result.coords:
+            raise ValueError(
+                "The edge result has no sender_kind / receiver_kind coords; pass a result of "
+                "lsc.edge_attribution or lsc.circuit as it came."
+            )
+        n_layers = int((kinds == "mlp").sum())
+        layers = max(n_layers, 1)
+        graph = cls(
+            n_layers,
+            int((kinds == "head").sum()) // layers,
+            int((result["receiver_kind"].values == "k").sum()) // layers,
+        )
+        if sorted(graph.sender_labels) != sorted(map(str, result["sender"].values)) or sorted(
+            graph.receiver_labels
+        ) != sorted(map(str, result["receiver"].values)):
+            raise ValueError(
+                "The edge result's sender and receiver labels are not those of a whole model "
+                "graph (some were dropped, renamed or repeated); pass every edge, as "
+                "lsc.edge_attribution returned them."
+            )
+        return graph
+
+
+def aligned(name: str, result: Any, graph: Graph, *, made_by: str, dims=EDGE_DIMS) -> xr.DataArray:
+    """``result`` reindexed by label onto ``graph``'s senders and receivers (its own order
+    and any transpose undone), with ``dims`` in that order.
+
+    Args:
+        name: the argument's name, for messages.
+        made_by: the function whose results are expected there (for messages).
+        dims: the dims ``result`` must have, in the order returned.
+
+    Raises:
+        TypeError: not a DataArray.
+        ValueError: other dims, or senders / receivers missing, extra or repeated: named.
+    """
+    _validate.result(name, result, kind=xr.DataArray, made_by=made_by, dims=dims)
+    if set(result.dims) != set(dims):
+        extra = sorted(set(map(str, result.dims)) - set(dims))
+        fix = (
+            " average per-prompt scores first: scores.mean('prompt');" if "prompt" in extra else ""
+        )
+        raise ValueError(
+            f"{name} must have the dims {list(dims)} (from {made_by}), got "
+            f"{list(result.dims)};{fix} pass the result as {made_by} returned it."
+        )
+    for dim, labels in (("sender", graph.sender_labels), ("receiver", graph.receiver_labels)):
+        given = [str(label) for label in result[dim].values]
+        missing = sorted(set(labels) - set(given), key=labels.index)
+        extra = sorted(set(given) - set(labels))
+        repeated = len(given) != len(set(given))
+        if missing or extra or repeated:
+            parts = [
+                f"missing {missing[:4]}{' ...' if len(missing) > 4 else ''}" if missing else "",
+                f"unknown {extra[:4]}{' ...' if len(extra) > 4 else ''}" if extra else "",
+                "some repeated" if repeated else "",
+            ]
+            raise ValueError(
+                f"{name}'s {dim} labels do not match the model's graph ({graph.describe()}): "
+                f"{'; '.join(p for p in parts if p)}. Pass every edge of this model, as "
+                f"{made_by} returned them."
+            )
+    return result.sel(sender=graph.sender_labels, receiver=graph.receiver_labels).transpose(*dims)
