@@ -501,3 +501,117 @@ def test_a_heads_outgoing_edges_sum_to_its_attribution_patching_score(tiny_llama
                 rtol=1e-4,
                 atol=1e-4 * float(np.abs(heads).max()),
             )
+
+
+# ------------------------------------------------- read by label, kind and degenerate input
+
+
+def test_a_sorted_or_transposed_input_gives_the_same_circuit_and_patching(gqa64):
+    prompts = IOI[:3]
+    scores = edges.edge_attribution(gqa64, prompts, progress=False)
+    chosen = edges.circuit(scores, edges=15)
+    shuffled = scores.sortby("receiver").isel(sender=np.random.default_rng(0).permutation(16))
+    for variant in (shuffled, shuffled.transpose()):
+        again = edges.circuit(variant, edges=15)
+        assert again.attrs["n_edges"] == chosen.attrs["n_edges"]
+        xr.testing.assert_identical(
+            again.sel(sender=chosen["sender"], receiver=chosen["receiver"]).transpose(*chosen.dims),
+            chosen,
+        )
+    expected = edges.edge_patching(gqa64, prompts, chosen, progress=False)
+    for variant in (chosen.sortby("receiver"), chosen.transpose(), chosen[::-1, ::-1]):
+        xr.testing.assert_identical(
+            edges.edge_patching(gqa64, prompts, variant, progress=False), expected
+        )
+    curve = edges.circuit_faithfulness(
+        gqa64, prompts, scores, fractions=(0.1, 1.0), n_random=1, progress=False
+    )
+    again = edges.circuit_faithfulness(
+        gqa64, prompts, shuffled.transpose(), fractions=(0.1, 1.0), n_random=1, progress=False
+    )
+    xr.testing.assert_identical(again, curve)
+
+
+def test_the_wrong_kind_of_edge_result_is_refused(gqa64):
+    scores = edges.edge_attribution(gqa64, IOI[:2], progress=False)
+    chosen = edges.circuit(scores, fraction=0.3)
+    with pytest.raises(ValueError, match=r"circuit must be .*; got a result of .edge_attr"):
+        edges.edge_patching(gqa64, IOI[:2], scores, progress=False)
+    with pytest.raises(ValueError, match=r"scores must be .*; got a result of 'circuit'"):
+        edges.circuit(chosen, edges=3)
+    with pytest.raises(ValueError, match=r"scores must be .*; got a result of 'circuit'"):
+        edges.circuit_faithfulness(gqa64, IOI[:2], chosen, progress=False)
+    # made by hand, without a method attr: judged by the dtype
+    with pytest.raises(ValueError, match=r"circuit must be .*; got float64 numbers"):
+        edges.edge_patching(gqa64, IOI[:2], scores.drop_attrs(), progress=False)
+    with pytest.raises(ValueError, match=r"scores must be .*; got a boolean array"):
+        edges.circuit(chosen.drop_attrs(), edges=3)
+    other = scores.assign_attrs(method="direct_logit_attribution")
+    with pytest.raises(ValueError, match="got a result of 'direct_logit_attribution'"):
+        edges.circuit(other, edges=3)
+
+
+def test_results_of_another_model_are_refused_naming_what_differs(gqa64, tokenizer):
+    scores = edges.edge_attribution(gqa64, IOI[:2], progress=False)
+    chosen = edges.circuit(scores, fraction=0.3)
+    # same name and shapes, other weights
+    twin = models.from_hf(
+        models.tiny("llama", n_layers=3, seed=5, tokenizer=tokenizer).hf.double(),
+        tokenizer,
+        name=gqa64.name,
+        dtype="float64",
+    )
+    if getattr(twin, "weights_fingerprint", None) is None:
+        pytest.skip("the model has no weights fingerprint yet")
+    for call in (
+        lambda: edges.edge_patching(twin, IOI[:2], chosen, progress=False),
+        lambda: edges.circuit_faithfulness(twin, IOI[:2], scores, progress=False),
+    ):
+        with pytest.raises(ValueError, match=r"another model .*weights_sha256"):
+            call()
+
+
+def test_scores_that_cannot_rank_edges_are_refused(gqa64):
+    scores = edges.edge_attribution(gqa64, IOI[:2], progress=False)
+    flat = scores.where(scores.isnull(), 0.0)  # what corrupt == clean gives
+    with pytest.raises(ValueError, match=r"same score .*corrupt prompts equal to the clean"):
+        edges.circuit(flat, edges=5)
+    holed = scores.copy()
+    holed.loc[{"sender": "embed", "receiver": "logits"}] = np.nan
+    with pytest.raises(ValueError, match="1 NaN or infinite score"):
+        edges.circuit(holed, edges=5)
+
+
+def test_ties_at_the_cut_are_said(gqa64):
+    scores = edges.edge_attribution(gqa64, IOI[:2], progress=False)
+    scale = float(np.abs(scores).max())
+    tied = scores.copy(data=np.round(scores.values / scale * 3))  # a few levels: many ties
+    with pytest.warns(UserWarning, match=r"tie in \|score\|"):
+        chosen = edges.circuit(tied, fraction=0.4)
+    assert chosen.attrs["tied_at_cut"] > 0
+    assert edges.circuit(scores, edges=10).attrs["tied_at_cut"] == 0
+
+
+def test_faithfulness_when_corrupt_equals_clean_is_nan_with_a_warning(gqa64):
+    same = [data.Prompt(p.text, p.target, corrupt=p.text, distractor=p.distractor) for p in IOI[:2]]
+    scores = edges.edge_attribution(gqa64, IOI[:2], progress=False)
+    with pytest.warns(UserWarning, match="same mean metric"):
+        result = edges.circuit_faithfulness(
+            gqa64, same, scores, fractions=(0.5, 1.0), n_random=1, progress=False
+        )
+    assert np.isnan(result["faithfulness"]).all() and "undefined" in result.attrs
+
+
+def test_per_prompt_edge_scores_carry_correct_and_can_be_filtered(tiny_llama):
+    from _helpers import answered_prompts, reference_correct
+
+    prompts = answered_prompts(tiny_llama, IOI[:6])
+    expected = reference_correct(tiny_llama, prompts)
+    assert expected.any() and not expected.all()
+    scores = edges.edge_attribution(tiny_llama, prompts, per_prompt=True, progress=False)
+    np.testing.assert_array_equal(scores["correct"].values, expected)
+    kept = lsc.aggregate.correct_only(scores)
+    assert kept.sizes["prompt"] == int(expected.sum())
+    for flags in ([np.nan] * 6, ["False"] * 6):
+        with pytest.raises(ValueError, match="True/False"):
+            lsc.aggregate.correct_only(scores.assign_coords(correct=("prompt", flags)))

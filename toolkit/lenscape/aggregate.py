@@ -167,8 +167,8 @@ def correct_only(da: xr.DataArray) -> xr.DataArray:
         of how many prompts were kept ("13 of 16 prompts the model gets right").
 
     Raises:
-        ValueError: if ``da`` has no ``prompt`` dim or no ``correct`` coord on it, or the
-            model gets no prompt right (nothing would be left to draw).
+        ValueError: if ``da`` has no ``prompt`` dim or no boolean ``correct`` coord on it,
+            or the model gets no prompt right (nothing would be left to draw).
     """
     if "prompt" not in da.dims:
         raise ValueError(
@@ -181,7 +181,14 @@ def correct_only(da: xr.DataArray) -> xr.DataArray:
             f"{tuple(map(str, da.coords))}; recompute the result with a capture function "
             "(they record it), or assign one: da.assign_coords(correct=('prompt', flags))."
         )
-    correct = da["correct"].values.astype(bool)
+    if da["correct"].dtype != bool:
+        odd = list(np.unique(da["correct"].values.astype(str))[:3])
+        raise ValueError(
+            f"correct_only needs the 'correct' coord to hold True/False, got dtype "
+            f"{da['correct'].dtype} (values such as {odd}); a NaN or a string flag would be "
+            "read as True. Recompute the result with a capture function, or assign booleans."
+        )
+    correct = da["correct"].values
     if not correct.any():
         raise ValueError(
             f"The model answers none of the {correct.size} prompts right (correct is False "
