@@ -4,7 +4,7 @@
 Each dim of ``da`` must get a role (an axis or a facet); anything else is reduced first by the
 caller (``da.mean("prompt")``, ``da.sel(seed=0)``), so a picture never silently averages.
 The data's declared type decides the colour scale, never its values: a mask
-(``lenscape.binary`` says what counts as one and as kept) gets two named colours with a
+(``lenscape.mask_rules`` says what counts as one and as kept) gets two named colours with a
 legend, a signed score a diverging scale centred at 0, anything else a sequential one.
 Titles, legend and axis titles come from the metadata (``long_name``, ``units``, dim names);
 tooltips show every coordinate of a cell and its value. NaN means "not computed" and is
@@ -41,7 +41,7 @@ from altair.typing import ChartType
 from altair.utils.schemapi import debug_mode
 
 from lenscape import _validate
-from lenscape.binary import MASK_UNITS, NAN_LABEL, STATES, is_mask
+from lenscape.mask_rules import MASK_UNITS, NAN_LABEL, STATES, is_mask
 from lenscape.schema import LABEL_COORDS, name_from_attrs
 
 #: Most cells one chart may hold; reduce or select before drawing more.
@@ -229,7 +229,7 @@ def heatmap(
         color: a Vega scheme name (``"viridis"``, ``"blueorange"`` ...) or a list of colours
             for the scale's range; for binary data, two colours for ``labels``.
         binary: ``True`` draws a two-state mask (kept, i.e. non-zero, = ``labels[1]``);
-            ``None`` follows the declared type (``lenscape.binary.is_mask``), never the
+            ``None`` follows the declared type (``lenscape.mask_rules.is_mask``), never the
             values; ``False`` never treats data as a mask.
         center: value at the middle of a diverging scale; giving it forces a diverging scale
             (default: diverging at 0, symmetric, when values have both signs). A centre other

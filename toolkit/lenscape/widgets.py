@@ -9,12 +9,12 @@ head's attention pattern).
 
 The controls cannot mislead:
 
-- Scores reduce with mean, max or min; masks (``lenscape.binary.is_mask``, or scores after
-  *binarize*) with any, all or share, by the rules of ``lenscape.binary`` (only computed
+- Scores reduce with mean, max or min; masks (``lenscape.mask_rules.is_mask``, or scores after
+  *binarize*) with any, all or share, by the rules of ``lenscape.mask_rules`` (only computed
   cells count). A mask averaged is labelled as the share it is ("share of prompts with
   attribution >= 0.5") on a sequential 0-1 scale, never "kept".
 - Binarizing names its rule (``|value| >=``, ``value >=`` or ``value <=``,
-  ``binary.SIDES``) in the title with the share of values that pass; the box starts at the
+  ``mask_rules.SIDES``) in the title with the share of values that pass; the box starts at the
   90% quantile of |value| and keeps exactly what it shows (switching the variable never
   moves it). A visible note says when the slice drawn is one colour or a one-sign rule
   hides strong values of the other sign.
@@ -49,9 +49,9 @@ import xarray as xr
 from altair.typing import ChartType, is_chart_type
 from altair.utils.schemapi import debug_mode
 
-from lenscape import _validate, binary
+from lenscape import _validate, mask_rules
 from lenscape.aggregate import correct_only
-from lenscape.binary import SIDES, check_side, is_mask
+from lenscape.mask_rules import SIDES, check_side, is_mask
 from lenscape.plot import bars, enable_offline, heatmap, label_from_attrs
 from lenscape.schema import name_from_attrs
 
@@ -72,17 +72,17 @@ SCORE_REDUCERS: dict[str, Callable[[xr.DataArray, Hashable], xr.DataArray]] = {
     "max": lambda da, dim: da.max([dim]),
     "min": lambda da, dim: da.min([dim]),
 }
-#: Every reducer: of scores, and of masks (``lenscape.binary.REDUCERS``: any, all, share).
-REDUCERS = {**SCORE_REDUCERS, **binary.REDUCERS}
+#: Every reducer: of scores, and of masks (``lenscape.mask_rules.REDUCERS``: any, all, share).
+REDUCERS = {**SCORE_REDUCERS, **mask_rules.REDUCERS}
 #: The mask reducer that matches a score reducer (a mask's mean is its share, max is any).
-MASK_OF = dict(zip(SCORE_REDUCERS, binary.REDUCERS, strict=True))
+MASK_OF = dict(zip(SCORE_REDUCERS, mask_rules.REDUCERS, strict=True))
 #: Dims whose values can be pooled: samples, groups of samples, positions in the model.
 REDUCIBLE_DIMS = ("seed", "prompt", "cluster", "layer", "head", "pos")
 #: Dims the Explorer opens reduced (mean or share); every other dim opens on its first value.
 SAMPLE_DIMS = ("seed", "prompt")
 
 
-#: Labels of the binarize rules (``lenscape.binary.SIDES``) in the Explorer's dropdown.
+#: Labels of the binarize rules (``lenscape.mask_rules.SIDES``) in the Explorer's dropdown.
 SIDE_LABELS = {"abs": "|value| >=", "above": "value >=", "below": "value <="}
 #: Quantile of |value| (of value, for data of one sign) where the threshold box starts.
 DEFAULT_QUANTILE = 0.9
@@ -101,7 +101,7 @@ class View:
         variable: the Dataset variable to show (None for a DataArray).
         facet: a remaining dim drawn as side-by-side panels, or None.
         threshold: binarize each score by ``side`` at this value before reducing, or None.
-        side: the binarize rule (``binary.SIDES``): ``"abs"`` |value| >= threshold, ``"above"``
+        side: the binarize rule (``mask_rules.SIDES``): ``"abs"`` |value| >= threshold, ``"above"``
             value >= threshold, ``"below"`` value <= threshold.
         correct_only: draw only the prompts the model answers right (the ``correct`` coord).
         swap: exchange the x and y axes.
@@ -301,7 +301,7 @@ class _Reduction:
         return pooled, shared
 
     def _check_reducer(self, dim: Hashable, how: str, *, binarized: bool) -> None:
-        allowed = binary.REDUCERS if self.mask or binarized else SCORE_REDUCERS
+        allowed = mask_rules.REDUCERS if self.mask or binarized else SCORE_REDUCERS
         if how not in allowed:
             fix = (
                 "turn on binarize to make a mask first"
@@ -327,13 +327,13 @@ class _Reduction:
         note = threshold_note(self.da, view.threshold, check_side(view.side))
         if note:
             self.notes.append(note)
-        self.da = binary.binarize(self.da, view.threshold, view.side)
-        passed = float(binary.share(self.da, list(self.da.dims)))
+        self.da = mask_rules.binarize(self.da, view.threshold, view.side)
+        passed = float(mask_rules.share(self.da, list(self.da.dims)))
         self.steps.insert(
             0, f"{passed:.0%} of values pass" if passed == passed else "none computed"
         )
         self.name = self.da.attrs["long_name"]
-        self.attrs.update(long_name=self.name, units=binary.MASK_UNITS)
+        self.attrs.update(long_name=self.name, units=mask_rules.MASK_UNITS)
         self.mask = True
 
     def pool(self, pooled: list[tuple[Hashable, str]]) -> None:
@@ -347,12 +347,12 @@ class _Reduction:
         if not dims:
             return
         over = " and ".join(f"{self.da.sizes[d]} {d}s" for d in dims)
-        self.da = binary.share(self.da, dims)
+        self.da = mask_rules.share(self.da, dims)
         self.attrs.update(
             long_name=f"share of {over} with {self.name}"
             if binarized
             else f"share of {over} where {self.name}",
-            units=binary.share_units(dims),
+            units=mask_rules.share_units(dims),
         )
 
     def result(self) -> xr.DataArray:
@@ -803,7 +803,7 @@ class Explorer:
         """Offer the reducers that fit the data (scores or masks) on reducible dims; keep each
         dropdown's choice, translated between matching reducers (mean <-> share ...)."""
         masked = self._masked()
-        reducers = list(binary.REDUCERS if masked else SCORE_REDUCERS)
+        reducers = list(mask_rules.REDUCERS if masked else SCORE_REDUCERS)
         for dim in self._others:
             control = self.controls[str(dim)]
             values = self.data[dim].values.tolist()
