@@ -2,8 +2,10 @@
 
 The format follows the suffix: ``.zarr`` (a directory store) or ``.nc`` (netCDF4).
 What comes back equals what went in: values (NaN kept), dims, integer and string coords,
-attrs (booleans too, which netCDF cannot hold natively and we encode), the array's name,
-and whether it was a DataArray or a Dataset.
+string data variables, attrs (booleans too, which netCDF cannot hold natively and we
+encode), the array's name, and whether it was a DataArray or a Dataset. Strings go to zarr
+as variable-length strings, a dtype with a zarr v3 specification, so other zarr readers
+(plain ``xarray.open_zarr`` among them) open a store without lenscape.
 
 Results can also be written piece by piece along ``prompt`` (streaming capture): ``create``
 writes the layout of the whole result (coords, attrs, NaN data: "not computed") and the
@@ -124,10 +126,16 @@ def _as_dataset(obj: xr.DataArray | xr.Dataset, engine: str) -> xr.Dataset:
     for name in ds.variables:
         ds[name].attrs = _encode_attrs(ds[name].attrs)
     if engine == "zarr":
-        # Variable-length strings have a zarr v3 spec; fixed-width numpy unicode does not.
-        ds = ds.assign_coords(
-            {name: ds[name].astype(object) for name in ds.coords if ds[name].dtype.kind == "U"}
-        )
+        # Variable-length strings have a zarr v3 spec; fixed-width numpy unicode does not
+        # (zarr warns that such a store "may be unreadable by other Zarr libraries"). numpy's
+        # StringDType is written as one, also lazily (an object array would be loaded).
+        text = {
+            name: var.astype(np.dtypes.StringDType())
+            for name, var in ds.variables.items()
+            if var.dtype.kind == "U"
+        }
+        ds = ds.assign_coords({name: var for name, var in text.items() if name in ds.coords})
+        ds = ds.assign({name: var for name, var in text.items() if name in ds.data_vars})
     return ds
 
 
@@ -223,14 +231,15 @@ def open_result(
         ) from err
     ds = ds.drop_vars([_DONE], errors="ignore")
     ds.attrs.pop(_SETTINGS, None)
-    # Variable-length strings come back as objects or numpy StringDType: back to numpy unicode.
-    ds = ds.assign_coords(
-        {
-            name: (ds[name].dims, np.asarray(ds[name].values.tolist(), dtype=str))
-            for name in ds.coords
-            if ds[name].dtype.kind in "OT"
-        }
-    )
+    # Variable-length strings come back as objects or numpy StringDType: back to numpy unicode
+    # (string data variables are read at once: they are labels, small beside the numbers).
+    text = {
+        name: ds[name].variable.copy(data=np.asarray(ds[name].values.tolist(), dtype=str))
+        for name, var in ds.variables.items()
+        if var.dtype.kind in "OT"
+    }
+    ds = ds.assign_coords({name: var for name, var in text.items() if name in ds.coords})
+    ds = ds.assign({name: var for name, var in text.items() if name in ds.data_vars})
     for name in ds.variables:
         ds[name].attrs = _decode_attrs(dict(ds[name].attrs))
     attrs = _decode_attrs(dict(ds.attrs))
