@@ -8,7 +8,7 @@ import pytest
 import xarray as xr
 
 from lenscape import aggregate, mask_rules
-from lenscape.widgets import View, reduce
+from lenscape.views.explorer import View, reduce
 
 NAN = np.nan
 

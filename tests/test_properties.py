@@ -210,7 +210,7 @@ CALLS: dict[str, Any] = {
     "from_hf": lambda w: ((w.model.hf, w.model.tokenizer), dict(device="cpu")),
     "heatmap": lambda w: ((w.scores.mean("prompt"),), dict(x="head", y="layer")),
     "agreement": lambda w: ((w.report,), dict()),
-    "export": None,  # writes a file at a path: test_plot.py
+    "export": None,  # writes a file at a path: test_offline.py
     "save": None,  # writes at a path: test_store.py and the round trips below
     "open": None,  # reads a path: test_store.py
     "recorded": lambda w: (("head_roles",), dict(task="math")),

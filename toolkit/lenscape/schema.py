@@ -67,6 +67,9 @@ WEIGHT_COMPONENTS: tuple[str, ...] = (
 )
 MODEL_COMPONENTS: tuple[str, ...] = ("embed", "lm_head", "final_norm")
 COMPONENTS: tuple[str, ...] = BLOCK_COMPONENTS + WEIGHT_COMPONENTS + MODEL_COMPONENTS
+#: Kinds of an edge's receiver (the ``receiver_kind`` coord on ``receiver``): a head's query,
+#: key or value input, an MLP's input, or the logits.
+RECEIVER_KINDS: tuple[str, ...] = ("q", "k", "v", "mlp", "logits")
 
 #: Non-dimension coords and the dim they hang on.
 LABEL_COORDS: dict[str, str] = {

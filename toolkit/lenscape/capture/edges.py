@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 from .. import _validate, schema
 from ..data import Prompts
 from ..models import LensModel
+from ..schema import RECEIVER_KINDS
 from ..sweep import metrics
 from ..sweep.backend import BACKENDS, TokenBatch, get_backend
 from ..sweep.inputs import Batch, Inputs, prepare
@@ -62,7 +63,6 @@ ESTIMATORS = ("eap", "eap-ig")
 #: Integration points of ``estimator="eap-ig"`` when ``steps`` is not given.
 DEFAULT_IG_STEPS = 5
 SENDER_KINDS = ("embed", "head", "mlp")
-RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
 #: Edge budgets (fractions of all edges) of a faithfulness curve.
 DEFAULT_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 #: Runs that can hook the Hugging Face module the edge hooks sit on.
