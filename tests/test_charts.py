@@ -1,4 +1,4 @@
-"""bars, summary, logit_lens_chart and agreement (views/charts.py), checked through the
+"""bars, summary, logit_lens_chart and agreement_chart (views/charts.py), checked through the
 Vega-Lite spec (``chart.to_dict()``)."""
 
 import json
@@ -29,17 +29,17 @@ def test_summary_is_a_few_lines_with_the_strongest_cells():
     assert charts.summary(da)._repr_html_().startswith("<div")
 
 
-def test_agreement_refuses_what_is_not_a_faithfulness_report():
+def test_agreement_chart_refuses_what_is_not_a_faithfulness_report():
     with pytest.raises(TypeError, match=r"report must be an xarray\.Dataset from lsc"):
-        lsc.agreement(None)
+        lsc.agreement_chart(None)
     with pytest.raises(ValueError, match=r"report lacks the variable\(s\) \['exact_heads'"):
-        lsc.agreement(xr.Dataset({"x": 1}))
+        lsc.agreement_chart(xr.Dataset({"x": 1}))
 
 
 def test_agreement_chart(tiny_llama, factual):
     pairs = factual[:4]
     report = lsc.faithfulness(tiny_llama, pairs, estimators=("atp",), progress=False)
-    spec = lsc.agreement(report).to_dict()
+    spec = lsc.agreement_chart(report).to_dict()
     panels = spec["hconcat"]
     assert [p["title"]["text"] for p in panels] == ["heads", "attention blocks", "MLP blocks"]
     r_mlp = float(report["pearson_means"].sel(estimator="atp", component_type="mlp"))
@@ -110,7 +110,7 @@ def test_agreement_chart_counts_not_computed_cells_and_stays_valid_json(tiny_lla
     holed = report.copy()
     holed["exact_heads"] = report["exact_heads"].where(report["exact_heads"]["layer"] > 0)
     holed["pearson_means"] = report["pearson_means"].where(report["component_type"] != "head")
-    spec = lsc.agreement(holed).to_dict()
+    spec = lsc.agreement_chart(holed).to_dict()
     json.dumps(spec, allow_nan=False)
     heads = spec["hconcat"][0]
     points = next(layer for layer in heads["layer"] if layer["mark"]["type"] == "circle")

@@ -40,9 +40,9 @@ def test_each_chart_widget_numbers_its_svg_definitions_apart():
         offline.unique_svg_ids("function render() {}")
 
 
-def test_agreement_and_exported_html_carry_no_actions_menu(tmp_path, tiny_llama, factual):
+def test_agreement_chart_and_exported_html_carry_no_actions_menu(tmp_path, tiny_llama, factual):
     report = lsc.faithfulness(tiny_llama, factual[:2], estimators=("atp",), progress=False)
-    assert lsc.agreement(report).to_dict()["usermeta"] == {"embedOptions": {"actions": False}}
+    assert lsc.agreement_chart(report).to_dict()["usermeta"] == {"embedOptions": {"actions": False}}
     bare = alt.Chart(pd.DataFrame({"a": [1]})).mark_point().encode(x="a")  # no usermeta
     page = export(bare, tmp_path / "bare.html").read_text()
     assert '"actions": false' in page and '"actions": true' not in page

@@ -8,7 +8,7 @@ one way: accessor, prompt form -> explorers -> circuit, charts -> heatmaps -> en
 offline (``[tool.importlinter]`` in pyproject.toml).
 """
 
-from .charts import Summary, agreement, bars, logit_lens_chart, summary
+from .charts import Summary, agreement_chart, bars, logit_lens_chart, summary
 from .circuit import circuit_graph, edge_heatmap, faithfulness_curve
 from .circuit_explorer import CircuitExplorer
 from .explorer import Explorer
@@ -22,7 +22,7 @@ __all__ = [
     "Explorer",
     "PromptForm",
     "Summary",
-    "agreement",
+    "agreement_chart",
     "bars",
     "circuit_graph",
     "edge_heatmap",

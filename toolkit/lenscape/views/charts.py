@@ -3,9 +3,9 @@ the agreement of a fast estimate with exact patching.
 
 ``bars`` draws a 1-D result (a head's score per prompt, marking the prompts the model gets
 wrong), ``summary`` says in a few lines what a result holds, ``logit_lens_chart`` is a
-heatmap of ``lsc.logit_lens`` with the input tokens in order, and ``agreement`` scatters the
-estimates of ``lsc.faithfulness`` against the exact effects. Like ``heatmap`` they read
-titles and labels from the attrs and never draw NaN ("not computed") as a number.
+heatmap of ``lsc.logit_lens`` with the input tokens in order, and ``agreement_chart``
+scatters the estimates of ``lsc.faithfulness`` against the exact effects. Like ``heatmap``
+they read titles and labels from the attrs and never draw NaN ("not computed") as a number.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def logit_lens_chart(
     )
 
 
-def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt.HConcatChart:
+def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt.HConcatChart:
     """Scatter of estimated vs exact prompt-mean effects, one panel per component type.
 
     Args:
@@ -257,14 +257,14 @@ def agreement(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt
     )
 
 
-#: Panel titles of ``agreement`` per component type.
+#: Panel titles of ``agreement_chart`` per component type.
 _COMPONENT_TYPES = {"head": "heads", "attn": "attention blocks", "mlp": "MLP blocks"}
 
 
 def _agreement_panel(
     report: xr.Dataset, ctype: str, *, units: str, width: int, height: int
 ) -> alt.LayerChart:
-    """One ``agreement`` panel: the prompt-mean effects of one component type, estimate
+    """One ``agreement_chart`` panel: the prompt-mean effects of one component type, estimate
     against exact, with the line y = x and each estimator's r in the subtitle."""
     if ctype == "head":
         exact, estimate = report["exact_heads"], report["estimate_heads"]
