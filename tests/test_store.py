@@ -231,6 +231,18 @@ def test_a_saved_store_opens_in_plain_xarray_without_lenscape(tmp_path):
     assert read == expected
 
 
+@pytest.mark.parametrize("suffix", [".zarr", ".nc"])
+def test_content_checksum_survives_a_round_trip_and_sees_any_change(tmp_path, suffix):
+    ds = labelled_dataset().assign_attrs(n_seeds=[3], flag=True)  # netCDF reads [3] as 3
+    before = store.content_sha256(ds)
+    assert store.content_sha256(lsc.open(lsc.save(ds, tmp_path / f"s{suffix}"))) == before
+    changed = ds.copy(deep=True)
+    changed["score"][1, 0, 0] = changed["score"][1, 0, 0] + 1e-6
+    for other in (changed, ds.assign_attrs(flag=False), ds.assign(note="Zurich")):
+        assert store.content_sha256(other) != before
+    assert store.content_sha256(ds.assign_attrs(sum="x"), skip=("sum",)) == before
+
+
 # ----------------------------------------------------------------------------- integrity
 
 

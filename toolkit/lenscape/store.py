@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime
 import errno
 import fcntl
+import hashlib
 import itertools
 import json
 import os
@@ -42,7 +43,7 @@ import shutil
 import socket
 import uuid
 import warnings
-from collections.abc import Hashable, Iterator
+from collections.abc import Collection, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -250,6 +251,42 @@ def open_result(
         return da.rename(None) if name == _UNNAMED else da
     ds.attrs = attrs
     return ds
+
+
+def content_sha256(ds: xr.Dataset, *, skip: Collection[str] = ()) -> str:
+    """SHA-256 (64 hex digits) of what ``save`` keeps of ``ds``: every variable's name,
+    dims, shape, dtype, values and attrs, and the Dataset's attrs except those in ``skip``.
+
+    ``open_result(save(ds, path))`` has the same checksum in either format (attrs are
+    compared as plain values, a scalar as a list of one, as netCDF may read them back), so
+    a checksum taken before saving, kept in an attr named in ``skip``, catches any later
+    change to the file's contents.
+
+    Args:
+        ds: the Dataset.
+        skip: names of Dataset attrs left out (the attr that will hold the checksum).
+
+    Returns:
+        The hex digest.
+    """
+
+    def plain(attrs: Mapping[Hashable, Any]) -> str:
+        values = {str(k): np.atleast_1d(v).tolist() for k, v in attrs.items() if k not in skip}
+        return json.dumps(values, sort_keys=True)
+
+    digest = hashlib.sha256(plain(ds.attrs).encode())
+    for name in sorted(ds.variables, key=str):
+        var = ds.variables[name]
+        values = np.asarray(var.values)
+        text = values.dtype.kind in "OUT"
+        kind = "str" if text else values.dtype.newbyteorder("<").str
+        digest.update(json.dumps([str(name), list(var.dims), values.shape, kind]).encode())
+        digest.update(plain(var.attrs).encode())
+        if text:
+            digest.update(json.dumps(values.tolist()).encode())
+        else:
+            digest.update(values.astype(kind, copy=False).tobytes())
+    return digest.hexdigest()
 
 
 def _dims_of(array: Any) -> tuple[str, ...]:
