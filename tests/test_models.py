@@ -322,6 +322,16 @@ def test_weights_fingerprint_follows_a_changed_weight(tokenizer):
     assert model.weights_fingerprint != before
 
 
+def test_weights_fingerprint_of_weights_made_under_inference_mode(tokenizer):
+    """Inference tensors keep no version counter: the fingerprint is taken anew each time."""
+    with torch.inference_mode():
+        model = models.tiny("llama", tokenizer=tokenizer, check=False)
+        before = model.weights_fingerprint
+        model.hf.model.norm.weight.mul_(2)
+    assert before == models.tiny("llama", tokenizer=tokenizer).weights_fingerprint
+    assert model.weights_fingerprint != before
+
+
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
