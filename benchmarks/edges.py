@@ -153,7 +153,11 @@ def main() -> None:
         memory.append(
             [name, f"{senders} x {receivers}", f"{n_edges:,}", f"{dense:.1f}", f"{buffers:.0f}"]
         )
-    budgets = (0.001, 0.01, 0.05, 0.2, 1.0) if args.quick else lsc.capture.edges.DEFAULT_FRACTIONS
+    budgets = (
+        (0.001, 0.01, 0.05, 0.2, 1.0)
+        if args.quick
+        else lsc.capture.edges.patching.DEFAULT_FRACTIONS
+    )
     curves = {
         name: lsc.circuit_faithfulness(
             model, prompts, result, fractions=budgets, n_random=args.random, progress=False

@@ -19,7 +19,7 @@ import _report
 import numpy as np
 
 from lenscape import schema
-from lenscape.widgets import Explorer
+from lenscape.views.explorer import Explorer
 
 TARGET_MS = 50.0
 

@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-#: Provenance attrs of the synthetic results the plot, widget and accessor tests draw.
+from lenscape import schema
+
+#: Provenance attrs of the synthetic results the view tests draw.
 ATTRS = dict(
     long_name="attribution",
     units="logit diff",
@@ -36,6 +38,25 @@ ATTRS = dict(
     backend="nnsight",
     dtype="float32",
 )
+
+
+def make_result(values, dims, n_layers=None, **coords):
+    """A synthetic result: ``values`` with ``dims`` (and ``coords``) and the ``ATTRS``."""
+    return schema.make(np.asarray(values), dims=dims, coords=coords, attrs=ATTRS, n_layers=n_layers)
+
+
+def signed_scores(n_layers=4, n_heads=3, seed=0):
+    """Random (layer, head) scores of both signs."""
+    values = np.random.default_rng(seed).normal(size=(n_layers, n_heads))
+    values[0, 0], values[1, 1] = -2.0, 1.0  # both signs, |min| > max
+    return make_result(values, ("layer", "head"), n_layers=n_layers)
+
+
+def inline_rows(spec):
+    """The inline cells of a chart's spec (Altair moves them to top-level ``datasets``)."""
+    (values,) = spec["datasets"].values()
+    return values
+
 
 #: The tests folder, for fresh-process scripts that import this module.
 TESTS = str(Path(__file__).resolve().parent)

@@ -3,12 +3,15 @@ same options (the accessor forwards only)."""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
+import pytest
 from _helpers import ATTRS
 
 import lenscape as lsc
-import lenscape.accessor  # registers da.lsc
-from lenscape import plot, schema
+from lenscape import aggregate, schema
+from lenscape.views import accessor, charts
 
 
 def scores():
@@ -18,10 +21,26 @@ def scores():
 
 
 def test_the_accessor_offers_only_forwarding_methods():
-    methods = {
-        name for name in vars(lenscape.accessor.LenscapeAccessor) if not name.startswith("_")
-    }
+    methods = {name for name in vars(accessor.LenscapeAccessor) if not name.startswith("_")}
     assert methods == {"heatmap", "explore", "summary", "logit_lens_chart", "correct_only"}
+
+
+@pytest.mark.parametrize(
+    ("method", "target"),
+    [
+        ("heatmap", lsc.heatmap),
+        ("explore", lsc.Explorer),
+        ("summary", charts.summary),
+        ("logit_lens_chart", charts.logit_lens_chart),
+        ("correct_only", aggregate.correct_only),
+    ],
+)
+def test_each_method_shows_the_signature_and_docstring_it_forwards_to(method, target):
+    """``da.lsc.heatmap?`` shows heatmap's options (without the array) and its docstring."""
+    bound = getattr(scores().lsc, method)
+    params = list(inspect.signature(target).parameters.values())[1:]  # all but the array
+    assert list(inspect.signature(bound).parameters.values()) == params
+    assert bound.__doc__ == target.__doc__ and bound.__doc__
 
 
 def test_heatmap_forwards_with_its_options():
@@ -33,8 +52,8 @@ def test_heatmap_forwards_with_its_options():
 
 def test_summary_forwards_with_its_options():
     da = scores()
-    assert repr(da.lsc.summary(top=1)) == repr(plot.summary(da, top=1))
-    assert repr(da.lsc.summary(top=1)) != repr(plot.summary(da, top=3))
+    assert repr(da.lsc.summary(top=1)) == repr(charts.summary(da, top=1))
+    assert repr(da.lsc.summary(top=1)) != repr(charts.summary(da, top=3))
 
 
 def test_explore_forwards_with_its_options():
@@ -57,7 +76,7 @@ def test_logit_lens_chart_and_correct_only_forward():
     )
     options = dict(title="Lens")
     assert da.lsc.logit_lens_chart(**options).to_dict() == (
-        plot.logit_lens_chart(da, **options).to_dict()
+        charts.logit_lens_chart(da, **options).to_dict()
     )
     flagged = scores().rename(seed="prompt").assign_coords(correct=("prompt", [False, True]))
     assert flagged.lsc.correct_only().identical(lsc.aggregate.correct_only(flagged))

@@ -49,7 +49,7 @@ CHROMIUM_ARGS = [
 NOTEBOOK = """\
 import numpy as np
 from lenscape import schema
-from lenscape.widgets import Explorer
+from lenscape.views.explorer import Explorer
 
 values = np.random.default_rng(0).normal(size=(3, 6, 4))
 scores = schema.make(values, dims=("cluster", "layer", "head"), n_layers=6, attrs=dict(
@@ -351,7 +351,9 @@ def test_exported_html_has_no_actions_menu_unless_asked(chromium, tmp_path, arti
     import numpy as np
     from playwright.sync_api import expect, sync_playwright
 
-    from lenscape import plot, schema
+    from lenscape import schema
+    from lenscape.views.heatmaps import heatmap
+    from lenscape.views.offline import export
 
     scores = schema.make(
         np.random.default_rng(0).normal(size=(4, 3)),
@@ -368,8 +370,8 @@ def test_exported_html_has_no_actions_menu_unless_asked(chromium, tmp_path, arti
     )
     pages = {}
     for actions in (False, True):
-        pages[actions] = plot.export(
-            plot.heatmap(scores, x="head", y="layer", actions=actions),
+        pages[actions] = export(
+            heatmap(scores, x="head", y="layer", actions=actions),
             tmp_path / f"actions_{actions}.html",
         )
     outside = []
@@ -403,8 +405,9 @@ from IPython.display import display
 
 import lenscape as lsc
 from lenscape import schema
-from lenscape.plot import heatmap, logit_lens_chart
-from lenscape.widgets import Explorer
+from lenscape.views.charts import logit_lens_chart
+from lenscape.views.explorer import Explorer
+from lenscape.views.heatmaps import heatmap
 
 lsc.enable_offline()
 A = dict(method="synthetic", metric="logit_diff", model="synthetic", backend="none",

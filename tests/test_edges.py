@@ -561,13 +561,11 @@ def test_results_of_another_model_are_refused_naming_what_differs(gqa64, tokeniz
         name=gqa64.name,
         dtype="float64",
     )
-    if getattr(twin, "weights_fingerprint", None) is None:
-        pytest.skip("the model has no weights fingerprint yet")
     for call in (
         lambda: edges.edge_patching(twin, IOI[:2], chosen, progress=False),
         lambda: edges.circuit_faithfulness(twin, IOI[:2], scores, progress=False),
     ):
-        with pytest.raises(ValueError, match=r"another model .*weights_sha256"):
+        with pytest.raises(ValueError, match=r"another model .*weights_fingerprint"):
             call()
 
 

@@ -3,6 +3,12 @@ gradient clipping, and each set stops when it is still."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import pickle
+import re
+from fractions import Fraction
+
 import pytest
 import torch
 
@@ -127,7 +133,7 @@ def test_an_interrupted_fit_continues_from_its_last_check(tmp_path):
     state = tmp_path / "fit.pt"
     with pytest.raises(KeyboardInterrupt):
         _noisy_fit(state, stop_at=7)  # after the check at update 4
-    assert torch.load(state, weights_only=True)["step"] == 4
+    assert optim._read_state(state)["step"] == 4
     resumed = _noisy_fit(state)
     torch.testing.assert_close(resumed.params, whole.params, rtol=0, atol=0)
     assert resumed.steps.tolist() == whole.steps.tolist()
@@ -139,8 +145,76 @@ def test_an_interrupted_fit_continues_from_its_last_check(tmp_path):
 def test_a_state_from_other_settings_is_refused(tmp_path):
     state = tmp_path / "fit.pt"
     _noisy_fit(state)
-    with pytest.raises(ValueError, match=r"other settings \(differing: \['max_steps'\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"folder {re.escape(str(tmp_path))} holds the state of another fit in fit\.pt "
+        r"\(max_steps: written for 12, this fit has 8\)\. To start this fit, pass a new",
+    ):
         _noisy_fit(state, max_steps=8)
+
+
+def _cut_short(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garbled(path):
+    """64 bytes zeroed in the middle: torch alone would load the file, tensors changed."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+
+
+def _intact(path, payload: bytes):
+    """A state file with a matching checksum around ``payload`` (another state layout)."""
+    digest = hashlib.sha256(payload).hexdigest().encode()
+    path.write_bytes(optim._STATE_HEADER + digest + b"\n" + payload)
+
+
+def _torch_bytes(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (_cut_short, "do not match the checksum"),
+        (_garbled, "do not match the checksum"),
+        (lambda path: path.write_bytes(b"not a torch file"), "does not start as"),
+        (lambda path: torch.save(torch.zeros(3), path), "does not start as"),
+        (lambda path: path.write_bytes(pickle.dumps({"k": Fraction(1, 3)})), "does not start as"),
+        (lambda path: _intact(path, pickle.dumps(Fraction(1, 3), protocol=2)), "does not load"),
+        (lambda path: _intact(path, _torch_bytes(torch.zeros(3))), "holds a Tensor"),
+        (lambda path: _intact(path, _torch_bytes({"key": {}, "step": 4})), r"fields \['caller'"),
+        (lambda path: (path.unlink(), path.mkdir()), r"cannot be read \(Is a directory\)"),
+    ],
+    ids=[
+        "cut short",
+        "garbled",
+        "not torch",
+        "a tensor",
+        "a pickle",
+        "an intact pickle",
+        "an intact tensor",
+        "other fields",
+        "a folder",
+    ],
+)
+def test_a_damaged_or_foreign_state_file_is_refused_with_its_path(tmp_path, damage, problem):
+    """Never torch's or pickle's own error (one advises weights_only=False, which would run
+    the file's code) and never a silently changed state: the file's path, what is wrong
+    and what to do."""
+    state = tmp_path / "fit.pt"
+    with pytest.raises(KeyboardInterrupt):
+        _noisy_fit(state, stop_at=7)
+    damage(state)
+    with pytest.raises(ValueError, match=r"fit\.pt in the checkpoint folder is not a fit") as err:
+        _noisy_fit(state)
+    message = str(err.value)
+    assert re.search(problem, message), message
+    assert str(state) in message and "delete it, or pass another checkpoint folder" in message
+    assert "weights_only" not in message and err.value.__context__ is None
 
 
 def test_a_start_within_rounding_resumes_another_is_refused(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import textwrap
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 from _helpers import TESTS
 
 import lenscape as lsc
+from lenscape import models
 from lenscape.fits import gating
 
 FAST = dict(seeds=2, batch_size=3, max_steps=6, window=3, progress=False)
@@ -426,5 +428,32 @@ def test_an_interrupted_fit_continues_from_its_checkpoint(
     resumed = lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, **FAST)
     for name in ("gate", "gate_plus", "gate_minus", "steps_stage0", "steps_minus"):
         np.testing.assert_array_equal(resumed[name].values, fitted[name].values)
-    with pytest.raises(ValueError, match=r"differing: \['lambda_'\]"):
+    with pytest.raises(ValueError, match=r"\(lambda_: written for 0\.1, this fit has 0\.2\)"):
         lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, **{**FAST, "lambda_": 0.2})
+
+
+def test_a_checkpoint_of_other_weights_or_damaged_is_refused(
+    fitted, tiny_llama, small_task, tokenizer, tmp_path
+):
+    """A model with the same name and layout but other weights does not continue (or
+    return) another model's fit; a damaged state file is named; files the fit does not own
+    are never read."""
+    (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "other.pt").write_bytes(b"garbage")
+    done = lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, **FAST)
+    np.testing.assert_array_equal(done["gate_plus"].values, fitted["gate_plus"].values)
+    other = models.tiny("llama", n_layers=3, seed=1, tokenizer=tokenizer)
+    assert (other.name, other.spec) == (tiny_llama.name, tiny_llama.spec)
+    mine, theirs = tiny_llama.weights_fingerprint[:12], other.weights_fingerprint[:12]
+    with pytest.raises(
+        ValueError,
+        match=rf"folder {re.escape(str(tmp_path))} holds the state of another fit in stage0\.pt "
+        rf"\(weights: "
+        rf"written for '{mine}…', this fit has '{theirs}…'\)\. To start this fit, pass a new "
+        "checkpoint folder or delete",
+    ):
+        lsc.head_gating(other, small_task, checkpoint=tmp_path, **FAST)
+    stage0 = tmp_path / "stage0.pt"
+    stage0.write_bytes(stage0.read_bytes()[:100])
+    with pytest.raises(ValueError, match=rf"{re.escape(str(stage0))} in the checkpoint folder is"):
+        lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, **FAST)

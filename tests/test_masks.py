@@ -389,3 +389,18 @@ def test_an_interrupted_fit_continues_from_its_checkpoint(
     )
     xr.testing.assert_identical(resumed["keep_prob"], whole["keep_prob"])
     xr.testing.assert_identical(resumed["mask"], whole["mask"])
+
+
+def test_a_checkpoint_of_other_weights_is_refused(tiny_llama, mixed, clusters, tokenizer, tmp_path):
+    """Same name and layout, other weights: the fit is not continued (nor returned)."""
+    fit = dict(clusters=clusters, target_sparsity=0.5, checkpoint=tmp_path, **FAST)
+    block_masks(tiny_llama, mixed, **fit)
+    other = lsc.models.tiny("llama", n_layers=3, seed=1, tokenizer=tokenizer)
+    assert (other.name, other.spec) == (tiny_llama.name, tiny_llama.spec)
+    with pytest.raises(
+        ValueError,
+        match=rf"block_masks\.pt \(weights: written for '{tiny_llama.weights_fingerprint[:12]}…', "
+        rf"this fit has '{other.weights_fingerprint[:12]}…'\)\. To start this fit, pass a new "
+        "checkpoint folder",
+    ):
+        block_masks(other, mixed, **fit)

@@ -286,6 +286,52 @@ def test_fingerprints_tell_layouts_apart(tokenizer):
     assert len(prints) == 4
 
 
+def test_weights_fingerprint_is_the_same_for_the_same_weights_reloaded(saved_llama, factual):
+    """Same weights (built again from the seed, loaded from disk): same fingerprint, which
+    every result carries; other weights of the same name and layout: another."""
+    loaded = lsc.load(str(saved_llama), device="cpu")
+    built = models.tiny("llama", tokenizer=loaded.tokenizer)
+    other = models.tiny("llama", seed=1, tokenizer=loaded.tokenizer)
+    assert loaded.weights_fingerprint == built.weights_fingerprint
+    assert len(loaded.weights_fingerprint) == 64
+    assert other.spec == built.spec and other.weights_fingerprint != built.weights_fingerprint
+    scores = lsc.direct_logit_attribution(loaded, factual[:2], progress=False)
+    assert scores.attrs["weights_fingerprint"] == loaded.weights_fingerprint
+
+
+def test_weights_fingerprint_follows_a_changed_weight(tokenizer):
+    """Perturbing one tensor (in place, as an optimizer step does), changing one value, or
+    replacing a parameter's tensor changes the fingerprint; undoing it restores it."""
+    model = models.tiny("llama", tokenizer=tokenizer)
+    before = model.weights_fingerprint
+    weight = model.hf.model.layers[1].mlp.down_proj.weight
+    with torch.no_grad():
+        weight.add_(1e-3 * torch.randn_like(weight))
+    assert model.weights_fingerprint != before
+    original = models.tiny("llama", tokenizer=tokenizer).hf.model.layers[1].mlp.down_proj.weight
+    with torch.no_grad():
+        weight.copy_(original)
+    assert model.weights_fingerprint == before
+    assert weight.numel() >= 2 * models.lens_model.FINGERPRINT_SAMPLE
+    with torch.no_grad():
+        weight.view(-1)[1] += 1e-4  # one value, between the sampled ones
+    assert model.weights_fingerprint != before
+    with torch.no_grad():
+        weight.copy_(original)
+    model.hf.model.norm.weight = torch.nn.Parameter(model.hf.model.norm.weight * 2)
+    assert model.weights_fingerprint != before
+
+
+def test_weights_fingerprint_of_weights_made_under_inference_mode(tokenizer):
+    """Inference tensors keep no version counter: the fingerprint is taken anew each time."""
+    with torch.inference_mode():
+        model = models.tiny("llama", tokenizer=tokenizer, check=False)
+        before = model.weights_fingerprint
+        model.hf.model.norm.weight.mul_(2)
+    assert before == models.tiny("llama", tokenizer=tokenizer).weights_fingerprint
+    assert model.weights_fingerprint != before
+
+
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [

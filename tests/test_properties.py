@@ -209,8 +209,8 @@ CALLS: dict[str, Any] = {
     "load": lambda w: ((str(w.folder),), dict(device="cpu")),
     "from_hf": lambda w: ((w.model.hf, w.model.tokenizer), dict(device="cpu")),
     "heatmap": lambda w: ((w.scores.mean("prompt"),), dict(x="head", y="layer")),
-    "agreement": lambda w: ((w.report,), dict()),
-    "export": None,  # writes a file at a path: test_plot.py
+    "agreement_chart": lambda w: ((w.report,), dict()),
+    "export": None,  # writes a file at a path: test_offline.py
     "save": None,  # writes at a path: test_store.py and the round trips below
     "open": None,  # reads a path: test_store.py
     "recorded": lambda w: (("head_roles",), dict(task="math")),
@@ -231,7 +231,7 @@ PASSED_BACK = {
     "edge_patching": ["circuit"],
     "circuit_faithfulness": ["scores"],
     "heatmap": ["da"],
-    "agreement": ["report"],
+    "agreement_chart": ["report"],
     "Explorer": ["data"],
     "CircuitExplorer": ["scores"],
 }
@@ -287,7 +287,7 @@ SLOW = {
     "PromptForm",
     "block_mask_estimate",
     "edge_patching",
-    "agreement",
+    "agreement_chart",
     "check",
     "circuit_faithfulness",
     "circuit_graph",

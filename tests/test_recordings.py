@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
-from _helpers import torch_threads
+from _helpers import TESTS, torch_threads
 
 import lenscape as lsc
-from lenscape import recordings, schema
+from lenscape import recordings, schema, store
 
 PROVENANCE = {"command": "test", "commit": "abc", "date": "2026-11-24", "machine": "test"}
 
@@ -113,6 +113,119 @@ def test_another_schema_is_refused_with_the_version_needed(recorded_dir, two_see
     lsc.save(old, path)
     with pytest.raises(ValueError, match=f"reads version {schema.SCHEMA_VERSION}"):
         lsc.recorded("head_roles", model="tiny", task="syntax")
+
+
+# ------------------------------------------------------------------ damaged or stray files
+
+
+def _seed0(root) -> Path:
+    return root / "head_roles" / "tiny" / "syntax" / "seed0.nc"
+
+
+@pytest.mark.parametrize("shipped", [True, False], ids=["shipped", "under root"])
+def test_four_changed_bytes_are_refused_naming_the_file(tmp_path, monkeypatch, two_seeds, shipped):
+    """A gate's four bytes overwritten so that the file reads an interference share of 7.5:
+    the checksum taken when it was recorded no longer matches. The fix: reinstall for a
+    shipped file, record again for one of your own."""
+    if shipped:
+        monkeypatch.setattr(recordings, "RECORDED_DIR", tmp_path)
+    _record(tmp_path, two_seeds)
+    path = _seed0(tmp_path)
+    values = lsc.open(path)["interference"].values.ravel()
+    data = path.read_bytes()
+    unique = next(v for v in values if data.count(v.tobytes()) == 1)
+    path.write_bytes(data.replace(unique.tobytes(), np.float32(7.5).tobytes()))
+    assert float(lsc.open(path)["interference"].max()) == 7.5  # the damage reads out
+    with pytest.raises(ValueError, match=r"does not hold what was recorded") as err:
+        lsc.recorded("head_roles", model="tiny", task="syntax", root=None if shipped else tmp_path)
+    assert str(path) in str(err.value)
+    fix = "reinstall lenscape" if shipped else "delete it and record it again"
+    assert fix in str(err.value)
+
+
+def _sealed(ds: xr.Dataset, path: Path) -> None:
+    """Save ``ds`` with a checksum of its own contents (what other code could write)."""
+    ds = ds.copy()
+    ds.attrs.pop(recordings.CHECKSUM_ATTR)
+    ds.attrs[recordings.CHECKSUM_ATTR] = store.content_sha256(ds)
+    path.unlink()
+    lsc.save(ds, path)
+
+
+@pytest.mark.parametrize(
+    "variable, value, message",
+    [
+        ("interference", 7.5, r"'interference' in the recorded file .* must lie in \[0, 1\]"),
+        ("gate_plus", np.nan, r"'gate_plus' in the recorded file .* NaN or infinite"),
+        ("val_loss", np.inf, r"'val_loss' in the recorded file .* NaN or infinite"),
+        ("steps_minus", -3, r"'steps_minus' in the recorded file .* must lie in \[0, inf\]"),
+    ],
+)
+def test_a_value_out_of_range_is_refused_even_with_a_matching_checksum(
+    recorded_dir, two_seeds, variable, value, message
+):
+    """Range checks on load catch what a checksum cannot: a file written, checksum and all,
+    by other code. Writing such a recording is refused in the first place."""
+    _record(recorded_dir, two_seeds)
+    bad = lsc.open(_seed0(recorded_dir))
+    bad[variable][(0,) * bad[variable].ndim] = value
+    with pytest.raises(ValueError, match=message):
+        recordings._write(bad.copy(), recorded_dir / "elsewhere" / "seed0.nc")
+    assert not (recorded_dir / "elsewhere").exists()
+    _sealed(bad, _seed0(recorded_dir))
+    with pytest.raises(ValueError, match=message) as err:
+        lsc.recorded("head_roles", model="tiny", task="syntax")
+    assert "reinstall lenscape" in str(err.value)
+
+
+def test_a_variable_without_a_known_range_is_refused(recorded_dir, two_seeds):
+    extra = two_seeds[0].assign(mystery=("seed", [3.0]))
+    with pytest.raises(ValueError, match=r"holds 'mystery', a variable lenscape's recordings"):
+        recordings._write(extra, _seed0(recorded_dir))
+
+
+def test_a_file_without_a_checksum_or_unreadable_is_refused(recorded_dir, two_seeds):
+    _record(recorded_dir, two_seeds)
+    path = _seed0(recorded_dir)
+    plain = lsc.open(path)
+    del plain.attrs[recordings.CHECKSUM_ATTR]
+    path.unlink()
+    lsc.save(plain, path)
+    with pytest.raises(ValueError, match=r"seed0\.nc carries no checksum \(content_sha256"):
+        lsc.recorded("head_roles", model="tiny", task="syntax")
+    path.write_bytes(b"\x89HDF\r\n" + bytes(200))
+    with pytest.raises(ValueError, match=r"recorded file .*seed0\.nc cannot be read: reinstall"):
+        lsc.recorded("head_roles", model="tiny", task="syntax")
+
+
+def test_stray_files_in_a_recording_are_ignored(recorded_dir, two_seeds):
+    """Notes, copies and system files beside the units are not units: never parsed."""
+    _record(recorded_dir, two_seeds)
+    folder = _seed0(recorded_dir).parent
+    for name in ("notes.txt", "seedX.nc", ".DS_Store", "seed1 copy.nc", "seed01.nc", "seed.nc"):
+        (folder / name).write_bytes(b"not a recording")
+    roles = lsc.recorded("head_roles", model="tiny", task="syntax")
+    assert roles["seed"].values.tolist() == [0, 1]
+
+
+def test_a_renamed_seed_is_refused(recorded_dir, two_seeds):
+    _record(recorded_dir, two_seeds)
+    folder = _seed0(recorded_dir).parent
+    (folder / "seed5.nc").write_bytes((folder / "seed0.nc").read_bytes())
+    with pytest.raises(ValueError, match=r"seed5\.nc holds seed\(s\) \[0\], not the seed its"):
+        lsc.recorded("head_roles", model="tiny", task="syntax")
+
+
+def test_every_shipped_recording_matches_its_checksum_and_ranges():
+    """Each shipped file (and the benchmark's bf16 recording) carries its checksum, matches
+    it, and has every number within its variable's range."""
+    files = sorted(recordings.RECORDED_DIR.glob("**/*.nc"))
+    files += sorted((Path(TESTS).parent / "benchmarks" / "fit_speed_data").glob("**/*.nc"))
+    assert len(files) > 20
+    for path in files:
+        recordings._open(path)
+    for name, task in [("block_masks", None), ("head_roles_check", "math")]:
+        assert isinstance(lsc.recorded(name, model="smollm2-135m", task=task), xr.Dataset)
 
 
 def _shipped_checkpoints(name: str) -> list[Path]:

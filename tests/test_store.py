@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import dask.array
 import numpy as np
@@ -108,7 +109,8 @@ def test_boolean_results_round_trip(tmp_path, suffix):
         back = lsc.open(lsc.save(obj, tmp_path / f"m{suffix}"))
         xr.testing.assert_identical(back, obj)
     assert back["mask"].dtype == bool and back["mask"].attrs["dtype"] == "float32"
-    on_disk = xr.open_dataset(tmp_path / f"m{suffix}", engine="zarr" if suffix == ".zarr" else None)
+    zarr = {"engine": "zarr", "consolidated": False} if suffix == ".zarr" else {}
+    on_disk = xr.open_dataset(tmp_path / f"m{suffix}", **zarr)
     assert on_disk["mask"].attrs["_lenscape_dtype"] == "float32"
     on_disk.close()
 
@@ -132,6 +134,113 @@ def test_errors(tmp_path):
         lsc.open(tmp_path / "missing.zarr")
     with pytest.raises(ValueError, match="takes an xarray"):
         lsc.save(np.zeros(3), tmp_path / "r.nc")
+
+
+# ------------------------------------------------------------- stores other tools can read
+
+
+def labelled_dataset() -> xr.Dataset:
+    """Numbers with string coords (1-d and 2-d) and string data variables (2-d and 0-d)."""
+    return xr.Dataset(
+        {
+            "score": result(),
+            "top_token": (("prompt", "layer"), np.array([[" Paris", "é", ""], ["x", "yy", "z"]])),
+            "note": ((), "Zürich"),
+        },
+        coords={"top_tokens": (("prompt", "layer"), np.array([["a b", "c", "d"]] * 2))},
+        attrs={"model": "tiny"},
+    )
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".nc"])
+def test_strings_are_saved_without_warnings_and_come_back_as_str(tmp_path, suffix):
+    ds = labelled_dataset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = lsc.open(lsc.save(ds, tmp_path / f"s{suffix}"))
+        lazy = lsc.open(tmp_path / f"s{suffix}", lazy=True).compute()
+    for opened in (back, lazy):
+        xr.testing.assert_identical(opened, ds)
+        assert all(opened[name].dtype.kind == "U" for name in ("top_token", "note", "text"))
+
+
+def test_streaming_writes_strings_without_warnings(tmp_path):
+    """``create`` and ``write_part`` (lazily chunked data, string labels and string data
+    along ``prompt``) write variable-length strings too."""
+    whole = labelled_dataset()
+    template = whole.copy()
+    template["score"] = template["score"] * np.nan
+    template["top_token"] = template["top_token"].copy(data=np.full((2, 3), "", dtype=str))
+    path = tmp_path / "s.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store.create(template, path, chunk=1, settings={"method": "test"})
+        for start in range(2):
+            store.write_part(whole.isel(prompt=slice(start, start + 1)), path, start=start)
+        back = lsc.open(path)
+    xr.testing.assert_identical(back, whole)
+
+
+def test_a_streamed_capture_and_a_logit_lens_save_without_zarr_warnings(
+    tiny_llama, factual, tmp_path
+):
+    import zarr.errors
+
+    lens = lsc.logit_lens(tiny_llama, factual[0])
+    with warnings.catch_warnings():
+        for category in (zarr.errors.ZarrFutureWarning, zarr.errors.ZarrUserWarning):
+            warnings.filterwarnings("error", category=category)
+        warnings.filterwarnings("error", category=xr.SerializationWarning)
+        streamed = lsc.capture_to(
+            tmp_path / "a.zarr", "ablation", tiny_llama, factual[:2], batch_size=1, progress=False
+        )
+        back = lsc.open(lsc.save(lens, tmp_path / "lens.zarr"))
+    assert streamed["text"].values.tolist() == [p.text for p in factual[:2]]
+    xr.testing.assert_identical(back, lens)
+
+
+PLAIN_READER = """
+import json, sys, warnings
+warnings.simplefilter("error")
+import xarray as xr
+ds = xr.open_zarr(sys.argv[1], consolidated=False).load()
+assert "lenscape" not in sys.modules
+print(json.dumps({
+    name: {"dims": list(var.dims), "values": var.values.tolist()}
+    for name, var in ds.variables.items()
+}))
+"""
+
+
+def test_a_saved_store_opens_in_plain_xarray_without_lenscape(tmp_path):
+    """Another tool reads the store: plain ``xarray.open_zarr`` in a fresh process that
+    never imports lenscape gets every value back, strings as strings, with no warning."""
+    ds = labelled_dataset()
+    path = lsc.save(ds, tmp_path / "s.zarr")
+    out = subprocess.run(
+        [sys.executable, "-c", PLAIN_READER, str(path)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    read = json.loads(out.stdout)
+    expected = {
+        name: {"dims": list(var.dims), "values": var.values.tolist()}
+        for name, var in ds.variables.items()
+    }
+    assert np.isnan(read["score"]["values"][0][1][1])  # NaN != NaN: compare the rest
+    read["score"]["values"][0][1][1] = expected["score"]["values"][0][1][1] = 0.0
+    assert read == expected
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".nc"])
+def test_content_checksum_survives_a_round_trip_and_sees_any_change(tmp_path, suffix):
+    ds = labelled_dataset().assign_attrs(n_seeds=[3], flag=True)  # netCDF reads [3] as 3
+    before = store.content_sha256(ds)
+    assert store.content_sha256(lsc.open(lsc.save(ds, tmp_path / f"s{suffix}"))) == before
+    changed = ds.copy(deep=True)
+    changed["score"][1, 0, 0] = changed["score"][1, 0, 0] + 1e-6
+    for other in (changed, ds.assign_attrs(flag=False), ds.assign(note="Zurich")):
+        assert store.content_sha256(other) != before
+    assert store.content_sha256(ds.assign_attrs(sum="x"), skip=("sum",)) == before
 
 
 # ----------------------------------------------------------------------------- integrity

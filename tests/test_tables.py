@@ -1,4 +1,5 @@
-"""The loader of the built-in prompt tables (package data under prompt_tables/)."""
+"""The loader of the built-in prompt tables (data/tables.py; package data under
+data/prompt_tables/)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import tomllib
 
 import lenscape
-from lenscape._tables import check_table, load_table
+from lenscape.data.tables import check_table, load_table
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("text", "target")
@@ -19,7 +20,7 @@ def test_every_table_ships_as_package_data():
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     globs = package_data["package-data"]["lenscape"]
     folder = Path(lenscape.__file__).parent
-    tables = sorted(folder.glob("prompt_tables/*.json"))
+    tables = sorted(folder.glob("data/prompt_tables/*.json"))
     assert {t.stem for t in tables} == {"factual", "ioi", "tasks", "corpus"}
     for table in tables:
         assert any(fnmatch(str(table.relative_to(folder)), g) for g in globs), table

@@ -182,7 +182,9 @@ def test_values_helper():
 
 def test_result_helper(tiny_llama):
     scores = lsc.direct_logit_attribution(tiny_llama, [PARIS], progress=False)
-    same = _validate.result("r", scores, kind=xr.DataArray, made_by="f", model_name="tiny-llama")
+    same = _validate.result(
+        "r", scores, kind=xr.DataArray, made_by="f", origin={"model": "tiny-llama"}
+    )
     assert same is scores
     with pytest.raises(TypeError, match=r"r must be an xarray.Dataset from f, got DataArray"):
         _validate.result("r", scores, kind=xr.Dataset, made_by="f")
@@ -194,25 +196,46 @@ def test_result_helper(tiny_llama):
         )
     with pytest.raises(ValueError, match=r"r lacks the dim\(s\) \['seed'\]"):
         _validate.result("r", scores, kind=xr.DataArray, made_by="f", dims=["seed"])
-    with pytest.raises(ValueError, match="computed on model 'other', not 'tiny-llama'"):
+    with pytest.raises(ValueError, match=r"another model .*model 'other' \(the result\) vs 'tiny-"):
         _validate.result(
             "r",
             scores.assign_attrs(model="other"),
             kind=xr.DataArray,
             made_by="f",
-            model_name=tiny_llama.name,
-            layout=tiny_llama.spec.fingerprint,
+            origin=tiny_llama.origin,
         )
     moved = scores.assign_attrs(layout_fingerprint="llama/L9")
-    with pytest.raises(ValueError, match=r"with layout 'llama/L9', but this one has 'llama/L"):
+    with pytest.raises(
+        ValueError, match=r"layout_fingerprint 'llama/L9' \(the result\) vs 'llama/L"
+    ):
         _validate.result(
             "r",
             moved,
             kind=xr.DataArray,
             made_by="f",
-            model_name=tiny_llama.name,
-            layout=tiny_llama.spec.fingerprint,
+            origin=tiny_llama.origin,
         )
+    other_weights = scores.assign_attrs(weights_fingerprint="0" * 64)
+    with pytest.raises(ValueError, match=r"weights_fingerprint '0000.*\(the result\) vs"):
+        _validate.result(
+            "r", other_weights, kind=xr.DataArray, made_by="f", origin=tiny_llama.origin
+        )
+
+
+def test_labels_reads_by_label_and_names_what_does_not_match(tiny_llama):
+    scores = lsc.direct_logit_attribution(tiny_llama, [PARIS], progress=False).isel(prompt=0)
+    layers, heads = list(range(3)), list(range(4))
+    shuffled = scores.sortby("head", ascending=False).transpose("head", "layer")
+    got = _validate.labels("r", shuffled, {"layer": layers, "head": heads}, made_by="f")
+    xr.testing.assert_identical(got, scores)
+    for bad, match in [
+        (scores.isel(head=[0, 1]), r"'head' labels do not match .*missing \[2, 3\]"),
+        (scores.assign_coords(head=[0, 1, 2, 7]), r"missing \[3\]; unknown \[7\]"),
+        (scores.assign_coords(head=[0, 1, 1, 2]), "some repeated"),
+        (scores.rename(head="component"), "has no 'head' dim"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            _validate.labels("r", bad, {"layer": layers, "head": heads}, made_by="f")
 
 
 def test_text():

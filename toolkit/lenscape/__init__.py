@@ -5,7 +5,6 @@ DataArrays -> ``save``/``open`` them -> aggregate -> draw with ``heatmap`` -> br
 ``Explorer``.
 """
 
-from . import accessor as _accessor  # registers the ``da.lsc`` accessor
 from . import aggregate, capture, cluster, data, schema
 from .capture import *  # noqa: F403  every registered method (lenscape.sweep.registry.METHODS)
 from .fits import (
@@ -19,14 +18,23 @@ from .fits import (
     task_loss,
 )
 from .models import ArchLayout, LayoutCheckError, LensModel, ModelSpec, check, from_hf, load
-from .plot import agreement, enable_offline, export, heatmap
-from .plot_circuit import circuit_graph, edge_heatmap, faithfulness_curve
 from .recordings import recorded
 from .store import open_result as open
 from .store import save
+from .views import (
+    CircuitExplorer,
+    Explorer,
+    PromptForm,
+    agreement_chart,
+    circuit_graph,
+    edge_heatmap,
+    enable_offline,
+    export,
+    faithfulness_curve,
+    heatmap,
+)
+from .views import accessor as _accessor  # registers the ``da.lsc`` accessor
 from .weights import finetune, weight_change, weight_grid, weight_importance
-from .widgets import Explorer, PromptForm
-from .widgets_circuit import CircuitExplorer
 
 del _accessor
 
@@ -40,7 +48,7 @@ __all__ = [
     "ModelSpec",
     "PromptForm",
     "aggregate",
-    "agreement",
+    "agreement_chart",
     "apply_mask",
     "block_mask_estimate",
     "block_masks",

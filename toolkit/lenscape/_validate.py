@@ -306,14 +306,13 @@ def result(
     *,
     kind: type | tuple[type, ...],
     made_by: str,
-    model_name: str | None = None,
-    layout: str | None = None,
+    origin: Mapping[str, Any] | None = None,
     variables: Sequence[str] = (),
     dims: Sequence[str] = (),
 ) -> Any:
     """Check a result passed back in: its kind, its variables and dims, and that it was
-    computed on the model named ``model_name`` with layout fingerprint ``layout``
-    (``LensModel.name`` and ``.spec.fingerprint``; each checked where the result records it).
+    computed on the model ``origin`` describes (``LensModel.origin``: name, layout and
+    weights fingerprints; each checked where the result records it, see ``origin``).
 
     Args:
         kind: ``xr.DataArray``, ``xr.Dataset`` or a tuple of both.
@@ -357,33 +356,15 @@ def result(
                 f"{name} lacks the dim(s) {absent} (it has {list(array.dims)}); pass the "
                 f"result of {made_by}."
             )
-    if model_name is not None:
-        attrs = {**(arrays[0].attrs if arrays else {}), **checked.attrs}
-        origin, recorded_layout = attrs.get("model"), attrs.get("layout_fingerprint")
-        if origin is not None and origin != model_name:
-            raise ValueError(
-                f"{name} was computed on model {origin!r}, not {model_name!r}; compute it "
-                f"for this model with {made_by}."
-            )
-        if recorded_layout is not None and layout is not None and recorded_layout != layout:
-            raise ValueError(
-                f"{name} was computed on a model named {origin!r} with layout "
-                f"{recorded_layout!r}, but this one has {layout!r}; compute it for this "
-                f"model with {made_by}."
-            )
+    if origin is not None:
+        recorded = {**(arrays[0].attrs if arrays else {}), **checked.attrs}
+        _check_origin(name, recorded, origin, made_by=made_by)
     return value
 
 
-def origin(name: str, value: Any, expected: Mapping[str, Any], *, made_by: str) -> None:
-    """Check that a result passed back in was computed on the model described by
-    ``expected`` (attr -> this model's value: ``model``, ``layout_fingerprint``,
-    ``weights_sha256`` ...). Each attr is compared where the result records it, and the
-    message names the attrs that differ with both values.
-
-    Raises:
-        ValueError: the result records a different value for any of ``expected``.
-    """
-    attrs = value.attrs
+def _check_origin(
+    name: str, attrs: Mapping[str, Any], expected: Mapping[str, Any], *, made_by: str
+) -> None:
     differ = [
         f"{key} {attrs[key]!r} (the result) vs {want!r} (this model)"
         for key, want in expected.items()
@@ -394,3 +375,57 @@ def origin(name: str, value: Any, expected: Mapping[str, Any], *, made_by: str) 
             f"{name} was computed on another model than this one ({'; '.join(differ)}); "
             f"compute it for this model with {made_by}."
         )
+
+
+def origin(name: str, value: Any, expected: Mapping[str, Any], *, made_by: str) -> None:
+    """Check that a result passed back in was computed on the model described by
+    ``expected`` (attr -> this model's value: ``LensModel.origin``). Each attr is compared
+    where the result records it, and the message names the attrs that differ with both
+    values.
+
+    Raises:
+        ValueError: the result records a different value for any of ``expected``.
+    """
+    _check_origin(name, value.attrs, expected, made_by=made_by)
+
+
+def labels(
+    name: str, value: Any, expected: Mapping[str, Sequence[Any]], *, made_by: str
+) -> xr.DataArray | xr.Dataset:
+    """``value`` read by label: each dim of ``expected`` selected in the order its labels
+    give (a ``sortby``, ``isel`` or ``transpose`` of the input is undone) and moved last,
+    in that order, after the dims ``expected`` does not name.
+
+    Raises:
+        ValueError: a dim of ``expected`` that ``value`` lacks, or labels missing, unknown
+            or repeated along one (named, with the fix).
+    """
+    for dim, wanted in expected.items():
+        if dim not in value.dims:
+            raise ValueError(
+                f"{name} has no {dim!r} dim (it has {list(value.dims)}); pass the result of "
+                f"{made_by}."
+            )
+        given = list(value[dim].values)
+        wanted = list(wanted)
+        missing = [label for label in wanted if label not in given]
+        unknown = [label for label in given if label not in wanted]
+        repeated = len(given) != len(set(given))
+        if missing or unknown or repeated:
+            parts = [
+                f"missing {_few(missing)}" if missing else "",
+                f"unknown {_few(unknown)}" if unknown else "",
+                "some repeated" if repeated else "",
+            ]
+            raise ValueError(
+                f"{name}'s {dim!r} labels do not match this model's "
+                f"({'; '.join(p for p in parts if p)}); pass every {dim} of this model, as "
+                f"{made_by} returned them."
+            )
+    selected = value.sel({dim: list(wanted) for dim, wanted in expected.items()})
+    return selected.transpose(..., *expected)
+
+
+def _few(items: Sequence[Any]) -> str:
+    shown = [item.item() if isinstance(item, np.generic) else item for item in items[:4]]
+    return f"{shown}{' ...' if len(items) > 4 else ''}"

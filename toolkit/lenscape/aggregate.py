@@ -3,7 +3,7 @@ and stacking models of different depth.
 
 Every function keeps coords and attrs, and records what it did in attrs (``aggregation``)
 and in ``long_name``, so a plot of the result titles itself. Thresholds, Always, Any and
-fractions follow the mask rules of ``lenscape.binary``: NaN ("not computed") is never
+fractions follow the mask rules of ``lenscape.mask_rules``: NaN ("not computed") is never
 kept, a reduction along ``dim`` counts only the computed values, and a cell with none
 computed stays NaN.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from . import _validate, binary, schema
+from . import _validate, mask_rules, schema
 
 #: Role codes of ``roles``: a head facilitates, interferes, both, or neither.
 ROLES = ("neither", "facilitating", "interfering", "both")
@@ -41,18 +41,18 @@ def _finish(
 
 def always(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
     """True where ``da >= threshold`` for every computed value along ``dim`` ("Always");
-    NaN where none is computed (``binary.all_``)."""
+    NaN where none is computed (``mask_rules.all_``)."""
     _check(da, dim, threshold)
-    mask = binary.all_(binary.binarize(da, threshold), dim)
-    return _finish(da, mask, dim, f">= {threshold} in every {dim}", binary.MASK_UNITS)
+    mask = mask_rules.all_(mask_rules.binarize(da, threshold), dim)
+    return _finish(da, mask, dim, f">= {threshold} in every {dim}", mask_rules.MASK_UNITS)
 
 
 def any_(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
     """True where ``da >= threshold`` for at least one computed value along ``dim``
-    ("Any"); NaN where none is computed (``binary.any_``)."""
+    ("Any"); NaN where none is computed (``mask_rules.any_``)."""
     _check(da, dim, threshold)
-    mask = binary.any_(binary.binarize(da, threshold), dim)
-    return _finish(da, mask, dim, f">= {threshold} in any {dim}", binary.MASK_UNITS)
+    mask = mask_rules.any_(mask_rules.binarize(da, threshold), dim)
+    return _finish(da, mask, dim, f">= {threshold} in any {dim}", mask_rules.MASK_UNITS)
 
 
 def always_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
@@ -83,22 +83,24 @@ def any_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
 
 def fraction(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
     """Share of the computed values along ``dim`` with ``da >= threshold``, in [0, 1]; NaN
-    where none is computed (``binary.share``)."""
+    where none is computed (``mask_rules.share``)."""
     _check(da, dim, threshold)
-    share = binary.share(binary.binarize(da, threshold), dim)
-    return _finish(da, share, dim, f"fraction >= {threshold} over {dim}", binary.share_units(dim))
+    share = mask_rules.share(mask_rules.binarize(da, threshold), dim)
+    return _finish(
+        da, share, dim, f"fraction >= {threshold} over {dim}", mask_rules.share_units(dim)
+    )
 
 
 def roles(facilitation: xr.DataArray, interference: xr.DataArray) -> xr.DataArray:
     """Combine two masks into role codes (see ``ROLES``): 0 neither, 1 facilitating,
-    2 interfering, 3 both, a mask's kept cells (``binary.kept``) counting as in the role.
+    2 interfering, 3 both, a mask's kept cells (``mask_rules.kept``) counting as in the role.
     NaN where either input is NaN."""
     if facilitation.dims != interference.dims:
         raise ValueError(
             f"facilitation dims {facilitation.dims} differ from interference "
             f"dims {interference.dims}; aggregate both the same way first."
         )
-    code = binary.kept(facilitation).astype(int) + 2 * binary.kept(interference).astype(int)
+    code = mask_rules.kept(facilitation).astype(int) + 2 * mask_rules.kept(interference).astype(int)
     code = code.where(facilitation.notnull() & interference.notnull())
     return code.assign_attrs(
         {
@@ -233,5 +235,5 @@ def routing_wins(comparison: xr.Dataset) -> xr.DataArray:
     )
     return wins.assign_attrs(
         long_name="routed mask beats the global mask on the cluster's held-out texts",
-        units=binary.MASK_UNITS,
+        units=mask_rules.MASK_UNITS,
     )

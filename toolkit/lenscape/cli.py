@@ -138,7 +138,7 @@ def _demo(args: argparse.Namespace) -> None:
     if args.picture:
         README_PICTURE.parent.mkdir(parents=True, exist_ok=True)
         paths.append(lsc.export(chart, README_PICTURE))
-    paths.append(lsc.export(lsc.agreement(report), out / "faithfulness.png"))
+    paths.append(lsc.export(lsc.agreement_chart(report), out / "faithfulness.png"))
     print(
         "Can I trust the fast map? Agreement with exact activation patching per component "
         "type (Pearson r over prompt x component cells, top-10 overlap), and cost:"

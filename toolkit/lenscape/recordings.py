@@ -23,21 +23,29 @@ count it was computed with (``cpu_kind``): on that kind the rerun agrees to floa
 on another (another vendor's math library, another vector extension) Adam's first updates
 amplify rounding, and the test compares with tolerances measured across CPUs.
 
+Every file carries a SHA-256 of its contents (``content_sha256`` attr, ``store.content_sha256``)
+taken when it was written, and its values have known ranges (``VALUE_RANGES``: gates and
+shares in [0, 1], masks 0/1, finite losses ...); ``recorded`` checks both on every load, so
+a changed or damaged file is refused, naming it, instead of being read out.
+
 Layout: ``recorded_data/<name>/<model>/<task>/seed<N>.nc`` and ``.../checkpoint.nc`` for
 head roles; ``recorded_data/<name>/<model>/k<K>.nc`` and ``.../checkpoint.nc`` for block
-masks.
+masks. Other files in these folders (notes, copies) are ignored.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import xarray as xr
 from tqdm.auto import tqdm
@@ -67,6 +75,51 @@ BLOCK_MASKS_HELD_OUT = 0.25
 BLOCK_MASKS_RANDOM = 20
 # The update cap of the recorded fit: block_masks' default of 300 left a K=4 fit unconverged.
 BLOCK_MASKS_MAX_STEPS = 800
+
+#: The attr holding a recorded file's ``store.content_sha256`` (of everything else in it).
+CHECKSUM_ATTR = "content_sha256"
+
+
+class Range(NamedTuple):
+    """What a recorded variable may hold: numbers in [low, high] (``binary``: only 0/1),
+    NaN ("not computed") only where ``nan``, +inf only where ``inf``."""
+
+    low: float
+    high: float
+    binary: bool = False
+    nan: bool = False
+    inf: bool = False
+
+
+_SHARE, _FLAG, _AT_LEAST_0 = Range(0, 1), Range(0, 1, binary=True), Range(0, math.inf)
+#: NaN where a check's role cannot be compared (no head has the role), or where no held-out
+#: text is routed to a cluster.
+_LOSS_OR_NONE = Range(0, math.inf, nan=True)
+
+#: The range of every number a recording holds, by variable (data and coords). A variable
+#: without one is refused, when written and when read, so none is left unchecked.
+VALUE_RANGES: dict[str, Range] = {
+    **dict.fromkeys(
+        ("gate", "gate_plus", "gate_minus", "facilitation", "interference", "irrelevance"),
+        _SHARE,
+    ),
+    **dict.fromkeys(("keep_prob", "depth", "target_sparsity"), _SHARE),
+    **dict.fromkeys(("mask", "routed_mask", "global_mask", "in_set", "passes", "all_pass"), _FLAG),
+    **dict.fromkeys(("val_loss", "val_loss_plus", "val_loss_minus", "loss_intact"), _AT_LEAST_0),
+    **dict.fromkeys(
+        ("loss_off", "random_p5", "random_p50", "random_p95", "loss_random_off"), _LOSS_OR_NONE
+    ),
+    **dict.fromkeys(("loss_routed", "loss_global"), _LOSS_OR_NONE),
+    "ppl_ratio": _AT_LEAST_0,
+    "percentile": Range(0, 100, nan=True),
+    # Gate movement over the last window: inf where no window was completed yet.
+    **dict.fromkeys(("movement_stage0", "movement_plus", "movement_minus"), Range(0, 1, inf=True)),
+    **dict.fromkeys(
+        ("steps", "steps_stage0", "steps_plus", "steps_minus", "n_held_out", "set_size"),
+        _AT_LEAST_0,
+    ),
+    **dict.fromkeys(("seed", "layer", "head", "cluster", "draw"), _AT_LEAST_0),
+}
 
 
 def _available(root: Path) -> list[str]:
@@ -114,23 +167,84 @@ def _unit_paths(
                 f"Recorded head roles of {model!r} exist for tasks {tasks}; got task={task!r}."
             )
         folder = folder / task
-        units = sorted(folder.glob("seed*.nc"), key=lambda p: int(p.stem.removeprefix("seed")))
+        units = _numbered(folder, "seed")
         if name == "head_roles_check":
             units = [folder / "check.nc"] if (folder / "check.nc").exists() else []
     else:
         if task is not None:
             raise ValueError(f"Recorded block masks have no task; drop task={task!r}.")
-        units = sorted(folder.glob("k*.nc"))
+        units = _numbered(folder, "k")
     if not units:
         raise ValueError(f"The recording {folder} has no finished unit yet.")
     return folder, units
 
 
+def _numbered(folder: Path, prefix: str) -> list[Path]:
+    """The unit files ``<prefix><N>.nc`` in ``folder`` (``seed3.nc``, ``k8.nc``), by N;
+    other files (``seed3 copy.nc``, ``seedX.nc``, notes) are not units."""
+    units = {}
+    for path in folder.glob(f"{prefix}*.nc"):
+        match = re.fullmatch(rf"{prefix}(0|[1-9][0-9]*)\.nc", path.name)
+        if match:
+            units[int(match[1])] = path
+    return [units[n] for n in sorted(units)]
+
+
+def _repair(path: Path) -> str:
+    """What to do about a damaged recorded file: reinstall a shipped one, re-record others."""
+    if path.is_relative_to(RECORDED_DIR):
+        return (
+            "reinstall lenscape (pip install --force-reinstall --no-deps lenscape) to restore "
+            "the recordings it ships"
+        )
+    return (
+        "delete it and record it again with `python benchmarks/record.py` (its --root option "
+        "names your folder)"
+    )
+
+
+def _check_values(ds: xr.Dataset, path: Path) -> None:
+    """Refuse a recording with a number outside its variable's ``VALUE_RANGES``, or with a
+    number variable that has no range.
+
+    Args:
+        ds: the recorded Dataset; path: its file, for the message.
+
+    Raises:
+        ValueError: a value out of range (NaN, inf, a gate above 1 ...), naming the file,
+            the variable and the fix; or a variable without a range.
+    """
+    for name, var in ds.variables.items():
+        if var.dtype.kind in "OUST":
+            continue
+        if name not in VALUE_RANGES:
+            raise ValueError(
+                f"{path} holds {name!r}, a variable lenscape's recordings do not have; it was "
+                "written by other code or another lenscape version: re-record it (or give "
+                "the variable its range in lenscape.recordings.VALUE_RANGES)."
+            )
+        rule = VALUE_RANGES[str(name)]
+        values = np.asarray(var.values, dtype=np.float64)
+        allowed = (np.isnan(values) & rule.nan) | (np.isposinf(values) & rule.inf)
+        _validate.values(
+            f"{name!r} in the recorded file {path}",
+            values[~allowed],
+            low=rule.low,
+            high=rule.high,
+            binary=rule.binary,
+            fix=f"the file is damaged or was not written by lenscape's recorder: {_repair(path)}",
+        )
+
+
 def _open(path: Path) -> xr.Dataset:
-    """One recorded file, refused if another lenscape schema wrote it."""
-    ds = store.open_result(path)
+    """One recorded file, refused if it does not read, if another lenscape schema wrote
+    it, if its contents differ from its checksum or if a value is out of range."""
+    try:
+        ds = store.open_result(path)
+    except store.StoreError as err:
+        raise ValueError(f"The recorded file {path} cannot be read: {_repair(path)}.") from err
     if not isinstance(ds, xr.Dataset):
-        raise ValueError(f"{path} holds one array, not a recorded Dataset: re-record it.")
+        raise ValueError(f"{path} holds one array, not a recorded Dataset: {_repair(path)}.")
     found = ds.attrs.get("schema_version")
     if found != schema.SCHEMA_VERSION:
         raise ValueError(
@@ -138,6 +252,20 @@ def _open(path: Path) -> xr.Dataset:
             f"version {schema.SCHEMA_VERSION}. Re-record it with `python benchmarks/record.py` "
             f"or use the lenscape version that wrote it ({ds.attrs.get('lenscape_version')})."
         )
+    recorded_sum = ds.attrs.pop(CHECKSUM_ATTR, None)
+    if recorded_sum is None:
+        raise ValueError(
+            f"{path} carries no checksum ({CHECKSUM_ATTR} attr), so whether it holds what "
+            f"was recorded cannot be checked; {_repair(path)}."
+        )
+    actual = store.content_sha256(ds)
+    if actual != recorded_sum:
+        raise ValueError(
+            f"{path} does not hold what was recorded: its contents hash to "
+            f"{actual[:12]}…, the recording's checksum is {str(recorded_sum)[:12]}… (the "
+            f"file was changed or damaged after it was written); {_repair(path)}."
+        )
+    _check_values(ds, path)
     return ds
 
 
@@ -170,13 +298,22 @@ def recorded(
     Raises:
         TypeError: a model or task that is not a string, a root that is not a path.
         ValueError: an unknown name, model or task (the message lists what exists), a root
-            that is not a folder, or a file written under another schema version (the
-            message names the version it needs).
+            that is not a folder, a file written under another schema version (the
+            message names the version it needs), or a damaged file: one that does not
+            read, whose contents no longer match the checksum taken when it was recorded,
+            with a value outside its range, or a seed file renamed (each message names the
+            file and says to reinstall lenscape, or to record it again).
     """
     folder, units = _unit_paths(name, model, task, root)
     if name != "head_roles":
         return _open(units[-1])
     seeds = [_open(path) for path in units]
+    for path, ds in zip(units, seeds, strict=True):
+        if ds["seed"].values.tolist() != [int(path.stem.removeprefix("seed"))]:
+            raise ValueError(
+                f"{path} holds seed(s) {ds['seed'].values.tolist()}, not the seed its name "
+                f"says: it was renamed or copied over; {_repair(path)}."
+            )
     per_seed = ("wall_time", "torch_threads", "commit", "date", "machine", "command", "resumed")
     combined = xr.concat(seeds, dim="seed", combine_attrs="override")
     for key in per_seed:
@@ -204,8 +341,12 @@ def recorded(
 
 def _write(ds: xr.Dataset, path: Path) -> None:
     """Write ``ds`` to ``path`` atomically (an interrupted write leaves no half file), with
-    the schema version that ``recorded`` checks."""
+    the schema version and the checksum that ``recorded`` checks; values out of their
+    ``VALUE_RANGES`` are refused before anything is written."""
     ds.attrs.update(schema_version=schema.SCHEMA_VERSION, lenscape_version=schema.package_version())
+    ds.attrs.pop(CHECKSUM_ATTR, None)
+    _check_values(ds, path)
+    ds.attrs[CHECKSUM_ATTR] = store.content_sha256(ds)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.stem}.partial.nc")  # hidden from the unit globs
     partial.unlink(missing_ok=True)

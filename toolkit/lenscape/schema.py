@@ -32,13 +32,10 @@ DIMS: tuple[str, ...] = (
     "pos",
     "query_pos",
     "key_pos",
-    # Edges (capture/edges.py): labelled "embed", "L3.H2", "L3.MLP" / "L3.H2.q", "logits".
+    # Edges (capture/edges/): labelled "embed", "L3.H2", "L3.MLP" / "L3.H2.q", "logits".
     "sender",
     "receiver",
 )
-#: What reads an edge's sender (capture/edges): a query head, a key/value head's k or v
-#: projection, an MLP, or the logits.
-RECEIVER_KINDS: tuple[str, ...] = ("q", "k", "v", "mlp", "logits")
 #: Dims whose coords are integers counting from 0.
 INT_DIMS: tuple[str, ...] = (
     "seed",
@@ -70,6 +67,9 @@ WEIGHT_COMPONENTS: tuple[str, ...] = (
 )
 MODEL_COMPONENTS: tuple[str, ...] = ("embed", "lm_head", "final_norm")
 COMPONENTS: tuple[str, ...] = BLOCK_COMPONENTS + WEIGHT_COMPONENTS + MODEL_COMPONENTS
+#: Kinds of an edge's receiver (the ``receiver_kind`` coord on ``receiver``): a head's query,
+#: key or value input, an MLP's input, or the logits.
+RECEIVER_KINDS: tuple[str, ...] = ("q", "k", "v", "mlp", "logits")
 
 #: Non-dimension coords and the dim they hang on.
 LABEL_COORDS: dict[str, str] = {

@@ -2,8 +2,10 @@
 
 The format follows the suffix: ``.zarr`` (a directory store) or ``.nc`` (netCDF4).
 What comes back equals what went in: values (NaN kept), dims, integer and string coords,
-attrs (booleans too, which netCDF cannot hold natively and we encode), the array's name,
-and whether it was a DataArray or a Dataset.
+string data variables, attrs (booleans too, which netCDF cannot hold natively and we
+encode), the array's name, and whether it was a DataArray or a Dataset. Strings go to zarr
+as variable-length strings, a dtype with a zarr v3 specification, so other zarr readers
+(plain ``xarray.open_zarr`` among them) open a store without lenscape.
 
 Results can also be written piece by piece along ``prompt`` (streaming capture): ``create``
 writes the layout of the whole result (coords, attrs, NaN data: "not computed") and the
@@ -33,6 +35,7 @@ from __future__ import annotations
 import datetime
 import errno
 import fcntl
+import hashlib
 import itertools
 import json
 import os
@@ -40,7 +43,7 @@ import shutil
 import socket
 import uuid
 import warnings
-from collections.abc import Hashable, Iterator
+from collections.abc import Collection, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -124,10 +127,16 @@ def _as_dataset(obj: xr.DataArray | xr.Dataset, engine: str) -> xr.Dataset:
     for name in ds.variables:
         ds[name].attrs = _encode_attrs(ds[name].attrs)
     if engine == "zarr":
-        # Variable-length strings have a zarr v3 spec; fixed-width numpy unicode does not.
-        ds = ds.assign_coords(
-            {name: ds[name].astype(object) for name in ds.coords if ds[name].dtype.kind == "U"}
-        )
+        # Variable-length strings have a zarr v3 spec; fixed-width numpy unicode does not
+        # (zarr warns that such a store "may be unreadable by other Zarr libraries"). numpy's
+        # StringDType is written as one, also lazily (an object array would be loaded).
+        text = {
+            name: var.astype(np.dtypes.StringDType())
+            for name, var in ds.variables.items()
+            if var.dtype.kind == "U"
+        }
+        ds = ds.assign_coords({name: var for name, var in text.items() if name in ds.coords})
+        ds = ds.assign({name: var for name, var in text.items() if name in ds.data_vars})
     return ds
 
 
@@ -223,14 +232,15 @@ def open_result(
         ) from err
     ds = ds.drop_vars([_DONE], errors="ignore")
     ds.attrs.pop(_SETTINGS, None)
-    # Variable-length strings come back as objects or numpy StringDType: back to numpy unicode.
-    ds = ds.assign_coords(
-        {
-            name: (ds[name].dims, np.asarray(ds[name].values.tolist(), dtype=str))
-            for name in ds.coords
-            if ds[name].dtype.kind in "OT"
-        }
-    )
+    # Variable-length strings come back as objects or numpy StringDType: back to numpy unicode
+    # (string data variables are read at once: they are labels, small beside the numbers).
+    text = {
+        name: ds[name].variable.copy(data=np.asarray(ds[name].values.tolist(), dtype=str))
+        for name, var in ds.variables.items()
+        if var.dtype.kind in "OT"
+    }
+    ds = ds.assign_coords({name: var for name, var in text.items() if name in ds.coords})
+    ds = ds.assign({name: var for name, var in text.items() if name in ds.data_vars})
     for name in ds.variables:
         ds[name].attrs = _decode_attrs(dict(ds[name].attrs))
     attrs = _decode_attrs(dict(ds.attrs))
@@ -241,6 +251,42 @@ def open_result(
         return da.rename(None) if name == _UNNAMED else da
     ds.attrs = attrs
     return ds
+
+
+def content_sha256(ds: xr.Dataset, *, skip: Collection[str] = ()) -> str:
+    """SHA-256 (64 hex digits) of what ``save`` keeps of ``ds``: every variable's name,
+    dims, shape, dtype, values and attrs, and the Dataset's attrs except those in ``skip``.
+
+    ``open_result(save(ds, path))`` has the same checksum in either format (attrs are
+    compared as plain values, a scalar as a list of one, as netCDF may read them back), so
+    a checksum taken before saving, kept in an attr named in ``skip``, catches any later
+    change to the file's contents.
+
+    Args:
+        ds: the Dataset.
+        skip: names of Dataset attrs left out (the attr that will hold the checksum).
+
+    Returns:
+        The hex digest.
+    """
+
+    def plain(attrs: Mapping[Hashable, Any]) -> str:
+        values = {str(k): np.atleast_1d(v).tolist() for k, v in attrs.items() if k not in skip}
+        return json.dumps(values, sort_keys=True)
+
+    digest = hashlib.sha256(plain(ds.attrs).encode())
+    for name in sorted(ds.variables, key=str):
+        var = ds.variables[name]
+        values = np.asarray(var.values)
+        text = values.dtype.kind in "OUT"
+        kind = "str" if text else values.dtype.newbyteorder("<").str
+        digest.update(json.dumps([str(name), list(var.dims), values.shape, kind]).encode())
+        digest.update(plain(var.attrs).encode())
+        if text:
+            digest.update(json.dumps(values.tolist()).encode())
+        else:
+            digest.update(values.astype(kind, copy=False).tobytes())
+    return digest.hexdigest()
 
 
 def _dims_of(array: Any) -> tuple[str, ...]:

@@ -258,8 +258,7 @@ def task_loss(
             gates,
             kind=xr.DataArray,
             made_by="lsc.head_gating (e.g. gating['gate_plus'])",
-            model_name=model.name,
-            layout=model.spec.fingerprint,
+            origin=model.origin,
             dims=("layer", "head"),
         ).transpose(..., "layer", "head")
     if gates is not None:
@@ -325,7 +324,7 @@ def head_gating(
         checkpoint: a folder where each stage keeps its state every ``window`` updates; a
             fit interrupted and started again with the same folder and arguments continues
             from its last check (same numbers at the same torch thread count). None keeps
-            nothing.
+            nothing. Other files in the folder are ignored.
         progress: show a progress bar.
 
     Returns:
@@ -335,6 +334,12 @@ def head_gating(
         used ``steps_stage0``/``steps_plus``/``steps_minus``; settings, the ungated
         validation loss, the most updates per stage (``steps_stage0``, ``steps_plus``,
         ``steps_minus``) and whether every set converged (``converged``) in attrs.
+
+    Raises:
+        TypeError, ValueError: an option of the wrong type or out of range, an empty task.
+        ValueError: a ``checkpoint`` folder holding the state of another fit (other model
+            weights, prompts or settings: each difference is named) or a damaged state
+            file; the message names the file and says to use a new folder or delete it.
     """
     seed_list = _validate.seed_list("seeds", seeds)
     lambda_ = _validate.number("lambda_", lambda_, low=0)  # its sign is set per stage
@@ -410,8 +415,9 @@ def _fit_stages(
     Args:
         settings: ``_stage``'s options (lambda_, lr, grad_clip, max_steps, window, tol,
             rows_per_pass).
-        folder: where each stage keeps its state (``optim.Resume``, keyed by the settings
-            and a fingerprint of the items), or None.
+        folder: where each stage keeps its state (``optim.Resume``, keyed by the settings,
+            the model's name, layout and weights fingerprint and a fingerprint of the
+            items), or None.
 
     Returns:
         Stage 0's fit, params (seeds, layer, head), and the signed stages' fit, params
@@ -422,6 +428,7 @@ def _fit_stages(
         settings,
         model=model.name,
         layout=spec.fingerprint,
+        weights=model.weights_fingerprint,
         items=digest(items),
         seeds=seed_list,
         batch_size=batch_size,
@@ -696,8 +703,7 @@ def _check_gating(model: LensModel, gating: Any) -> None:
         gating,
         kind=xr.Dataset,
         made_by="lsc.head_gating",
-        model_name=model.name,
-        layout=model.spec.fingerprint,
+        origin=model.origin,
         variables=tuple(ROLES.values()),
         dims=("layer", "head"),
     )

@@ -159,8 +159,7 @@ def apply_mask(
         mask,
         kind=xr.DataArray,
         made_by="lsc.block_masks",
-        model_name=model.name,
-        layout=model.spec.fingerprint,
+        origin=model.origin,
     )
     _validate.values("masks", mask, binary=True, fix=BINARY_FIX)
     encoder = getattr(clusters, "encoder", None)
@@ -297,6 +296,7 @@ def _fit_masks(
     key = dict(
         model=model.name,
         layout=model.spec.fingerprint,
+        weights=model.weights_fingerprint,
         items=digest(items, [g.tolist() for g in groups]),
         sparsities=list(sparsities),
         loss=loss,
@@ -487,12 +487,19 @@ def block_masks(
             autocast; gate logits, Adam and the final ranking stay float32).
         checkpoint: a folder where the fit keeps its state every ``window`` updates; a
             fit interrupted and started again with the same folder and arguments continues
-            from its last check. None keeps nothing.
+            from its last check. None keeps nothing. Other files in the folder are ignored.
 
     Returns:
         Dataset over ([target_sparsity,] cluster, layer, component): ``mask`` (bool, True =
         kept) and ``keep_prob`` (probability that the gate is open); ``steps`` over
         ([target_sparsity,] cluster); settings in attrs.
+
+    Raises:
+        TypeError, ValueError: an option of the wrong type or out of range.
+        ValueError: a ``checkpoint`` folder holding the state of another fit (other model
+            weights, texts, clusters or settings: each difference is named) or a damaged
+            state file; the message names the file and says to use a new folder or delete
+            it.
     """
     sparsities = _check_sparsities(target_sparsity)
     if loss not in LOSSES:
@@ -726,8 +733,7 @@ def masked_loss(
             masks,
             kind=xr.DataArray,
             made_by="lsc.block_masks (e.g. result['mask'])",
-            model_name=model.name,
-            layout=model.spec.fingerprint,
+            origin=model.origin,
             dims=("layer", "component"),
         )
     shape = np.shape(_validate.values("masks", masks, binary=True, fix=BINARY_FIX))

@@ -9,13 +9,16 @@ every set's watched values (gates, keep probabilities) have stopped moving.
 A fit given a ``Resume`` keeps its state in a file at every convergence check (parameters,
 Adam's moments, the per-set counters and the caller's random state), so a fit that is
 killed continues from its last check instead of from zero, with the same numbers as an
-uninterrupted fit at the same torch thread count.
+uninterrupted fit at the same torch thread count. The state is keyed by what the fit depends
+on (the model's name, layout and weights fingerprint, a fingerprint of the data, the
+settings): the state of another fit, or a damaged file, is refused with what differs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -104,9 +107,11 @@ class Resume:
     Attributes:
         path: the state file (written atomically every ``window`` updates; a finished fit
             leaves its final state there, so a rerun returns at once).
-        key: plain values the fit depends on (settings, a fingerprint of its data); a file
-            written under another key, or from a start more than ``START_ATOL`` away, is
-            refused rather than continued.
+        key: plain values the fit depends on (settings, fingerprints of its data and of
+            the model's weights); a file written under another key, or from a start more
+            than ``START_ATOL`` away, is refused rather than continued, and so is a file
+            that is not a fit state (damaged, or another program's). Other files in the
+            folder are never read.
         get_state: the caller's random state (minibatch order, gate noise), as plain values
             and tensors.
         set_state: puts a state from ``get_state`` back.
@@ -142,10 +147,22 @@ def checkpoint_folder(value: object) -> Path | None:
     return folder
 
 
+#: A fit state file starts with this line, then the SHA-256 (hex) of the rest, a torch file:
+#: torch reads a file whose tensor bytes were overwritten without a word.
+_STATE_HEADER = b"lenscape fit state\n"
+
+
 def _save_state(resume: Resume, state: dict[str, Any]) -> None:
+    """Write ``state`` with the key and the caller's state to ``resume.path`` atomically,
+    behind ``_STATE_HEADER`` and the checksum of the torch bytes."""
     resume.path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save({"key": resume.key, "caller": resume.get_state(), **state}, buffer)
+    payload = buffer.getvalue()
     partial = resume.path.with_name(resume.path.name + ".partial")
-    torch.save({"key": resume.key, "caller": resume.get_state(), **state}, partial)
+    partial.write_bytes(
+        _STATE_HEADER + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+    )
     os.replace(partial, resume.path)
 
 
@@ -155,32 +172,98 @@ def _save_state(resume: Resume, state: dict[str, Any]) -> None:
 START_ATOL = 1e-5
 
 
+#: What a fit state file holds (``_save_state``), by type: anything else is not one.
+_STATE_FIELDS: dict[str, type] = {
+    "key": dict,
+    "caller": dict,
+    "optimizer": dict,
+    "start": torch.Tensor,
+    "params": torch.Tensor,
+    "active": torch.Tensor,
+    "steps": torch.Tensor,
+    "movement": torch.Tensor,
+    "previous": torch.Tensor,
+    "step": int,
+    "done": bool,
+}
+
+
+def _parse_state(data: bytes) -> dict[str, Any] | str:
+    """The fit state in a state file's bytes, or what is wrong with them."""
+    digest, _, payload = data.removeprefix(_STATE_HEADER).partition(b"\n")
+    if not data.startswith(_STATE_HEADER):
+        return "it does not start as a lenscape fit state"
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        return "its contents do not match the checksum written with them"
+    try:
+        saved = torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception as err:  # intact, so written by a lenscape with another state layout
+        return f"it does not load ({type(err).__name__})"
+    if not isinstance(saved, dict):
+        return f"it holds a {type(saved).__name__}, not a fit state"
+    wrong = [k for k, kind in _STATE_FIELDS.items() if not isinstance(saved.get(k), kind)]
+    return f"its fields {wrong} are missing or of the wrong type" if wrong else saved
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    """The fit state saved at ``path`` (``_save_state``).
+
+    Raises:
+        ValueError: the file cannot be read, is cut short, garbled (its checksum does not
+            match) or not a fit state, naming the file and the fix; never torch's or
+            pickle's own error (which would advise loading untrusted code with
+            ``weights_only=False``).
+    """
+    try:
+        found = _parse_state(path.read_bytes())
+    except OSError as err:  # a folder, no permission
+        found = f"it cannot be read ({err.strerror})"
+    if isinstance(found, str):
+        raise ValueError(
+            f"{path} in the checkpoint folder is not a fit state lenscape can continue: "
+            f"{found}. It was damaged (e.g. cut short by a full disk) or written by "
+            "something else; delete it, or pass another checkpoint folder, to start the fit "
+            "over."
+        )
+    return found
+
+
+def _shown(value: object) -> str:
+    """A key's value, short enough for a message (fingerprints cut to 12 characters)."""
+    if isinstance(value, str) and len(value) > 16:
+        return repr(value[:12] + "…")
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
 def _load_state(resume: Resume, start: torch.Tensor) -> dict[str, Any] | None:
     """The saved state of ``resume`` if it is the state of this fit: same key and a start
     within ``START_ATOL`` of ``start``; None when nothing was saved yet.
 
     Raises:
-        ValueError: the file holds a fit with other settings, or from another start.
+        ValueError: the file is damaged or not a fit state (``_read_state``), or holds a
+            fit with other settings, data or weights (each difference named), or from
+            another start.
     """
     if not resume.path.exists():
         return None
-    saved = torch.load(resume.path, weights_only=True)
+    saved = _read_state(resume.path)
     if saved["key"] != resume.key:
-        changed = sorted(
-            k for k in {*saved["key"], *resume.key} if saved["key"].get(k) != resume.key.get(k)
+        changed = "; ".join(
+            f"{k}: written for {_shown(saved['key'].get(k, '<none>'))}, this fit has "
+            f"{_shown(resume.key.get(k, '<none>'))}"
+            for k in sorted({*saved["key"], *resume.key})
+            if saved["key"].get(k) != resume.key.get(k)
         )
         raise ValueError(
-            f"{resume.path} holds the state of a fit with other settings (differing: "
-            f"{changed}); pass the same settings to continue it, or delete the file to start "
-            "over."
+            f"The checkpoint folder {resume.path.parent} holds the state of another fit in "
+            f"{resume.path.name} ({changed}). To start this fit, pass a new checkpoint "
+            f"folder or delete {resume.path}; to continue that fit, run it with the model, "
+            "data and settings it was written for."
         )
     here = start.detach().cpu().float()
-    there = saved.get("start")
-    if (
-        there is None
-        or there.shape != here.shape
-        or not torch.allclose(there, here, rtol=0, atol=START_ATOL)
-    ):
+    there = saved["start"]
+    if there.shape != here.shape or not torch.allclose(there, here, rtol=0, atol=START_ATOL):
         raise ValueError(
             f"{resume.path} holds the state of a fit from another start (the parameters it "
             "began with differ, e.g. another seed or initialisation); pass the same start "

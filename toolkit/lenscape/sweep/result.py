@@ -69,20 +69,6 @@ def provenance(
     )
 
 
-def origin_of(model: Any) -> dict[str, Any]:
-    """What a result records of the model it was computed on, to check it when it is passed
-    back in (``_validate.origin``): name, layout fingerprint and weights fingerprint."""
-    return {
-        "model": model.name,
-        "layout_fingerprint": model.spec.fingerprint,
-        **(
-            {"weights_sha256": model.weights_fingerprint}
-            if hasattr(model, "weights_fingerprint")
-            else {}
-        ),
-    }
-
-
 def to_dataarray(
     inputs: Inputs,
     values: Any,

@@ -217,20 +217,6 @@ def aligned(name: str, result: Any, graph: Graph, *, made_by: str, dims=EDGE_DIM
             f"{name} must have the dims {list(dims)} (from {made_by}), got "
             f"{list(result.dims)};{fix} pass the result as {made_by} returned it."
         )
-    for dim, labels in (("sender", graph.sender_labels), ("receiver", graph.receiver_labels)):
-        given = [str(label) for label in result[dim].values]
-        missing = sorted(set(labels) - set(given), key=labels.index)
-        extra = sorted(set(given) - set(labels))
-        repeated = len(given) != len(set(given))
-        if missing or extra or repeated:
-            parts = [
-                f"missing {missing[:4]}{' ...' if len(missing) > 4 else ''}" if missing else "",
-                f"unknown {extra[:4]}{' ...' if len(extra) > 4 else ''}" if extra else "",
-                "some repeated" if repeated else "",
-            ]
-            raise ValueError(
-                f"{name}'s {dim} labels do not match the model's graph ({graph.describe()}): "
-                f"{'; '.join(p for p in parts if p)}. Pass every edge of this model, as "
-                f"{made_by} returned them."
-            )
-    return result.sel(sender=graph.sender_labels, receiver=graph.receiver_labels).transpose(*dims)
+    expected = {"sender": graph.sender_labels, "receiver": graph.receiver_labels}
+    by_label = _validate.labels(name, result, expected, made_by=made_by)
+    return by_label.transpose(*dims)

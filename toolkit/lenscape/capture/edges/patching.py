@@ -34,7 +34,7 @@ from ...sweep.metrics import LONG_NAMES, UNITS
 from ...sweep.options import DEFAULTS, Options
 from ...sweep.plan import Plan, Scores, top_is_target
 from ...sweep.registry import method, run
-from ...sweep.result import origin_of, prompt_coords, provenance
+from ...sweep.result import prompt_coords, provenance
 from .circuits import CIRCUIT_METHOD, SCORE_METHODS, budget, check_kind, scores_values, top_edges
 from .graph import Graph, aligned
 from .hooks import Pass, check_supported, metric_of, run_pass, unedited
@@ -58,7 +58,7 @@ def kept_edges(model: LensModel, circuit: Any) -> tuple[int, ...]:
             labels that are not this model's graph.
     """
     check_kind("circuit", circuit, methods=(CIRCUIT_METHOD,), made_by="lsc.circuit")
-    _validate.origin("circuit", circuit, origin_of(model), made_by="lsc.circuit")
+    _validate.origin("circuit", circuit, model.origin, made_by="lsc.circuit")
     graph = Graph.of(model)
     kept = aligned("circuit", circuit, graph, made_by="lsc.circuit").values & graph.valid
     return tuple(int(i) for i in np.flatnonzero(kept))
@@ -349,7 +349,7 @@ def circuit_faithfulness(
     n_random = _validate.integer("n_random", n_random, low=0, high=MAX_RANDOM)
     seed = _validate.integer("seed", seed, low=0)
     check_kind("scores", scores, methods=SCORE_METHODS, made_by="lsc.edge_attribution")
-    _validate.origin("scores", scores, origin_of(model), made_by="lsc.edge_attribution")
+    _validate.origin("scores", scores, model.origin, made_by="lsc.edge_attribution")
     graph = Graph.of(model)
     values, n_edges = scores_values(scores, graph), int(graph.valid.sum())
     kept = [

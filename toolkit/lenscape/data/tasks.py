@@ -12,7 +12,7 @@ import functools
 import random
 from collections.abc import Callable
 
-from ._tables import load_table
+from .tables import load_table
 
 #: One task item: (text, target, category).
 Item = tuple[str, str, str]

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, overload
 
-from ._corpus import mixed_items
-from ._tables import load_table
-from ._tasks import TASKS
+from .corpus import mixed_items
+from .tables import load_table
+from .tasks import TASKS
 
 
 @dataclass(frozen=True)

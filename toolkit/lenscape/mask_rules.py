@@ -1,6 +1,6 @@
 """Masks, defined once: what counts as a mask and as kept, how scores become a mask, how a
-mask reduces over a dim, and how the results are labelled. ``plot``, ``widgets`` and
-``aggregate`` all follow these rules.
+mask reduces over a dim, and how the results are labelled. The views (``lenscape.views``)
+and ``aggregate`` all follow these rules.
 
 - **A mask** is an array that says so by its type, never by its values: bool dtype, or
   ``units == "bool"`` (``MASK_UNITS``) for a float mask that holds NaN. A float array

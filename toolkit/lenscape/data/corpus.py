@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from ._tables import load_table
+from .tables import load_table
 
 _CORPUS_KEYS = ("names", "places", "things", "facts", "funcs", "items", "tasks", "verbs")
 _NAMES, _PLACES, _THINGS, _FACTS, _FUNCS, _ITEMS, _TASKS, _VERBS = load_table(

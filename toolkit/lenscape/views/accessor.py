@@ -1,19 +1,25 @@
 """``da.lsc``: the plotting functions as DataArray methods, forwarding only.
 
 ``scores.mean("prompt").lsc.heatmap(x="head", y="layer")`` is ``lenscape.heatmap(...)`` on the
-same array; nothing here has logic of its own. Importing this module registers the accessor.
+same array; nothing here has logic of its own. Each method is wrapped (``functools.wraps``,
+as xarray's ``da.plot`` accessor is) with the function it forwards to, so ``da.lsc.heatmap?``
+shows that function's signature (without the array) and docstring. Importing this module
+registers the accessor.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-import altair as alt
 import xarray as xr
+from altair.typing import ChartType
 
 from lenscape.aggregate import correct_only
-from lenscape.plot import Summary, heatmap, logit_lens_chart, summary
-from lenscape.widgets import Explorer
+
+from .charts import Summary, logit_lens_chart, summary
+from .explorer import Explorer
+from .heatmaps import heatmap
 
 
 @xr.register_dataarray_accessor("lsc")
@@ -23,22 +29,22 @@ class LenscapeAccessor:
     def __init__(self, da: xr.DataArray):
         self._da = da
 
-    def heatmap(self, **kwargs: Any) -> alt.TopLevelMixin:
-        """``lenscape.plot.heatmap`` of this array; see there for the options."""
+    @functools.wraps(heatmap)
+    def heatmap(self, **kwargs: Any) -> ChartType:
         return heatmap(self._da, **kwargs)
 
+    @functools.wraps(Explorer, assigned=("__doc__",))
     def explore(self, **kwargs: Any) -> Explorer:
-        """``lenscape.widgets.Explorer`` on this array; see there for the options."""
         return Explorer(self._da, **kwargs)
 
+    @functools.wraps(summary)
     def summary(self, **kwargs: Any) -> Summary:
-        """``lenscape.plot.summary`` of this array: a few lines instead of all the numbers."""
         return summary(self._da, **kwargs)
 
-    def logit_lens_chart(self, **kwargs: Any) -> alt.TopLevelMixin:
-        """``lenscape.plot.logit_lens_chart`` of this (layer, pos) array."""
+    @functools.wraps(logit_lens_chart)
+    def logit_lens_chart(self, **kwargs: Any) -> ChartType:
         return logit_lens_chart(self._da, **kwargs)
 
+    @functools.wraps(correct_only)
     def correct_only(self) -> xr.DataArray:
-        """``lenscape.aggregate.correct_only``: the prompts the model answers right."""
         return correct_only(self._da)

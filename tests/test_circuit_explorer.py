@@ -1,4 +1,4 @@
-"""CircuitExplorer (widgets_circuit.py): the controls swap the graph in place."""
+"""CircuitExplorer (views/circuit_explorer.py): the controls swap the graph in place."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 
 from lenscape.capture.edges import Graph
-from lenscape.widgets_circuit import CircuitExplorer
+from lenscape.views.circuit_explorer import CircuitExplorer
 
 
 def _scores() -> xr.DataArray:

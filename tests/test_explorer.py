@@ -5,12 +5,11 @@ import ipywidgets as widgets
 import numpy as np
 import pytest
 import xarray as xr
-from _helpers import ATTRS
+from _helpers import ATTRS, inline_rows
 
-import lenscape.accessor  # noqa: F401  (registers da.lsc)
 from lenscape import schema
-from lenscape.plot import export
-from lenscape.widgets import Explorer, View, reduce, render
+from lenscape.views.explorer import Explorer, View, reduce, render
+from lenscape.views.offline import export
 
 
 @pytest.fixture
@@ -28,11 +27,6 @@ def scores():
 
 def spec(explorer):
     return explorer.chart.to_dict()
-
-
-def cells(spec_dict):
-    (values,) = spec_dict["datasets"].values()
-    return values
 
 
 def test_render_selects_and_reduces(scores):
@@ -80,7 +74,7 @@ def test_each_control_changes_the_spec(scores):
     assert "mean over 3 clusters" in spec(e)["title"]["text"]
     c["cluster"].value = 2
     assert "cluster = 2" in spec(e)["title"]["text"]
-    got = {(r["layer"], r["head"]): r["value"] for r in cells(spec(e))}
+    got = {(r["layer"], r["head"]): r["value"] for r in inline_rows(spec(e))}
     assert got[(1, 3)] == pytest.approx(float(scores.sel(model="small", cluster=2)[1, 3]))
     c["model"].value = "large"
     assert "model = large" in spec(e)["title"]["text"]
@@ -368,8 +362,8 @@ def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
     assert asked == [{"layer": 1, "head": 0, "prompt": 0, "text": PROMPTS[0]}]
     per_prompt_chart, shown = e._details.box.children
     bars = per_prompt_chart.chart.to_dict()
-    assert [r["value"] for r in cells(bars)] == pytest.approx(SIGNED[:, 1, 0].tolist())
-    assert [r["text"] for r in cells(bars)] == PROMPTS
+    assert [r["value"] for r in inline_rows(bars)] == pytest.approx(SIGNED[:, 1, 0].tolist())
+    assert [r["text"] for r in inline_rows(bars)] == PROMPTS
     assert bars["encoding"]["y"]["axis"]["labelExpr"].startswith('["The capital of France')
     assert isinstance(shown, alt.JupyterChart)
     e.controls["prompt"].value = 2  # a picked prompt: the detail view follows it
@@ -383,62 +377,8 @@ def test_update_swaps_new_data_into_the_same_chart():
     chart_widget = e._chart
     e.update(per_prompt(SIGNED * 10))
     assert e._chart is chart_widget
-    got = {(r["layer"], r["head"]): r["value"] for r in cells(spec(e))}
+    got = {(r["layer"], r["head"]): r["value"] for r in inline_rows(spec(e))}
     assert got[(0, 0)] == pytest.approx(float(SIGNED[:, 0, 0].mean() * 10))
-
-
-def test_prompt_form_scores_valid_prompts_and_explains_bad_ones():
-    from lenscape.widgets import PromptForm
-
-    def run(record):
-        if len(record["text"].split()) != len((record["corrupt"] or record["text"]).split()):
-            raise ValueError("clean and corrupt differ in length; reword the corrupt text.")
-        values = SIGNED[:1] * len(record["text"])
-        return schema.make(
-            values,
-            dims=("prompt", "layer", "head"),
-            coords={"text": [record["text"]]},
-            attrs=ATTRS,
-            n_layers=2,
-        )
-
-    form = PromptForm(
-        run, example={"text": "a b c", "target": " d", "corrupt": "e f g", "distractor": " h"}
-    )
-    chart_widget, first = form.explorer._chart, form.explorer.chart
-    assert form.fields["text"].value == "a b c" and form.fields["distractor"].value == " h"
-    form.fields["corrupt"].value = "too short"
-    assert form.submit() is False
-    assert "differ in length" in form.message.value and form.explorer.chart is first
-    form.fields["corrupt"].value = ""
-    form.fields["text"].value = "one two three four"
-    assert form.record()["corrupt"] is None
-    assert form.submit() is False  # the metric needs the corrupt text: never "optional"
-    assert "the corrupt box is empty, and the metric compares" in form.message.value
-    form.needs_corrupt = False
-    assert form.submit() is True and form.message.value == ""
-    assert form.explorer._chart is chart_widget and form.explorer.chart is not first
-    assert form.explorer.controls["prompt"].options[-1][0] == "0: one two three four"
-
-
-def test_prompt_form_shows_the_targets_spaces_and_names_no_record_index():
-    from lenscape.widgets import PromptForm
-
-    def run(record):
-        if record["target"] != " d":
-            raise ValueError(f"Prompt 0: target {record['target']!r} is not one token")
-        return per_prompt(SIGNED).isel(prompt=[0])
-
-    form = PromptForm(
-        run, example={"text": "a b c", "target": " d", "corrupt": "e f g", "distractor": " h"}
-    )
-    assert (
-        "<code>␣d</code>" in form.target_shown.value and "no leading" not in form.target_shown.value
-    )
-    form.fields["target"].value = "d"
-    assert "<code>d</code> (no leading space" in form.target_shown.value
-    assert form.submit() is False
-    assert form.message.value.startswith("<span style='color:#b00'>target &#x27;d&#x27; is not one")
 
 
 def test_switching_to_a_mask_variable_turns_binarize_off():
@@ -494,7 +434,7 @@ def test_the_details_follow_the_selection_from_a_prompt_to_the_mean():
     e.controls["prompt"].value = "mean"
     assert e.cell == {"layer": 1, "head": 0}  # the old prompt's detail is gone
     (bars_widget,) = e._details.box.children
-    rows = cells(bars_widget.chart.to_dict())
+    rows = inline_rows(bars_widget.chart.to_dict())
     assert [r["prompt"] for r in rows] == [0, 1, 2]
     assert [r["answer"] for r in rows] == ["model right", "model wrong", "model right"]
     assert [r["value"] for r in rows] == pytest.approx(SIGNED[:, 1, 0].tolist())
@@ -562,15 +502,6 @@ def test_bad_options_are_refused_by_name(options, error, message):
         Explorer(**{"data": per_prompt(SIGNED), **options})
     with pytest.raises(ValueError, match=r"variable='gate' .*pick one of \['s'\]"):
         Explorer(per_prompt(SIGNED).to_dataset(name="s"), variable="gate")
-
-
-def test_prompt_form_refuses_an_example_that_is_not_a_prompt():
-    from lenscape.widgets import PromptForm
-
-    with pytest.raises(TypeError, match=r"example must be a Prompt .* got None"):
-        PromptForm(lambda record: per_prompt(SIGNED), example=None)
-    with pytest.raises(TypeError, match=r"example's boxes hold text or None, got \{'text': 5\}"):
-        PromptForm(lambda record: per_prompt(SIGNED), example={"text": 5})
 
 
 def test_a_dim_of_length_zero_is_refused_with_a_clear_message():

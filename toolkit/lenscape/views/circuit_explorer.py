@@ -17,9 +17,10 @@ import ipywidgets as widgets
 import numpy as np
 import xarray as xr
 
-from . import _validate
-from .plot import enable_offline
-from .plot_circuit import MAX_EDGES, RECEIVER_KINDS, check_edges, circuit_graph
+from .. import _validate
+from ..schema import RECEIVER_KINDS
+from .circuit import MAX_EDGES, check_edges, circuit_graph
+from .offline import enable_offline
 
 
 class CircuitExplorer:

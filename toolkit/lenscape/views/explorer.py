@@ -9,12 +9,12 @@ head's attention pattern).
 
 The controls cannot mislead:
 
-- Scores reduce with mean, max or min; masks (``lenscape.binary.is_mask``, or scores after
-  *binarize*) with any, all or share, by the rules of ``lenscape.binary`` (only computed
+- Scores reduce with mean, max or min; masks (``lenscape.mask_rules.is_mask``, or scores after
+  *binarize*) with any, all or share, by the rules of ``lenscape.mask_rules`` (only computed
   cells count). A mask averaged is labelled as the share it is ("share of prompts with
   attribution >= 0.5") on a sequential 0-1 scale, never "kept".
 - Binarizing names its rule (``|value| >=``, ``value >=`` or ``value <=``,
-  ``binary.SIDES``) in the title with the share of values that pass; the box starts at the
+  ``mask_rules.SIDES``) in the title with the share of values that pass; the box starts at the
   90% quantile of |value| and keeps exactly what it shows (switching the variable never
   moves it). A visible note says when the slice drawn is one colour or a one-sign rule
   hides strong values of the other sign.
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import re
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -49,11 +48,14 @@ import xarray as xr
 from altair.typing import ChartType, is_chart_type
 from altair.utils.schemapi import debug_mode
 
-from lenscape import _validate, binary
+from lenscape import _validate, mask_rules
 from lenscape.aggregate import correct_only
-from lenscape.binary import SIDES, check_side, is_mask
-from lenscape.plot import bars, enable_offline, heatmap, label_from_attrs
+from lenscape.mask_rules import SIDES, check_side, is_mask
 from lenscape.schema import name_from_attrs
+
+from .charts import bars
+from .heatmaps import heatmap, label_from_attrs
+from .offline import enable_offline
 
 Data = xr.DataArray | xr.Dataset
 #: ``detail(cell) -> chart or widget`` for a clicked cell, e.g. ``{"layer": 3, "head": 5,
@@ -72,17 +74,17 @@ SCORE_REDUCERS: dict[str, Callable[[xr.DataArray, Hashable], xr.DataArray]] = {
     "max": lambda da, dim: da.max([dim]),
     "min": lambda da, dim: da.min([dim]),
 }
-#: Every reducer: of scores, and of masks (``lenscape.binary.REDUCERS``: any, all, share).
-REDUCERS = {**SCORE_REDUCERS, **binary.REDUCERS}
+#: Every reducer: of scores, and of masks (``lenscape.mask_rules.REDUCERS``: any, all, share).
+REDUCERS = {**SCORE_REDUCERS, **mask_rules.REDUCERS}
 #: The mask reducer that matches a score reducer (a mask's mean is its share, max is any).
-MASK_OF = dict(zip(SCORE_REDUCERS, binary.REDUCERS, strict=True))
+MASK_OF = dict(zip(SCORE_REDUCERS, mask_rules.REDUCERS, strict=True))
 #: Dims whose values can be pooled: samples, groups of samples, positions in the model.
 REDUCIBLE_DIMS = ("seed", "prompt", "cluster", "layer", "head", "pos")
 #: Dims the Explorer opens reduced (mean or share); every other dim opens on its first value.
 SAMPLE_DIMS = ("seed", "prompt")
 
 
-#: Labels of the binarize rules (``lenscape.binary.SIDES``) in the Explorer's dropdown.
+#: Labels of the binarize rules (``lenscape.mask_rules.SIDES``) in the Explorer's dropdown.
 SIDE_LABELS = {"abs": "|value| >=", "above": "value >=", "below": "value <="}
 #: Quantile of |value| (of value, for data of one sign) where the threshold box starts.
 DEFAULT_QUANTILE = 0.9
@@ -101,7 +103,7 @@ class View:
         variable: the Dataset variable to show (None for a DataArray).
         facet: a remaining dim drawn as side-by-side panels, or None.
         threshold: binarize each score by ``side`` at this value before reducing, or None.
-        side: the binarize rule (``binary.SIDES``): ``"abs"`` |value| >= threshold, ``"above"``
+        side: the binarize rule (``mask_rules.SIDES``): ``"abs"`` |value| >= threshold, ``"above"``
             value >= threshold, ``"below"`` value <= threshold.
         correct_only: draw only the prompts the model answers right (the ``correct`` coord).
         swap: exchange the x and y axes.
@@ -301,7 +303,7 @@ class _Reduction:
         return pooled, shared
 
     def _check_reducer(self, dim: Hashable, how: str, *, binarized: bool) -> None:
-        allowed = binary.REDUCERS if self.mask or binarized else SCORE_REDUCERS
+        allowed = mask_rules.REDUCERS if self.mask or binarized else SCORE_REDUCERS
         if how not in allowed:
             fix = (
                 "turn on binarize to make a mask first"
@@ -327,13 +329,13 @@ class _Reduction:
         note = threshold_note(self.da, view.threshold, check_side(view.side))
         if note:
             self.notes.append(note)
-        self.da = binary.binarize(self.da, view.threshold, view.side)
-        passed = float(binary.share(self.da, list(self.da.dims)))
+        self.da = mask_rules.binarize(self.da, view.threshold, view.side)
+        passed = float(mask_rules.share(self.da, list(self.da.dims)))
         self.steps.insert(
             0, f"{passed:.0%} of values pass" if passed == passed else "none computed"
         )
         self.name = self.da.attrs["long_name"]
-        self.attrs.update(long_name=self.name, units=binary.MASK_UNITS)
+        self.attrs.update(long_name=self.name, units=mask_rules.MASK_UNITS)
         self.mask = True
 
     def pool(self, pooled: list[tuple[Hashable, str]]) -> None:
@@ -347,12 +349,12 @@ class _Reduction:
         if not dims:
             return
         over = " and ".join(f"{self.da.sizes[d]} {d}s" for d in dims)
-        self.da = binary.share(self.da, dims)
+        self.da = mask_rules.share(self.da, dims)
         self.attrs.update(
             long_name=f"share of {over} with {self.name}"
             if binarized
             else f"share of {over} where {self.name}",
-            units=binary.share_units(dims),
+            units=mask_rules.share_units(dims),
         )
 
     def result(self) -> xr.DataArray:
@@ -803,7 +805,7 @@ class Explorer:
         """Offer the reducers that fit the data (scores or masks) on reducible dims; keep each
         dropdown's choice, translated between matching reducers (mean <-> share ...)."""
         masked = self._masked()
-        reducers = list(binary.REDUCERS if masked else SCORE_REDUCERS)
+        reducers = list(mask_rules.REDUCERS if masked else SCORE_REDUCERS)
         for dim in self._others:
             control = self.controls[str(dim)]
             values = self.data[dim].values.tolist()
@@ -948,147 +950,6 @@ class Explorer:
         }
         self.cell = {**at, **picks}
         self._details.show(da, da.sel(self.cell), at=at, picks=picks)
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
-
-
-#: Text boxes of ``PromptForm``: record key -> (label, placeholder).
-PROMPT_FIELDS = {
-    "text": ("clean", "The Eiffel Tower is located in the city of"),
-    "target": ("target", " Paris"),
-    "corrupt": ("corrupt", "same token length: The Colosseum is located in the city of"),
-    "distractor": ("distractor", " Rome"),
-}
-
-
-def _example_record(example: Any) -> Mapping[str, Any]:
-    """``PromptForm``'s ``example`` as a record: a dict of ``PROMPT_FIELDS`` keys to strings
-    (or None), or a ``Prompt``, read as one.
-
-    Raises:
-        TypeError: neither a dict nor a ``Prompt``, or a box's value that is not text.
-    """
-    is_prompt = dataclasses.is_dataclass(example) and not isinstance(example, type)
-    if not (isinstance(example, Mapping) or is_prompt):
-        raise TypeError(
-            f"example must be a Prompt (e.g. lsc.data.prompts('factual')[0]) or a record "
-            f"such as {{'text': ..., 'target': ...}}, got {example!r} ({type(example).__name__})."
-        )
-    record = example if isinstance(example, Mapping) else dataclasses.asdict(example)
-    odd = {k: v for k, v in record.items() if k in PROMPT_FIELDS and not isinstance(v, str | None)}
-    if odd:
-        raise TypeError(f"example's boxes hold text or None, got {odd}.")
-    return record
-
-
-class PromptForm:
-    """Your own prompt: text boxes for a clean/corrupt pair, scored and shown in an Explorer.
-
-    ``run`` receives a record (the dict ``lsc.data.from_records`` takes) and returns the
-    result to show, e.g. ``lambda r: lsc.attribution_patching(model, [r], level="head")``.
-    Whatever it rejects (a target that is not one token, clean and corrupt texts of
-    different token lengths ...) is shown as a message under the boxes, and the previous
-    chart stays; a valid prompt redraws the same chart in place.
-
-    Args:
-        run: record -> DataArray or Dataset (the capture call).
-        example: the record scored first (a ``Prompt`` or a dict); it fills the boxes.
-        needs_corrupt: the metric compares clean with corrupt (``logit_diff``, the default
-            of the capture methods): an empty corrupt or distractor box is refused with
-            that reason before ``run`` is called. False makes both optional.
-        **options: passed to the ``Explorer`` (``x``, ``y``, ``detail`` ...).
-
-    Attributes:
-        fields: ``Text`` widget per record key (``text``, ``target``, ``corrupt``,
-            ``distractor``).
-        explorer: the Explorer showing the latest valid prompt's result.
-        widget: the boxes, the run button, the message and the Explorer.
-    """
-
-    def __init__(
-        self,
-        run: Callable[[dict[str, str | None]], Data],
-        *,
-        example: Any,
-        needs_corrupt: bool = True,
-        **options: Any,
-    ) -> None:
-        self.run, self.needs_corrupt = run, _validate.flag("needs_corrupt", needs_corrupt)
-        record = _example_record(example)
-        self.fields = {
-            key: widgets.Text(
-                value=record.get(key) or "",
-                description=label,
-                placeholder=hint,
-                continuous_update=False,
-                layout={"width": "420px" if key in ("text", "corrupt") else "200px"},
-            )
-            for key, (label, hint) in PROMPT_FIELDS.items()
-        }
-        self.button = widgets.Button(
-            description="run", icon="play", tooltip="score this prompt and redraw the chart"
-        )
-        self.message = widgets.HTML()
-        self.target_shown = widgets.HTML()  # the target as typed: a leading space is visible
-        self.fields["target"].observe(lambda _: self._show_target(), names="value")
-        self._show_target()
-        self.explorer = Explorer(run(self.record()), **options)
-        f = self.fields
-        self.widget = widgets.VBox(
-            [
-                widgets.HBox([f["text"], f["target"], self.target_shown]),
-                widgets.HBox([f["corrupt"], f["distractor"]]),
-                widgets.HBox([self.button, self.message], layout={"align_items": "center"}),
-                self.explorer.widget,
-            ]
-        )
-        self.button.on_click(lambda _: self.submit())
-
-    def record(self) -> dict[str, str | None]:
-        """The boxes as a prompt record; empty corrupt/distractor boxes are None."""
-        values = {key: box.value for key, box in self.fields.items()}
-        return {
-            key: value if value or key in ("text", "target") else None
-            for key, value in values.items()
-        }
-
-    def submit(self) -> bool:
-        """Score the boxes' prompt and show it; on bad input show why and keep the chart.
-
-        Returns:
-            Whether the prompt was valid and is now shown.
-        """
-        record = self.record()
-        missing = [k for k in ("corrupt", "distractor") if self.needs_corrupt and not record[k]]
-        try:
-            if missing:
-                raise ValueError(
-                    f"the {' and '.join(missing)} box{'es are' if len(missing) > 1 else ' is'} "
-                    "empty, and the metric compares the clean prompt with the corrupt one: "
-                    "fill in a corrupt prompt of the same token length and its answer."
-                )
-            result = self.run(record)
-        except (ValueError, TypeError) as err:
-            # one prompt: "Prompt 0:" / "Record 0:" would name an index the form never shows
-            text = re.sub(r"^(Record|Prompt) 0: ", "", str(err))
-            self.message.value = f"<span style='color:#b00'>{html.escape(text)}</span>"
-            return False
-        self.message.value = ""
-        self.explorer.update(result)
-        return True
-
-    def _show_target(self) -> None:
-        """Show the target with its spaces visible (a next word starts with one)."""
-        target = self.fields["target"].value
-        visible = html.escape(target.replace(" ", "␣"))
-        hint = "" if target.startswith(" ") else " (no leading space: a next word has one)"
-        self.target_shown.value = f"<small>target as typed: <code>{visible}</code>{hint}</small>"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)

@@ -2,7 +2,7 @@
 
 ``factual.json`` (clean/corrupt factual pairs), ``ioi.json`` (IOI templates and names),
 ``tasks.json`` (word lists of the gating tasks) and ``corpus.json`` (word lists of the mixed
-corpus) are package data; ``data``, ``_tasks`` and ``_corpus`` build prompts from them.
+corpus) are package data; ``lenscape.data``, ``tasks`` and ``corpus`` build prompts from them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 def load_table(name: str, *, keys: tuple[str, ...]) -> Any:
     """The table ``prompt_tables/<name>.json`` (a list of records or one object), checked
     by ``check_table``. Cached: callers must not mutate it."""
-    path = resources.files("lenscape") / "prompt_tables" / f"{name}.json"
+    path = resources.files("lenscape.data") / "prompt_tables" / f"{name}.json"
     return check_table(json.loads(path.read_text(encoding="utf-8")), name=name, keys=keys)
 
 

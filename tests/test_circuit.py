@@ -1,4 +1,4 @@
-"""Circuit pictures (plot_circuit.py), checked through ``chart.to_dict()`` on synthetic
+"""Circuit pictures (views/circuit.py), checked through ``chart.to_dict()`` on synthetic
 edge results laid out like ``lsc.edge_attribution``'s (2 layers, 4 heads, 2 KV heads)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import xarray as xr
 
 import lenscape as lsc
-from lenscape import plot_circuit
 from lenscape.capture.edges import Graph
+from lenscape.views.circuit import circuit_graph, edge_heatmap, faithfulness_curve
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def _layer(spec: dict, mark: str) -> dict:
 
 
 def test_graph_draws_the_top_edges_with_score_tooltips(scores):
-    spec = plot_circuit.circuit_graph(scores, edges=7).to_dict()
+    spec = circuit_graph(scores, edges=7).to_dict()
     lines = _layer(spec, "rule")
     rows = lines["data"]["values"]
     assert len(rows) == 7
@@ -50,16 +50,29 @@ def test_graph_of_a_circuit_with_a_kind_filter(scores):
     kept[0, labels.index("L1.KV1.k")] = True  # embed -> key head 1 of layer 1
     kept[0, labels.index("logits")] = True
     circuit = xr.zeros_like(scores, dtype=bool).copy(data=kept)
-    rows = _layer(plot_circuit.circuit_graph(scores, circuit).to_dict(), "rule")["data"]["values"]
+    rows = _layer(circuit_graph(scores, circuit).to_dict(), "rule")["data"]["values"]
     assert {r["receiver"] for r in rows} == {"L1.KV1.k", "logits"}
     k_edge = next(r for r in rows if r["kind"] == "k")
     assert (k_edge["x2"], k_edge["y2"]) == (2.5, 1.0)  # the middle of query heads 2 and 3
-    only_k = plot_circuit.circuit_graph(scores, circuit, kinds=["k"]).to_dict()
+    only_k = circuit_graph(scores, circuit, kinds=["k"]).to_dict()
     assert [r["receiver"] for r in _layer(only_k, "rule")["data"]["values"]] == ["L1.KV1.k"]
     with pytest.raises(ValueError, match="receiver kind"):
-        plot_circuit.circuit_graph(scores, kinds=["z"])
+        circuit_graph(scores, kinds=["z"])
     with pytest.raises(ValueError, match="mean"):
-        plot_circuit.circuit_graph(scores.expand_dims(prompt=[0]))
+        circuit_graph(scores.expand_dims(prompt=[0]))
+
+
+def test_a_circuit_is_a_mask_whose_not_computed_edges_are_never_drawn(scores):
+    """Only the circuit's kept edges are drawn (``mask_rules.kept``: computed and non-zero);
+    a NaN edge ("not computed") is not kept."""
+    graph = Graph(2, 4, 2)
+    labels = graph.receiver_labels()
+    mask = np.zeros(graph.valid.shape)
+    mask[0, labels.index("logits")] = 1.0
+    mask[0, labels.index("L1.KV1.k")] = np.nan
+    circuit = xr.zeros_like(scores).copy(data=mask).assign_attrs(units="bool")
+    rows = _layer(circuit_graph(scores, circuit).to_dict(), "rule")["data"]["values"]
+    assert [r["receiver"] for r in rows] == ["logits"]
 
 
 @pytest.mark.parametrize(
@@ -77,17 +90,17 @@ def test_graph_of_a_circuit_with_a_kind_filter(scores):
 )
 def test_graph_refuses_bad_options_by_name(scores, options, error, message):
     with pytest.raises(error, match=message):
-        plot_circuit.circuit_graph(**{"scores": scores, **options})
+        circuit_graph(**{"scores": scores, **options})
 
 
 def test_edge_results_without_their_layout_coords_are_refused(scores):
     bare = xr.DataArray(scores.values, dims=("sender", "receiver"))
     with pytest.raises(ValueError, match=r"scores lacks the coord\(s\) \['sender_kind'"):
-        plot_circuit.edge_heatmap(bare)
+        edge_heatmap(bare)
 
 
 def test_heatmap_puts_receivers_across_and_senders_down(scores):
-    spec = plot_circuit.edge_heatmap(scores).to_dict()
+    spec = edge_heatmap(scores).to_dict()
     assert spec["encoding"]["x"]["field"] == "receiver"
     assert spec["encoding"]["y"]["field"] == "sender"
 
@@ -104,7 +117,7 @@ def test_faithfulness_curve_shows_both_series_and_the_areas(tmp_path):
         },
         coords={"budget": [0.01, 0.1, 1.0], "n_edges": ("budget", [3, 30, 300])},
     )
-    chart = plot_circuit.faithfulness_curve(result)
+    chart = faithfulness_curve(result)
     spec = chart.to_dict()
     rows = spec["layer"][0]["data"]["values"]
     random = [r["faithfulness"] for r in rows if r["circuit"] == "random"]
@@ -114,6 +127,6 @@ def test_faithfulness_curve_shows_both_series_and_the_areas(tmp_path):
     path = lsc.export(chart, tmp_path / "curve.html")
     assert path.stat().st_size > 1000
     with pytest.raises(TypeError, match="title must be a string or None"):
-        plot_circuit.faithfulness_curve(result, title=np.array([1, 2]))
+        faithfulness_curve(result, title=np.array([1, 2]))
     with pytest.raises(ValueError, match=r"result lacks the variable\(s\) \['faithfulness'\]"):
-        plot_circuit.faithfulness_curve(result.drop_vars("faithfulness"))
+        faithfulness_curve(result.drop_vars("faithfulness"))

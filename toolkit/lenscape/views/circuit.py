@@ -23,10 +23,10 @@ import numpy as np
 import xarray as xr
 from altair.typing import ChartType
 
-from . import _validate
-from .plot import heatmap, label_from_attrs
+from .. import _validate, mask_rules
+from ..schema import RECEIVER_KINDS
+from .heatmaps import heatmap, label_from_attrs
 
-RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
 MAX_EDGES = 2000
 _DASHES = {"q": [1, 0], "k": [6, 3], "v": [2, 2], "mlp": [1, 0], "logits": [1, 0]}
@@ -114,8 +114,9 @@ def circuit_graph(
 
     Args:
         scores: (sender, receiver) edge scores (colour and width of each line).
-        circuit: boolean (sender, receiver) from ``lsc.circuit``: draw its edges; None:
-            draw the ``edges`` edges with the largest |score|.
+        circuit: boolean (sender, receiver) from ``lsc.circuit``: draw its kept edges
+            (``lenscape.mask_rules.kept``: non-zero and computed, never NaN); None: draw the
+            ``edges`` edges with the largest |score|.
         edges: how many top edges to draw without a circuit (at most ``MAX_EDGES``).
         kinds: receiver kinds to draw (a subset of q, k, v, mlp, logits).
         title: chart title; default from the scores' attrs.
@@ -144,13 +145,13 @@ def circuit_graph(
     values = scores.values.astype(float)
     wanted = np.isin(scores["receiver_kind"].values, list(kinds))[None, :] & np.isfinite(values)
     if circuit is not None:
-        kept = check_edges(circuit, "circuit")
-        if kept.shape != scores.shape:
+        mask = check_edges(circuit, "circuit")
+        if mask.shape != scores.shape:
             raise ValueError(
-                f"circuit has {kept.shape} edges and scores {scores.shape}; pick the circuit "
+                f"circuit has {mask.shape} edges and scores {scores.shape}; pick the circuit "
                 "from these scores: lsc.circuit(scores, fraction=0.05)."
             )
-        chosen = np.argwhere(kept.values.astype(bool) & wanted)
+        chosen = np.argwhere(mask_rules.kept(mask).values & wanted)
     else:
         magnitude = np.where(wanted, np.abs(values), -np.inf).ravel()
         top = np.argsort(-magnitude, kind="stable")[: min(edges, int(wanted.sum()))]

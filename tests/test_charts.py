@@ -1,0 +1,121 @@
+"""bars, summary, logit_lens_chart and agreement_chart (views/charts.py), checked through the
+Vega-Lite spec (``chart.to_dict()``)."""
+
+import json
+
+import numpy as np
+import pytest
+import xarray as xr
+from _helpers import ATTRS, inline_rows, make_result
+
+import lenscape as lsc
+from lenscape import schema
+from lenscape.views import charts
+
+
+def test_summary_is_a_few_lines_with_the_strongest_cells():
+    values = np.zeros((2, 4, 3))
+    values[:, 2, 1] = [5.0, 3.0]
+    values[0, 0, 0] = np.nan
+    da = make_result(values, ("prompt", "layer", "head"), n_layers=4)
+    text = repr(da.lsc.summary(top=1))
+    assert text.splitlines() == [
+        "attribution (logit diff): prompt 2 × layer 4 × head 3",
+        "method: attribution_patching · metric: logit_diff · model: tiny · backend: nnsight",
+        "min 0 · mean 0.3478 · max 5",
+        "1 cells not computed (NaN)",
+        "strongest (mean over prompt): layer 2, head 1: 4",
+    ]
+    assert charts.summary(da)._repr_html_().startswith("<div")
+
+
+def test_agreement_chart_refuses_what_is_not_a_faithfulness_report():
+    with pytest.raises(TypeError, match=r"report must be an xarray\.Dataset from lsc"):
+        lsc.agreement_chart(None)
+    with pytest.raises(ValueError, match=r"report lacks the variable\(s\) \['exact_heads'"):
+        lsc.agreement_chart(xr.Dataset({"x": 1}))
+
+
+def test_agreement_chart(tiny_llama, factual):
+    pairs = factual[:4]
+    report = lsc.faithfulness(tiny_llama, pairs, estimators=("atp",), progress=False)
+    spec = lsc.agreement_chart(report).to_dict()
+    panels = spec["hconcat"]
+    assert [p["title"]["text"] for p in panels] == ["heads", "attention blocks", "MLP blocks"]
+    r_mlp = float(report["pearson_means"].sel(estimator="atp", component_type="mlp"))
+    assert panels[2]["title"]["subtitle"] == f"r over prompt means: {r_mlp:.2f} (atp)"
+    points = next(layer for layer in panels[0]["layer"] if layer["mark"]["type"] == "circle")
+    assert len(points["data"]["values"]) == 12  # 3 layers x 4 heads, one estimator
+    first = points["data"]["values"][0]
+    assert first["exact"] == pytest.approx(float(report["exact_heads"].mean("prompt")[0, 0]))
+    assert points["encoding"]["x"]["title"].startswith("exact patching effect")
+
+
+def lens_result(n_layers=3, tokens=("The", " capital", " of")):
+    shape = (n_layers, len(tokens))
+    probs = np.linspace(0, 0.9, np.prod(shape)).reshape(shape)
+    return schema.make(
+        probs,
+        dims=("layer", "pos"),
+        coords={
+            "token": ("pos", list(tokens)),
+            "target_rank": (("layer", "pos"), np.arange(np.prod(shape)).reshape(shape)[::-1]),
+            "top_token": (("layer", "pos"), np.full(shape, " Paris")),
+            "top_tokens": (("layer", "pos"), np.full(shape, "' Paris' 0.41 | ' Rome' 0.12")),
+        },
+        attrs={**ATTRS, "long_name": "p(' Paris')", "units": "probability"},
+        n_layers=n_layers,
+    ).rename("target_prob")
+
+
+def test_logit_lens_chart_puts_tokens_in_order_on_x_and_top_tokens_in_the_tooltip():
+    da = lens_result()
+    spec = charts.logit_lens_chart(da).to_dict()
+    enc = spec["encoding"]
+    assert enc["x"]["field"] == "pos" and enc["y"]["field"] == "layer"
+    expr = enc["x"]["axis"]["labelExpr"]
+    assert expr == '["The", " capital", " of"][indexof([0, 1, 2], datum.value)]'
+    assert enc["x"]["sort"] == [0, 1, 2]
+    assert enc["color"]["scale"]["domain"] == [0.0, 1.0]  # probability: a fixed 0-1 scale
+    tips = [t["field"] for t in enc["tooltip"]]
+    assert {"token", "target_rank", "top_token", "top_tokens"} <= set(tips)
+    assert spec["title"]["text"] == "Logit lens: p(' Paris')"
+    assert any("residual stream" in line for line in spec["title"]["subtitle"])
+    cell = next(r for r in inline_rows(spec) if r["layer"] == 2 and r["pos"] == 1)
+    assert cell["value"] == pytest.approx(float(da.sel(layer=2, pos=1)))
+    assert cell["target_rank"] == int(da["target_rank"].sel(layer=2, pos=1))
+    assert spec["usermeta"] == {"embedOptions": {"actions": False}}
+    with pytest.raises(ValueError, match=r"\(layer, pos\) DataArray.*select one prompt"):
+        charts.logit_lens_chart(da.expand_dims(prompt=[0]))
+    with pytest.raises(ValueError, match="needs the 'token' coord"):
+        charts.logit_lens_chart(da.drop_vars("token"))
+
+
+def test_bars_colour_the_prompts_the_model_gets_wrong():
+    da = make_result([1.0, -2.0, 0.5], ("prompt",)).assign_coords(
+        text=("prompt", ["a", "b", "c"]), correct=("prompt", [True, False, True])
+    )
+    spec = charts.bars(da, y="prompt").to_dict()
+    answers = [r["answer"] for r in inline_rows(spec)]
+    assert answers == ["model right", "model wrong", "model right"]
+    assert spec["encoding"]["color"]["scale"]["range"] == list(charts.ANSWER_COLORS.values())
+    plain = charts.bars(da.drop_vars("correct"), y="prompt").to_dict()
+    assert "color" not in plain["encoding"]
+
+
+def test_agreement_chart_counts_not_computed_cells_and_stays_valid_json(tiny_llama, factual):
+    """A NaN cell has no place on the axes: it is left out and counted, never written as NaN
+    (invalid JSON) or silently dropped; an undefined r reads "undefined" (issue 24)."""
+    report = lsc.faithfulness(tiny_llama, factual[:2], estimators=("atp",), progress=False)
+    holed = report.copy()
+    holed["exact_heads"] = report["exact_heads"].where(report["exact_heads"]["layer"] > 0)
+    holed["pearson_means"] = report["pearson_means"].where(report["component_type"] != "head")
+    spec = lsc.agreement_chart(holed).to_dict()
+    json.dumps(spec, allow_nan=False)
+    heads = spec["hconcat"][0]
+    points = next(layer for layer in heads["layer"] if layer["mark"]["type"] == "circle")
+    n_heads = tiny_llama.spec.n_heads
+    assert len(points["data"]["values"]) == (tiny_llama.spec.n_layers - 1) * n_heads
+    assert heads["title"]["subtitle"] == (
+        f"r over prompt means: undefined (atp); {n_heads} cells not computed (NaN), not drawn"
+    )

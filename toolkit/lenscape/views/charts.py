@@ -1,0 +1,349 @@
+"""The charts beside the heatmap: bars of one dim, a result's summary, the logit lens, and
+the agreement of a fast estimate with exact patching.
+
+``bars`` draws a 1-D result (a head's score per prompt, marking the prompts the model gets
+wrong), ``summary`` says in a few lines what a result holds, ``logit_lens_chart`` is a
+heatmap of ``lsc.logit_lens`` with the input tokens in order, and ``agreement_chart``
+scatters the estimates of ``lsc.faithfulness`` against the exact effects. Like ``heatmap``
+they read titles and labels from the attrs and never draw NaN ("not computed") as a number.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Hashable
+from typing import Any
+
+import altair as alt
+import numpy as np
+import xarray as xr
+from altair.typing import ChartType
+
+from lenscape import _validate
+from lenscape.mask_rules import NAN_LABEL
+from lenscape.schema import LABEL_COORDS, name_from_attrs
+
+from .encoding import VALUE, axis_encoding, cell_columns, cell_tooltip, unchecked_build
+from .heatmaps import heatmap, label_from_attrs, legend_title
+
+#: Bar colours of prompts the model answers right and wrong (the ``correct`` coord).
+ANSWER_COLORS = {"model right": "#4c78a8", "model wrong": "#d62728"}
+
+
+@unchecked_build
+def bars(da: xr.DataArray, *, y: str, title: str | None = None, actions: bool = False) -> alt.Chart:
+    """A 1-D DataArray as horizontal bars, one per coordinate of ``y`` (e.g. a head's score
+    per prompt); a string label coord along ``y`` (``text``) gives the tick labels.
+
+    Args:
+        da: values with the single dim ``y``, e.g. (prompt,).
+        y: the dim, one bar per coordinate, in stored order.
+        title: chart title (default: the description from the attrs).
+        actions: show Vega's actions menu.
+
+    Returns:
+        An ``alt.Chart``; NaN and +-inf bars are left out of the bars but kept in the data.
+
+    Raises:
+        ValueError: if ``da`` has another dim than ``y``.
+    """
+    if da.dims != (y,):
+        raise ValueError(
+            f"bars takes a 1-D array along {y!r}, got dims {tuple(da.dims)}; "
+            "select or reduce the others first."
+        )
+    full = label_from_attrs(da)
+    cols = cell_columns(da)
+    keys = list(cols)
+    data = {
+        "values": [dict(zip(keys, row, strict=True)) for row in zip(*cols.values(), strict=True)]
+    }
+    labels = [
+        c
+        for c, d in LABEL_COORDS.items()
+        if d == y and c in da.coords and da[c].dtype.kind in "OUS"
+    ]
+    ticks = {y: labels[0]} if labels else {}
+    colour: dict[str, Any] = {}
+    if "correct" in da.coords and da["correct"].dims == (y,):  # flag wrong answers
+        answers = list(ANSWER_COLORS)
+        for row, right in zip(data["values"], cols["correct"], strict=True):
+            row["answer"] = answers[0] if right else answers[1]
+        colour["color"] = alt.Color(
+            "answer:N",
+            scale=alt.Scale(domain=answers, range=list(ANSWER_COLORS.values())),
+            title="model's answer",
+        )
+    chart = (
+        alt.Chart(data)
+        .mark_bar(color="#4c78a8")
+        .encode(
+            x=alt.X(f"{VALUE}:Q", title=legend_title(full)),
+            tooltip=cell_tooltip(da, False, full),
+            **axis_encoding(da, y, "y", cols, ticks),
+            **colour,
+        )
+        .properties(
+            width=220,
+            height=alt.Step(14),
+            title=alt.TitleParams(title or full, fontSize=12),
+            usermeta={"embedOptions": {"actions": actions}},
+        )
+    )
+    return chart
+
+
+class Summary:
+    """A result at a glance, for notebooks: what it measures, its dims, its value range and
+    its strongest cells, instead of a screen of numbers. Built by ``summary``.
+
+    Attributes:
+        da: the array summarised.
+        lines: the summary as text lines.
+    """
+
+    def __init__(self, da: xr.DataArray, lines: list[str]) -> None:
+        self.da, self.lines = da, lines
+
+    def __repr__(self) -> str:
+        return "\n".join(self.lines)
+
+    def _repr_html_(self) -> str:
+        head, *rest = (html.escape(line) for line in self.lines)
+        return f"<div style='font-size:12px'><b>{head}</b><br>" + "<br>".join(rest) + "</div>"
+
+
+def summary(da: xr.DataArray, *, top: int = 3) -> Summary:
+    """Summarise a result: description, dims and sizes, provenance, value range, how many
+    cells are not computed (NaN) or infinite, and the ``top`` cells with the largest
+    magnitude after averaging over ``prompt`` and ``seed``.
+
+    Args:
+        da: any result DataArray, e.g. (prompt, layer, head).
+        top: how many of the strongest cells to list.
+
+    Returns:
+        A ``Summary``; it displays as a few lines in a notebook.
+    """
+    values = np.asarray(da.values, dtype=float)
+    finite = values[np.isfinite(values)]
+    sizes = " × ".join(f"{d} {n}" for d, n in da.sizes.items())
+    lines = [f"{label_from_attrs(da)}: {sizes}"]
+    keys = [k for k in ("method", "metric", "model", "backend") if k in da.attrs]
+    if keys:
+        lines.append(" · ".join(f"{k}: {da.attrs[k]}" for k in keys))
+    if finite.size:
+        lines.append(f"min {finite.min():.4g} · mean {finite.mean():.4g} · max {finite.max():.4g}")
+    counts = [
+        (int(np.isnan(values).sum()), "not computed (NaN)"),
+        (int(np.isinf(values).sum()), "infinite"),
+    ]
+    lines += [f"{n} cells {what}" for n, what in counts if n]
+    pooled = [d for d in ("seed", "prompt") if d in da.dims]
+    mean = da.mean(pooled) if pooled else da
+    flat = np.abs(
+        np.nan_to_num(np.asarray(mean.values, dtype=float), nan=0, posinf=0, neginf=0)
+    ).ravel()
+    if mean.ndim and top > 0 and flat.any():
+        best = []
+        for i in np.argsort(-flat)[:top]:
+            at = dict(zip(mean.dims, np.unravel_index(i, mean.shape), strict=True))
+            cell = mean.isel(at)
+            where = ", ".join(f"{d} {cell[d].item()}" for d in mean.dims)
+            best.append(f"{where}: {float(cell):.4g}")
+        lines.append(
+            ("strongest (mean over " + " and ".join(pooled) + "): " if pooled else "strongest: ")
+            + "; ".join(best)
+        )
+    return Summary(da, lines)
+
+
+def logit_lens_chart(
+    da: xr.DataArray, *, title: str | None = None, actions: bool = False
+) -> ChartType:
+    """Draw a logit lens: the target's probability per layer (rows) and input token (columns).
+
+    Read a column upwards from layer 0: the layer where its colour turns bright is where the
+    residual stream first predicts the target; hover a cell for the top tokens there and
+    the target's rank.
+
+    Args:
+        da: ``lsc.logit_lens``'s ``target_prob`` (layer, pos) with coords ``token`` (pos),
+            ``target_rank``, ``top_token`` and ``top_tokens`` (layer, pos).
+        title: chart title (default: "Logit lens: " and the description from the attrs).
+        actions: show Vega's actions menu (its "Open in Vega Editor" link goes online).
+
+    Returns:
+        A heatmap with the input tokens in order on the x axis, layer on the y axis and
+        the probability on a fixed 0-1 colour scale.
+
+    Raises:
+        ValueError: if ``da`` is not (layer, pos) or lacks the ``token`` coord.
+    """
+    if not isinstance(da, xr.DataArray) or set(da.dims) != {"layer", "pos"}:
+        got = tuple(da.dims) if isinstance(da, xr.DataArray) else type(da).__name__
+        raise ValueError(
+            f"logit_lens_chart takes lsc.logit_lens(...)'s (layer, pos) DataArray, got {got}; "
+            "select one prompt first."
+        )
+    if "token" not in da.coords:
+        raise ValueError(
+            "logit_lens_chart needs the 'token' coord on pos (the input tokens) for the x "
+            f"axis; da has coords {tuple(map(str, da.coords))}."
+        )
+    _validate.text("title", title, example="'Logit lens'", optional=True)
+    how = "each row: the residual stream after that layer read as the output; hover: top tokens"
+    return heatmap(
+        da.assign_attrs(note=how),
+        x="pos",
+        y="layer",
+        domain=(0.0, 1.0),
+        title=title or f"Logit lens: {name_from_attrs(da)}",
+        actions=actions,
+    )
+
+
+def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt.HConcatChart:
+    """Scatter of estimated vs exact prompt-mean effects, one panel per component type.
+
+    Args:
+        report: ``lsc.faithfulness(...)``'s Dataset (``exact_heads``, ``estimate_heads``,
+            ``exact_blocks``, ``estimate_blocks``, ``pearson_means``).
+        width, height: of each panel, in pixels.
+
+    Returns:
+        Panels for heads, attention blocks and MLP blocks side by side; x = exact activation
+        patching, y = estimate, one colour per estimator, the line y = x for reference, and
+        each estimator's Pearson r over prompt means in the panel title (named so: the
+        report's ``pearson_cells`` is another statistic, r over single cells). No actions
+        menu: its "Open in Vega Editor" link sends the chart to an outside site.
+
+    Raises:
+        TypeError: ``report`` is not a Dataset, or a size is not a positive integer.
+        ValueError: ``report`` lacks a variable of ``lsc.faithfulness``'s report.
+    """
+    _validate.result(
+        "report",
+        report,
+        kind=xr.Dataset,
+        made_by="lsc.faithfulness",
+        variables=(
+            "exact_heads",
+            "estimate_heads",
+            "exact_blocks",
+            "estimate_blocks",
+            "pearson_means",
+        ),
+    )
+    width = _validate.positive_int("width", width)
+    height = _validate.positive_int("height", height)
+    units = report["exact_heads"].attrs.get("units", "")
+    panels = [
+        _agreement_panel(report, ctype, units=units, width=width, height=height)
+        for ctype in report["component_type"].values.tolist()
+    ]
+    attrs = report.attrs
+    return (
+        alt.hconcat(*panels)
+        .properties(
+            title=alt.Title(
+                "Can I trust the fast map? Estimate vs exact activation patching (prompt means)",
+                subtitle=f"{attrs.get('model', '')}, {attrs.get('n_prompts', '?')} prompts of "
+                f"{attrs.get('prompt_set', '?')}, metric {attrs.get('metric', '?')}",
+            ),
+            usermeta={"embedOptions": {"actions": False}},
+        )
+        .configure_view(stroke=None)
+    )
+
+
+#: Panel titles of ``agreement_chart`` per component type.
+_COMPONENT_TYPES = {"head": "heads", "attn": "attention blocks", "mlp": "MLP blocks"}
+
+
+def _agreement_panel(
+    report: xr.Dataset, ctype: str, *, units: str, width: int, height: int
+) -> alt.LayerChart:
+    """One ``agreement_chart`` panel: the prompt-mean effects of one component type, estimate
+    against exact, with the line y = x and each estimator's r in the subtitle."""
+    if ctype == "head":
+        exact, estimate = report["exact_heads"], report["estimate_heads"]
+    else:
+        exact = report["exact_blocks"].sel(component=ctype)
+        estimate = report["estimate_blocks"].sel(component=ctype)
+    exact, estimate = exact.mean("prompt"), estimate.mean("prompt")
+    rows, not_computed = _agreement_rows(exact, estimate)
+    values = [row[key] for row in rows for key in ("exact", "estimate")]
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    r_means = report["pearson_means"].sel(component_type=ctype)
+    r_text = "r over prompt means: " + ", ".join(
+        f"{float(r):.2f} ({label})" if np.isfinite(r) else f"undefined ({label})"
+        for label, r in zip(r_means["estimator"].values.tolist(), r_means.values, strict=True)
+    )
+    if not_computed:
+        r_text += f"; {not_computed} cells {NAN_LABEL} (NaN), not drawn"
+    diagonal = (
+        alt.Chart(
+            alt.Data(values=[{"exact": low, "estimate": low}, {"exact": high, "estimate": high}])
+        )
+        .mark_line(color="#999999", strokeDash=[4, 4])
+        .encode(x="exact:Q", y="estimate:Q")
+    )
+    tooltip = [alt.Tooltip(f"{dim}:O") for dim in exact.dims] + [
+        alt.Tooltip("estimator:N"),
+        alt.Tooltip("exact:Q", format=".3f"),
+        alt.Tooltip("estimate:Q", format=".3f"),
+    ]
+    points = (
+        alt.Chart(alt.Data(values=rows))
+        .mark_circle(size=28, opacity=0.7)
+        .encode(
+            x=alt.X(
+                "exact:Q",
+                title=f"exact patching effect ({units})",
+                scale=alt.Scale(domain=[low, high]),
+            ),
+            y=alt.Y("estimate:Q", title=f"estimate ({units})", scale=alt.Scale(domain=[low, high])),
+            color=alt.Color("estimator:N", title="estimator"),
+            tooltip=tooltip,
+        )
+    )
+    return alt.layer(diagonal, points).properties(
+        width=width,
+        height=height,
+        title=alt.Title(_COMPONENT_TYPES.get(ctype, ctype), subtitle=r_text),
+    )
+
+
+def _agreement_rows(
+    exact: xr.DataArray, estimate: xr.DataArray
+) -> tuple[list[dict[Hashable, Any]], int]:
+    """One point per cell and estimator where both values are finite.
+
+    Args:
+        exact: prompt-mean exact effects, e.g. (layer, head).
+        estimate: the same with an ``estimator`` dim first.
+
+    Returns:
+        The points (the cell's coordinates, ``estimator``, ``exact``, ``estimate``) and how
+        many (cell, estimator) pairs have no place on the axes (NaN or infinite).
+    """
+    rows, not_computed = [], 0
+    for label in estimate["estimator"].values.tolist():
+        est = estimate.sel(estimator=label)
+        for index in np.ndindex(exact.shape):
+            if not (np.isfinite(exact.values[index]) and np.isfinite(est.values[index])):
+                not_computed += 1
+                continue
+            cell = {
+                dim: int(exact[dim].values[i]) for dim, i in zip(exact.dims, index, strict=True)
+            }
+            rows.append(
+                {
+                    **cell,
+                    "estimator": label,
+                    "exact": float(exact.values[index]),
+                    "estimate": float(est.values[index]),
+                }
+            )
+    return rows, not_computed

@@ -1,0 +1,109 @@
+"""Rendering with no internet: charts to files, and chart widgets that load no CDN.
+
+``export`` uses vl-convert for PNG/SVG and inlines the JavaScript into HTML; an HTML file
+carries no actions menu (its "Open in Vega Editor" link is the one route to the internet)
+unless the chart asked for one. Building a chart changes no global state: Altair's renderer
+stays the one you chose. In Jupyter with no internet, call ``enable_offline`` once (an
+``Explorer`` does) so charts load their JavaScript locally; ``unique_svg_ids`` keeps two
+chart widgets on one page from sharing SVG definitions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+
+#: Font of SVG exports: vl-convert measures text with the first family it has and viewers draw
+#: with the first they have, so naming a wide font that exists here keeps them in agreement
+#: (with the default "sans-serif", Chromium's DejaVu Sans overflows the space measured for a
+#: narrower font and titles are clipped).
+SVG_FONT = "DejaVu Sans, Verdana, sans-serif"
+
+
+def enable_offline() -> None:
+    """Make Jupyter charts load Vega from vl-convert instead of a CDN (works with no internet).
+
+    Switches Altair to its ``"jupyter"`` renderer (charts display as ``alt.JupyterChart``
+    widgets) and bundles the JavaScript once. Bundling takes about 1.5 s (switching the
+    renderer, microseconds), so lenscape calls this when the first ``Explorer`` is built,
+    not at import.
+    """
+    alt.renderers.enable("jupyter", offline=True)
+    alt.JupyterChart.enable_offline()
+    alt.JupyterChart._esm = unique_svg_ids(alt.JupyterChart._esm)
+
+
+#: Marks a chart-widget script whose SVG definition ids are made unique (``unique_svg_ids``).
+SVG_ID_PREFIX = "__lenscapeSvgIds"
+#: The id stems Vega's SVG renderer numbers from 0 in each copy of its script.
+_SVG_ID_STEMS = ('"gradient_"', '"clip"+')
+
+
+def unique_svg_ids(script: str) -> str:
+    """Give the SVG definitions of each chart widget ids of its own.
+
+    Every ``alt.JupyterChart`` widget loads its own copy of Vega, and each copy numbers legend
+    gradients and clip paths from 0 (``gradient_0``, ``clip1``); with two charts on one page
+    ``url(#gradient_0)`` then resolves to the first chart's gradient and a legend shows
+    another chart's colours. This prefixes the ids with a random stem drawn when the copy
+    loads, so they differ between charts.
+
+    Args:
+        script: the widget's offline JavaScript (``alt.JupyterChart._esm``).
+
+    Returns:
+        The script with prefixed ids (unchanged when already prefixed).
+
+    Raises:
+        ValueError: if the script does not name the ids as this Vega version does (a new
+            Vega: the patch must be updated, never silently skipped).
+    """
+    if SVG_ID_PREFIX in script:
+        return script
+    missing = [stem for stem in _SVG_ID_STEMS if script.count(stem) != 1]
+    if missing:
+        raise ValueError(
+            f"The chart script does not hold {missing} exactly once, so lenscape cannot make "
+            "its SVG ids unique; this Vega version differs from the tested one (see "
+            "constraints.txt for the tested altair and vl-convert-python)."
+        )
+    for stem in _SVG_ID_STEMS:
+        head = stem.removesuffix("+")
+        script = script.replace(
+            stem, f"{head}+{SVG_ID_PREFIX}" + ("+" if stem.endswith("+") else "")
+        )
+    return f"const {SVG_ID_PREFIX} = Math.random().toString(36).slice(2, 10) + '_';\n" + script
+
+
+def export(chart: Any, path: str | Path, *, scale: float = 2.0) -> Path:
+    """Write a chart (or an ``Explorer``'s current chart) to PNG, SVG or self-contained HTML.
+
+    Args:
+        chart: an Altair chart, or anything with a ``.chart`` attribute holding one.
+        path: output file; the suffix picks the format: ``.png``, ``.svg`` or ``.html``.
+        scale: pixel density of PNGs (2 = sharp on high-DPI screens and slides).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: for any other suffix.
+    """
+    if not isinstance(chart, alt.TopLevelMixin):
+        chart = chart.chart
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".png":
+        chart.save(path, format="png", scale_factor=scale)
+    elif suffix == ".svg":
+        chart.configure(font=SVG_FONT).save(path, format="svg")
+    elif suffix == ".html":  # no actions menu (its Vega Editor link goes online) unless asked
+        meta = chart.to_dict().get("usermeta", {}).get("embedOptions", {})
+        chart.save(
+            path, format="html", inline=True, embed_options={"actions": meta.get("actions", False)}
+        )
+    else:
+        raise ValueError(f"Cannot export to {path.name!r}; use a .png, .svg or .html suffix.")
+    return path
