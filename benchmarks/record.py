@@ -7,7 +7,7 @@
 
 Without a name (as ``make bench`` runs it) it fits nothing: it summarises what is recorded.
 Each finished unit (one seed of one task; one model's masks) is written at once into
-``toolkit/lenscape/recorded_data``; a restarted run skips what exists, so an interrupted
+``toolkit/lenscape/fits/recorded_data``; a restarted run skips what exists, so an interrupted
 recording resumes from the last finished unit. Run it alone on the machine (one torch
 thread by default, so a second core stays free), then commit the new files. Every file
 carries the command, commit, date, machine, torch threads and wall time of its run.
@@ -25,7 +25,8 @@ import _report
 import torch
 
 import lenscape as lsc
-from lenscape import aggregate, recordings
+from lenscape import aggregate
+from lenscape.fits import recordings
 
 
 def commit() -> str:
@@ -197,7 +198,7 @@ def summary(args: argparse.Namespace) -> None:
             )
         )
     intro = """\
-The reference-protocol results shipped in `toolkit/lenscape/recorded_data` (`lsc.recorded`),
+The reference-protocol results shipped in `toolkit/lenscape/fits/recorded_data` (`lsc.recorded`),
 read from the files (each file carries its command, commit, date, machine, torch threads and
 wall time). Head roles (F4): `lsc.head_gating` at its defaults (the reference protocol), one
 seed at a time, training split, validation split held out. Causal check: each role's whole set

@@ -11,7 +11,8 @@ import xarray as xr
 from _helpers import TESTS, torch_threads
 
 import lenscape as lsc
-from lenscape import recordings, schema, store
+from lenscape import schema, store
+from lenscape.fits import recordings
 
 PROVENANCE = {"command": "test", "commit": "abc", "date": "2026-11-24", "machine": "test"}
 

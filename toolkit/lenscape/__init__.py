@@ -15,10 +15,10 @@ from .fits import (
     head_gating,
     mask_comparison,
     masked_loss,
+    recorded,
     task_loss,
 )
 from .models import ArchLayout, LayoutCheckError, LensModel, ModelSpec, check, from_hf, load
-from .recordings import recorded
 from .store import open_result as open
 from .store import save
 from .views import (

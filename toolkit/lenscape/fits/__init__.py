@@ -1,11 +1,13 @@
 """Learned fits with the model frozen: causal head gating and per-cluster block masks.
 
 ``optim`` holds what both share (Adam until the gates stop moving, the precision of the
-passes); ``gating`` and ``masks`` are the two fits and their causal checks.
+passes); ``gating`` and ``masks`` are the two fits and their causal checks; ``recordings``
+ships their reference-protocol runs (``recorded_data/``), made once and checked on load.
 """
 
 from .gating import gating_check, head_gating, task_loss
 from .masks import apply_mask, block_mask_estimate, block_masks, mask_comparison, masked_loss
+from .recordings import recorded
 
 __all__ = [
     "apply_mask",
@@ -15,5 +17,6 @@ __all__ = [
     "head_gating",
     "mask_comparison",
     "masked_loss",
+    "recorded",
     "task_loss",
 ]

@@ -50,11 +50,11 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from . import _validate, cluster, data, schema, store
-from .data import PromptSet
-from .fits.gating import gating_check, head_gating
-from .fits.masks import block_masks, mask_comparison
-from .models import LensModel
+from .. import _validate, cluster, data, schema, store
+from ..data import PromptSet
+from ..models import LensModel
+from .gating import gating_check, head_gating
+from .masks import block_masks, mask_comparison
 
 RECORDED_DIR = Path(__file__).resolve().parent / "recorded_data"
 NAMES = ("head_roles", "head_roles_check", "block_masks")
@@ -221,7 +221,7 @@ def _check_values(ds: xr.Dataset, path: Path) -> None:
             raise ValueError(
                 f"{path} holds {name!r}, a variable lenscape's recordings do not have; it was "
                 "written by other code or another lenscape version: re-record it (or give "
-                "the variable its range in lenscape.recordings.VALUE_RANGES)."
+                "the variable its range in lenscape.fits.recordings.VALUE_RANGES)."
             )
         rule = VALUE_RANGES[str(name)]
         values = np.asarray(var.values, dtype=np.float64)
