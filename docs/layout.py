@@ -25,7 +25,7 @@ PACKAGE = ROOT / "toolkit" / "lenscape"
 DOC = ROOT / "docs" / "architecture.md"
 #: Most lines of code a function may have without a reason given.
 LIMIT = 60
-MARKER = re.compile(r"(<!-- layout:(\w+) -->\n).*?(\n<!-- /layout:\2 -->)", re.DOTALL)
+MARKER = re.compile(r"(<!-- layout:(\w+) -->\n)(?:.*?\n)?(<!-- /layout:\2 -->)", re.DOTALL)
 
 
 def code_lines(source: str) -> set[int]:
@@ -121,7 +121,7 @@ PARTS = {"tree": tree_table, "long": long_table, "methods": methods_table}
 
 def rendered(text: str) -> str:
     """``text`` (docs/architecture.md) with every marked part regenerated."""
-    return MARKER.sub(lambda m: m[1] + PARTS[m[2]]() + m[3], text)
+    return MARKER.sub(lambda m: m[1] + PARTS[m[2]]() + "\n" + m[3], text)
 
 
 def main() -> int:

@@ -8,7 +8,7 @@ import pytest
 import xarray as xr
 
 import lenscape as lsc
-from lenscape.capture.edges import Graph
+from lenscape.capture.edges.graph import Graph
 from lenscape.views.circuit import circuit_graph, edge_heatmap, faithfulness_curve
 
 
@@ -46,7 +46,7 @@ def test_graph_draws_the_top_edges_with_score_tooltips(scores):
 def test_graph_of_a_circuit_with_a_kind_filter(scores):
     graph = Graph(2, 4, 2)
     kept = np.zeros(graph.valid.shape, dtype=bool)
-    labels = graph.receiver_labels()
+    labels = graph.receiver_labels
     kept[0, labels.index("L1.KV1.k")] = True  # embed -> key head 1 of layer 1
     kept[0, labels.index("logits")] = True
     circuit = xr.zeros_like(scores, dtype=bool).copy(data=kept)
@@ -66,7 +66,7 @@ def test_a_circuit_is_a_mask_whose_not_computed_edges_are_never_drawn(scores):
     """Only the circuit's kept edges are drawn (``mask_rules.kept``: computed and non-zero);
     a NaN edge ("not computed") is not kept."""
     graph = Graph(2, 4, 2)
-    labels = graph.receiver_labels()
+    labels = graph.receiver_labels
     mask = np.zeros(graph.valid.shape)
     mask[0, labels.index("logits")] = 1.0
     mask[0, labels.index("L1.KV1.k")] = np.nan

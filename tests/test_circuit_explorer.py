@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from lenscape.capture.edges import Graph
+from lenscape.capture.edges.graph import Graph
 from lenscape.views.circuit_explorer import CircuitExplorer
 
 
