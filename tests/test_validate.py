@@ -222,6 +222,22 @@ def test_result_helper(tiny_llama):
         )
 
 
+def test_result_helper_checks_the_method_attr(tiny_llama):
+    scores = lsc.direct_logit_attribution(tiny_llama, [PARIS], progress=False)
+    ok = ("direct_logit_attribution",)
+    assert _validate.result("r", scores, kind=xr.DataArray, made_by="f", methods=ok) is scores
+    by_hand = scores.copy()
+    del by_hand.attrs["method"]  # made by hand: judged by its type and dims alone
+    _validate.result("r", by_hand, kind=xr.DataArray, made_by="f", methods=ok)
+    with pytest.raises(ValueError, match=r"r is a result of 'direct_logit_attribution', not of f"):
+        _validate.result("r", scores, kind=xr.DataArray, made_by="f", methods=("head_gating",))
+    report = scores.to_dataset(name="s").assign_attrs(method="gating_check")
+    with pytest.raises(ValueError, match=r"a result of 'gating_check', not of f"):
+        _validate.result(
+            "r", report, kind=xr.Dataset, made_by="f", variables=["t"], methods=("head_gating",)
+        )
+
+
 def test_labels_reads_by_label_and_names_what_does_not_match(tiny_llama):
     scores = lsc.direct_logit_attribution(tiny_llama, [PARIS], progress=False).isel(prompt=0)
     layers, heads = list(range(3)), list(range(4))

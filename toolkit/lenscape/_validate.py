@@ -15,8 +15,10 @@ allowed range raises ``ValueError``.
 - ``strings``: a list of strings, where a plain string would be read letter by letter;
 - ``not_empty``: a collection that must hold something (prompts, validation sets);
 - ``values``: arrays of numbers passed in (gates, masks): finite, in range, binary;
-- ``result``: results passed back in: their kind, variables, dims and the model they
-  were computed on (by name and layout fingerprint);
+- ``result``: results passed back in: their kind (type and the ``method`` attr that
+  names what made them), variables, dims and the model they were computed on (by name,
+  layout and weights fingerprints);
+- ``labels``: a result read by its labels, never by position;
 
 Each check runs once per call, before any batch.
 """
@@ -309,6 +311,7 @@ def result(
     origin: Mapping[str, Any] | None = None,
     variables: Sequence[str] = (),
     dims: Sequence[str] = (),
+    methods: Sequence[str] = (),
 ) -> Any:
     """Check a result passed back in: its kind, its variables and dims, and that it was
     computed on the model ``origin`` describes (``LensModel.origin``: name, layout and
@@ -320,13 +323,17 @@ def result(
             "lsc.head_gating").
         variables: data variables a Dataset must hold.
         dims: dims the result (each of ``variables``, for a Dataset) must have.
+        methods: the ``method`` attrs of the results accepted (e.g. ``("head_gating",)``);
+            a result that records another method is refused, one without the attr (made
+            by hand) is judged by its type, variables and dims alone. Empty: any method.
 
     Returns:
         ``value``, unchanged.
 
     Raises:
         TypeError: the wrong kind (a DataArray for a Dataset, a tensor for a DataArray ...).
-        ValueError: a missing variable or dim, or a result from another model.
+        ValueError: a result of another method, a missing variable or dim, or a result
+            from another model.
     """
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(value, kinds):
@@ -339,6 +346,11 @@ def result(
             f"{name} must be an xarray.{' or '.join(k.__name__ for k in kinds)} from "
             f"{made_by}, got "
             f"{type(value).__name__}{hint}."
+        )
+    made = value.attrs.get("method")
+    if methods and made is not None and made not in methods:
+        raise ValueError(
+            f"{name} is a result of {made!r}, not of {made_by}; pass the result of {made_by}."
         )
     if isinstance(value, xr.Dataset):
         missing = [v for v in variables if v not in value.data_vars]
