@@ -12,7 +12,7 @@ import torch
 import lenscape as lsc
 from lenscape.sweep import metrics
 from lenscape.sweep.backend import get_backend
-from lenscape.sweep.inputs import prepare
+from lenscape.sweep.inputs import Inputs, tokenize
 from lenscape.sweep.relevance import RULE_SETS, Rules, relevance_rules
 
 FAMILIES = ("llama", "qwen3", "gemma3")
@@ -62,20 +62,16 @@ def model64(request, tokenizer):
     return _tiny(request.param, tokenizer, "float64")
 
 
+def _first_batch(model, prompts):
+    """All of ``prompts`` in one right-padded batch (logit difference, nnsight)."""
+    tokens = tokenize(model, prompts, needs_corrupt=True, needs_distractor=True)
+    return Inputs(model, tokens, "logit_diff", "block", "nnsight", len(prompts), "right").batch(0)
+
+
 @pytest.fixture(scope="module")
 def batch(tiny_llama, factual):
     """Three factual pairs, right-padded (their clean texts differ in length)."""
-    inputs = prepare(
-        tiny_llama,
-        factual[:3],
-        metric="logit_diff",
-        level="block",
-        backend="nnsight",
-        batch_size=3,
-        padding_side="right",
-        needs_corrupt=True,
-    )
-    return inputs.batch(0)
+    return _first_batch(tiny_llama, factual[:3])
 
 
 def _logits(model, batch) -> torch.Tensor:
@@ -160,17 +156,7 @@ def test_relevance_conserved_and_relp_exact_for_a_patch_to_zero(model64, factual
     relevance of the residual stream entering any block sums (over positions) to the metric;
     patching it to zero sends every activation after it, and the metric, to zero (no biases),
     so RelP's estimate of that patch is exact. Plain gradients (AtP) are not."""
-    inputs = prepare(
-        model64,
-        factual[:3],
-        metric="logit_diff",
-        level="block",
-        backend="nnsight",
-        batch_size=3,
-        padding_side="right",
-        needs_corrupt=True,
-    )
-    batch = inputs.batch(0)
+    batch = _first_batch(model64, factual[:3])
     site = ("resid_pre", layer)
     with relevance_rules(model64, "relp-ah"):
         metric, grads, run = _coefficients(model64, batch, [site])
