@@ -44,6 +44,13 @@ def _shown(value: Any) -> str:
     )
 
 
+def _bounds(low: Any, high: Any, both: str) -> str:
+    """How a range reads in a message: ``both`` when both ends are given, else one end."""
+    if low is not None and high is not None:
+        return both
+    return f" >= {low}" if low is not None else f" <= {high}" if high is not None else ""
+
+
 # Without ``none_means`` None is refused, so the result is an int.
 @overload
 def positive_int(name: str, value: Any) -> int: ...
@@ -85,15 +92,7 @@ def integer(name: str, value: Any, *, low: int | None = None, high: int | None =
         TypeError: not an integer (a float, a string, a bool ...).
         ValueError: outside ``[low, high]``.
     """
-    wanted = "an integer" + (
-        f" from {low} to {high}"
-        if low is not None and high is not None
-        else f" >= {low}"
-        if low is not None
-        else f" <= {high}"
-        if high is not None
-        else ""
-    )
+    wanted = "an integer" + _bounds(low, high, f" from {low} to {high}")
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise TypeError(f"{name} must be {wanted}, got {_shown(value)}.")
     whole = int(value)
@@ -144,15 +143,7 @@ def number(
         TypeError: not a real number (a string such as "0.5", None, a bool ...).
         ValueError: NaN, infinite, or outside the bounds.
     """
-    bounds = (
-        f" in [{low}, {high}]"
-        if low is not None and high is not None
-        else f" >= {low}"
-        if low is not None
-        else f" <= {high}"
-        if high is not None
-        else ""
-    )
+    bounds = _bounds(low, high, f" in [{low}, {high}]")
     if above is not None:
         bounds += f" and > {above}" if bounds else f" > {above}"
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
@@ -347,19 +338,19 @@ def result(
             f"{made_by}, got "
             f"{type(value).__name__}{hint}."
         )
-    made = value.attrs.get("method")
+    checked = cast("xr.DataArray | xr.Dataset", value)  # one of the kinds: xarray types
+    made = checked.attrs.get("method")
     if methods and made is not None and made not in methods:
         raise ValueError(
             f"{name} is a result of {made!r}, not of {made_by}; pass the result of {made_by}."
         )
-    if isinstance(value, xr.Dataset):
-        missing = [v for v in variables if v not in value.data_vars]
+    if isinstance(checked, xr.Dataset):
+        missing = [v for v in variables if v not in checked.data_vars]
         if missing:
             raise ValueError(
                 f"{name} lacks the variable(s) {missing}: it is not a result of {made_by} "
-                f"(it holds {list(value.data_vars)})."
+                f"(it holds {list(checked.data_vars)})."
             )
-    checked = cast("xr.DataArray | xr.Dataset", value)  # one of the kinds: xarray types
     arrays = [checked[v] for v in variables] if isinstance(checked, xr.Dataset) else [checked]
     for array in arrays:
         absent = [d for d in dims if d not in array.dims]
