@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 from _helpers import TESTS
 
 import lenscape as lsc
@@ -343,8 +344,11 @@ def test_bad_gate_shape(tiny_llama, small_task):
         ({"seeds": "3"}, TypeError, r"seeds must be a number of seeds or a list.*'3'"),
         ({"seeds": [0, 0]}, ValueError, r"seeds must hold at least one seed, each once"),
         ({"seeds": [0, -1]}, ValueError, r"seeds\[1\] must be an integer >= 0, got -1"),
-        ({"max_steps": 0}, ValueError, r"max_steps must be a positive integer, got 0"),
-        ({"batch_size": "32"}, TypeError, r"batch_size must be a positive integer, got '32'"),
+        ({"max_steps": 0}, ValueError, r"max_steps must be an integer from 1 to 10000, got 0"),
+        ({"max_steps": 10**9}, ValueError, r"max_steps must be an integer from 1 to 10000"),
+        ({"batch_size": "32"}, TypeError, r"batch_size must be an integer from 1 .*'32'"),
+        ({"batch_size": 10**9}, ValueError, r"batch_size must be an integer from 1 to 1024"),
+        ({"seeds": 101}, ValueError, r"seeds asks for 101 seeds, more than MAX_SEEDS=100"),
         ({"rows_per_pass": 1.5}, TypeError, r"rows_per_pass must be a positive integer"),
         ({"lr": 0}, ValueError, r"lr must be a finite number > 0, got 0"),
         ({"grad_clip": float("inf")}, ValueError, r"grad_clip must be a finite number > 0"),
@@ -373,6 +377,31 @@ def test_task_loss_takes_a_gate_dataarray_and_checks_its_values(tiny_llama, fitt
         lsc.task_loss(tiny_llama, [], gates)
 
 
+def test_gate_results_are_read_by_label(tiny_llama, fitted, small_task):
+    """A sortby or transpose of the gates or of the gating result changes no answer; a
+    result of another method, or with other labels, is refused naming what differs."""
+    gates = fitted["gate_plus"]
+    shuffled = gates.sortby("head", ascending=False).sortby("layer", ascending=False)
+    shuffled = shuffled.transpose("head", "seed", "layer")
+    torch.testing.assert_close(
+        lsc.task_loss(tiny_llama, small_task[:4], shuffled),
+        lsc.task_loss(tiny_llama, small_task[:4], gates),
+    )
+    with pytest.raises(ValueError, match=r"gates's 'head' labels do not match .*missing \[3\]"):
+        lsc.task_loss(tiny_llama, small_task[:4], gates.isel(head=[0, 1, 2]))
+    with pytest.raises(ValueError, match=r"gates is a result of 'gating_check', not of lsc.head"):
+        lsc.task_loss(tiny_llama, small_task[:4], gates.assign_attrs(method="gating_check"))
+    validation = lsc.data.task("syntax", split="validation")[:4]
+    check = lsc.gating_check(tiny_llama, fitted, validation, n_random=20)
+    reordered = fitted.sortby("head", ascending=False).transpose("head", "layer", "seed")
+    again = lsc.gating_check(tiny_llama, reordered, validation, n_random=20)
+    xr.testing.assert_identical(again, check)
+    with pytest.raises(ValueError, match=r"gating's 'layer' labels do not match .*unknown \[7\]"):
+        lsc.gating_check(tiny_llama, fitted.assign_coords(layer=[0, 1, 7]), validation)
+    with pytest.raises(ValueError, match=r"n_random must be an integer from 1 to 10000"):
+        lsc.gating_check(tiny_llama, fitted, validation, n_random=10**6)
+
+
 def test_gating_results_are_checked_for_kind_and_origin(tiny_llama, fitted, tokenizer):
     validation = lsc.data.task("syntax", split="validation")[:4]
     with pytest.raises(TypeError, match=r"gating must be an xarray.Dataset from lsc.head_gating"):
@@ -381,13 +410,13 @@ def test_gating_results_are_checked_for_kind_and_origin(tiny_llama, fitted, toke
         lsc.gating_check(tiny_llama, torch.zeros(2, 2, 4), validation)
     renamed = copy.copy(tiny_llama)
     renamed.name = "another-llama"
-    with pytest.raises(ValueError, match="computed on model 'tiny-llama', not 'another-llama'"):
+    with pytest.raises(ValueError, match=r"model 'tiny-llama' \(the result\) vs 'another-llama'"):
         lsc.gating_check(renamed, fitted, validation)
     # Same name, same number of layers and heads, another layout: the fingerprint tells.
     n = tiny_llama.spec.n_layers
     lookalike = lsc.models.tiny("qwen3", n_layers=n, tokenizer=tokenizer)
     lookalike.name = tiny_llama.name
-    with pytest.raises(ValueError, match=rf"layout 'llama/L{n}/.*but this one has 'qwen3/L{n}/"):
+    with pytest.raises(ValueError, match=rf"layout_fingerprint 'llama/L{n}/.* vs 'qwen3/L{n}/"):
         lsc.gating_check(lookalike, fitted, validation)
     broken = fitted.copy()
     broken["facilitation"] = fitted["facilitation"] * np.nan

@@ -218,14 +218,14 @@ def test_bad_inputs_name_the_fix(tiny_llama, tokenizer, mixed, clusters, learned
         pass
     foreign = learned["mask"].sel(cluster=0).assign_attrs(model="smollm2-135m")
     with (
-        pytest.raises(ValueError, match="learned on 'smollm2-135m'"),
+        pytest.raises(ValueError, match=r"model 'smollm2-135m' \(the result\) vs 'tiny-llama'"),
         apply_mask(tiny_llama, foreign),
     ):
         pass
     deeper = lsc.models.tiny("llama", n_layers=4, seed=0, tokenizer=tokenizer)
     deeper.name = tiny_llama.name
     with (
-        pytest.raises(ValueError, match="needs 4 layers"),
+        pytest.raises(ValueError, match=r"layout_fingerprint 'llama/L3/.* vs 'llama/L4/"),
         apply_mask(deeper, learned["mask"].sel(cluster=0)),
     ):
         pass
@@ -239,9 +239,12 @@ def test_bad_inputs_name_the_fix(tiny_llama, tokenizer, mixed, clusters, learned
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"max_steps": 0}, ValueError, r"max_steps must be a positive integer, got 0"),
+        ({"max_steps": 0}, ValueError, r"max_steps must be an integer from 1 to 10000, got 0"),
+        ({"max_steps": 10**9}, ValueError, r"max_steps must be an integer from 1 to 10000"),
         ({"window": 2.0}, TypeError, r"window must be a positive integer, got 2\.0"),
-        ({"batch_size": 0}, ValueError, r"batch_size must be a positive integer, got 0"),
+        ({"batch_size": 0}, ValueError, r"batch_size must be an integer from 1 to 1024, got 0"),
+        ({"target_sparsity": [0.1] * 21}, ValueError, r"at most MAX_SPARSITIES=20 different"),
+        ({"target_sparsity": [0.1, 0.1]}, ValueError, r"sparsities, each once .*got 2"),
         ({"lr": float("nan")}, ValueError, r"lr must be a finite number > 0, got nan"),
         ({"penalty": -1.0}, ValueError, r"penalty must be a finite number >= 0"),
         ({"tol": "0.1"}, TypeError, r"tol must be a number >= 0, got '0\.1'"),
@@ -267,8 +270,9 @@ def test_block_masks_shows_the_fit_defaults_declared_once():
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"n_random": 0}, ValueError, r"n_random must be a positive integer, got 0"),
-        ({"train_batch_size": 0}, ValueError, r"train_batch_size must be a positive integer"),
+        ({"n_random": 0}, ValueError, r"n_random must be an integer from 1 to 100, got 0"),
+        ({"n_random": 10**9}, ValueError, r"n_random must be an integer from 1 to 100, got"),
+        ({"train_batch_size": 0}, ValueError, r"train_batch_size must be an integer from 1"),
         ({"max_step": 3}, TypeError, r"unknown fit option\(s\) \['max_step'\]"),
         ({"loss": "mse"}, ValueError, r"Unknown loss 'mse'"),
     ],
@@ -312,12 +316,53 @@ def test_masks_passed_back_must_be_binary_finite_and_from_this_model(
     lookalike = lsc.models.tiny("qwen3", n_layers=n, tokenizer=tokenizer)
     lookalike.name = tiny_llama.name  # same name and shape, another layout
     with (
-        pytest.raises(ValueError, match=rf"but this one has 'qwen3/L{n}/"),
+        pytest.raises(ValueError, match=rf"layout_fingerprint 'llama/L{n}/.* vs 'qwen3/L{n}/"),
         apply_mask(lookalike, learned["mask"].sel(cluster=0)),
     ):
         pass
-    with pytest.raises(ValueError, match=rf"but this one has 'qwen3/L{n}/"):
+    with pytest.raises(ValueError, match=rf"layout_fingerprint 'llama/L{n}/.* vs 'qwen3/L{n}/"):
         masked_loss(lookalike, mixed[:2], learned["mask"])
+    gates = learned["mask"].assign_attrs(method="head_gating")
+    with pytest.raises(ValueError, match=r"masks is a result of 'head_gating', not of lsc.block"):
+        masked_loss(tiny_llama, mixed[:2], gates)
+
+
+def _logits(model, text: str) -> torch.Tensor:
+    ids = model.tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        return model.hf(input_ids=ids).logits
+
+
+def test_masks_are_read_by_label(tiny_llama, mixed, clusters, learned):
+    """A sortby or transpose of the masks (or of the clustering's labels) changes no
+    answer; labels that are not the model's are refused by name."""
+    masks = learned["mask"]
+    shuffled = masks.sortby("component", ascending=False).sortby("layer", ascending=False)
+    shuffled = shuffled.transpose("component", "cluster", "layer")
+    torch.testing.assert_close(
+        masked_loss(tiny_llama, mixed[:2], shuffled), masked_loss(tiny_llama, mixed[:2], masks)
+    )
+    one = masks.sel(cluster=1)
+    with apply_mask(tiny_llama, one):
+        expected = _logits(tiny_llama, mixed[0].text)
+    with apply_mask(tiny_llama, shuffled.sel(cluster=1)):
+        torch.testing.assert_close(_logits(tiny_llama, mixed[0].text), expected)
+    with apply_mask(tiny_llama, masks, clusters=clusters):
+        routed = _logits(tiny_llama, mixed[0].text)
+    with apply_mask(tiny_llama, shuffled.sortby("cluster", ascending=False), clusters=clusters):
+        torch.testing.assert_close(_logits(tiny_llama, mixed[0].text), routed)
+    with pytest.raises(ValueError, match=r"masks's 'component' labels do not match .*\['mlp'\]"):
+        masked_loss(tiny_llama, mixed[:2], masks.sel(component=["attn"]))
+    with (
+        pytest.raises(ValueError, match=r"masks's 'cluster' labels do not match .*unknown \[9\]"),
+        apply_mask(tiny_llama, masks.assign_coords(cluster=[0, 1, 2, 9]), clusters=clusters),
+    ):
+        pass
+    reversed_labels = clusters.labels.sortby("prompt", ascending=False)
+    moved = cluster.Clustering(reversed_labels, clusters.centroids)
+    estimate = lsc.block_mask_estimate(tiny_llama, mixed, clusters=clusters, progress=False)
+    again = lsc.block_mask_estimate(tiny_llama, mixed, clusters=moved, progress=False)
+    xr.testing.assert_identical(again, estimate)
 
 
 def test_routing_with_the_masked_model_as_encoder_is_refused(tiny_llama, learned, clusters):

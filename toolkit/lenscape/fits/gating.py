@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -41,6 +41,8 @@ from ..sweep.backend import Site, standing_edit
 from ..sweep.inputs import pad
 from ..sweep.options import DEFAULTS
 from .optim import (
+    MAX_FIT_BATCH,
+    MAX_FIT_STEPS,
     Fit,
     Precision,
     Resume,
@@ -53,6 +55,12 @@ from .optim import (
 
 CLIP = 4.0
 STAGES = ("stage0", "plus", "minus")
+#: Most seeds one fit takes: the reference and the recorded roles use 10, and 100 seeds
+#: resolve "in what share of seeds" to 1%; each seed is three more gate sets in every pass.
+MAX_SEEDS = 100
+#: What made the results these functions take back (their ``method`` attr).
+GATING_METHOD = "head_gating"
+GATES_MADE_BY = "lsc.head_gating (e.g. gating['gate_plus'])"
 
 
 def _encode(model: LensModel, prompts: PromptSet) -> list[tuple[list[int], int]]:
@@ -223,6 +231,11 @@ def _validation_loss(
     return total / len(items)
 
 
+def _grid(model: LensModel) -> dict[str, range]:
+    """The model's own (layer, head) labels, to read gate results by."""
+    return {"layer": range(model.spec.n_layers), "head": range(model.spec.n_heads)}
+
+
 def _check_gates(model: LensModel, gates) -> torch.Tensor:
     spec = model.spec
     gates = torch.ones(1, spec.n_layers, spec.n_heads) if gates is None else torch.as_tensor(gates)
@@ -235,43 +248,55 @@ def _check_gates(model: LensModel, gates) -> torch.Tensor:
 
 
 def task_loss(
-    model: LensModel, prompts: Prompts, gates: torch.Tensor | None = None, *, batch_size: int = 8
+    model: LensModel,
+    prompts: Prompts,
+    gates: torch.Tensor | xr.DataArray | None = None,
+    *,
+    batch_size: int = 8,
 ) -> torch.Tensor:
     """Mean target NLL of ``prompts`` under each gate set: a causal check of gate results.
 
     Args:
         gates: (sets, layer, head) values in [0, 1] scaling each head's output (0 ablates
-            it); default: one set of all-ones (the unmodified model).
+            it): a tensor or array in the model's layer and head order, or a DataArray of
+            ``head_gating`` (e.g. ``gating["gate_plus"]``), read by its ``layer`` and
+            ``head`` labels (any order, any transpose), whose other dims (``seed``) are
+            the sets, flattened in the order given; default: one set of all-ones (the
+            unmodified model).
 
     Returns:
         (sets,) mean over prompts of each prompt's mean NLL on its target tokens, in nats.
 
     Raises:
         TypeError: gates that are not numbers (a Dataset: pick one of its gate variables).
-        ValueError: gates outside [0, 1] or NaN, gates from another model, no prompts.
+        ValueError: gates outside [0, 1] or NaN, gates of another method or from another
+            model, a DataArray whose layers or heads are not the model's, no prompts.
     """
     batch_size = _validate.positive_int("batch_size", batch_size)
     _validate.not_empty("prompts", as_prompt_set(prompts), fix="pass at least one prompt")
+    given: Any = gates
     if isinstance(gates, (xr.DataArray, xr.Dataset)):
-        gates = _validate.result(
+        _validate.result(
             "gates",
             gates,
             kind=xr.DataArray,
-            made_by="lsc.head_gating (e.g. gating['gate_plus'])",
+            made_by=GATES_MADE_BY,
             origin=model.origin,
             dims=("layer", "head"),
-        ).transpose(..., "layer", "head")
-    if gates is not None:
-        gates = torch.as_tensor(
+            methods=(GATING_METHOD,),
+        )
+        given = _validate.labels("gates", gates, _grid(model), made_by=GATES_MADE_BY).values
+    if given is not None:
+        given = torch.as_tensor(
             _validate.values(
-                "gates", gates, low=0, high=1, fix="pass gate values in [0, 1] (0 removes a head)"
+                "gates", given, low=0, high=1, fix="pass gate values in [0, 1] (0 removes a head)"
             ),
             dtype=torch.float32,
         )
-    gates = _check_gates(model, gates)
+    sets = _check_gates(model, given)
     items = _encode(model, as_prompt_set(prompts))
     with _Gates(model) as hooks:
-        return _validation_loss(model, hooks, gates, items, batch_size).cpu()
+        return _validation_loss(model, hooks, sets, items, batch_size).cpu()
 
 
 def _uniform_logits(seed: int, shape: tuple[int, int]) -> torch.Tensor:
@@ -304,13 +329,15 @@ def head_gating(
         model: a ``LensModel``.
         task: prompts whose ``target`` is the answer (one or more tokens), e.g.
             ``lsc.data.task("math")``; the loss is on target tokens only.
-        seeds: number of seeds (0..n-1) or an explicit list; each seed draws its own uniform
-            start and its own minibatches.
+        seeds: number of seeds (0..n-1) or an explicit list (at most ``MAX_SEEDS``); each
+            seed draws its own uniform start and its own minibatches.
         lambda_: regulariser strength (>= 0) on gate logits clamped to +-4.
         lr: Adam learning rate on gate logits (reference: 1.0).
-        batch_size: items per gate set per update (reference: 32).
+        batch_size: items per gate set per update (reference: 32; at most
+            ``optim.MAX_FIT_BATCH``).
         grad_clip: maximum gradient norm of each gate set (reference: 1.0).
-        max_steps: most updates per stage (the reference example runs 500).
+        max_steps: most updates per stage (the reference example runs 500; at most
+            ``optim.MAX_FIT_STEPS``).
         window: convergence is checked every ``window`` updates ...
         tol: ... and a gate set's stage ends when the mean absolute change of its gates
             over the last window is below ``tol``.
@@ -336,18 +363,25 @@ def head_gating(
         ``steps_minus``) and whether every set converged (``converged``) in attrs.
 
     Raises:
-        TypeError, ValueError: an option of the wrong type or out of range, an empty task.
+        TypeError, ValueError: an option of the wrong type or out of range (more than
+            ``MAX_SEEDS`` seeds, ``max_steps`` above ``optim.MAX_FIT_STEPS``, ``batch_size``
+            above ``optim.MAX_FIT_BATCH``), an empty task.
         ValueError: a ``checkpoint`` folder holding the state of another fit (other model
             weights, prompts or settings: each difference is named) or a damaged state
             file; the message names the file and says to use a new folder or delete it.
     """
     seed_list = _validate.seed_list("seeds", seeds)
+    if len(seed_list) > MAX_SEEDS:
+        raise ValueError(
+            f"seeds asks for {len(seed_list)} seeds, more than MAX_SEEDS={MAX_SEEDS} (each "
+            "seed is three more gate sets in every pass); the reference uses 10."
+        )
     lambda_ = _validate.number("lambda_", lambda_, low=0)  # its sign is set per stage
     lr = _validate.number("lr", lr, above=0)
     grad_clip = _validate.number("grad_clip", grad_clip, above=0)
     tol = _validate.number("tol", tol, low=0)
-    max_steps = _validate.positive_int("max_steps", max_steps)
-    batch_size = _validate.positive_int("batch_size", batch_size)
+    max_steps = _validate.integer("max_steps", max_steps, low=1, high=MAX_FIT_STEPS)
+    batch_size = _validate.integer("batch_size", batch_size, low=1, high=MAX_FIT_BATCH)
     window = _validate.positive_int("window", window)
     rows_per_pass = _validate.positive_int("rows_per_pass", rows_per_pass)
     progress = _validate.flag("progress", progress)
@@ -564,13 +598,28 @@ def _gating_result(
 TIE = 1e-3  # scores closer than this are one value: saturated gates differ only by float noise
 ROLES = {"facilitating": "facilitation", "interfering": "interference"}
 SETS_PER_PASS = 32  # gate sets evaluated together (rows = sets x validation batch)
+#: Most random sets per role (``n_random``): the 5th and 95th percentiles of 10,000 draws
+#: move by about 0.5 percentile between seeds, and each set is one more pass over the
+#: validation prompts.
+MAX_RANDOM_SETS = 10_000
 
 
 def _role_cells(gating: xr.Dataset, score: str, threshold: float) -> np.ndarray:
-    """Flat (layer * n_heads + head) cells whose ``score`` is >= ``threshold`` in every seed."""
-    values = gating[score].transpose(..., "layer", "head").values
+    """Flat (layer * n_heads + head) cells whose ``score`` is >= ``threshold`` in every seed.
+
+    Args:
+        gating: read by label (``_check_gating``): (..., layer, head) in the model's order.
+    """
+    values = gating[score].values
     values = values.reshape(-1, *values.shape[-2:])  # (seed, layer, head), one seed or many
     return np.flatnonzero((values >= threshold).all(axis=0).ravel())
+
+
+def _seed_mean(gating: xr.Dataset, score: str) -> np.ndarray:
+    """(layer, head) mean of ``score`` over its seeds (every dim but layer and head), of
+    ``gating`` read by label (``_check_gating``)."""
+    values = gating[score].values
+    return values.reshape(-1, *values.shape[-2:]).mean(axis=0)
 
 
 def _top_cells(scores: np.ndarray, k: int) -> np.ndarray:
@@ -624,9 +673,11 @@ def gating_check(
 
     Args:
         model: the model the gates were fitted on.
-        gating: a ``head_gating`` result (one seed or many), or ``lsc.recorded("head_roles")``.
+        gating: a ``head_gating`` result (one seed or many), or ``lsc.recorded("head_roles")``,
+            read by its ``layer`` and ``head`` labels (any order, any transpose).
         validation: held-out prompts (never the training items).
-        n_random: random sets per role (at least 20; 200 or more for stable percentiles).
+        n_random: random sets per role (20 to ``MAX_RANDOM_SETS``; 200 or more for stable
+            percentiles).
         threshold: the role threshold (0.5 in the reference).
         k: instead of the role sets, the ``k`` heads with the highest seed-mean score per
             role; refused when the k-th score is tied (a top-k of tied heads is a draw).
@@ -641,12 +692,18 @@ def gating_check(
         whose loss is below ``loss_off``, in %), ``passes``, ``reason`` ("" where
         defined); ``loss_random_off`` (role, draw); ``in_set`` (role, layer, head);
         ``loss_intact`` and ``all_pass`` (both roles pass) as scalars.
+
+    Raises:
+        TypeError: ``gating`` that is not a Dataset, options of the wrong type.
+        ValueError: ``gating`` of another method or model, whose layers or heads are not
+            the model's, or whose scores lie outside [0, 1]; options out of range; a tied
+            top ``k``; no validation prompts.
     """
-    _check_gating(model, gating)
+    gating = _check_gating(model, gating)
     _validate.not_empty(
         "validation", as_prompt_set(validation, name="validation"), fix="pass held-out prompts"
     )
-    n_random = _validate.positive_int("n_random", n_random)
+    n_random = _validate.integer("n_random", n_random, low=1, high=MAX_RANDOM_SETS)
     threshold = _validate.number("threshold", threshold, low=0, high=1)
     k = _validate.positive_int("k", k, none_means="use the role sets")
     seed = _validate.integer("seed", seed, low=0)
@@ -664,7 +721,7 @@ def gating_check(
     sets = {
         role: _role_cells(gating, score, threshold)
         if k is None
-        else _top_cells(gating[score].mean("seed").values, k)
+        else _top_cells(_seed_mean(gating, score), k)
         for role, score in ROLES.items()
     }
     reasons = {role: _undefined(role, cells, n_cells, threshold) for role, cells in sets.items()}
@@ -695,9 +752,14 @@ def gating_check(
     return _check_result(model, sets, reasons, table, random_off, float(losses[0]), attrs)
 
 
-def _check_gating(model: LensModel, gating: Any) -> None:
-    """Refuse what is not a ``head_gating`` result of ``model``: its kind, variables and
-    layout (``_validate.result``), scores outside [0, 1], another (layer, head) grid."""
+def _check_gating(model: LensModel, gating: Any) -> xr.Dataset:
+    """Refuse what is not a ``head_gating`` result of ``model`` (its kind, method,
+    variables and origin: ``_validate.result``; its layers and heads: ``_validate.labels``)
+    or holds scores outside [0, 1].
+
+    Returns:
+        ``gating`` read by label: every variable (..., layer, head) in the model's order.
+    """
     _validate.result(
         "gating",
         gating,
@@ -706,17 +768,14 @@ def _check_gating(model: LensModel, gating: Any) -> None:
         origin=model.origin,
         variables=tuple(ROLES.values()),
         dims=("layer", "head"),
+        methods=(GATING_METHOD,),
+    )
+    aligned = cast(
+        xr.Dataset, _validate.labels("gating", gating, _grid(model), made_by="lsc.head_gating")
     )
     for score in ROLES.values():
-        _validate.values(f"gating[{score!r}]", gating[score], low=0, high=1, fix="refit it")
-    spec = model.spec
-    sizes = {dim: gating["facilitation"].sizes.get(dim) for dim in ("layer", "head")}
-    if (sizes["layer"], sizes["head"]) != (spec.n_layers, spec.n_heads):
-        raise ValueError(
-            f"The gating result has {dict(gating['facilitation'].sizes)}; "
-            f"{model.name} has {spec.n_layers} layers x {spec.n_heads} heads. "
-            "Check it with the model it was fitted on."
-        )
+        _validate.values(f"gating[{score!r}]", aligned[score], low=0, high=1, fix="refit it")
+    return aligned
 
 
 def _undefined(role: str, cells: np.ndarray, n_cells: int, threshold: float) -> str:

@@ -27,7 +27,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -42,6 +42,8 @@ from ..sweep.backend import BeforeFn, Site, standing_edit
 from ..sweep.inputs import pad
 from ..sweep.options import DEFAULTS
 from .optim import (
+    MAX_FIT_BATCH,
+    MAX_FIT_STEPS,
     Fit,
     Precision,
     Resume,
@@ -57,6 +59,16 @@ COMPONENTS = schema.BLOCK_COMPONENTS  # ("attn", "mlp")
 LOSSES = ("nll", "kl")
 STRATEGIES = ("routed", "global", "random")
 BINARY_FIX = "pass the binary masks (result['mask']), not the probabilities (result['keep_prob'])"
+#: What made the masks ``apply_mask`` and ``masked_loss`` take back (their ``method`` attr).
+MASK_METHODS = ("block_masks", "block_mask_estimate", "mask_comparison")
+MASKS_MADE_BY = "lsc.block_masks (e.g. result['mask'])"
+#: Most target sparsities one fit or comparison takes: each is one more set per cluster in
+#: every pass, and the reference compares 5; a mask keeps a whole number of the 2L blocks,
+#: so more sparsities than that only repeat masks.
+MAX_SPARSITIES = 20
+#: Most random masks per sparsity in ``mask_comparison`` (``n_random``): each is one more
+#: pass over the held-out texts, and their mean settles within a few (the default is 3).
+MAX_RANDOM_MASKS = 100
 
 
 @contextlib.contextmanager
@@ -78,27 +90,38 @@ def _scaled_blocks(
         yield
 
 
-def _check_model(model: LensModel, masks: xr.DataArray | xr.Dataset) -> None:
-    """A mask learned on another model cannot be applied: say which one it came from."""
-    origin = masks.attrs.get("model")
-    if origin is not None and origin != model.name:
-        raise ValueError(
-            f"The masks were learned on {origin!r}, not {model.name!r}; learn "
-            "masks for this model with lsc.block_masks(model, ...)."
-        )
-    if masks.sizes.get("layer") != model.spec.n_layers or list(masks["component"].values) != list(
-        COMPONENTS
-    ):
-        raise ValueError(
-            f"The mask has {masks.sizes.get('layer')} layers and components "
-            f"{list(masks['component'].values)}; {model.name} needs "
-            f"{model.spec.n_layers} layers and {list(COMPONENTS)}: it was learned "
-            "on another model; learn masks for this one with lsc.block_masks."
-        )
+def _read_masks(
+    model: LensModel, masks: Any, *, sets: dict[str, Sequence[Any]] | None = None
+) -> xr.DataArray:
+    """Binary masks passed back in, checked and read by label.
 
+    Args:
+        masks: a DataArray of ``block_masks`` (or of ``block_mask_estimate`` or
+            ``mask_comparison``) with ``layer`` and ``component`` dims.
+        sets: labels of other dims to read by as well, e.g. ``{"cluster": range(k)}``.
 
-def _as_mask_array(masks: xr.DataArray | xr.Dataset) -> xr.DataArray:
-    return masks["mask"] if isinstance(masks, xr.Dataset) else masks
+    Returns:
+        The masks (..., [sets,] layer, component) in the model's order (layers from 0,
+        components attn, mlp), whatever their order and transpose.
+
+    Raises:
+        TypeError: not a DataArray (a Dataset: the message says to pick ``['mask']``).
+        ValueError: masks of another method or from another model, labels that are not
+            the model's (named), probabilities or NaN where a binary mask is expected.
+    """
+    _validate.result(
+        "masks",
+        masks,
+        kind=xr.DataArray,
+        made_by=MASKS_MADE_BY,
+        origin=model.origin,
+        dims=("layer", "component"),
+        methods=MASK_METHODS,
+    )
+    expected = {**(sets or {}), "layer": range(model.spec.n_layers), "component": COMPONENTS}
+    read = cast(xr.DataArray, _validate.labels("masks", masks, expected, made_by=MASKS_MADE_BY))
+    _validate.values("masks", read, binary=True, fix=BINARY_FIX)
+    return read
 
 
 def _check_clusters(clusters) -> Clustering:
@@ -133,14 +156,16 @@ def apply_mask(
     Args:
         masks: one (layer, component) binary mask, e.g. ``masks["mask"].sel(cluster=3)``;
             with ``clusters``, the per-cluster masks (cluster, layer, component) or the
-            ``block_masks`` Dataset.
+            ``block_masks`` Dataset. Read by label (layers, components and clusters in any
+            order, any transpose).
         clusters: route every input: each row of a forward pass that starts a text (more
             than one new token) is decoded, embedded with the clustering's encoder and run
             with its nearest cluster's mask; generation steps keep their row's mask.
 
     Raises:
         TypeError: not a DataArray or a ``block_masks`` Dataset.
-        ValueError: a mask from another model, probabilities or NaN where a binary mask is
+        ValueError: a mask of another method or from another model, labels that are not
+            the model's (or the clusters'), probabilities or NaN where a binary mask is
             expected, a per-cluster mask without ``clusters`` (or the reverse), clusters
             without centroids, or clusters whose encoder is the masked model itself.
     """
@@ -151,17 +176,9 @@ def apply_mask(
         made_by="lsc.block_masks",
         variables=("mask",),
         dims=("layer", "component"),
+        methods=MASK_METHODS,
     )
-    mask = _as_mask_array(masks)
-    _check_model(model, mask)
-    _validate.result(
-        "masks",
-        mask,
-        kind=xr.DataArray,
-        made_by="lsc.block_masks",
-        origin=model.origin,
-    )
-    _validate.values("masks", mask, binary=True, fix=BINARY_FIX)
+    mask = masks["mask"] if isinstance(masks, xr.Dataset) else masks
     encoder = getattr(clusters, "encoder", None)
     if getattr(encoder, "hf", None) is model.hf:
         raise ValueError(
@@ -176,22 +193,20 @@ def apply_mask(
                 "component). Pick one cluster, e.g. masks['mask'].sel(cluster=0), "
                 "or route inputs with apply_mask(model, masks, clusters=clusters)."
             )
-        scale = torch.as_tensor(mask.transpose("layer", "component").values.astype(np.float32)).to(
-            model.device
-        )[None]
+        values = _read_masks(model, mask).values
+        scale = torch.as_tensor(values.astype(np.float32)).to(model.device)[None]
         with _scaled_blocks(model, lambda: scale):
             yield model
         return
     clusters = _check_clusters(clusters)
-    if "cluster" not in mask.dims or mask.sizes["cluster"] != clusters.k:
+    if set(mask.dims) != {"cluster", "layer", "component"}:
         raise ValueError(
             f"Routing needs one mask per cluster ({clusters.k}); the mask has dims "
             f"{dict(mask.sizes)}. Pass the block_masks result learned with these "
             "clusters."
         )
-    per_cluster = torch.as_tensor(
-        mask.transpose("cluster", "layer", "component").values.astype(np.float32)
-    ).to(model.device)
+    routed = _read_masks(model, mask, sets={"cluster": range(clusters.k)}).values
+    per_cluster = torch.as_tensor(routed.astype(np.float32)).to(model.device)
     current: dict[str, torch.Tensor] = {}
 
     def route(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
@@ -368,6 +383,12 @@ def _check_sparsities(
             f"{name} must lie in (0, 1), got {target_sparsity}; "
             "e.g. 0.3 (skip 30% of blocks) or [0.1, 0.3, 0.5]."
         )
+    if len(set(values)) < len(values) or len(values) > MAX_SPARSITIES:
+        raise ValueError(
+            f"{name} must hold at most MAX_SPARSITIES={MAX_SPARSITIES} different sparsities, "
+            f"each once (every one is one more set per cluster in every pass), got "
+            f"{len(values)}: {values[:4]}{' ...' if len(values) > 4 else ''}."
+        )
     return values
 
 
@@ -405,10 +426,12 @@ _FIT_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "lr": lambda name, value: _validate.number(name, value, above=0),
     "penalty": lambda name, value: _validate.number(name, value, low=0),
     "tol": lambda name, value: _validate.number(name, value, low=0),
-    "max_steps": _validate.positive_int,
+    "max_steps": lambda name, value: _validate.integer(name, value, low=1, high=MAX_FIT_STEPS),
     "window": _validate.positive_int,
-    "batch_size": _validate.positive_int,
-    "train_batch_size": _validate.positive_int,
+    "batch_size": lambda name, value: _validate.integer(name, value, low=1, high=MAX_FIT_BATCH),
+    "train_batch_size": lambda name, value: _validate.integer(
+        name, value, low=1, high=MAX_FIT_BATCH
+    ),
     "rows_per_pass": _validate.positive_int,
     "precision": lambda name, value: check_precision(value),
 }
@@ -436,12 +459,24 @@ def _fit_options(given: dict[str, Any], *, caller: str) -> FitOptions:
 
 
 def _members(clusters: Clustering, n_prompts: int) -> list[np.ndarray]:
-    labels = clusters.labels.values
-    if len(labels) != n_prompts:
+    """Per cluster, the indices of its prompts among ``n_prompts``: the clustering's labels
+    read by their ``prompt`` labels (0 .. n - 1), not by position.
+
+    Raises:
+        ValueError: a clustering of another number of prompts, prompt labels that are not
+            0 .. n - 1, or an empty cluster.
+    """
+    if clusters.labels.sizes.get("prompt") != n_prompts:
         raise ValueError(
-            f"The clustering has {len(labels)} prompts but {n_prompts} were "
-            "given; pass the prompts that were clustered."
+            f"The clustering has {clusters.labels.sizes.get('prompt')} prompts but "
+            f"{n_prompts} were given; pass the prompts that were clustered."
         )
+    labels = _validate.labels(
+        "clusters.labels",
+        clusters.labels,
+        {"prompt": range(n_prompts)},
+        made_by="lenscape.cluster.kmeans",
+    ).values
     members = [np.flatnonzero(labels == c) for c in range(clusters.k)]
     empty = [c for c, m in enumerate(members) if len(m) == 0]
     if empty:
@@ -475,14 +510,17 @@ def block_masks(
         prompts: the texts that were clustered (same order as ``clusters.labels``); keep
             held-out texts out of both (``lenscape.cluster.split``).
         clusters: from ``lenscape.cluster.kmeans``.
-        target_sparsity: share of the 2 x n_layers blocks to skip, in (0, 1); a list trains
-            every sparsity in the same stacked batch and adds a ``target_sparsity`` dim.
+        target_sparsity: share of the 2 x n_layers blocks to skip, in (0, 1); a list (of at
+            most ``MAX_SPARSITIES``) trains every sparsity in the same stacked batch and adds
+            a ``target_sparsity`` dim.
         loss: ``"nll"`` (next-token NLL) or ``"kl"`` (distil the unmasked model).
-        max_steps: most Adam updates; a (cluster, sparsity) set stops earlier once its keep
-            probabilities move less than ``tol`` (mean absolute change) over ``window`` updates.
+        max_steps: most Adam updates (at most ``optim.MAX_FIT_STEPS``); a (cluster,
+            sparsity) set stops earlier once its keep probabilities move less than ``tol``
+            (mean absolute change) over ``window`` updates.
         lr: Adam learning rate; penalty: weight of the sparsity term.
         seed: seeds gate noise and minibatches (same seed -> same masks).
-        batch_size: texts per cluster per update; rows_per_pass: rows per forward pass.
+        batch_size: texts per cluster per update (at most ``optim.MAX_FIT_BATCH``);
+            rows_per_pass: rows per forward pass.
         precision: ``"float32"`` or ``"bfloat16"`` (the fit's passes under bfloat16
             autocast; gate logits, Adam and the final ranking stay float32).
         checkpoint: a folder where the fit keeps its state every ``window`` updates; a
@@ -720,32 +758,35 @@ def masked_loss(
 ) -> torch.Tensor:
     """Mean NLL of ``prompts`` under each of several masks (sets, layer, component) -> (sets,).
 
+    Args:
+        masks: binary masks: a tensor or array (sets, layer, component) in the model's
+            order (components attn, mlp), or a DataArray of ``block_masks`` (e.g.
+            ``result["mask"]``), read by its ``layer`` and ``component`` labels (any order,
+            any transpose), whose other dims (``cluster`` ...) are the sets, flattened in
+            the order given.
+
+    Returns:
+        (sets,) the mean over ``prompts`` of each text's mean next-token NLL, in nats.
+
     Raises:
         TypeError: masks that are not numbers (a Dataset: pass ``result['mask']``).
         ValueError: probabilities or NaN where a binary mask is expected, a mask of another
-            shape or from another model, no prompts.
+            shape, of another method or from another model, labels that are not the
+            model's, no prompts.
     """
     batch_size = _validate.positive_int("batch_size", batch_size)
     _validate.not_empty("prompts", prompts, fix="pass at least one text")
     if isinstance(masks, (xr.DataArray, xr.Dataset)):
-        _validate.result(
-            "masks",
-            masks,
-            kind=xr.DataArray,
-            made_by="lsc.block_masks (e.g. result['mask'])",
-            origin=model.origin,
-            dims=("layer", "component"),
-        )
-    shape = np.shape(_validate.values("masks", masks, binary=True, fix=BINARY_FIX))
+        values = _read_masks(model, masks).values
+    else:
+        values = _validate.values("masks", masks, binary=True, fix=BINARY_FIX)
+    shape = np.shape(values)
     if len(shape) < 2 or shape[-2:] != (model.spec.n_layers, 2):
         raise ValueError(
             f"masks must have shape (sets, {model.spec.n_layers}, 2) (layer, component: "
             f"attn, mlp of {model.name}), got {shape}."
         )
-    if isinstance(masks, xr.DataArray):
-        _check_model(model, masks)
-        masks = torch.as_tensor(masks.transpose(..., "layer", "component").values)
-    masks = torch.as_tensor(masks, dtype=torch.float32).reshape(-1, model.spec.n_layers, 2)
+    masks = torch.as_tensor(values, dtype=torch.float32).reshape(-1, model.spec.n_layers, 2)
     items = _encode(model, prompts)
     rows = masks.repeat_interleave(len(items), dim=0)
     losses = _losses_per_row(model, items * len(masks), rows, batch_size)
@@ -779,8 +820,9 @@ def mask_comparison(
         train: the clustered texts (same order as ``clusters.labels``).
         held_out: texts never used for clustering or training (``lenscape.cluster.split``).
         clusters: from ``lenscape.cluster.kmeans`` on ``train``.
-        sparsities: target sparsities, each in (0, 1).
-        n_random: random masks per sparsity (same number of kept blocks), averaged.
+        sparsities: target sparsities, each in (0, 1) (at most ``MAX_SPARSITIES``).
+        n_random: random masks per sparsity (same number of kept blocks), averaged (at
+            most ``MAX_RANDOM_MASKS``).
         loss: training loss, ``"nll"`` or ``"kl"``.
         fit_options: passed to the fit (``max_steps``, ``window``, ``tol``, ``lr``,
             ``penalty``, ``rows_per_pass``, ``precision``; ``batch_size`` is the evaluation
@@ -795,7 +837,7 @@ def mask_comparison(
         (target_sparsity, layer, component); the unmasked held-out NLL in attrs.
     """
     sparsities = _check_sparsities(sparsities, "sparsities")
-    n_random = _validate.positive_int("n_random", n_random)
+    n_random = _validate.integer("n_random", n_random, low=1, high=MAX_RANDOM_MASKS)
     _validate.choice("loss", loss, LOSSES)
     seed = _validate.integer("seed", seed, low=0)
     batch_size = _validate.positive_int("batch_size", batch_size)

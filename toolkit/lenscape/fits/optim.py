@@ -33,6 +33,16 @@ from ..store import as_path
 Precision = Literal["float32", "bfloat16"]
 PRECISIONS: tuple[Precision, ...] = ("float32", "bfloat16")
 
+#: Most Adam updates a fit may be asked for (``max_steps``): the fits stop moving within
+#: hundreds of updates (the head-gating reference runs 500 per stage, the recorded block
+#: masks need at most 800), so 10,000 is 20 times the reference; a fit that has not stopped
+#: by then will not (raise ``tol`` or lower ``lr``), and a larger cap is a typo's hours.
+MAX_FIT_STEPS = 10_000
+#: Most items per gate set per update (``batch_size`` of a fit): the head-gating reference
+#: uses 32 and the mask fit 4; past a thousand, an update only repeats the task's items,
+#: each one more forward and backward row per set.
+MAX_FIT_BATCH = 1024
+
 
 def check_precision(precision: object) -> Precision:
     """``precision`` if it is one of ``PRECISIONS``, else a ValueError naming the choices."""
