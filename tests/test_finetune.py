@@ -13,13 +13,14 @@ import lenscape as lsc
     [
         ("steps", 0, ValueError),
         ("steps", 2.0, TypeError),
+        ("steps", 10**9, ValueError),  # above MAX_STEPS: hours, said before the run
         ("batch_size", "4", TypeError),
         ("lr", "1e-4", TypeError),
         ("lr", -1.0, ValueError),
     ],
 )
 def test_finetune_options(tiny_llama, option, value, error):
-    with pytest.raises(error, match=f"{option} must be a "):
+    with pytest.raises(error, match=f"{option} must be an? "):
         lsc.finetune(
             tiny_llama, ["The capital of France is Paris."], progress=False, **{option: value}
         )

@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 
 import lenscape as lsc
 from lenscape import models
@@ -114,6 +115,18 @@ def test_weight_grid_draws_only_what_each_model_has(tokenizer, factual):
     assert _data_rows(chart.to_dict()) == int(drawn.sum())
     with pytest.raises(ValueError, match="No weight maps"):
         lsc.weight_grid({})
+    # Read by label: a sortby or transpose of a map draws the same grid.
+    moved = {
+        **maps,
+        "llama": maps["llama"].sortby("layer", ascending=False).transpose("component", "layer"),
+    }
+    xr.testing.assert_identical(lsc.weight_grid(moved), grid)
+    with pytest.raises(ValueError, match=r"maps\['llama'\] is a result of 'head_gating'"):
+        lsc.weight_grid({**maps, "llama": maps["llama"].assign_attrs(method="head_gating")})
+    with pytest.raises(ValueError, match=r"maps\['qwen3'\]'s 'layer' labels do not match"):
+        lsc.weight_grid({**maps, "qwen3": maps["qwen3"].assign_coords(layer=[0, 5])})
+    with pytest.raises(TypeError, match=r"maps must be a dict \{model name: weight map\}"):
+        lsc.weight_grid([maps["llama"]])
 
 
 def test_tied_embeddings_reported_once(tokenizer):

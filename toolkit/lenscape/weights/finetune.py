@@ -14,6 +14,11 @@ from ..data import Prompt, as_texts
 from ..models import LensModel, from_hf
 from ..sweep.options import DEFAULTS
 
+#: Most optimizer steps (``steps``): a brief fine-tune to get a second checkpoint runs 200
+#: by default; 10,000 full-model AdamW steps already take hours on a CPU, and longer
+#: training belongs in a training library, not in an interpretability toolkit.
+MAX_STEPS = 10_000
+
 
 def finetune(
     model: LensModel,
@@ -30,20 +35,22 @@ def finetune(
 
     Args:
         prompts: a ``PromptSet`` (e.g. ``lsc.data.task("math")``), Prompts or strings.
-        steps: optimizer steps; minibatches are drawn with ``seed`` (deterministic).
+        steps: optimizer steps (at most ``MAX_STEPS``); minibatches are drawn with ``seed``
+            (deterministic).
         out_dir: if given, ``save_pretrained`` the tuned model and tokenizer there.
 
     Returns:
         The tuned ``LensModel`` (named ``"<name>+finetuned"``).
 
     Raises:
-        TypeError, ValueError: ``steps``/``batch_size`` not a positive integer, ``lr`` not a
-            number >= 0, an empty prompt list, or a text longer than the model's context.
+        TypeError, ValueError: ``steps`` not an integer from 1 to ``MAX_STEPS``,
+            ``batch_size`` not a positive integer, ``lr`` not a number >= 0, an empty prompt
+            list, or a text longer than the model's context.
     """
     texts = as_texts(prompts, with_target=True)
     if not texts:
         raise ValueError("The prompt list is empty; pass the texts to fine-tune on.")
-    _validate.positive_int("steps", steps)
+    steps = _validate.integer("steps", steps, low=1, high=MAX_STEPS)
     _validate.positive_int("batch_size", batch_size)
     _validate.number("lr", lr, low=0)
     seed = _validate.integer("seed", seed, low=0)

@@ -17,7 +17,7 @@ and the attr ``tied_embeddings`` is True.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,8 @@ IMPORTANCE_KINDS = ("grad_x_weight", "fisher")
 #: contribution), that sum as a share of the whole model's, or their mean (per entry).
 AGGREGATIONS = ("sum", "share", "mean")
 CHANGE_KINDS = ("relative", "fraction_changed")
+#: What made the maps ``weight_grid`` draws (their ``method`` attr).
+MAP_METHODS = ("weight_importance", "weight_change")
 
 
 def _model(obj) -> LensModel:
@@ -224,14 +226,26 @@ def weight_grid(maps: dict[str, xr.Dataset]) -> xr.DataArray:
     drawing them as missing data.
 
     Args:
-        maps: model name -> ``weight_importance`` or ``weight_change`` result (unscaled).
+        maps: model name -> ``weight_importance`` or ``weight_change`` result (unscaled),
+            read by label (layers and components in any order, any transpose).
 
     Returns:
         DataArray (model, layer, component) in [0, 1] with coords ``depth`` (model, layer)
         and ``drawn`` (model, layer, component): 1.0 where a cell is drawn, else NaN.
+
+    Raises:
+        TypeError: ``maps`` not a dict of Datasets.
+        ValueError: no maps, a map of another method, without ``per_layer`` and
+            ``model_level``, or whose layers are not 0 .. n - 1 each once.
     """
+    if not isinstance(maps, Mapping):
+        raise TypeError(
+            f"maps must be a dict {{model name: weight map}}, got {type(maps).__name__}; "
+            "pass e.g. {'smollm2-135m': lsc.weight_importance(model, prompts)}."
+        )
     if not maps:
         raise ValueError("No weight maps to draw; pass {model name: weight_importance(...)}.")
+    maps = {name: _read_map(name, ds) for name, ds in maps.items()}
     layer_components = [
         c
         for c in schema.WEIGHT_COMPONENTS
@@ -284,6 +298,26 @@ def weight_grid(maps: dict[str, xr.Dataset]) -> xr.DataArray:
         },
         attrs=attrs,
     )
+
+
+def _read_map(name: str, ds: object) -> xr.Dataset:
+    """A weight map passed to ``weight_grid``, checked and read by label: ``per_layer``
+    (layer, component) with its layers 0 .. n - 1 in order."""
+    made_by = "lsc.weight_importance or lsc.weight_change"
+    argument = f"maps[{name!r}]"
+    _validate.result(
+        argument,
+        ds,
+        kind=xr.Dataset,
+        made_by=made_by,
+        variables=("per_layer", "model_level"),
+        dims=("component",),
+        methods=MAP_METHODS,
+    )
+    assert isinstance(ds, xr.Dataset)  # checked above
+    layers = range(ds["per_layer"].sizes.get("layer", 0))
+    read = _validate.labels(argument, ds, {"layer": layers}, made_by=made_by)
+    return read.transpose(..., "layer", "component")
 
 
 @torch.no_grad()
