@@ -51,6 +51,33 @@ def test_agreement_chart(tiny_llama, factual):
     assert points["encoding"]["x"]["title"].startswith("exact patching effect")
 
 
+def test_agreement_chart_reads_the_report_by_label(tiny_llama, factual):
+    """A sortby or transpose of the report draws the same panels in the same order (heads,
+    attention, MLP); a report of another method is refused by name."""
+    report = lsc.faithfulness(tiny_llama, factual[:2], estimators=("atp",), progress=False)
+    moved = report.sortby("head", ascending=False).sortby("component_type")
+    moved = moved.transpose("head", "prompt", "component", "layer", ...)
+    assert lsc.agreement_chart(moved).to_dict() == lsc.agreement_chart(report).to_dict()
+    with pytest.raises(ValueError, match=r"report is a result of 'edge_agreement', not of lsc"):
+        lsc.agreement_chart(report.assign_attrs(method="edge_agreement"))
+
+
+def test_summary_and_bars_read_by_label():
+    values = np.zeros((2, 4, 3))
+    values[:, 2, 1] = values[:, 1, 2] = 4.0  # a tie: listed in label order
+    da = make_result(values, ("prompt", "layer", "head"), n_layers=4)
+    moved = da.sortby("layer", ascending=False).transpose("head", "layer", "prompt")
+    assert repr(charts.summary(moved, top=2)) == repr(charts.summary(da, top=2))
+    assert "layer 1, head 2: 4; layer 2, head 1: 4" in repr(charts.summary(da, top=2))
+    bars = make_result([1.0, -2.0, 0.5], ("prompt",))
+    reversed_bars = bars.sortby("prompt", ascending=False)
+    assert (
+        charts.bars(reversed_bars, y="prompt").to_dict() == charts.bars(bars, y="prompt").to_dict()
+    )
+    with pytest.raises(ValueError, match=r"top must be an integer >= 0, got -1"):
+        charts.summary(da, top=-1)
+
+
 def lens_result(n_layers=3, tokens=("The", " capital", " of")):
     shape = (n_layers, len(tokens))
     probs = np.linspace(0, 0.9, np.prod(shape)).reshape(shape)

@@ -3,6 +3,8 @@ edge results laid out like ``lsc.edge_attribution``'s (2 layers, 4 heads, 2 KV h
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -130,3 +132,98 @@ def test_faithfulness_curve_shows_both_series_and_the_areas(tmp_path):
         faithfulness_curve(result, title=np.array([1, 2]))
     with pytest.raises(ValueError, match=r"result lacks the variable\(s\) \['faithfulness'\]"):
         faithfulness_curve(result.drop_vars("faithfulness"))
+
+
+def _refuse(name):
+    raise AssertionError(f"{name} in a chart spec")
+
+
+def test_edge_views_read_by_label(scores):
+    """A sortby or transpose of the scores, or of the circuit on its own, draws the same
+    chart: the views read edges by their labels, never by position."""
+    moved = scores.sortby("receiver").sortby("sender", ascending=False).transpose()
+    assert circuit_graph(moved, edges=9).to_dict() == circuit_graph(scores, edges=9).to_dict()
+    assert edge_heatmap(moved).to_dict() == edge_heatmap(scores).to_dict()
+    graph = Graph(2, 4, 2)
+    kept = np.zeros(graph.valid.shape, dtype=bool)
+    kept[0, graph.receiver_labels.index("logits")] = True
+    kept[graph.sender_labels.index("L0.MLP"), graph.receiver_labels.index("L1.H3.q")] = True
+    circuit = xr.zeros_like(scores, dtype=bool).copy(data=kept)
+    drawn = circuit_graph(scores, circuit).to_dict()
+    assert circuit_graph(moved, circuit.sortby("receiver").T).to_dict() == drawn
+    rows = _layer(drawn, "rule")["data"]["values"]
+    assert {(r["sender"], r["receiver"]) for r in rows} == {
+        ("embed", "logits"),
+        ("L0.MLP", "L1.H3.q"),
+    }
+    assert drawn["title"]["text"].startswith("circuit (2 edges)")
+    with pytest.raises(ValueError, match=r"circuit's 'receiver' labels do not match .*logits"):
+        circuit_graph(scores, circuit.drop_sel(receiver="logits"))
+
+
+def test_edge_views_check_the_kind_and_origin_of_what_they_draw(scores):
+    graph = Graph(2, 4, 2)
+    circuit = xr.zeros_like(scores, dtype=bool).copy(data=graph.valid)
+    with pytest.raises(
+        ValueError, match=r"scores must be the result of lsc.edge_attribution; got a"
+    ):
+        circuit_graph(circuit)
+    with pytest.raises(ValueError, match=r"circuit must be the result of lsc.circuit; got scores"):
+        circuit_graph(scores, scores)
+    with pytest.raises(ValueError, match=r"scores is a result of 'circuit_faithfulness', not of"):
+        edge_heatmap(scores.assign_attrs(method="circuit_faithfulness"))
+    edge_heatmap(circuit)  # a circuit's grid: kept and skipped edges
+    theirs = circuit.assign_attrs(model="other-model")
+    with pytest.raises(ValueError, match=r"model 'other-model' \(the result\) vs 'tiny'"):
+        circuit_graph(scores.assign_attrs(model="tiny"), theirs)
+    with pytest.raises(ValueError, match=r"circuit keeps \d+ edge\(s\) that have no score"):
+        circuit_graph(scores, xr.ones_like(circuit))  # edges that do not exist
+    with pytest.raises(ValueError, match=r"circuit keeps no edge, so there is nothing to draw"):
+        circuit_graph(scores, xr.zeros_like(circuit))
+    infinite = scores.copy()
+    infinite[0, 0] = np.inf
+    with pytest.raises(ValueError, match=r"scores holds 1 infinite score"):
+        circuit_graph(infinite)
+    with pytest.raises(ValueError, match=r"scores holds no finite score .* nothing to draw"):
+        circuit_graph(scores * np.nan)
+
+
+def test_edges_left_out_at_a_tie_are_said_and_specs_are_valid_json(scores):
+    tied = xr.ones_like(scores).where(Graph(2, 4, 2).valid)  # corrupt == clean: all alike
+    chart = circuit_graph(tied, edges=3)
+    spec = json.loads(chart.to_json(), parse_constant=_refuse)
+    assert len(_layer(spec, "rule")["data"]["values"]) == 3
+    assert spec["title"]["subtitle"].startswith(f"{int(Graph(2, 4, 2).valid.sum()) - 3} more")
+    json.loads(edge_heatmap(scores * np.nan).to_json(), parse_constant=_refuse)
+
+
+def _curve(faithfulness, random, **attrs):
+    return xr.Dataset(
+        {
+            "faithfulness": (("budget",), faithfulness),
+            "random_faithfulness": (("seed", "budget"), random),
+            "cpr": float(np.mean(faithfulness)),
+            "cmd": 0.3,
+            "random_cpr": float(np.mean(random)),
+            "random_cmd": 0.7,
+        },
+        coords={"budget": [0.01, 0.1, 1.0], "n_edges": ("budget", [3, 30, 300])},
+        attrs={"method": "circuit_faithfulness", **attrs},
+    )
+
+
+def test_a_nan_faithfulness_curve_is_said_never_drawn_as_a_number():
+    undefined = "the clean and corrupt runs give the same mean metric"
+    flat = _curve([np.nan] * 3, [[np.nan] * 3], undefined=undefined)
+    with pytest.raises(ValueError, match=rf"NaN at every budget \({undefined}\).*inspect_prompts"):
+        faithfulness_curve(flat)
+    holed = _curve([0.2, np.nan, 1.0], [[0.0, 0.1, np.inf]])
+    spec = json.loads(faithfulness_curve(holed).to_json(), parse_constant=_refuse)
+    rows = spec["layer"][0]["data"]["values"]
+    assert len(rows) == 4 and all(np.isfinite(r["faithfulness"]) for r in rows)
+    assert spec["title"]["subtitle"] == "2 points not computed (NaN), not drawn"
+    assert "CPR undefined (random undefined)" in spec["title"]["text"]
+    shuffled = holed.isel(budget=[2, 0, 1])
+    assert faithfulness_curve(shuffled).to_dict() == faithfulness_curve(holed).to_dict()
+    with pytest.raises(ValueError, match=r"result is a result of 'faithfulness', not of"):
+        faithfulness_curve(holed.assign_attrs(method="faithfulness"))

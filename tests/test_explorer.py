@@ -61,7 +61,9 @@ def test_threshold_binarizes_before_reducing_like_always_and_any():
 def test_controls_cover_every_other_dim(scores):
     e = Explorer(scores)
     assert set(e.controls) == {"model", "cluster", "facet", "binarize", "side", "threshold", "swap"}
-    assert e.controls["model"].value == "small" and e.controls["cluster"].value == 0
+    # Each opens on its first label in label order ("large" < "small"), not the array's first.
+    assert e.controls["model"].value == "large" and e.controls["cluster"].value == 0
+    assert [v for _, v in e.controls["model"].options] == ["large", "small"]
     assert e.array.dims == ("layer", "head")
     enc = spec(e)["encoding"]
     assert (enc["x"]["field"], enc["y"]["field"]) == ("head", "layer")
@@ -75,9 +77,9 @@ def test_each_control_changes_the_spec(scores):
     c["cluster"].value = 2
     assert "cluster = 2" in spec(e)["title"]["text"]
     got = {(r["layer"], r["head"]): r["value"] for r in inline_rows(spec(e))}
-    assert got[(1, 3)] == pytest.approx(float(scores.sel(model="small", cluster=2)[1, 3]))
-    c["model"].value = "large"
-    assert "model = large" in spec(e)["title"]["text"]
+    assert got[(1, 3)] == pytest.approx(float(scores.sel(model="large", cluster=2)[1, 3]))
+    c["model"].value = "small"
+    assert "model = small" in spec(e)["title"]["text"]
     c["swap"].value = True
     enc = spec(e)["encoding"]
     assert (enc["x"]["field"], enc["y"]["field"]) == ("layer", "head")
@@ -307,7 +309,7 @@ def test_defaults_never_average_dims_that_must_not_be_averaged():
     assert [v for _, v in c["prompt"].options][:3] == ["share", "any", "all"]
     assert c["binarize"].disabled
     assert spec(e)["title"]["text"] == (
-        "share of 3 prompts where Block kept · target_sparsity = 0.3, component = attn"
+        "share of 3 prompts where Block kept · component = attn, target_sparsity = 0.3"
     )
     c["prompt"].value = "all"
     assert spec(e)["encoding"]["color"]["scale"]["domain"][:2] == ["kept", "skipped"]
@@ -502,6 +504,23 @@ def test_bad_options_are_refused_by_name(options, error, message):
         Explorer(**{"data": per_prompt(SIGNED), **options})
     with pytest.raises(ValueError, match=r"variable='gate' .*pick one of \['s'\]"):
         Explorer(per_prompt(SIGNED).to_dataset(name="s"), variable="gate")
+
+
+def test_the_explorer_reads_its_data_by_label(scores):
+    """A sortby or transpose of the data shows the same controls and the same chart."""
+    moved = scores.sortby("model").sortby("layer", ascending=False)
+    moved = moved.transpose("head", "model", "layer", "cluster")
+    plain, shown = Explorer(scores), Explorer(moved)
+    assert spec(shown) == spec(plain)
+    for name in ("model", "cluster"):
+        assert shown.controls[name].options == plain.controls[name].options
+    plain.controls["cluster"].value = shown.controls["cluster"].value = "max"
+    assert spec(shown) == spec(plain)
+    plain.update(scores * 2)
+    shown.update(moved.isel(cluster=[2, 0, 1]) * 2)
+    assert spec(shown) == spec(plain)
+    with pytest.raises(ValueError, match=r"data's 'cluster' labels repeat"):
+        Explorer(scores.assign_coords(cluster=[0, 0, 1]))
 
 
 def test_a_dim_of_length_zero_is_refused_with_a_clear_message():

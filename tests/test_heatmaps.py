@@ -103,10 +103,10 @@ def test_facets_share_one_colour_domain():
     )
     spec = heatmap(da.isel(head=0), x="component", y="layer", facet_col="model").to_dict()
     assert spec["facet"]["field"] == "model" and spec["columns"] == heatmaps.FACET_COLUMNS
-    assert spec["facet"]["sort"] == ["small", "large"]
+    assert spec["facet"]["sort"] == ["large", "small"]  # label order, not the array's
     assert spec["facet"]["header"]["title"] is None  # headers read "small", not "model = small"
     assert spec["facet"]["header"]["labelExpr"] == "datum.value"
-    assert spec["spec"]["encoding"]["x"]["sort"] == ["attn", "mlp"]  # stored order, not a-z
+    assert spec["spec"]["encoding"]["x"]["sort"] == ["attn", "mlp"]  # vocabulary order
     peak = float(abs(da.isel(head=0)).max())
     assert spec["spec"]["encoding"]["color"]["scale"]["domain"] == pytest.approx([-peak, peak])
     grid = heatmap(da, x="head", y="layer", facet_col="model", facet_row="component").to_dict()
@@ -385,3 +385,32 @@ def test_the_depth_tooltip_says_what_depth_is():
     da = make_result(np.ones((4, 3)), ("layer", "head"), n_layers=4)
     tips = heatmap(da, x="head", y="layer").to_dict()["encoding"]["tooltip"]
     assert {t["field"]: t["title"] for t in tips}["depth"].startswith("depth (layer / (layers − 1)")
+
+
+def test_a_heatmap_reads_its_array_by_label():
+    """Axes and facets run in label order (numbers ascending, components in the schema's
+    vocabulary order), so a sortby, isel or transpose draws the same picture."""
+    values = np.random.default_rng(3).normal(size=(2, 4, 3))
+    da = make_result(values, ("model", "layer", "head"), n_layers=4, model=["b-9m", "b-10m"])
+    da = da.expand_dims(component=list(schema.WEIGHT_COMPONENTS[:3]), axis=-1)
+    plain = heatmap(da.isel(head=0), x="component", y="layer", facet_col="model").to_dict()
+    moved = da.isel(head=0).sortby("layer", ascending=False).isel(component=[2, 0, 1])
+    moved = moved.transpose("component", "layer", "model")
+    assert heatmap(moved, x="component", y="layer", facet_col="model").to_dict() == plain
+    assert plain["facet"]["sort"] == ["b-9m", "b-10m"]  # digits compare as numbers
+    assert plain["spec"]["encoding"]["x"]["sort"] == ["q_proj", "k_proj", "v_proj"]
+    assert plain["spec"]["encoding"]["y"]["sort"] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"da's 'layer' labels repeat \(\[1\]\).*drop_duplicates"):
+        heatmap(signed_scores().assign_coords(layer=[0, 1, 1, 2]), x="head", y="layer")
+
+
+def test_an_all_nan_heatmap_says_so_and_stays_valid_json():
+    def refuse(name):
+        raise AssertionError(f"{name} in a chart spec")
+
+    da = make_result(np.full((2, 3), np.nan), ("layer", "head"))
+    chart = heatmap(da, x="head", y="layer")
+    spec = json.loads(chart.to_json(), parse_constant=refuse)
+    assert "grey: not computed (every cell)" in spec["title"]["subtitle"]
+    partly = heatmap(da.where(da["head"] > 0, 1.0), x="head", y="layer").to_dict()
+    assert "grey: not computed" in partly["title"]["subtitle"]

@@ -5,7 +5,9 @@ the agreement of a fast estimate with exact patching.
 wrong), ``summary`` says in a few lines what a result holds, ``logit_lens_chart`` is a
 heatmap of ``lsc.logit_lens`` with the input tokens in order, and ``agreement_chart``
 scatters the estimates of ``lsc.faithfulness`` against the exact effects. Like ``heatmap``
-they read titles and labels from the attrs and never draw NaN ("not computed") as a number.
+they read titles and labels from the attrs, read their input by label
+(``encoding.in_label_order``: a ``sortby`` or ``transpose`` draws the same chart) and never
+draw NaN ("not computed") as a number: a spec holds no NaN or infinity.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from lenscape import _validate
 from lenscape.mask_rules import NAN_LABEL
 from lenscape.schema import LABEL_COORDS, name_from_attrs
 
-from .encoding import VALUE, axis_encoding, cell_columns, cell_tooltip, unchecked_build
+from .encoding import (
+    VALUE,
+    axis_encoding,
+    cell_columns,
+    cell_tooltip,
+    in_label_order,
+    unchecked_build,
+)
 from .heatmaps import heatmap, label_from_attrs, legend_title
 
 #: Bar colours of prompts the model answers right and wrong (the ``correct`` coord).
@@ -37,7 +46,7 @@ def bars(da: xr.DataArray, *, y: str, title: str | None = None, actions: bool = 
 
     Args:
         da: values with the single dim ``y``, e.g. (prompt,).
-        y: the dim, one bar per coordinate, in stored order.
+        y: the dim, one bar per coordinate, in label order (``in_label_order``).
         title: chart title (default: the description from the attrs).
         actions: show Vega's actions menu.
 
@@ -45,13 +54,16 @@ def bars(da: xr.DataArray, *, y: str, title: str | None = None, actions: bool = 
         An ``alt.Chart``; NaN and +-inf bars are left out of the bars but kept in the data.
 
     Raises:
-        ValueError: if ``da`` has another dim than ``y``.
+        TypeError: ``da`` is not a DataArray.
+        ValueError: if ``da`` has another dim than ``y``, or its labels repeat.
     """
+    _validate.result("da", da, kind=xr.DataArray, made_by="a lenscape method")
     if da.dims != (y,):
         raise ValueError(
             f"bars takes a 1-D array along {y!r}, got dims {tuple(da.dims)}; "
             "select or reduce the others first."
         )
+    da = in_label_order(da)
     full = label_from_attrs(da)
     cols = cell_columns(da)
     keys = list(cols)
@@ -119,12 +131,20 @@ def summary(da: xr.DataArray, *, top: int = 3) -> Summary:
     magnitude after averaging over ``prompt`` and ``seed``.
 
     Args:
-        da: any result DataArray, e.g. (prompt, layer, head).
+        da: any result DataArray, e.g. (prompt, layer, head); read by label (dims in the
+            schema's order, ties among the strongest cells listed in label order).
         top: how many of the strongest cells to list.
 
     Returns:
         A ``Summary``; it displays as a few lines in a notebook.
+
+    Raises:
+        TypeError: ``da`` is not a DataArray, ``top`` not an integer.
+        ValueError: ``top`` < 0, or labels that repeat along a dim.
     """
+    _validate.result("da", da, kind=xr.DataArray, made_by="a lenscape method")
+    top = _validate.integer("top", top, low=0)
+    da = in_label_order(da)
     values = np.asarray(da.values, dtype=float)
     finite = values[np.isfinite(values)]
     sizes = " × ".join(f"{d} {n}" for d, n in da.sizes.items())
@@ -146,7 +166,7 @@ def summary(da: xr.DataArray, *, top: int = 3) -> Summary:
     ).ravel()
     if mean.ndim and top > 0 and flat.any():
         best = []
-        for i in np.argsort(-flat)[:top]:
+        for i in np.argsort(-flat, kind="stable")[:top]:
             at = dict(zip(mean.dims, np.unravel_index(i, mean.shape), strict=True))
             cell = mean.isel(at)
             where = ", ".join(f"{d} {cell[d].item()}" for d in mean.dims)
@@ -218,9 +238,15 @@ def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) 
         report's ``pearson_cells`` is another statistic, r over single cells). No actions
         menu: its "Open in Vega Editor" link sends the chart to an outside site.
 
+    Panels follow the component types' order (heads, attention, MLP) and the report is
+    read by label, so a ``sortby`` or ``transpose`` of it draws the same chart. A statistic
+    that is NaN (undefined: a constant map) is written "undefined", and cells whose effect
+    is NaN are counted in the panel's subtitle, never drawn.
+
     Raises:
         TypeError: ``report`` is not a Dataset, or a size is not a positive integer.
-        ValueError: ``report`` lacks a variable of ``lsc.faithfulness``'s report.
+        ValueError: ``report`` is the result of another method or lacks a variable of
+            ``lsc.faithfulness``'s report, or its labels repeat.
     """
     _validate.result(
         "report",
@@ -234,13 +260,18 @@ def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) 
             "estimate_blocks",
             "pearson_means",
         ),
+        methods=("faithfulness",),
     )
     width = _validate.positive_int("width", width)
     height = _validate.positive_int("height", height)
+    report = in_label_order(report, name="report")
     units = report["exact_heads"].attrs.get("units", "")
+    types = report["component_type"].values.tolist()
+    types = [t for t in _COMPONENT_TYPES if t in types] + [
+        t for t in types if t not in _COMPONENT_TYPES
+    ]
     panels = [
-        _agreement_panel(report, ctype, units=units, width=width, height=height)
-        for ctype in report["component_type"].values.tolist()
+        _agreement_panel(report, ctype, units=units, width=width, height=height) for ctype in types
     ]
     attrs = report.attrs
     return (
@@ -330,7 +361,7 @@ def _agreement_rows(
     """
     rows, not_computed = [], 0
     for label in estimate["estimator"].values.tolist():
-        est = estimate.sel(estimator=label)
+        est = estimate.sel(estimator=label).transpose(*exact.dims)
         for index in np.ndindex(exact.shape):
             if not (np.isfinite(exact.values[index]) and np.isfinite(est.values[index])):
                 not_computed += 1

@@ -11,12 +11,18 @@ last layer), a layer's heads side by side with its MLP at the right. An edge is 
 its sender to the component its receiver feeds (a key/value receiver feeds its whole query
 group: the line ends at the group's middle); colour and width encode the score, the dash
 the receiver kind (q, k, v, mlp, logits), and the tooltip names sender, receiver and score.
+
+Every input is read by label (``encoding.in_label_order``; a circuit by the labels of its
+scores), so a ``sortby``, ``isel`` or ``transpose`` draws the same picture, and its kind
+is checked: scores where a circuit is expected, or the reverse, are refused by name. What
+cannot be drawn is said: a NaN curve or scores with nothing finite raise a ``ValueError``
+with the cause, edges left out at a tie are named in the subtitle, and no spec holds NaN.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import altair as alt
 import numpy as np
@@ -25,6 +31,7 @@ from altair.typing import ChartType
 
 from .. import _validate, mask_rules
 from ..schema import RECEIVER_KINDS
+from .encoding import in_label_order, jsonable
 from .heatmaps import heatmap, label_from_attrs
 
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
@@ -34,26 +41,50 @@ _DASHES = {"q": [1, 0], "k": [6, 3], "v": [2, 2], "mlp": [1, 0], "logits": [1, 0
 EDGE_COORDS = tuple(
     f"{end}_{part}" for end in ("sender", "receiver") for part in ("kind", "layer", "head")
 )
+#: The ``method`` attr of edge scores (``lsc.edge_attribution``) and of circuits
+#: (``lsc.circuit``): the two kinds of edge result the views take.
+SCORE_METHODS = ("edge_attribution",)
+CIRCUIT_METHODS = ("circuit",)
+#: The attrs that say which model a result was computed on (``LensModel.origin``): a
+#: circuit drawn over scores must record the same ones.
+ORIGIN_ATTRS = ("model", "layout_fingerprint", "weights_fingerprint")
 
 
-def check_edges(da: Any, name: str) -> xr.DataArray:
-    """Check an edge result passed in (scores or a circuit) and put it in (sender, receiver)
-    order.
+def check_edges(da: Any, name: str, *, circuit: bool | None = False) -> xr.DataArray:
+    """Check an edge result passed in (scores, or a circuit) and read it by label: (sender,
+    receiver), each in the graph's order (``in_label_order``).
 
     Args:
         da: the value passed.
         name: the argument's name, for the message.
+        circuit: True: a circuit (a mask: bool, or ``units`` "bool") is expected; False:
+            scores; None: either.
 
     Raises:
         TypeError: not a DataArray.
-        ValueError: other dims than (sender, receiver), or the layout coords missing.
+        ValueError: a result of another method, scores where a circuit is expected (or the
+            reverse), other dims than (sender, receiver), the layout coords missing, or
+            labels that repeat.
     """
-    made_by = "lsc.edge_attribution or lsc.circuit"
+    made_by = {True: "lsc.circuit", False: "lsc.edge_attribution", None: ""}[circuit]
+    made_by = made_by or "lsc.edge_attribution or lsc.circuit"
     if not isinstance(da, xr.DataArray):
         raise TypeError(
             f"{name} must be a (sender, receiver) xarray.DataArray from {made_by}, "
             f"got {type(da).__name__}."
         )
+    methods = {True: CIRCUIT_METHODS, False: SCORE_METHODS, None: SCORE_METHODS + CIRCUIT_METHODS}
+    _validate.result(name, da, kind=xr.DataArray, made_by=made_by, methods=methods[circuit])
+    if circuit is not None and mask_rules.is_mask(da) != circuit:
+        got, fix = (
+            (
+                "scores (a number per edge)",
+                "pick a circuit from them: lsc.circuit(scores, edges=50)",
+            )
+            if circuit
+            else ("a circuit (True/False per edge)", "pass its scores, and the circuit as circuit=")
+        )
+        raise ValueError(f"{name} must be the result of {made_by}; got {got}: {fix}.")
     if set(da.dims) != {"sender", "receiver"}:
         raise ValueError(
             f"{name} must be a (sender, receiver) DataArray from {made_by}, got dims "
@@ -65,7 +96,7 @@ def check_edges(da: Any, name: str) -> xr.DataArray:
             f"{name} lacks the coord(s) {missing} that place its edges; pass the result of "
             f"{made_by} as it is."
         )
-    return da.transpose("sender", "receiver")
+    return in_label_order(da, name=name)
 
 
 def _sizes(scores: xr.DataArray) -> tuple[int, int, int]:
@@ -113,10 +144,13 @@ def circuit_graph(
     """Draw edges as lines between components, layers bottom to top.
 
     Args:
-        scores: (sender, receiver) edge scores (colour and width of each line).
-        circuit: boolean (sender, receiver) from ``lsc.circuit``: draw its kept edges
-            (``lenscape.mask_rules.kept``: non-zero and computed, never NaN); None: draw the
-            ``edges`` edges with the largest |score|.
+        scores: (sender, receiver) edge scores (colour and width of each line), read by
+            label.
+        circuit: boolean (sender, receiver) from ``lsc.circuit``, read by the labels of
+            ``scores``: draw its kept edges (``lenscape.mask_rules.kept``: non-zero and
+            computed, never NaN); None: draw the ``edges`` edges with the largest |score|
+            (ties broken in graph order, and the subtitle names the edges left out at a
+            tie).
         edges: how many top edges to draw without a circuit (at most ``MAX_EDGES``).
         kinds: receiver kinds to draw (a subset of q, k, v, mlp, logits).
         title: chart title; default from the scores' attrs.
@@ -129,7 +163,10 @@ def circuit_graph(
     Raises:
         TypeError: an argument of the wrong type (scores not a DataArray, edges not an
             integer, kinds not a list of strings ...).
-        ValueError: inputs that are not edge results, an unknown kind, too many edges.
+        ValueError: inputs that are not edge results or of the wrong kind (a circuit as
+            scores, scores as the circuit), a circuit of other edges or of another model,
+            infinite scores, a kept edge without a score, nothing to draw, an unknown kind,
+            too many edges.
     """
     scores = check_edges(scores, "scores")
     kinds = _validate.strings("kinds", kinds, example="('q', 'k')")
@@ -143,19 +180,7 @@ def circuit_graph(
     height = _validate.positive_int("height", height)
     edges = _validate.integer("edges", edges, low=1, high=MAX_EDGES)
     values = scores.values.astype(float)
-    wanted = np.isin(scores["receiver_kind"].values, list(kinds))[None, :] & np.isfinite(values)
-    if circuit is not None:
-        mask = check_edges(circuit, "circuit")
-        if mask.shape != scores.shape:
-            raise ValueError(
-                f"circuit has {mask.shape} edges and scores {scores.shape}; pick the circuit "
-                "from these scores: lsc.circuit(scores, fraction=0.05)."
-            )
-        chosen = np.argwhere(mask_rules.kept(mask).values & wanted)
-    else:
-        magnitude = np.where(wanted, np.abs(values), -np.inf).ravel()
-        top = np.argsort(-magnitude, kind="stable")[: min(edges, int(wanted.sum()))]
-        chosen = np.argwhere(np.isin(np.arange(values.size), top).reshape(values.shape))
+    chosen, tie_note = _chosen_edges(scores, circuit, kinds=kinds, edges=edges)
     if len(chosen) > MAX_EDGES:
         raise ValueError(
             f"The circuit has {len(chosen)} edges to draw, more than {MAX_EDGES}; choose a "
@@ -245,17 +270,103 @@ def circuit_graph(
         .mark_circle(size=60, color="#555555")
         .encode(x=x_axis, y=y_axis, tooltip=[alt.Tooltip("node:N")])
     )
-    shown = "circuit" if circuit is not None else f"top {len(rows)} edges"
+    shown = f"circuit ({len(rows)} edges)" if circuit is not None else f"top {len(rows)} edges"
     return alt.layer(lines, points).properties(
-        title=title or f"{shown}: {name}", width=width, height=height
+        title=alt.TitleParams(title or f"{shown}: {name}", subtitle=tie_note or alt.Undefined),
+        width=width,
+        height=height,
     )
 
 
+def _chosen_edges(
+    scores: xr.DataArray, circuit: Any, *, kinds: Sequence[str], edges: int
+) -> tuple[np.ndarray, str]:
+    """The edges ``circuit_graph`` draws: the circuit's kept edges of ``kinds``, or without
+    a circuit the ``edges`` of largest |score| (ties broken in graph order).
+
+    Args:
+        scores: edge scores read by label (``check_edges``).
+        circuit: the ``circuit`` argument, or None.
+
+    Returns:
+        (edges, 2) sender and receiver positions in ``scores``, in graph order; a subtitle
+        naming the edges left out at a tie of |score| ("" when none).
+
+    Raises:
+        ValueError: infinite scores; a circuit that is not one, of another model or other
+            edges; a kept edge whose score is NaN (no edge of these scores); nothing to draw.
+    """
+    values = scores.values.astype(float)
+    infinite = int(np.isinf(values).sum())
+    if infinite:
+        raise ValueError(
+            f"scores holds {infinite} infinite score(s), which no colour or width can show; "
+            "recompute the scores (lsc.edge_attribution)."
+        )
+    of_kinds = np.isin(scores["receiver_kind"].values, list(kinds))[None, :]
+    which = "" if set(RECEIVER_KINDS) <= set(kinds) else f" to the receiver kinds {list(kinds)}"
+    if circuit is not None:
+        made_by = "lsc.circuit(scores, ...)"
+        mask = check_edges(circuit, "circuit", circuit=True)
+        own = {key: scores.attrs[key] for key in ORIGIN_ATTRS if key in scores.attrs}
+        _validate.origin("circuit", mask, own, made_by=made_by)
+        edges_of_scores = {"sender": scores["sender"].values, "receiver": scores["receiver"].values}
+        read = _validate.labels("circuit", mask, edges_of_scores, made_by=made_by)
+        kept = mask_rules.kept(cast(xr.DataArray, read))
+        unscored = np.argwhere(kept.values & np.isnan(values))
+        if len(unscored):
+            s, r = unscored[0]
+            raise ValueError(
+                f"circuit keeps {len(unscored)} edge(s) that have no score in scores (NaN), "
+                f"e.g. {scores['sender'].values[s]} -> {scores['receiver'].values[r]}; pass "
+                "the scores the circuit was picked from."
+            )
+        chosen = np.argwhere(kept.values & of_kinds)
+        if not len(chosen):
+            raise ValueError(
+                f"circuit keeps no edge{which}, so there is nothing to draw; pick a larger "
+                "circuit (lsc.circuit(scores, edges=50)) or other kinds."
+            )
+        return chosen, ""
+    magnitude = np.where(of_kinds & np.isfinite(values), np.abs(values), -np.inf).ravel()
+    count = min(edges, int(np.isfinite(magnitude).sum()))
+    if count == 0:
+        raise ValueError(
+            f"scores holds no finite score on an edge{which} (every one is NaN), so there is "
+            "nothing to draw; recompute the scores (lsc.edge_attribution)."
+        )
+    order = np.argsort(-magnitude, kind="stable")
+    cut = magnitude[order[count - 1]]
+    tied = int((magnitude[order[count:]] == cut).sum())
+    note = (
+        f"{tied} more edge(s) tie with the last one drawn (|score| {cut:.4g}) and are left "
+        "out: the first in graph order are drawn"
+        if tied
+        else ""
+    )
+    top = np.zeros(values.size, dtype=bool)
+    top[order[:count]] = True
+    return np.argwhere(top.reshape(values.shape)), note
+
+
 def edge_heatmap(scores: xr.DataArray, **options: Any) -> ChartType:
-    """The sender x receiver grid of edge scores (``lsc.heatmap`` with receivers across,
-    senders down; NaN cells, where no edge exists, are grey). ``options`` go to
-    ``heatmap``."""
-    return heatmap(check_edges(scores, "scores"), x="receiver", y="sender", **options)
+    """The sender x receiver grid of edge scores, or of a circuit (kept and skipped edges),
+    with receivers across and senders down, each in the graph's order whatever the array's
+    (NaN cells, where no edge exists, are grey).
+
+    Args:
+        scores: (sender, receiver) from ``lsc.edge_attribution`` or ``lsc.circuit``.
+        options: passed to ``heatmap``.
+
+    Returns:
+        The ``heatmap`` chart.
+
+    Raises:
+        TypeError: ``scores`` is not a DataArray.
+        ValueError: not an edge result (see ``check_edges``), or a bad option.
+    """
+    edges = check_edges(scores, "scores", circuit=None)
+    return heatmap(edges, x="receiver", y="sender", **options)
 
 
 def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> ChartType:
@@ -263,12 +374,20 @@ def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> Chart
     the random circuits, with a rule at 1 (the full model).
 
     Args:
-        result: a Dataset from ``lsc.circuit_faithfulness``.
-        title: chart title; default names CPR and CMD.
+        result: a Dataset from ``lsc.circuit_faithfulness``, read by label (budgets in
+            increasing order whatever the array's).
+        title: chart title; default names CPR and CMD ("undefined" where NaN).
+
+    Returns:
+        A layered Altair chart; a budget whose faithfulness is NaN is left out, and the
+        subtitle says how many.
 
     Raises:
         TypeError: ``result`` is not a Dataset or ``title`` not a string.
-        ValueError: ``result`` lacks a variable of ``lsc.circuit_faithfulness``.
+        ValueError: ``result`` is of another method, lacks a variable of
+            ``lsc.circuit_faithfulness``, or its faithfulness is NaN at every budget (the
+            message gives the reason the result records, e.g. corrupt runs equal to the
+            clean ones).
     """
     _validate.result(
         "result",
@@ -276,21 +395,28 @@ def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> Chart
         kind=xr.Dataset,
         made_by="lsc.circuit_faithfulness(model, prompts, scores)",
         variables=("faithfulness", "cpr", "cmd", "random_cpr", "random_cmd"),
+        methods=("circuit_faithfulness",),
     )
     _validate.text("title", title, example="'IOI circuit'", optional=True)
-    budgets = result["budget"].values
-    rows = [
-        {"budget": float(b), "edges": int(n), "faithfulness": float(f), "circuit": "top edges"}
-        for b, n, f in zip(
-            budgets, result["n_edges"].values, result["faithfulness"].values, strict=True
+    result = in_label_order(result, name="result")
+    if not np.isfinite(result["faithfulness"].values).any():
+        why = result.attrs.get("undefined", "no budget holds a number")
+        raise ValueError(
+            f"result's faithfulness is NaN at every budget ({why}), so there is no curve to "
+            "draw; check that the corrupt prompts change the answer (lsc.inspect_prompts) "
+            "and run lsc.circuit_faithfulness again."
         )
-    ]
+    curves = {"top edges": result["faithfulness"].values}
     if result.sizes.get("seed", 0):
-        mean = result["random_faithfulness"].mean("seed").values
-        rows += [
-            {"budget": float(b), "edges": int(n), "faithfulness": float(f), "circuit": "random"}
-            for b, n, f in zip(budgets, result["n_edges"].values, mean, strict=True)
-        ]
+        curves["random"] = result["random_faithfulness"].mean("seed").values
+    budgets, n_edges = result["budget"].values, result["n_edges"].values
+    rows = [
+        {"budget": float(b), "edges": int(n), "faithfulness": f, "circuit": name}
+        for name, curve in curves.items()
+        for b, n, f in zip(budgets, n_edges, jsonable(np.asarray(curve, float)), strict=True)
+        if f is not None
+    ]
+    missing = sum(int((~np.isfinite(curve)).sum()) for curve in curves.values())
     lines = (
         alt.Chart(alt.Data(values=rows))
         .mark_line(point=True)
@@ -309,10 +435,19 @@ def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> Chart
         )
     )
     one = alt.Chart(alt.Data(values=[{"y": 1.0}])).mark_rule(strokeDash=[4, 4]).encode(y="y:Q")
-    summary = (
-        f"CPR {float(result['cpr']):.3f} (random {float(result['random_cpr']):.3f}), "
-        f"CMD {float(result['cmd']):.3f} (random {float(result['random_cmd']):.3f})"
+    summary = ", ".join(
+        f"{name.upper()} {_number(result[name])} (random {_number(result[f'random_{name}'])})"
+        for name in ("cpr", "cmd")
     )
+    note = f"{missing} points not computed (NaN), not drawn" if missing else alt.Undefined
     return alt.layer(lines, one).properties(
-        title=title or f"Circuit faithfulness: {summary}", width=420, height=260
+        title=alt.TitleParams(title or f"Circuit faithfulness: {summary}", subtitle=note),
+        width=420,
+        height=260,
     )
+
+
+def _number(value: xr.DataArray) -> str:
+    """A scalar statistic for a title: 3 decimals, or "undefined" where it is NaN."""
+    number = float(value)
+    return f"{number:.3f}" if np.isfinite(number) else "undefined"

@@ -1,26 +1,35 @@
-"""What every chart of a DataArray shares: its cells as rows of inline data, and the axis and
-tooltip encodings that read them.
+"""What every chart of a DataArray shares: its labels in one order, its cells as rows of
+inline data, and the axis and tooltip encodings that read them.
 
+``in_label_order`` puts a result's labels in their natural order before anything is drawn
+(numbers ascending, components in the schema's vocabulary order, edges in the graph's
+order, other labels in natural text order) and its dims in the schema's order, so a
+``sortby``, ``isel`` or ``transpose`` of a result draws the same picture: every view reads
+by label, never by position.
 ``cell_columns`` flattens a DataArray into one column per coord (dims, then label coords,
 then scalar coords) and its values, cell-aligned and JSON-safe: NaN and +-inf become null,
 so Vega-Lite sees "missing", never 0. ``vega_type`` reads a coord's Vega-Lite type from its
-dtype (ints ordinal, floats quantitative, labels nominal), ``coord_order`` keeps the stored
-order, ``axis_encoding`` and ``cell_tooltip`` build the encodings from them. Builders wrap
-themselves in ``unchecked_build`` so Altair checks the finished spec once, not each part.
-``heatmaps.heatmap`` and ``charts.bars`` are built on these.
+dtype (ints ordinal, floats quantitative, labels nominal), ``coord_order`` keeps the array's
+order (the label order, after ``in_label_order``), ``axis_encoding`` and ``cell_tooltip``
+build the encodings from them. Builders wrap themselves in ``unchecked_build`` so Altair
+checks the finished spec once, not each part. ``heatmaps.heatmap`` and ``charts.bars`` are
+built on these.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 import altair as alt
 import numpy as np
 import xarray as xr
 from altair.utils.schemapi import debug_mode
+
+from lenscape.schema import COMPONENTS, DIMS
 
 #: Tooltip titles that explain a coord's name.
 TIP_TITLES = {"depth": "depth (layer / (layers − 1), 0 first, 1 last)"}
@@ -29,8 +38,77 @@ TIP_TITLES = {"depth": "depth (layer / (layers − 1), 0 first, 1 last)"}
 VALUE = "value"
 STATE = "state"
 INFINITE = "infinite"
+#: Sender and receiver kinds of an edge result in the graph's order within a layer: the
+#: embeddings first, then a layer's heads (its q, k, v receivers), its MLP, the logits last.
+EDGE_KINDS = ("embed", "head", "q", "k", "v", "mlp", "logits")
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+_Data = TypeVar("_Data", bound=xr.DataArray | xr.Dataset)
+
+
+def _natural(label: Any) -> tuple[Any, ...]:
+    """Sort key of a text label with its digit runs as numbers ("L2.H0" before "L10.H0")."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(label)))
+
+
+def _label_keys(data: xr.DataArray | xr.Dataset, dim: Hashable) -> list[Any]:
+    """One sort key per label of ``dim`` (see ``in_label_order``)."""
+    labels = data[dim].values
+    parts = [f"{dim}_{part}" for part in ("layer", "kind", "head")]
+    if all(p in data.coords and data[p].dims == (dim,) for p in parts):  # edges: graph order
+        layer, kind, head = (data[p].values.tolist() for p in parts)
+        rank = [EDGE_KINDS.index(k) if k in EDGE_KINDS else len(EDGE_KINDS) for k in kind]
+        return list(zip(layer, rank, head, map(_natural, labels.tolist()), strict=True))
+    if dim == "component":
+        return [
+            (COMPONENTS.index(c), ()) if c in COMPONENTS else (len(COMPONENTS), _natural(c))
+            for c in labels.tolist()
+        ]
+    if labels.dtype.kind in "biuf":
+        return labels.tolist()
+    return [_natural(label) for label in labels.tolist()]
+
+
+def in_label_order(data: _Data, *, name: str = "da") -> _Data:
+    """``data`` read by label: every dim with labels in their natural order and the dims in
+    the schema's order (``schema.DIMS``, then any others by name), so that a ``sortby``,
+    ``isel`` or ``transpose`` of a result gives the same picture.
+
+    The natural order: numbers ascending; ``component`` in the schema's vocabulary order
+    (attn, mlp; q_proj, k_proj ...); edges (``sender``/``receiver`` with their ``_layer``,
+    ``_kind`` and ``_head`` coords) in the graph's order, layer by layer; other labels as
+    text, with digit runs compared as numbers.
+
+    Args:
+        data: a DataArray or Dataset.
+        name: the argument's name, for the message.
+
+    Returns:
+        ``data`` reordered (itself when already in order).
+
+    Raises:
+        ValueError: a dim whose labels repeat: two cells would be drawn in one place.
+    """
+    order: dict[Hashable, list[int]] = {}
+    for dim in data.dims:
+        if dim not in data.indexes:
+            continue
+        index = data.indexes[dim]
+        if not index.is_unique:
+            repeated = index[index.duplicated()].unique().tolist()[:4]
+            raise ValueError(
+                f"{name}'s {dim!r} labels repeat ({repeated}), so two cells would be drawn in "
+                f"one place; keep one of each, e.g. {name}.drop_duplicates({dim!r})."
+            )
+        keys = _label_keys(data, dim)
+        positions = sorted(range(len(keys)), key=keys.__getitem__)
+        if positions != list(range(len(keys))):
+            order[dim] = positions
+    dims = sorted(
+        data.dims, key=lambda d: (DIMS.index(d), "") if d in DIMS else (len(DIMS), str(d))
+    )
+    out = data.isel(order) if order else data
+    return out if list(out.dims) == dims else out.transpose(*dims)
 
 
 def unchecked_build(build: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -101,7 +179,8 @@ def vega_type(da: xr.DataArray, name: str) -> str:
 
 
 def coord_order(da: xr.DataArray, name: str) -> list[Any]:
-    """Coordinate values in array order, for sorting axes and facets as stored."""
+    """Coordinate values in array order, for sorting axes and facets as the array holds them
+    (in label order once the array went through ``in_label_order``)."""
     return list(dict.fromkeys(jsonable(da[name].values.ravel())))
 
 

@@ -24,7 +24,10 @@ The controls cannot mislead:
 - Click details follow the selection: changing a control redraws them for the new view.
 - Only the sample dims (``prompt``, ``seed``) open averaged; every other dim (model,
   component, a method setting such as ``target_sparsity``, ``kind``) opens on its first
-  value, so different quantities are never averaged together by default.
+  value in label order, so different quantities are never averaged together by default.
+- The data is read by label (``encoding.in_label_order``): dropdowns list the labels in
+  their natural order and the chart draws them so, so a ``sortby`` or ``transpose`` of a
+  result shows the same Explorer.
 
 The work is split in two so it can be tested without a browser:
 
@@ -54,6 +57,7 @@ from lenscape.mask_rules import SIDES, check_side, is_mask
 from lenscape.schema import name_from_attrs
 
 from .charts import bars
+from .encoding import in_label_order
 from .heatmaps import heatmap, label_from_attrs
 from .offline import enable_offline
 
@@ -446,11 +450,12 @@ def _check_explorer(
     threshold: Any,
     side: Any,
     correct_only: Any,
-) -> list[Hashable]:
+) -> tuple[Data, list[Hashable]]:
     """Check an ``Explorer``'s arguments (each message names the argument and the fix).
 
     Returns:
-        The dims that are not on an axis (each gets a control).
+        The data in label order (``in_label_order``), and its dims that are not on an axis
+        (each gets a control), in the schema's order.
 
     Raises:
         TypeError: an argument of the wrong type.
@@ -458,6 +463,7 @@ def _check_explorer(
     """
     _validate.result("data", data, kind=(xr.DataArray, xr.Dataset), made_by="a lenscape method")
     _check_sizes(data)
+    data = in_label_order(data, name="data")
     _validate.text("x", x, example="'head'")
     _validate.text("y", y, example="'layer'")
     _validate.text("facet", facet, example="'model'", optional=True)
@@ -491,7 +497,7 @@ def _check_explorer(
     others = [d for d in dims if d not in axis_dims]
     if facet is not None and facet not in others:
         raise ValueError(f"facet={facet!r} must be one of the other dims {others}.")
-    return others
+    return data, others
 
 
 #: Keyword arguments that give a control's description the room it needs.
@@ -684,7 +690,8 @@ class Explorer:
     click a cell for its values per prompt (and ``detail``'s view) beside it.
 
     Args:
-        data: a DataArray, e.g. (prompt, layer, head), or a Dataset of such variables.
+        data: a DataArray, e.g. (prompt, layer, head), or a Dataset of such variables; kept
+            in label order (``in_label_order``) as ``data``.
         x: dim (or label coord, e.g. ``depth``) on the horizontal axis.
         y: dim on the vertical axis.
         facet: a dim to draw as side-by-side panels from the start.
@@ -711,8 +718,8 @@ class Explorer:
 
     Raises:
         ValueError: if ``x`` or ``y`` is missing from the data, ``facet`` is not another dim,
-            a dim has no coordinates, ``side`` is not in ``SIDES``, or ``correct_only`` is
-            asked of data without a ``correct`` coord.
+            a dim has no coordinates or repeats a label, ``side`` is not in ``SIDES``, or
+            ``correct_only`` is asked of data without a ``correct`` coord.
     """
 
     def __init__(
@@ -729,7 +736,7 @@ class Explorer:
         detail: DetailFn | None = None,
         **options: Any,
     ) -> None:
-        self._others = _check_explorer(
+        data, self._others = _check_explorer(
             data,
             x=x,
             y=y,
@@ -907,9 +914,14 @@ class Explorer:
 
     def update(self, data: Data) -> None:
         """Show new data (same dims, e.g. scores of other prompts) with the current settings:
-        the dim controls get the new coordinates and the chart is swapped in place."""
+        the dim controls get the new coordinates (in label order) and the chart is swapped
+        in place.
+
+        Raises:
+            ValueError: a dim without coordinates, or with a repeated label.
+        """
         _check_sizes(data)
-        self.data = data
+        self.data = in_label_order(data, name="data")
         self._busy = True
         try:
             self._set_dim_options()

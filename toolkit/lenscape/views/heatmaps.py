@@ -8,8 +8,14 @@ The data's declared type decides the colour scale, never its values: a mask
 legend, a signed score a diverging scale centred at 0, anything else a sequential one.
 Titles, legend and axis titles come from the metadata (``long_name``, ``units``, dim names);
 tooltips show every coordinate of a cell and its value. NaN means "not computed" and is
-drawn grey (the subtitle says so only when a drawn cell is NaN); +inf and -inf are drawn as
-dark cells marked "+∞" / "−∞", and the spec never holds a non-JSON number.
+drawn grey (the subtitle says so only when a drawn cell is NaN, and says when every cell
+is); +inf and -inf are drawn as dark cells marked "+∞" / "−∞", and the spec never holds a
+non-JSON number.
+
+A heatmap reads its array by label: axes and facets run in label order
+(``encoding.in_label_order``: layers, heads and other numbers ascending, components in the
+schema's vocabulary order, edges in the graph's order), never in the array's order, so a
+``sortby``, ``isel`` or ``transpose`` of the same result draws the same picture.
 
 The cells are written into the spec as inline values when the chart is built. Altair's
 5,000-row guard applies only to DataFrames handed to it, so grids above that size work on
@@ -45,6 +51,7 @@ from .encoding import (
     cell_tooltip,
     coord_names,
     coord_order,
+    in_label_order,
     unchecked_build,
     vega_type,
 )
@@ -203,7 +210,7 @@ def heatmap(
             (model, layer, head) with ``x="head", y="layer", facet_col="model"``.
         x: dim or label coord on the horizontal axis. ``"depth"`` (relative depth, a coord on
             ``layer``) puts models of different depth on one shared [0, 1] axis.
-        y: dim or label coord on the vertical axis (first coordinate at the top).
+        y: dim or label coord on the vertical axis (first label at the top).
         facet_row: dim whose values become rows of panels (e.g. a condition).
         facet_col: dim whose values become panels side by side (e.g. ``model``); without
             ``facet_row`` they wrap into rows of ``columns`` panels.
@@ -238,9 +245,9 @@ def heatmap(
         TypeError: an argument of the wrong type (``da`` not a DataArray, a list for ``x``,
             ``True`` for ``color`` ...); the message names it.
         ValueError: if a role names something ``da`` lacks, a dim of ``da`` has no role (the
-            message says how to reduce it), an option is out of range (an unknown colour
-            scheme, ``domain`` with low >= high ...), or a mask or category array holds
-            infinities.
+            message says how to reduce it), a dim's labels repeat, an option is out of
+            range (an unknown colour scheme, ``domain`` with low >= high ...), or a mask or
+            category array holds infinities.
     """
     _check_options(
         da,
@@ -257,6 +264,7 @@ def heatmap(
         tick_labels=tick_labels,
         flags={"tooltip": tooltip, "independent": independent, "actions": actions},
     )
+    da = in_label_order(da)
     columns = _validate.positive_int(
         "columns", columns, none_means=f"{FACET_COLUMNS} panels per row"
     )
@@ -536,6 +544,7 @@ def _framed(
     subtitle = _subtitle(
         da,
         has_nan=cells.has_nan,
+        every_nan=cells.has_nan and not cells.finite.size and not cells.has_inf,
         has_inf=cells.has_inf,
         colour=None if described else cells.label,
     )
@@ -745,10 +754,13 @@ def _color(
     return alt.Color(f"{VALUE}:Q", scale=alt.Scale(**kw), title=title)
 
 
-def _subtitle(da: xr.DataArray, *, has_nan: bool, has_inf: bool, colour: str | None) -> list[str]:
+def _subtitle(
+    da: xr.DataArray, *, has_nan: bool, every_nan: bool, has_inf: bool, colour: str | None
+) -> list[str]:
     """Subtitle lines: what the colour shows (when the legend title is short or the title is
     not the description), provenance (model, method, metric), a ``note`` attr, and what
-    grey and dark marked cells mean, each only when such a cell is drawn."""
+    grey and dark marked cells mean, each only when such a cell is drawn (``every_nan``:
+    no drawn cell holds a number)."""
     keys = [
         k
         for k in ("model", "method", "metric")
@@ -762,9 +774,8 @@ def _subtitle(da: xr.DataArray, *, has_nan: bool, has_inf: bool, colour: str | N
         lines.append(" · ".join(f"{k}: {da.attrs[k]}" for k in keys))
     if da.attrs.get("note"):
         lines.append(str(da.attrs["note"]))
-    marks = ([f"grey: {NAN_LABEL}"] if has_nan else []) + (
-        ["+∞ / −∞: infinite value"] if has_inf else []
-    )
+    grey = f"grey: {NAN_LABEL}" + (" (every cell)" if every_nan else "")
+    marks = ([grey] if has_nan else []) + (["+∞ / −∞: infinite value"] if has_inf else [])
     if marks:
         lines.append(" · ".join(marks))
     return lines
