@@ -69,6 +69,25 @@ def test_roles():
     assert set(neither.values.ravel()) == {aggregate.ROLES.index("neither")}
 
 
+def test_roles_match_the_two_masks_by_label():
+    """The interference mask is read by the labels of the facilitation mask: a sortby or
+    transpose of either gives the same codes (in facilitation's order); other labels are
+    refused by name."""
+    da = scores()
+    fac, inter = aggregate.always(da, threshold=0.5), aggregate.any_(1 - da, threshold=0.8)
+    codes = aggregate.roles(fac, inter)
+    moved = inter.sortby("head", ascending=False).transpose("head", "layer")
+    xr.testing.assert_identical(aggregate.roles(fac, moved), codes)
+    flipped = aggregate.roles(fac.sortby("layer", ascending=False), inter)
+    xr.testing.assert_identical(flipped.sel(layer=codes["layer"]), codes)
+    with pytest.raises(ValueError, match=r"interference's 'head' labels do not match .*\[7\]"):
+        aggregate.roles(fac, inter.assign_coords(head=[0, 7]))
+    with pytest.raises(TypeError, match=r"interference must be an xarray.DataArray"):
+        aggregate.roles(fac, inter.values)
+    with pytest.raises(TypeError, match=r"da must be an xarray.DataArray"):
+        aggregate.always(da.to_dataset(name="facilitation"))
+
+
 @pytest.mark.parametrize("threshold", [-0.1, 1.5])
 def test_bad_threshold(threshold):
     with pytest.raises(ValueError, match=r"threshold must be a finite number in \[0, 1\]"):
@@ -187,3 +206,5 @@ def test_routing_wins_judges_only_clusters_with_held_out_texts():
         aggregate.routing_wins(comparison.assign(n_held_out=("cluster", np.zeros(3, int))))
     with pytest.raises(ValueError, match="loss_global"):
         aggregate.routing_wins(comparison.drop_vars("loss_global"))
+    with pytest.raises(ValueError, match=r"comparison is a result of 'block_masks', not of"):
+        aggregate.routing_wins(comparison.assign_attrs(method="block_masks"))

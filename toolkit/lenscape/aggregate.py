@@ -6,6 +6,10 @@ and in ``long_name``, so a plot of the result titles itself. Thresholds, Always,
 fractions follow the mask rules of ``lenscape.mask_rules``: NaN ("not computed") is never
 kept, a reduction along ``dim`` counts only the computed values, and a cell with none
 computed stays NaN.
+
+Every function reads its inputs by label, as xarray's own reductions do: a ``sortby``,
+``isel`` or ``transpose`` of an input gives the same cells (in the input's order), and two
+inputs combined (``roles``) are matched label by label, their labels checked to agree.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ ROLES = ("neither", "facilitating", "interfering", "both")
 
 
 def _check(da: xr.DataArray, dim: str, threshold: float) -> None:
+    """Refuse what is not a DataArray with ``dim``, or a threshold outside [0, 1]."""
+    _validate.result("da", da, kind=xr.DataArray, made_by="a lenscape method")
     if dim not in da.dims:
         raise ValueError(f"Cannot aggregate over '{dim}': the data has dims {list(da.dims)}.")
     _validate.number("threshold", threshold, low=0, high=1)
@@ -94,12 +100,33 @@ def fraction(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.
 def roles(facilitation: xr.DataArray, interference: xr.DataArray) -> xr.DataArray:
     """Combine two masks into role codes (see ``ROLES``): 0 neither, 1 facilitating,
     2 interfering, 3 both, a mask's kept cells (``mask_rules.kept``) counting as in the role.
-    NaN where either input is NaN."""
-    if facilitation.dims != interference.dims:
+    NaN where either input is NaN.
+
+    Args:
+        facilitation: a mask (or scores: non-zero counts) over any dims, e.g. (layer, head).
+        interference: the same dims, matched to ``facilitation`` by label (any order, any
+            transpose).
+
+    Returns:
+        Role codes with the dims, coords and order of ``facilitation``.
+
+    Raises:
+        TypeError: an input that is not a DataArray.
+        ValueError: other dims, or labels that differ (named).
+    """
+    for name, da in (("facilitation", facilitation), ("interference", interference)):
+        _validate.result(name, da, kind=xr.DataArray, made_by="lsc.aggregate.always")
+    if set(facilitation.dims) != set(interference.dims):
         raise ValueError(
             f"facilitation dims {facilitation.dims} differ from interference "
             f"dims {interference.dims}; aggregate both the same way first."
         )
+    interference = _validate.labels(
+        "interference",
+        interference,
+        {str(d): facilitation[d].values for d in facilitation.dims},
+        made_by="lsc.aggregate.always (as facilitation)",
+    ).transpose(*facilitation.dims)
     code = mask_rules.kept(facilitation).astype(int) + 2 * mask_rules.kept(interference).astype(int)
     code = code.where(facilitation.notnull() & interference.notnull())
     return code.assign_attrs(
@@ -216,14 +243,18 @@ def routing_wins(comparison: xr.Dataset) -> xr.DataArray:
         clusters that received held-out texts are kept: elsewhere there is nothing to judge.
 
     Raises:
-        ValueError: if a variable is missing, or no cluster received a held-out text.
+        TypeError: ``comparison`` is not a Dataset.
+        ValueError: if it is of another method, a variable is missing, or no cluster
+            received a held-out text.
     """
-    missing = [v for v in ("loss_routed", "loss_global", "n_held_out") if v not in comparison]
-    if missing:
-        raise ValueError(
-            f"routing_wins reads a mask comparison, but the data lacks {missing}; pass the "
-            "Dataset of lsc.mask_comparison or lsc.recorded('block_masks', model=...)."
-        )
+    _validate.result(
+        "comparison",
+        comparison,
+        kind=xr.Dataset,
+        made_by="lsc.mask_comparison or lsc.recorded('block_masks', model=...)",
+        variables=("loss_routed", "loss_global", "n_held_out"),
+        methods=("mask_comparison",),
+    )
     scored = comparison["n_held_out"].values > 0
     if not scored.any():
         raise ValueError(
