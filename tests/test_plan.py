@@ -15,7 +15,7 @@ import xarray as xr
 from lenscape.capture import patching
 from lenscape.sweep.inputs import tokenize
 from lenscape.sweep.options import Options
-from lenscape.sweep.plan import PlanData, run_in_memory
+from lenscape.sweep.plan import Call, PlanData, run_in_memory
 
 # Runs in a fresh interpreter: rebuild the plan from its pickled data on a model loaded from
 # its recipe, with the pre-pass functions and the tokenizer made to fail (the plan carries
@@ -77,7 +77,7 @@ def test_plan_pickles_and_runs_in_a_fresh_process(
         | options,
     )
     tokens = tokenize(tiny_llama, factual[:7], needs_corrupt=True, needs_distractor=True)
-    plan = planner(tiny_llama, tokens, checked, progress=False)
+    plan = planner(Call(tiny_llama, tokens, checked))
     expected = run_in_memory(plan, progress=False)
     data = PlanData.of(planner, checked, plan)
     assert set(data.prepass) == prepass

@@ -204,7 +204,7 @@ CALLS: dict[str, Any] = {
     "finetune": lambda w: ((w.model, ["The cat sat on the mat."]), dict(steps=1, progress=False)),
     "weight_importance": lambda w: ((w.model, ["The cat sat."]), dict(progress=False)),
     "weight_change": lambda w: ((w.model, w.model), dict()),
-    "inspect": lambda w: ((w.model, w.pairs), dict()),
+    "inspect_prompts": lambda w: ((w.model, w.pairs), dict()),
     "check": lambda w: ((w.model,), dict()),
     "load": lambda w: ((str(w.folder),), dict(device="cpu")),
     "from_hf": lambda w: ((w.model.hf, w.model.tokenizer), dict(device="cpu")),

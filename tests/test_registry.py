@@ -26,7 +26,6 @@ TOY = textwrap.dedent('''
     import torch
 
     from ..sweep.backend import get_backend
-    from ..sweep.options import DEFAULTS
     from ..sweep.plan import Plan, Scores, top_is_target
     from ..sweep.inputs import batched
     from ..sweep.registry import method, run
@@ -34,8 +33,9 @@ TOY = textwrap.dedent('''
     from .. import schema
 
 
-    def plan_toy(model, tokens, options, *, progress, prepass=None):
-        inputs = batched(model, tokens, options)
+    def plan_toy(call):
+        model, options = call.model, call.options
+        inputs = batched(model, call.tokens, options)
 
         def score(batch, step):
             with torch.no_grad():
@@ -55,9 +55,7 @@ TOY = textwrap.dedent('''
 
 
     @method(plan_toy)
-    def toy(model, prompts, *, metric: str = "logit", batch_size=DEFAULTS.batch_size,
-            backend=DEFAULTS.backend, padding_side=DEFAULTS.padding_side,
-            store=DEFAULTS.store, client=DEFAULTS.client, progress=DEFAULTS.progress) -> Any:
+    def toy(model, prompts, **shared) -> Any:
         """The clean logit of each prompt's target."""
         return run(toy, locals())
 ''')
@@ -127,6 +125,19 @@ def test_every_method_states_its_options_once_in_its_signature():
                 assert name in described, (spec.name, name)
         order = [parameters.index(n) for n in described if n in parameters]
         assert order == sorted(order), spec.name
+
+
+def test_shared_options_are_declared_once_not_in_each_signature(tiny_llama):
+    """A method's own code declares only its own options; the shared ones (and where it
+    runs) come from one table (``options.DEFAULTS``/``DESCRIPTIONS``) into its signature."""
+    shared = set(DESCRIPTIONS) - {"model", "prompts"}
+    for spec in registry.METHODS.values():
+        own = inspect.signature(inspect.unwrap(spec.function)).parameters
+        assert not shared & set(own), (spec.name, sorted(shared & set(own)))
+        shown = inspect.signature(spec.function).parameters
+        assert {"store", "client", "progress"} <= set(shown), spec.name
+    with pytest.raises(TypeError, match="unexpected keyword argument 'levle'"):
+        lsc.ablation(tiny_llama, lsc.data.prompts("factual")[:1], levle="block")
 
 
 def test_streaming_methods_can_be_named_to_capture_to():

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,8 +27,8 @@ from ..data import Prompt, PromptSet
 from ..models import LensModel
 from ..sweep.backend import get_backend
 from ..sweep.inputs import Batch, Tokens, batched
-from ..sweep.options import DEFAULTS, Options
-from ..sweep.plan import Plan, Scores
+from ..sweep.options import UNMEASURED, Options
+from ..sweep.plan import Call, Plan, Scores
 from ..sweep.registry import method, run
 from ..sweep.result import prompt_coords, provenance
 
@@ -97,17 +96,11 @@ def _as_prompts(prompts: Any, options: Options) -> Any:
     return PromptSet([Prompt(p if isinstance(p, str) else p.text, "") for p in given])
 
 
-def plan_attention_pattern(
-    model: LensModel,
-    tokens: Tokens,
-    options: Options,
-    *,
-    progress: bool,
-    prepass: dict[str, Any] | None = None,
-) -> Plan[xr.DataArray]:
+def plan_attention_pattern(call: Call) -> Plan[xr.DataArray]:
     """``attention_pattern`` as a plan: one clean pass per batch (eager attention). Per
     prompt, the columns hold every chosen head's (query_pos, key_pos) weights at the
     prompt's own positions (NaN past its end)."""
+    model, tokens, options = call.model, call.tokens, call.options
     spec = model.spec
     layer = options.layer
     if (
@@ -176,19 +169,15 @@ def _one_or_all(result: xr.DataArray, options: Options, prompts: Any) -> xr.Data
     return result
 
 
-@method(plan_attention_pattern, needs_target=False, read_prompts=_as_prompts, view=_one_or_all)
+@method(
+    plan_attention_pattern,
+    shared=UNMEASURED,
+    needs_target=False,
+    read_prompts=_as_prompts,
+    view=_one_or_all,
+)
 def attention_pattern(
-    model: LensModel,
-    prompts: Any,
-    *,
-    layer: int,
-    head: int | Sequence[int] | None = None,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    model: LensModel, prompts: Any, *, layer: int, head: int | Sequence[int] | None = None, **shared
 ) -> xr.DataArray:
     """Attention weights at one layer, for one prompt or a list.
 

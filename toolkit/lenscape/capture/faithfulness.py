@@ -23,7 +23,7 @@ from .. import _validate, schema
 from ..data import Prompts
 from ..models import LensModel
 from ..sweep.inputs import Tokens, tokenize
-from ..sweep.options import DEFAULTS, MAX_STEPS
+from ..sweep.options import MAX_STEPS
 from ..sweep.registry import method, part_store
 from .patching import DEFAULT_IG_STEPS, ESTIMATORS, activation_patching, attribution_patching
 
@@ -196,13 +196,8 @@ def faithfulness(
     prompts: Prompts,
     *,
     estimators: Sequence[str] = ("atp", "ig"),
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
     top_k: int = 10,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    **shared,
 ) -> xr.Dataset:
     """Agreement of each estimator with exact activation patching, per component type.
 
@@ -236,11 +231,9 @@ def faithfulness(
     """
     parsed = _parsed(estimators)
     top_k = _validate.positive_int("top_k", top_k)
+    store, metric = shared.pop("store"), shared["metric"]
     tokens = tokenize(model, prompts, needs_corrupt=True, needs_distractor=metric == "logit_diff")
-    options: dict[str, Any] = dict(
-        metric=metric, batch_size=batch_size, backend=backend, client=client, progress=progress
-    )
-    exact, exact_seconds = _exact_maps(model, tokens, options, store)
+    exact, exact_seconds = _exact_maps(model, tokens, shared, store)
     estimates, seconds = {}, {}
     for label, (name, steps) in parsed.items():
         path = part_store(store, label.replace(":", "-"))
@@ -252,7 +245,7 @@ def faithfulness(
             level="all",
             estimator=name,
             steps=steps,
-            **options,
+            **shared,
         )
     data = _statistics(exact, estimates, top_k)
     sizes = np.array(
@@ -273,19 +266,18 @@ def faithfulness(
     return xr.Dataset(
         data,
         coords={"estimator": list(parsed), "component_type": list(COMPONENT_TYPES)},
-        attrs=_report_attrs(
-            exact["head"], backend=backend, metric=metric, top_k=top_k, exact_seconds=exact_seconds
-        ),
+        attrs=_report_attrs(exact["head"], shared=shared, top_k=top_k, exact_seconds=exact_seconds),
     )
 
 
 def _report_attrs(
-    first: xr.DataArray, *, backend: str, metric: str, top_k: int, exact_seconds: dict
+    first: xr.DataArray, *, shared: dict[str, Any], top_k: int, exact_seconds: dict
 ) -> dict[str, Any]:
     """The report's attrs: what was measured on what, from the first exact map's."""
     keep = (
         "model",
         "layout_fingerprint",
+        "weights_fingerprint",
         "layout_checked",
         "dtype",
         "prompt_set",
@@ -296,8 +288,8 @@ def _report_attrs(
     return {
         "long_name": "Agreement of gradient estimates with exact activation patching",
         "method": "faithfulness",
-        "metric": metric,
-        "backend": backend,
+        "metric": shared["metric"],
+        "backend": shared["backend"],
         "top_k": top_k,
         "exact_seconds_head": exact_seconds["head"],
         "exact_seconds_block": exact_seconds["block"],

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,8 +27,8 @@ from ..models import LensModel
 from ..sweep import metrics
 from ..sweep.backend import get_backend
 from ..sweep.inputs import Batch, Inputs, Tokens, batched
-from ..sweep.options import DEFAULTS, Options
-from ..sweep.plan import Plan, Scores, top_is_target
+from ..sweep.options import Options
+from ..sweep.plan import Call, Plan, Scores, top_is_target
 from ..sweep.registry import method, run
 from ..sweep.result import prompt_coords, provenance
 from .attention import token_labels
@@ -165,15 +164,9 @@ def _side(model: LensModel, inputs: Inputs, batch: Batch, side: str, top_k: int)
     return Scores(values.cpu(), top_is_target(logits, batch.target).cpu())
 
 
-def plan_inspect(
-    model: LensModel,
-    tokens: Tokens,
-    options: Options,
-    *,
-    progress: bool,
-    prepass: dict[str, Any] | None = None,
-) -> Plan[xr.Dataset]:
+def plan_inspect(call: Call) -> Plan[xr.Dataset]:
     """``inspect_prompts`` as a plan: one clean (and one corrupt) pass per batch."""
+    model, tokens, options = call.model, call.tokens, call.options
     top_k = _validate.positive_int("top_k", options.top_k)
     inputs = batched(model, tokens, options, level="head")
     sides = ("clean", "corrupt") if tokens.corrupt_ids is not None else ("clean",)
@@ -240,14 +233,8 @@ def inspect_prompts(
     model: LensModel,
     prompts: PromptSet | Iterable[Prompt | dict[str, Any]],
     *,
-    metric: str = DEFAULTS.metric,
     top_k: int = 5,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    **shared,
 ) -> Inspection:
     """The model's answers on each prompt: top next tokens, target probability, metric.
 

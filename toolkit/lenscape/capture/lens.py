@@ -19,7 +19,6 @@ then the target's id; ``finish`` decodes them into the labels.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,8 +30,8 @@ from ..data import Prompt, PromptSet, as_prompt_set
 from ..models import LensModel
 from ..sweep.backend import Site, get_backend
 from ..sweep.inputs import Batch, Inputs, Tokens, batched
-from ..sweep.options import DEFAULTS, Options
-from ..sweep.plan import Plan, Scores, top_is_target
+from ..sweep.options import UNMEASURED, Options
+from ..sweep.plan import Call, Plan, Scores, top_is_target
 from ..sweep.registry import method, run
 from ..sweep.result import prompt_coords, provenance
 from .attention import token_labels
@@ -128,15 +127,9 @@ def _at_prompt_positions(cells: torch.Tensor, mask: torch.Tensor, width: int) ->
     return out
 
 
-def plan_logit_lens(
-    model: LensModel,
-    tokens: Tokens,
-    options: Options,
-    *,
-    progress: bool,
-    prepass: dict[str, Any] | None = None,
-) -> Plan[xr.DataArray]:
+def plan_logit_lens(call: Call) -> Plan[xr.DataArray]:
     """``logit_lens`` as a plan: one clean pass per batch. No pre-pass."""
+    model, tokens, options = call.model, call.tokens, call.options
     inputs = batched(model, tokens, options.replace(metric="logit"), level="head")
     sites, width = lens_sites(model.spec.n_layers), tokens.width
     runner = get_backend(model, options.backend)
@@ -244,18 +237,15 @@ def _one_or_all(result: xr.DataArray, options: Options, prompts: Any) -> xr.Data
     return one.drop_vars(dropped).assign_attrs(attrs)
 
 
-@method(plan_logit_lens, needs_target=False, read_prompts=_as_prompts, view=_one_or_all)
+@method(
+    plan_logit_lens,
+    shared=UNMEASURED,
+    needs_target=False,
+    read_prompts=_as_prompts,
+    view=_one_or_all,
+)
 def logit_lens(
-    model: LensModel,
-    prompts: Any,
-    *,
-    target: str | None = None,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    model: LensModel, prompts: Any, *, target: str | None = None, **shared
 ) -> xr.DataArray:
     """The target's probability when each layer's residual stream is read as the output.
 

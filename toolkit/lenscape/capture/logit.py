@@ -11,8 +11,6 @@ any unembedding bias). Gemma's post-attention norm is frozen the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import torch
 import xarray as xr
@@ -21,11 +19,11 @@ from ..data import Prompts
 from ..models import LensModel
 from ..models.parts import head_outputs, norm_weight, rms_scale
 from ..sweep.backend import get_backend
-from ..sweep.inputs import Batch, Inputs, Tokens, batched
-from ..sweep.options import DEFAULTS, Options
-from ..sweep.plan import Plan, Scores, top_is_target
+from ..sweep.inputs import Batch, Inputs, batched
+from ..sweep.options import LEVELLED
+from ..sweep.plan import Call, Plan, Scores, one_level_plan, top_is_target
 from ..sweep.registry import method, run
-from ..sweep.result import LEVELS, components, to_dataarray
+from ..sweep.result import LEVELS, components
 
 DLA_METRICS = ("logit_diff", "logit")
 
@@ -72,16 +70,10 @@ def _scorer(inputs: Inputs) -> Callable[[Batch, Callable], Scores]:
     return score
 
 
-def plan_direct_logit_attribution(
-    model: LensModel,
-    tokens: Tokens,
-    options: Options,
-    *,
-    progress: bool,
-    prepass: dict[str, Any] | None = None,
-) -> Plan[xr.DataArray]:
+def plan_direct_logit_attribution(call: Call) -> Plan[xr.DataArray]:
     """``direct_logit_attribution`` as a plan: one clean forward pass per batch. It has no
     pre-pass: ``prepass`` is accepted like every planner's and stays empty."""
+    model, tokens, options = call.model, call.tokens, call.options
     metric = options.metric
     if metric not in DLA_METRICS:
         raise ValueError(
@@ -89,37 +81,17 @@ def plan_direct_logit_attribution(
             f"got {metric!r}; for log-probabilities use lsc.attribution_patching."
         )
     inputs = batched(model, tokens, options)
-    score = _scorer(inputs)
-    return Plan(
+    return one_level_plan(
         inputs,
-        len(components(inputs)),
-        score,
-        lambda values, correct, index: to_dataarray(
-            inputs,
-            values,
-            correct=correct,
-            method="direct_logit_attribution",
-            effect="Direct contribution to",
-            index=index,
-        ),
+        _scorer(inputs),
         desc="direct logit attribution",
+        method="direct_logit_attribution",
+        effect="Direct contribution to",
     )
 
 
-@method(plan_direct_logit_attribution, levels=LEVELS)
-def direct_logit_attribution(
-    model: LensModel,
-    prompts: Prompts,
-    *,
-    level: str = DEFAULTS.level,
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
-) -> xr.DataArray:
+@method(plan_direct_logit_attribution, levels=LEVELS, shared=LEVELLED)
+def direct_logit_attribution(model: LensModel, prompts: Prompts, **shared) -> xr.DataArray:
     """Direct effect of each head or block on the metric's logits, per prompt.
 
     Args:

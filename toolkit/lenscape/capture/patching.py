@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,9 +47,9 @@ from ..data import Prompts
 from ..models import LensModel
 from ..sweep import memory, metrics
 from ..sweep.backend import Site, TokenBatch, get_backend
-from ..sweep.inputs import Batch, Inputs, Tokens, batched
-from ..sweep.options import DEFAULTS, Options
-from ..sweep.plan import Plan, Result, Scores, once, top_is_target
+from ..sweep.inputs import Batch, Inputs, batched
+from ..sweep.options import EXACT, LEVELLED, integration_points
+from ..sweep.plan import Call, Plan, Result, Scores, once, one_level_plan, top_is_target
 from ..sweep.registry import method, run
 from ..sweep.result import LEVELS, components, to_dataarray
 
@@ -301,16 +300,7 @@ def _component_columns(
 
 def _check_estimator(estimator: str, steps: int | None) -> int:
     """Validate ``estimator``/``steps``; return the number of integration points."""
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"Unknown estimator {estimator!r}; choose one of {list(ESTIMATORS)}.")
-    if steps is None:
-        return 1 if estimator == "atp" else DEFAULT_IG_STEPS
-    if estimator == "atp" and steps != 1:
-        raise ValueError(
-            f"estimator='atp' takes the gradient at one point; steps={steps} "
-            "needs estimator='ig' (or leave steps=None)."
-        )
-    return steps
+    return integration_points(estimator, steps, estimators=ESTIMATORS, default=DEFAULT_IG_STEPS)
 
 
 def _patching_estimator(
@@ -366,34 +356,35 @@ def _refined_columns(
     return sorted(int(c) for c in order[:k])
 
 
-def _one_level_plan(
+def _exact_plan(
+    call: Call,
     inputs: Inputs,
-    score,
+    sweep: tuple[str, Callable, list[int] | None],
     *,
-    steps_per_batch: int = 1,
     desc: str,
-    method_attr: str,
+    method: str,
     effect: str,
-    prepass: dict[str, Any],
     **params: Any,
 ) -> Plan[xr.DataArray]:
-    """A one-level plan whose result is ``to_dataarray`` of the scores."""
-    return Plan(
+    """The plan of an exact sweep: ``sweep`` is ``_sweep_scorer``'s (source,
+    replacement_for, columns); one progress step per block."""
+    source, replacement_for, columns = sweep
+    score = _sweep_scorer(
         inputs,
-        len(components(inputs)),
+        source=source,
+        replacement_for=replacement_for,
+        variants_per_pass=call.options.variants_per_pass,
+        columns=columns,
+    )
+    return one_level_plan(
+        inputs,
         score,
-        lambda values, correct, index: to_dataarray(
-            inputs,
-            values,
-            correct=correct,
-            method=method_attr,
-            effect=effect,
-            index=index,
-            **params,
-        ),
         desc=desc,
-        steps_per_batch=steps_per_batch,
-        prepass=prepass,
+        method=method,
+        effect=effect,
+        steps_per_batch=call.model.spec.n_layers,
+        prepass=call.prepass,
+        **params,
     )
 
 
@@ -428,17 +419,11 @@ def _ablation_targets(
     return (lambda site, act: means[site].expand_as(act)), replacement_for
 
 
-def plan_ablation(
-    model: LensModel,
-    tokens: Tokens,
-    options: Options,
-    *,
-    progress: bool,
-    prepass: dict[str, Any] | None = None,
-) -> Plan[xr.DataArray]:
+def plan_ablation(call: Call) -> Plan[xr.DataArray]:
     """``ablation`` as a plan: one exact sweep per batch (after the means, for kind="mean",
     and the ranking pass, with ``refine``; both kept in the plan's ``prepass``)."""
-    prepass = {} if prepass is None else prepass
+    model, tokens, options = call.model, call.tokens, call.options
+    prepass, progress = call.prepass, call.progress
     kind, refine = options.kind, options.refine
     if kind not in ABLATION_KINDS:
         raise ValueError(f"Unknown ablation kind {kind!r}; choose one of {list(ABLATION_KINDS)}.")
@@ -458,42 +443,21 @@ def plan_ablation(
         columns = once(
             prepass, "columns", lambda: _refined_columns(inputs, estimate, refine, progress)
         )
-    score = _sweep_scorer(
+    return _exact_plan(
+        call,
         inputs,
-        source="clean",
-        replacement_for=replacement_for,
-        variants_per_pass=options.variants_per_pass,
-        columns=columns,
-    )
-    return _one_level_plan(
-        inputs,
-        score,
-        steps_per_batch=model.spec.n_layers,
+        ("clean", replacement_for, columns),
         desc=f"{kind}-ablation",
-        method_attr=f"{kind}_ablation",
+        method=f"{kind}_ablation",
         effect=f"{kind.capitalize()}-ablation effect on",
-        prepass=prepass,
         kind=kind,
         **_refine_params(refine, "atp", 1),
     )
 
 
-@method(plan_ablation, levels=LEVELS)
+@method(plan_ablation, levels=LEVELS, shared=EXACT)
 def ablation(
-    model: LensModel,
-    prompts: Prompts,
-    *,
-    level: str = DEFAULTS.level,
-    kind: str = "zero",
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    variants_per_pass: int | None = DEFAULTS.variants_per_pass,
-    refine: int | None = None,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    model: LensModel, prompts: Prompts, *, kind: str = "zero", refine: int | None = None, **shared
 ) -> xr.DataArray:
     """Exact ablation of every head or block: metric(ablated) - metric(clean), per prompt.
 
@@ -512,17 +476,11 @@ def ablation(
 # ------------------------------------------------------------------- activation patching
 
 
-def plan_activation_patching(
-    model: LensModel,
-    tokens: Tokens,
-    options: Options,
-    *,
-    progress: bool,
-    prepass: dict[str, Any] | None = None,
-) -> Plan[xr.DataArray]:
+def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     """``activation_patching`` as a plan: one exact sweep per batch (after the ranking
     pass, with ``refine``, kept in the plan's ``prepass``)."""
-    prepass = {} if prepass is None else prepass
+    model, tokens, options = call.model, call.tokens, call.options
+    prepass, progress = call.prepass, call.progress
     points = _check_estimator(options.estimator, options.steps)
     inputs = batched(model, tokens, options, grad=options.refine is not None)
     runner = get_backend(model, options.backend)
@@ -542,42 +500,26 @@ def plan_activation_patching(
         clean = runner.run(batch.clean, sites=sites)
         return (lambda site, head: clean.acts[site][_index(head)]), clean.logits
 
-    score = _sweep_scorer(
+    return _exact_plan(
+        call,
         inputs,
-        source="corrupt",
-        replacement_for=replacement_for,
-        variants_per_pass=options.variants_per_pass,
-        columns=columns,
-    )
-    return _one_level_plan(
-        inputs,
-        score,
-        steps_per_batch=model.spec.n_layers,
+        ("corrupt", replacement_for, columns),
         desc="activation patching",
-        method_attr="activation_patching",
+        method="activation_patching",
         effect="Patching effect (clean -> corrupt) on",
-        prepass=prepass,
         **_refine_params(options.refine, options.estimator, points),
     )
 
 
-@method(plan_activation_patching, levels=LEVELS, needs_corrupt=True)
+@method(plan_activation_patching, levels=LEVELS, needs_corrupt=True, shared=EXACT)
 def activation_patching(
     model: LensModel,
     prompts: Prompts,
     *,
-    level: str = DEFAULTS.level,
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    variants_per_pass: int | None = DEFAULTS.variants_per_pass,
     refine: int | None = None,
     estimator: str = "atp",
     steps: int | None = None,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    **shared,
 ) -> xr.DataArray:
     """Exact activation patching (clean -> corrupt): metric(patched) - metric(corrupt).
 
@@ -602,17 +544,11 @@ def activation_patching(
 # ------------------------------------------------------------------ attribution patching
 
 
-def plan_attribution_patching(
-    model: LensModel,
-    tokens: Tokens,
-    options: Options,
-    *,
-    progress: bool,
-    prepass: dict[str, Any] | None = None,
-) -> Plan[Result]:
+def plan_attribution_patching(call: Call) -> Plan[Result]:
     """``attribution_patching`` as a plan: one gradient estimate per batch, of every
     component of ``options.level`` ("all": head and block level side by side). It has no
     pre-pass: ``prepass`` is accepted like every planner's and stays empty."""
+    model, tokens, options = call.model, call.tokens, call.options
     estimator, level = options.estimator, options.level
     points = _check_estimator(estimator, options.steps)
     levels = ("head", "block") if level == "all" else (level,)
@@ -667,21 +603,14 @@ def plan_attribution_patching(
     )
 
 
-@method(plan_attribution_patching, levels=(*LEVELS, "all"), needs_corrupt=True)
+@method(plan_attribution_patching, levels=(*LEVELS, "all"), needs_corrupt=True, shared=LEVELLED)
 def attribution_patching(
     model: LensModel,
     prompts: Prompts,
     *,
-    level: str = DEFAULTS.level,
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
     estimator: str = "atp",
     steps: int | None = None,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    **shared,
 ) -> Result:
     """Gradient estimate of activation patching for every component at once.
 

@@ -86,16 +86,12 @@ _LLAMA = ArchLayout(
 )
 _QWEN3 = replace(_LLAMA, weights={**_LLAMA_WEIGHTS, **_QK_NORMS})
 # Gemma normalises each block's output before adding it to the residual stream.
-_GEMMA2 = ArchLayout(
-    layers="model.layers",
-    o_proj="self_attn.o_proj",
+_GEMMA2 = replace(
+    _LLAMA,
     attn_out="post_attention_layernorm",
     mlp_out="post_feedforward_layernorm",
     attn_out_tuple=False,
     post_attn_norm="post_attention_layernorm",
-    final_norm="model.norm",
-    embed="model.embed_tokens",
-    unembed="lm_head",
     weights={
         **_LLAMA_WEIGHTS,
         "pre_feedforward_layernorm": "pre_feedforward_layernorm.weight",

@@ -24,38 +24,11 @@ import torch
 
 from .. import _validate
 from . import selfcheck
-from .bundled import (
-    BUNDLED,
-    DEFAULT_MODEL,
-    ENCODERS,
-    Bundled,
-    bundled_folder,
-    cache_dir,
-    install_models,
-    tokenizer_for,
-)
-from .layouts import ARCHITECTURES, ArchLayout, ModelSpec, resolve_layout
+from .bundled import BUNDLED, DEFAULT_MODEL, ENCODERS, bundled_folder, tokenizer_for
+from .layouts import ArchLayout, ModelSpec
 from .lens_model import LensModel
 
-__all__ = [
-    "ARCHITECTURES",
-    "BUNDLED",
-    "DEFAULT_MODEL",
-    "ENCODERS",
-    "ArchLayout",
-    "Bundled",
-    "LensModel",
-    "ModelSpec",
-    "bundled_folder",
-    "cache_dir",
-    "from_hf",
-    "install_models",
-    "load",
-    "resolve_device",
-    "resolve_layout",
-    "tiny",
-    "tokenizer_for",
-]
+__all__ = ["from_hf", "load", "resolve_device", "tiny"]
 
 #: Files that make a tokenizer loadable: any one group complete is enough.
 TOKENIZER_FILES: tuple[tuple[str, ...], ...] = (

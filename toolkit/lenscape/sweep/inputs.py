@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..data import PromptSet, as_prompt_set
+from ..data import Prompt, PromptSet, as_prompt_set
 from ..models import LensModel
 from . import memory
 from .backend import TokenBatch
@@ -69,6 +69,11 @@ class Tokens:
 
     def __len__(self) -> int:
         return len(self.clean_ids)
+
+    def __iter__(self) -> Iterator[Prompt]:
+        """The prompts: ``Tokens`` are prompts too, and a method given them as its prompts
+        reuses the ids (``tokenize``)."""
+        return iter(self.prompts)
 
     @property
     def width(self) -> int:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import inspect
 import textwrap
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,46 @@ DESCRIPTIONS = {
 #: Arguments that say where and how a call runs, not what it computes: never part of
 #: ``Options`` (a store is resumed whatever they are).
 RUN_ARGUMENTS = ("store", "client", "overwrite", "progress")
+#: The shared options every method that batches prompts takes (``signature``) ...
+BATCHING = ("metric", "batch_size", "backend", "padding_side")
+#: ... with a ``level`` ...
+LEVELLED = ("level", *BATCHING)
+#: ... and exact sweeps, which stack edited copies of a batch.
+EXACT = (*LEVELLED, "variants_per_pass")
+#: Methods that read the model without a metric (the logit lens, attention patterns).
+UNMEASURED = ("batch_size", "backend", "padding_side")
+#: Where every registered method runs: it takes these last.
+PLACE = ("store", "client", "progress")
+
+
+def signature(function: Any, shared: Sequence[str]) -> inspect.Signature:
+    """``function``'s signature with the ``shared`` options (then ``PLACE``) in place of its
+    ``**shared`` catch-all: keyword-only, with their defaults (``DEFAULTS``) and types (the
+    annotations of ``SharedDefaults``). What ``help()``, the editor and ``capture_to`` see.
+
+    Raises:
+        ValueError: an option of ``shared`` that is not a shared one.
+    """
+    unknown = sorted(set(shared) - set(DESCRIPTIONS) | set(shared) & set(PLACE))
+    if unknown:
+        raise ValueError(f"{unknown} are not shared options; declare them in the signature.")
+    types = {field.name: field.type for field in fields(SharedDefaults)}
+    own = [
+        p
+        for p in inspect.signature(function).parameters.values()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    added = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=getattr(DEFAULTS, name),
+            annotation=types[name],
+        )
+        for name in (*shared, *PLACE)
+    ]
+    return inspect.signature(function).replace(parameters=[*own, *added])
+
 
 PADDING_SIDES = ("right", "left")
 #: Count options -> what None does.
@@ -87,6 +127,27 @@ COUNT_OPTIONS = {
 MAX_STEPS = 512
 #: Choice options -> their allowed values.
 CHOICE_OPTIONS = {"metric": metrics.METRICS, "backend": BACKENDS, "padding_side": PADDING_SIDES}
+
+
+def integration_points(
+    estimator: Any, steps: int | None, *, estimators: Sequence[str], default: int
+) -> int:
+    """How many points a gradient estimator takes: 1 for the first of ``estimators`` (the
+    gradient at the corrupt run), ``steps`` (None: ``default``) for a path integral.
+
+    Raises:
+        ValueError: an unknown estimator, or ``steps`` other than 1 with the first one.
+    """
+    _validate.choice("estimator", estimator, estimators)
+    single, path = estimators[0], estimators[1]
+    if steps is None:
+        return 1 if estimator == single else default
+    if estimator == single and steps != 1:
+        raise ValueError(
+            f"estimator={single!r} takes the gradient at the corrupt run alone; steps={steps} "
+            f"needs estimator={path!r} (or leave steps=None)."
+        )
+    return steps
 
 
 def check_options(options: Mapping[str, Any]) -> None:

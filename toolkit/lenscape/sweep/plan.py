@@ -1,9 +1,9 @@
 """Per-prompt methods as plans: independent prompt batches plus a labelling step.
 
-A method's planner (``plan_ablation(model, tokens, options, *, progress, prepass=None) ->
-Plan``) turns the tokenised prompts (``inputs.Tokens``) and the call's checked ``Options``
-into a ``Plan``: it checks the method's own options (``kind``, ``estimator`` ...), does the
-work that needs the whole prompt list (the mean activations of mean-ablation) and returns
+A method's planner (``plan_ablation(call: Call) -> Plan``) turns the tokenised prompts
+(``inputs.Tokens``) and the call's checked ``Options`` into a ``Plan``: it checks the
+method's own options (``kind``, ``estimator`` ...), does the work that needs the whole
+prompt list (the mean activations of mean-ablation) and returns
 
 - ``score(batch, step)`` -> ``Scores``: the method's numbers for one batch of prompts,
   (rows, n_columns), and whether the model answers each prompt correctly, independent of
@@ -24,7 +24,7 @@ mean activations of mean-ablation, the ranking pass of ``refine=k``) is kept in 
 ``prepass`` (CPU tensors and plain values). ``PlanData`` holds what a plan is built from
 (the planner, by reference, the options with the resolved batch size, the tokens) and that
 pre-pass: it pickles, and ``PlanData.build(model)`` rebuilds the same plan on any process
-without tokenising again or redoing the pre-pass (planners take it back as ``prepass=``).
+without tokenising again or redoing the pre-pass (planners take it back in ``Call.prepass``).
 Distributed capture builds the plan once on the client and sends its ``PlanData`` to the
 workers.
 
@@ -48,6 +48,7 @@ from .. import store
 from ..models.lens_model import LensModel
 from .inputs import Batch, Inputs, Tokens
 from .options import Options
+from .result import components, to_dataarray
 
 #: What a plan's ``finish`` returns: a DataArray, or a Dataset of several.
 Result = xr.DataArray | xr.Dataset
@@ -99,9 +100,28 @@ class Plan(Generic[R]):
     prepass: dict[str, Any] = field(default_factory=dict)
 
 
-#: A method's planner: ``(model, tokens, options, *, progress: bool, prepass=None) ->
-#: Plan[R]``; ``prepass`` (a plan's own, see ``Plan``) skips the pre-pass.
-Planner = Callable[..., Plan[R]]
+@dataclass
+class Call:
+    """What a planner is given.
+
+    Attributes:
+        model: the model the plan runs on.
+        tokens: the prompts, tokenised once per call.
+        options: the call's checked options.
+        progress: show progress bars for the pre-pass.
+        prepass: a plan's own pre-pass results (``Plan.prepass``): what is there is not
+            computed again; what the planner computes is kept there.
+    """
+
+    model: LensModel
+    tokens: Tokens
+    options: Options
+    progress: bool = False
+    prepass: dict[str, Any] = field(default_factory=dict)
+
+
+#: A method's planner: ``(Call) -> Plan[R]``.
+Planner = Callable[[Call], Plan[R]]
 
 
 def once(prepass: dict[str, Any], name: str, compute: Callable[[], Any]) -> Any:
@@ -135,9 +155,7 @@ class PlanData(Generic[R]):
 
     def build(self, model: LensModel, *, progress: bool = False) -> Plan[R]:
         """The plan on ``model`` (a copy of the one it was built on), pre-pass reused."""
-        return self.planner(
-            model, self.tokens, self.options, progress=progress, prepass=dict(self.prepass)
-        )
+        return self.planner(Call(model, self.tokens, self.options, progress, dict(self.prepass)))
 
 
 def run_in_memory(plan: Plan[R], *, progress: bool) -> R:
@@ -181,3 +199,29 @@ def nan_values(n_prompts: int, n_columns: int) -> np.ndarray:
 def not_yet_correct(n_prompts: int) -> np.ndarray:
     """(n_prompts,) all-False flags for a result's layout before any prompt is scored."""
     return np.broadcast_to(np.False_, (n_prompts,))
+
+
+def one_level_plan(
+    inputs: Inputs,
+    score: Callable[[Batch, Callable], Scores],
+    *,
+    desc: str,
+    method: str,
+    effect: str,
+    steps_per_batch: int = 1,
+    prepass: dict[str, Any] | None = None,
+    **params: Any,
+) -> Plan[xr.DataArray]:
+    """A plan measuring every component of ``inputs.level`` whose result is
+    ``to_dataarray`` of its scores (``method``, ``effect`` and ``params`` as there)."""
+    return Plan(
+        inputs,
+        len(components(inputs)),
+        score,
+        lambda values, correct, index: to_dataarray(
+            inputs, values, correct=correct, method=method, effect=effect, index=index, **params
+        ),
+        desc=desc,
+        steps_per_batch=steps_per_batch,
+        prepass={} if prepass is None else prepass,
+    )

@@ -24,18 +24,22 @@ the folder ``store`` (``part_store``).
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .. import _validate
 from ..models import LensModel
 from .inputs import Tokens, tokenize
-from .options import RUN_ARGUMENTS, Options, describe
+from .options import BATCHING, RUN_ARGUMENTS, Options, describe, signature
 from .plan import Planner, Result
 from .streaming import execute
+
+#: A registered public function's type: ``method`` keeps it.
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _no_view(result: Result, options: Options, prompts: Any) -> Any:
@@ -82,7 +86,8 @@ class Method:
 
     @property
     def options(self) -> list[str]:
-        """The method's option names: its keyword-only parameters but ``RUN_ARGUMENTS``."""
+        """The method's option names: its keyword-only parameters (the shared ones included)
+        but ``RUN_ARGUMENTS``."""
         return [
             name
             for name, parameter in inspect.signature(self.function).parameters.items()
@@ -100,17 +105,34 @@ class Method:
 METHODS: dict[str, Method] = {}
 
 
-def method(planner: Planner[Any] | None, **settings: Any) -> Callable[[Callable], Callable]:
-    """Register the decorated public function as a method (``Method`` fields ``settings``)
-    and complete its docstring with the shared options' descriptions."""
+def method(
+    planner: Planner[Any] | None, *, shared: Sequence[str] = BATCHING, **settings: Any
+) -> Callable[[F], F]:
+    """Register the decorated public function as a method (``Method`` fields ``settings``).
 
-    def register(function: Callable) -> Callable:
+    The function declares its own options and takes the shared ones as ``**shared``; the
+    registered function (a ``functools.wraps`` wrapper) has the whole signature
+    (``options.signature``: its own options, then ``shared``, then ``store``, ``client``,
+    ``progress``), binds each call to it (an unknown option is a ``TypeError``, a missing one
+    gets its default) and has its docstring's ``Args:`` completed from ``DESCRIPTIONS``.
+    """
+
+    def register(function: F) -> F:
         name = function.__name__
         if name in METHODS and METHODS[name].function.__module__ != function.__module__:
             raise ValueError(f"Two methods are named {name!r}; give the new one another name.")
-        function.__doc__ = describe(function.__doc__, inspect.signature(function).parameters)
-        METHODS[name] = Method(name, function, planner, **settings)
-        return function
+        full = signature(function, shared)
+
+        @functools.wraps(function)
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            call = full.bind(*args, **kwargs)
+            call.apply_defaults()
+            return function(*call.args, **call.kwargs)
+
+        bound.__signature__ = full  # type: ignore[attr-defined]
+        bound.__doc__ = describe(function.__doc__, full.parameters)
+        METHODS[name] = Method(name, bound, planner, **settings)
+        return cast(F, bound)
 
     return register
 
@@ -134,7 +156,8 @@ def run(function: Callable[..., Any], arguments: dict[str, Any], **place: Any) -
     spec = METHODS[function.__name__]
     if spec.planner is None:
         raise TypeError(f"{spec.name} runs other methods: call it, not registry.run.")
-    given = dict(arguments)
+    given = {**arguments, **arguments.get("shared", {})}
+    given.pop("shared", None)
     model, prompts = given.pop("model"), given.pop("prompts")
     place = {name: given.pop(name) for name in RUN_ARGUMENTS if name in given} | place
     options = check(spec, model, given)

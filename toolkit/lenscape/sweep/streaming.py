@@ -35,6 +35,7 @@ from ..models import LensModel
 from .inputs import Tokens
 from .options import DEFAULTS, Options
 from .plan import (
+    Call,
     Plan,
     PlanData,
     Planner,
@@ -67,7 +68,7 @@ def execute(
     ignore: tuple[str, ...] = (),
 ) -> R:
     """Run a planned method in memory, or stream it to ``store`` (optionally on dask
-    ``client``): ``planner(model, tokens, options)`` says what to compute.
+    ``client``): ``planner(Call(model, tokens, options))`` says what to compute.
 
     Args:
         store: a ``.zarr`` path. New: created. Existing with the same settings: resumed.
@@ -94,7 +95,7 @@ def execute(
             "pass store='results.zarr' too."
         )
     if store is None:
-        return run_in_memory(planner(model, tokens, options, progress=progress), progress=progress)
+        return run_in_memory(planner(Call(model, tokens, options, progress)), progress=progress)
     if client is not None and model.recipe is None:
         raise ValueError(
             "Distributed capture needs a model that workers can load themselves: "
@@ -108,7 +109,7 @@ def execute(
         resumed = _resumed(path, settings, options, overwrite=overwrite, given=batch_size_given)
         if resumed is not None:
             options, done = resumed
-        plan = planner(model, tokens, options, progress=progress)
+        plan = planner(Call(model, tokens, options, progress))
         todo = _todo(path, plan, settings, done=None if resumed is None else done)
         if client is not None:
             data = PlanData.of(planner, options, plan)

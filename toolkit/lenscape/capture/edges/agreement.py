@@ -19,7 +19,6 @@ from ...data import Prompts
 from ...models import LensModel
 from ...schema import RECEIVER_KINDS
 from ...sweep.inputs import Tokens, tokenize
-from ...sweep.options import DEFAULTS
 from ...sweep.registry import method, part_store
 from ..faithfulness import agreement
 from .graph import Graph
@@ -164,13 +163,7 @@ def edge_agreement(
     n_random: int = 20,
     top_k: int = 5,
     seed: int = 0,
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    **shared,
 ) -> xr.Dataset:
     """How far to trust edge scores: each estimator vs exact single-edge patching.
 
@@ -206,14 +199,9 @@ def edge_agreement(
     estimators, steps, n_top, n_random, top_k, seed = _checked(
         estimators, steps, n_top, n_random, top_k, seed
     )
-    tokens = tokenize(model, prompts, needs_corrupt=True, needs_distractor=metric == "logit_diff")
-    shared: dict[str, Any] = dict(
-        metric=metric,
-        batch_size=batch_size,
-        backend=backend,
-        padding_side=padding_side,
-        client=client,
-        progress=progress,
+    store = shared.pop("store")
+    tokens = tokenize(
+        model, prompts, needs_corrupt=True, needs_distractor=shared["metric"] == "logit_diff"
     )
     scores = _scores(model, tokens, estimators, steps, store, shared)
     graph = Graph.of(model)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,10 +28,9 @@ import xarray as xr
 from ... import _validate, schema
 from ...data import Prompts
 from ...models import LensModel
-from ...sweep.inputs import Batch, Inputs, Tokens, batched
+from ...sweep.inputs import Batch, Inputs, batched
 from ...sweep.metrics import LONG_NAMES, UNITS
-from ...sweep.options import DEFAULTS, Options
-from ...sweep.plan import Plan, Scores, top_is_target
+from ...sweep.plan import Call, Plan, Scores, top_is_target
 from ...sweep.registry import method, run
 from ...sweep.result import prompt_coords, provenance
 from .circuits import CIRCUIT_METHOD, SCORE_METHODS, budget, check_kind, scores_values, top_edges
@@ -97,15 +95,9 @@ def _patched_metrics(
     return Scores(torch.stack(values, 1).cpu(), top_is_target(clean_logits, batch.target).cpu())
 
 
-def plan_edge_variants(
-    model: LensModel,
-    tokens: Tokens,
-    options: Options,
-    *,
-    progress: bool,
-    prepass: dict[str, Any] | None = None,
-) -> Plan[xr.Dataset]:
+def plan_edge_variants(call: Call) -> Plan[xr.Dataset]:
     """``_edge_variants`` as a plan: per batch, two unedited passes and one per variant."""
+    model, tokens, options = call.model, call.tokens, call.options
     _validate.choice("base", options.base, BASES)
     check_supported(model, options.backend)
     inputs = batched(model, tokens, options, level="head")
@@ -143,13 +135,7 @@ def _edge_variants(
     *,
     variants: tuple[Variant, ...],
     base: str = "clean",
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    **shared,
 ) -> xr.Dataset:
     """Per prompt, the metric of ``base`` with each variant's edges patched (module
     docstring).
@@ -167,13 +153,7 @@ def edge_patching(
     circuit: xr.DataArray,
     *,
     base: str = "clean",
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    **shared,
 ) -> xr.DataArray:
     """Exact edge patching: the metric with every edge outside ``circuit`` patched.
 
@@ -198,19 +178,7 @@ def edge_patching(
             ``base``.
     """
     kept = kept_edges(model, circuit)
-    result = _edge_variants(
-        model,
-        prompts,
-        variants=(("outside", kept),),
-        base=base,
-        metric=metric,
-        batch_size=batch_size,
-        backend=backend,
-        padding_side=padding_side,
-        store=store,
-        client=client,
-        progress=progress,
-    )
+    result = _edge_variants(model, prompts, variants=(("outside", kept),), base=base, **shared)
     patched = result["patched"].isel(variant=0, drop=True).load().astype(np.float64)
     return schema.make(
         patched.values,
@@ -219,8 +187,9 @@ def edge_patching(
         | {"correct": ("prompt", patched["correct"].values)},
         attrs={
             **result.attrs,
-            "long_name": f"{LONG_NAMES[metric]} with the edges outside the circuit patched",
-            "units": UNITS[metric],
+            "long_name": f"{LONG_NAMES[result.attrs['metric']]} with the edges outside the "
+            "circuit patched",
+            "units": UNITS[result.attrs["metric"]],
             "n_edges": len(kept),
         },
     )
@@ -306,13 +275,7 @@ def circuit_faithfulness(
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     n_random: int = 3,
     seed: int = 0,
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    **shared,
 ) -> xr.Dataset:
     """Faithfulness of the circuits of ``scores`` over edge budgets, beside random ones.
 
@@ -358,18 +321,7 @@ def circuit_faithfulness(
     ]
     random = _random_circuits(graph, [len(edges) for edges in kept], n_random, seed)
     variants = [("outside", edges) for edges in [*kept, *random]]
-    report = _edge_variants(
-        model,
-        prompts,
-        variants=tuple(variants),
-        metric=metric,
-        batch_size=batch_size,
-        backend=backend,
-        padding_side=padding_side,
-        store=store,
-        client=client,
-        progress=progress,
-    )
+    report = _edge_variants(model, prompts, variants=tuple(variants), **shared)
     return _report(report, scores, fractions, [len(edges) for edges in kept], n_random, seed)
 
 
