@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-from _helpers import answered_prompts, reference_correct, torch_threads
+from _helpers import answered_prompts, reference_correct
 
 import lenscape as lsc
 from lenscape import store
