@@ -613,3 +613,56 @@ def test_per_prompt_edge_scores_carry_correct_and_can_be_filtered(tiny_llama):
     for flags in ([np.nan] * 6, ["False"] * 6):
         with pytest.raises(ValueError, match="True/False"):
             lsc.aggregate.correct_only(scores.assign_coords(correct=("prompt", flags)))
+
+
+def _per_receiver_copy_scores(model, prompts) -> np.ndarray:
+    """EAP as lenscape computed it before its scores were chunked (kept as the reference):
+    a zero leaf on every receiver's own copy of its input (each q, k, v head recomputed
+    from its own norm), every receiver's gradient stacked into one (batch, pos, receiver,
+    d_model) buffer and one dense product with the senders' clean - corrupt outputs."""
+    inputs = _inputs(model, prompts)
+    batch = inputs.batch(0)
+    graph = Graph.of(model)
+    clean, _ = hooks.unedited(inputs, batch.clean)
+    rows, width, _, d_model = clean.shape
+    leaves = {("logits", -1): torch.zeros(rows, width, d_model, dtype=clean.dtype)}
+    for layer in range(graph.n_layers):
+        leaves["attn", layer] = torch.zeros(rows, width, graph.per_layer - 1, d_model)
+        leaves["mlp", layer] = torch.zeros(rows, width, d_model)
+    leaves = {key: leaf.to(clean.dtype).requires_grad_(True) for key, leaf in leaves.items()}
+    state = hooks.Pass(graph, deltas=leaves)
+    logits = hooks.run_pass(model, "nnsight", batch.corrupt, state, grad=True)
+    metric = hooks.metric_of(inputs, logits, batch).sum()
+    grads = torch.autograd.grad(metric, list(leaves.values()))
+    by_key = dict(zip(leaves, grads, strict=True))
+    stacked = []
+    for layer in range(graph.n_layers):
+        stacked += [by_key["attn", layer], by_key["mlp", layer][:, :, None]]
+    stacked.append(by_key["logits", -1][:, :, None])
+    gradient = torch.cat(stacked, dim=2).float()
+    mask = batch.corrupt.attention_mask.float()[:, :, None, None]
+    diff = (clean.float() - state.senders.float()) * mask
+    scores = torch.einsum("bpsd,bprd->bsr", diff, gradient).numpy()
+    return np.where(graph.valid, scores, np.nan)
+
+
+@pytest.mark.parametrize("chunk_bytes", [hooks.CHUNK_BYTES, 1])
+def test_chunked_scores_equal_the_per_receiver_copies(tiny_llama, monkeypatch, chunk_bytes):
+    """Receiver chunks (of every size down to one receiver) give the scores of one dense
+    product over per-receiver input copies, to 1e-6 of their scale."""
+    monkeypatch.setattr(hooks, "CHUNK_BYTES", chunk_bytes)
+    prompts = IOI[:5]
+    got = edges.edge_attribution(tiny_llama, prompts, per_prompt=True, batch_size=5, progress=False)
+    expected = _per_receiver_copy_scores(tiny_llama, prompts)
+    scale = np.nanmax(np.abs(expected))
+    assert scale > 1e-3
+    np.testing.assert_allclose(got.values, expected, rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.slow
+def test_chunked_scores_equal_the_per_receiver_copies_on_the_bundled_model(smol):
+    prompts = IOI[:4]
+    got = edges.edge_attribution(smol, prompts, per_prompt=True, batch_size=4, progress=False)
+    expected = _per_receiver_copy_scores(smol, prompts)
+    scale = np.nanmax(np.abs(expected))
+    np.testing.assert_allclose(got.values, expected, rtol=0, atol=1e-6 * scale)

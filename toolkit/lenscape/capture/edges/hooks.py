@@ -3,11 +3,18 @@
 Each receiver gets its own copy of the residual stream: module hooks on the Hugging Face
 model recompute q, k and v head by head from ``norm(resid + delta_r)`` and add ``delta_r``
 to the input of the MLP's norm and of the final norm (only the receiver sees it; the
-residual stream itself flows on unchanged). With ``delta_r`` a zero leaf tensor,
-d(metric)/d(delta_r) is the gradient at ``r``'s input, through ``r``'s own norm. With
-``delta_r = -sum over patched senders s of (current_s - other_s)``, ``r`` reads those
-senders' values from another run and every other sender as it is in this one: exact edge
-patching of any set of edges in one forward pass.
+residual stream itself flows on unchanged). With ``delta_r = -sum over patched senders s of
+(current_s - other_s)``, ``r`` reads those senders' values from another run and every other
+sender as it is in this one: exact edge patching of any set of edges in one forward pass.
+
+Edge attribution needs the gradient at each receiver's own input, d(metric)/d(delta_r) at
+``delta_r = 0``, without the per-receiver copies: the pass runs unedited, with zero leaf
+tensors added to the outputs of q_proj, k_proj and v_proj and to the inputs of the MLP's
+norm and of the final norm. A q, k or v receiver's input gradient is then its head's
+output gradient taken back through its rows of the projection and through the block's
+norm at that block's input (``receiver_gradients``: one batched vector-Jacobian product of
+the norm per chunk of receivers), the same numbers as the copies would give, in the memory
+of one ordinary backward pass.
 
 Supported: sequential pre-norm blocks with separate q, k and v projections (Llama,
 Mistral, Qwen 2 and 3 families), on the nnsight backend, whose passes run the Hugging
@@ -20,6 +27,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -41,15 +49,24 @@ class Pass:
 
     Attributes:
         graph: the model's edges.
-        deltas: zero leaves whose gradients are the receivers' input gradients:
-            ("attn", layer) -> (batch, pos, n_heads + 2 n_kv_heads, d_model) for its q, k, v
-            receivers; ("mlp", layer) and ("logits", -1) -> (batch, pos, d_model).
+        deltas: zero leaves whose gradients are the receivers' gradients: ("mlp", layer)
+            and ("logits", -1) -> (batch, pos, d_model) added to the MLP's and the final
+            norm's input; (kind, layer) for kind "q", "k", "v" -> (batch, pos, n * d_head)
+            added to that projection's output (n: query or key/value heads; see
+            ``receiver_gradients``), or ("attn", layer) -> (batch, pos, n_heads + 2
+            n_kv_heads, d_model) added to each q, k, v receiver's own copy of its input.
         other: (batch, pos, n_senders, d_model) sender outputs of another run; with
             ``patched``, receivers read the patched senders from it.
         patched: (n_senders, n_receivers) weight of ``other - current`` added to each
             receiver's input (1: the edge reads the other run; 0: this run).
         embed_path: replaces the embeddings (integrated gradients' interpolation).
+        keep_senders: keep this pass's sender outputs in ``senders``.
+        into: (batch, n_senders, pos, d_model) float32: this pass's sender outputs are
+            added to it, times ``sign`` (edge attribution's clean - corrupt differences).
+        sign: the factor of ``into``.
+        keep_resids: keep each block's input in ``resids`` (``receiver_gradients``).
         senders: (batch, pos, n_senders, d_model), filled with this pass's sender outputs.
+        resids: layer -> (batch, pos, d_model) the residual stream entering the block.
         differences: with ``patched``, (n_senders, batch, pos, d_model) other - current.
     """
 
@@ -58,7 +75,12 @@ class Pass:
     other: torch.Tensor | None = None
     patched: torch.Tensor | None = None
     embed_path: Callable[[torch.Tensor], torch.Tensor] | None = None
+    keep_senders: bool = True
+    into: torch.Tensor | None = None
+    sign: float = 1.0
+    keep_resids: bool = False
     senders: torch.Tensor | None = None
+    resids: dict[int, torch.Tensor] = field(default_factory=dict)
     resid: torch.Tensor | None = None
     qkv_delta: torch.Tensor | None = None
     differences: torch.Tensor | None = None
@@ -68,7 +90,8 @@ class Pass:
     def start(self, embeddings: torch.Tensor) -> None:
         """Allocate the per-pass buffers for ``embeddings`` (batch, pos, d_model)."""
         rows, width, d_model = embeddings.shape
-        self.senders = embeddings.new_zeros((rows, width, len(self.graph.senders), d_model))
+        if self.keep_senders:
+            self.senders = embeddings.new_zeros((rows, width, len(self.graph.senders), d_model))
         self.recorded = 0
         if self.patched is not None:
             # (n_senders, batch, pos, d_model): other - current, sender-major so that a
@@ -78,10 +101,13 @@ class Pass:
 
     def record(self, first: int, outputs: torch.Tensor) -> None:
         """Keep senders ``first..`` of this pass: outputs (batch, pos, n, d_model)."""
-        assert self.senders is not None and first == self.recorded
+        assert first == self.recorded
         outputs = outputs.detach()
         count = outputs.shape[2]
-        self.senders[:, :, first : first + count] = outputs
+        if self.senders is not None:
+            self.senders[:, :, first : first + count] = outputs
+        if self.into is not None:
+            self.into[:, first : first + count].add_(outputs.transpose(1, 2), alpha=self.sign)
         self.recorded += count
         if self.differences is not None and self.total is not None:
             assert self.other is not None
@@ -161,8 +187,9 @@ def _parts(model: LensModel, layer: int) -> dict[str, torch.nn.Module]:
 
 
 def _layer_hooks(model: LensModel, state: Pass, layer: int) -> list[RemovableHandle]:
-    """Hooks of block ``layer``: its q/k/v receivers rebuilt from their own input, its heads'
-    and MLP's outputs recorded as senders, its MLP receiver's input patched."""
+    """Hooks of block ``layer``: its q/k/v receivers rebuilt from their own input (or given
+    their gradient leaves), its heads' and MLP's outputs recorded as senders, its MLP
+    receiver's input patched."""
     graph, spec = state.graph, model.spec
     n_heads, n_kv = spec.n_heads, spec.n_kv_heads
     parts = _parts(model, layer)
@@ -176,22 +203,26 @@ def _layer_hooks(model: LensModel, state: Pass, layer: int) -> list[RemovableHan
     def keep_resid(module, args):
         state.resid = args[0]
         state.qkv_delta = None
+        if state.keep_resids:
+            state.resids[layer] = args[0].detach()
 
     def qkv_hook(module, args, output, *, kind):
         if kind == "q":
             state.qkv_delta = state.receiver_delta(("attn", layer), graph.attn_receivers(layer))
         delta = state.qkv_delta
-        if delta is None:
-            return output
-        assert state.resid is not None
-        # ``forward``, not a call: the norm's own hook keeps the block's input.
-        normed = parts["norm"].forward(state.resid[:, :, None] + delta[:, :, columns[kind]])
-        return _per_head(module, normed)
+        if delta is not None:
+            assert state.resid is not None
+            # ``forward``, not a call: the norm's own hook keeps the block's input.
+            normed = parts["norm"].forward(state.resid[:, :, None] + delta[:, :, columns[kind]])
+            output = _per_head(module, normed)
+        leaf = state.deltas.get((kind, layer))
+        return output if leaf is None else output + leaf
 
     def head_outputs(module, args):
         z = args[0]
         w_o = module.weight.view(spec.d_model, n_heads, spec.d_head)
-        heads = torch.einsum("bphk,dhk->bphd", z.view(*z.shape[:2], n_heads, spec.d_head), w_o)
+        with torch.no_grad():  # recorded detached: no graph for it
+            heads = torch.einsum("bphk,dhk->bphd", z.view(*z.shape[:2], n_heads, spec.d_head), w_o)
         state.record(first, heads)
 
     def mlp_input(module, args):
@@ -212,6 +243,58 @@ def _layer_hooks(model: LensModel, state: Pass, layer: int) -> list[RemovableHan
         parts["mlp_norm"].register_forward_pre_hook(mlp_input),
         parts["mlp"].register_forward_hook(mlp_output),
     ]
+
+
+def receiver_gradients(
+    model: LensModel, state: Pass, grads: dict[tuple[str, int], torch.Tensor], layer: int
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """The input gradients of block ``layer``'s q, k and v receivers, chunk by chunk.
+
+    A receiver's input gradient is its head's output gradient taken back through the
+    head's rows of its projection and through the block's norm at the block's input
+    (``state.resids``, kept by a pass with ``keep_resids``): one batched vector-Jacobian
+    product of the norm per chunk of at most ``receiver_chunk`` receivers.
+
+    Args:
+        grads: the gradients of the pass's leaves (``Pass.deltas``) by key; those of
+            ("q" | "k" | "v", ``layer``) are read.
+
+    Returns:
+        (columns, gradient) per chunk: the chunk's receivers among the layer's attention
+        receivers (``Graph.attn_receivers``: q heads, then k, then v) and their input
+        gradients, (n, batch, pos, d_model) in the model's dtype.
+    """
+    parts, spec = _parts(model, layer), model.spec
+    resid = state.resids[layer].detach().requires_grad_(True)
+    with torch.enable_grad():
+        normed = parts["norm"].forward(resid)
+    rows, width, d_model = resid.shape
+    chunk = receiver_chunk(rows * width * d_model * 4)  # the norm works in float32
+    start = 0
+    for kind in ("q", "k", "v"):
+        weight = cast(torch.Tensor, parts[kind].weight)  # (n * d_head, d_model)
+        grad = grads[kind, layer].view(rows, width, -1, spec.d_head)  # (batch, pos, n, d_head)
+        n = grad.shape[2]
+        per_head = weight.view(n, spec.d_head, d_model)
+        for first in range(0, n, chunk):
+            heads = slice(first, min(first + chunk, n))
+            outer = torch.einsum("bpnk,nkd->nbpd", grad[:, :, heads], per_head[heads])
+            (inner,) = torch.autograd.grad(
+                normed, resid, outer, retain_graph=True, is_grads_batched=True
+            )
+            yield slice(start + heads.start, start + heads.stop), inner
+        start += n
+
+
+#: Most bytes of one chunk of receiver input gradients (``receiver_gradients``): its batched
+#: norm product holds a few tensors of this size at once.
+CHUNK_BYTES = 64 * 2**20
+
+
+def receiver_chunk(bytes_per_receiver: int) -> int:
+    """How many receivers' input gradients (``bytes_per_receiver`` each) one chunk holds:
+    as many as ``CHUNK_BYTES`` allows, at least 1."""
+    return max(1, CHUNK_BYTES // max(bytes_per_receiver, 1))
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ path from the corrupt to the clean embeddings (left Riemann sum); ``steps=1`` is
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,82 +20,149 @@ import xarray as xr
 from ... import _validate, schema
 from ...data import Prompts
 from ...models import LensModel
-from ...sweep.inputs import Batch, Inputs, Tokens, batched
+from ...sweep.inputs import Batch, Inputs, batched
 from ...sweep.metrics import LONG_NAMES, UNITS
-from ...sweep.options import DEFAULTS, Options
-from ...sweep.plan import Plan, Scores, top_is_target
+from ...sweep.options import Options, integration_points
+from ...sweep.plan import Call, Plan, Scores, top_is_target
 from ...sweep.registry import method, run
 from ...sweep.result import prompt_coords, provenance
 from .graph import Graph
-from .hooks import Pass, check_supported, metric_of, run_pass, unedited
+from .hooks import (
+    Pass,
+    check_supported,
+    metric_of,
+    receiver_chunk,
+    receiver_gradients,
+    run_pass,
+)
 
 ESTIMATORS = ("eap", "eap-ig")
 #: Integration points of ``estimator="eap-ig"`` when ``steps`` is not given.
 DEFAULT_IG_STEPS = 5
 
 
-def _zero_leaves(graph: Graph, shape: tuple[int, int, int], like: torch.Tensor) -> dict:
-    rows, width, d_model = shape
-    leaves: dict[tuple[str, int], torch.Tensor] = {}
+def _zero_leaves(model: LensModel, rows: int, width: int) -> dict[tuple[str, int], torch.Tensor]:
+    """Zero leaves (``hooks.Pass.deltas``) whose gradients give every receiver's: at each
+    block's q, k and v projection outputs, at the inputs of its MLP's norm and of the final
+    norm; (batch, pos, size) in the model's dtype."""
+    spec = model.spec
+    sizes = {
+        "q": spec.n_heads * spec.d_head,
+        "k": spec.n_kv_heads * spec.d_head,
+        "v": spec.n_kv_heads * spec.d_head,
+        "mlp": spec.d_model,
+    }
+    keys = [(kind, layer) for layer in range(spec.n_layers) for kind in sizes]
+    return {
+        key: torch.zeros(
+            (rows, width, sizes.get(key[0], spec.d_model)),
+            dtype=model.dtype,
+            device=model.device,
+            requires_grad=True,
+        )
+        for key in [*keys, ("logits", -1)]
+    }
+
+
+def _receiver_gradients(
+    model: LensModel, state: Pass, grads: dict
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """Every receiver's input gradient of the pass ``state`` in receiver order, a chunk at a
+    time: (first receiver, (n, batch, pos, d_model) gradients of receivers first..first+n)."""
+    graph = state.graph
     for layer in range(graph.n_layers):
-        leaves[("attn", layer)] = like.new_zeros((rows, width, graph.per_layer - 1, d_model))
-        leaves[("mlp", layer)] = like.new_zeros((rows, width, d_model))
-    leaves[("logits", -1)] = like.new_zeros((rows, width, d_model))
-    return {key: leaf.requires_grad_(True) for key, leaf in leaves.items()}
+        first = graph.attn_receivers(layer).start
+        for columns, gradient in receiver_gradients(model, state, grads, layer):
+            yield first + columns.start, gradient
+        yield graph.mlp_receiver(layer), grads["mlp", layer][None]
+    yield graph.shape[1] - 1, grads["logits", -1][None]
+
+
+def _step_scores(
+    model: LensModel, state: Pass, grads: dict, differences: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """(batch, n_senders, n_receivers) float32 scores of one gradient pass ``state`` (its
+    leaves' gradients ``grads``): sum over positions of the senders' clean - corrupt
+    ``differences`` (batch, n_senders, pos, d_model) times each receiver's input gradient,
+    with ``mask`` (batch, pos, 1) 1 at real tokens; 0 off the graph.
+
+    Receivers are taken in chunks of at most ``hooks.CHUNK_BYTES`` of float32 gradients
+    (never all of them at once), and each chunk is one matrix product with the senders
+    upstream of its last receiver.
+    """
+    graph = state.graph
+    rows, _, width, d_model = differences.shape
+    scores = differences.new_zeros((rows, *graph.shape))
+    capacity = receiver_chunk(rows * width * d_model * 4)
+    chunk = differences.new_empty((rows, min(capacity, graph.shape[1]), width * d_model))
+    senders = differences.flatten(2)  # (batch, n_senders, pos * d_model)
+    filled, start = 0, 0
+
+    def contract() -> None:
+        upstream = int(graph.upstream[start + filled - 1])
+        block = torch.bmm(senders[:, :upstream], chunk[:, :filled].transpose(1, 2))
+        scores[:, :upstream, start : start + filled] = block
+
+    for first, gradient in _receiver_gradients(model, state, grads):
+        n = gradient.shape[0]
+        if filled + n > chunk.shape[1]:
+            contract()
+            filled, start = 0, first
+        masked = (gradient.float() * mask).permute(1, 0, 2, 3).flatten(2)  # (batch, n, p*d)
+        chunk[:, filled : filled + n] = masked
+        filled += n
+    contract()
+    return scores * torch.from_numpy(graph.valid).to(scores.device)
 
 
 def _batch_scores(inputs: Inputs, batch: Batch, steps: int) -> Scores:
     """Edge scores of one batch, (batch, n_senders * n_receivers) float32 (0 off the graph),
-    and whether the model answers each clean prompt correctly."""
+    and whether the model answers each clean prompt correctly.
+
+    One buffer of (batch, n_senders, pos, d_model) float32 holds the clean sender outputs
+    minus the corrupt ones (written by the passes themselves); each gradient pass is then
+    contracted with it receiver chunk by receiver chunk (``_step_scores``).
+    """
     assert batch.corrupt is not None
     model, graph = inputs.model, Graph.of(inputs.model)
-    clean, clean_logits = unedited(inputs, batch.clean)
-    clean_embed = clean[:, :, 0]
-    gradient: torch.Tensor | None = None
-    corrupt: torch.Tensor | None = None
+    rows, width = batch.clean.input_ids.shape
+    differences = torch.zeros(
+        (rows, graph.shape[0], width, model.spec.d_model), device=model.device
+    )
+    with torch.no_grad():
+        clean = Pass(graph, keep_senders=False, into=differences)
+        clean_logits = run_pass(model, inputs.backend, batch.clean, clean, grad=False)
+    clean_embed = differences[:, 0].to(model.dtype, copy=True)
+    mask = batch.corrupt.attention_mask.float()[:, :, None]
+    scores: torch.Tensor | None = None
     for k in range(steps):
 
         def interpolate(out: torch.Tensor, alpha: float = k / steps) -> torch.Tensor:
             return out + alpha * (clean_embed - out)
 
-        rows, width, d_model = clean_embed.shape
         state = Pass(
             graph,
-            deltas=_zero_leaves(graph, (rows, width, d_model), clean_embed),
+            deltas=_zero_leaves(model, rows, width),
             embed_path=None if k == 0 else interpolate,
+            keep_senders=False,
+            into=differences if k == 0 else None,  # the first pass is the corrupt run
+            sign=-1.0,
+            keep_resids=True,
         )
         logits = run_pass(model, inputs.backend, batch.corrupt, state, grad=True)
+        metric = metric_of(inputs, logits, batch).sum()
         leaves = list(state.deltas.values())
-        grads = torch.autograd.grad(metric_of(inputs, logits, batch).sum(), leaves)
-        stacked = torch.cat(
-            [g.float() if g.dim() == 4 else g.float()[:, :, None] for g in grads], dim=2
-        )
-        gradient = stacked if gradient is None else gradient + stacked
-        if k == 0:
-            corrupt = state.senders
-    assert gradient is not None and corrupt is not None
-    mask = batch.corrupt.attention_mask.float()[:, :, None, None]
-    diff = (clean.float() - corrupt.float()) * mask
-    scores = torch.einsum("bpsd,bprd->bsr", diff, gradient / steps)
-    scores = scores * torch.from_numpy(graph.valid).to(scores.device)
-    return Scores(scores.flatten(1).cpu(), top_is_target(clean_logits, batch.target).cpu())
+        grads = dict(zip(state.deltas, torch.autograd.grad(metric, leaves), strict=True))
+        step = _step_scores(model, state, grads, differences, mask)
+        scores = step if scores is None else scores + step
+    assert scores is not None
+    correct = top_is_target(clean_logits, batch.target).cpu()
+    return Scores((scores / steps).flatten(1).cpu(), correct)
 
 
 def check_steps(estimator: str, steps: int | None) -> int:
-    """The integration points of ``estimator`` (``steps`` checked; None: its default).
-
-    Raises:
-        ValueError: an unknown estimator, or ``steps`` other than 1 with "eap".
-    """
-    _validate.choice("estimator", estimator, ESTIMATORS)
-    if steps is None:
-        return 1 if estimator == "eap" else DEFAULT_IG_STEPS
-    if estimator == "eap" and steps != 1:
-        raise ValueError(
-            f"estimator='eap' takes the gradient at the corrupt run alone; steps={steps} "
-            "needs estimator='eap-ig' (or leave steps=None)."
-        )
-    return steps
+    """The integration points of ``estimator`` (``steps`` checked; None: its default)."""
+    return integration_points(estimator, steps, estimators=ESTIMATORS, default=DEFAULT_IG_STEPS)
 
 
 def edge_result(
@@ -114,16 +181,10 @@ def edge_result(
     )
 
 
-def plan_edge_attribution(
-    model: LensModel,
-    tokens: Tokens,
-    options: Options,
-    *,
-    progress: bool,
-    prepass: dict[str, Any] | None = None,
-) -> Plan[xr.DataArray]:
+def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
     """``edge_attribution`` as a plan: per batch, one unedited clean pass and ``steps``
     corrupt passes with a backward each. No pre-pass."""
+    model, tokens, options = call.model, call.tokens, call.options
     points = check_steps(options.estimator, options.steps)
     check_supported(model, options.backend)
     inputs = batched(model, tokens, options, level="head", grad=True)
@@ -169,14 +230,8 @@ def edge_attribution(
     *,
     estimator: str = "eap",
     steps: int | None = None,
-    metric: str = DEFAULTS.metric,
-    batch_size: int | None = DEFAULTS.batch_size,
-    backend: str = DEFAULTS.backend,
-    padding_side: str = DEFAULTS.padding_side,
     per_prompt: bool = False,
-    store: str | Path | None = DEFAULTS.store,
-    client: Any = DEFAULTS.client,
-    progress: bool = DEFAULTS.progress,
+    **shared,
 ) -> xr.DataArray:
     """Score every edge sender -> receiver with EAP or EAP-IG (see ``lenscape.capture.edges``).
 
