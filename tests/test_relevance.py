@@ -13,7 +13,7 @@ import lenscape as lsc
 from lenscape.sweep import metrics
 from lenscape.sweep.backend import get_backend
 from lenscape.sweep.inputs import Inputs, tokenize
-from lenscape.sweep.relevance import RULE_SETS, Rules, relevance_rules
+from lenscape.sweep.relevance import RULE_SETS, Rules, norm_under_rules, relevance_rules
 
 FAMILIES = ("llama", "qwen3", "gemma3")
 
@@ -90,9 +90,14 @@ def _logit_diff(logits: torch.Tensor, batch) -> torch.Tensor:
     return logits[rows, batch.target] - logits[rows, batch.distractor]
 
 
-def _coefficients(model, batch, sites, *, backend="nnsight"):
-    """Metric (logit difference) and its gradients at ``sites`` on the clean prompts."""
-    run = get_backend(model, backend).run(batch.clean, sites=sites, grad=True)
+def _coefficients(model, batch, sites, *, backend="nnsight", relevance=None):
+    """Metric (logit difference) and its gradients at ``sites`` on the clean prompts (the
+    corrupt ones recorded first as the reference, where ``relevance``'s rules need one)."""
+    runner = get_backend(model, backend)
+    if relevance is not None and relevance.rules.needs_reference:
+        with torch.no_grad(), relevance.reference():
+            runner.run(batch.corrupt, sites=sites)
+    run = runner.run(batch.clean, sites=sites, grad=True)
     value = _logit_diff(run.logits, batch)
     grads = torch.autograd.grad(value.sum(), [run.acts[site] for site in sites])
     return value.detach(), dict(zip(sites, grads, strict=True)), run
@@ -104,10 +109,16 @@ def _hook_count(module: torch.nn.Module) -> int:
 
 @pytest.mark.parametrize("rules", list(RULE_SETS))
 def test_forward_outputs_unchanged(model, batch, rules):
-    before = _logits(model, batch)
-    with relevance_rules(model, rules):
+    sites = [("z", 1), ("attn", 1), ("mlp", 1)]
+    before = get_backend(model, "nnsight").run(batch.clean, sites=sites)
+    with relevance_rules(model, rules) as relevance:
+        assert relevance.rules == RULE_SETS[rules]
         inside = _logits(model, batch)
-    torch.testing.assert_close(inside, before, atol=1e-6, rtol=0)
+        _, _, run = _coefficients(model, batch, sites, relevance=relevance)
+    torch.testing.assert_close(inside, _logits(model, batch), atol=1e-6, rtol=0)
+    torch.testing.assert_close(run.logits.detach(), before.logits, atol=1e-6, rtol=0)
+    for site in sites:
+        torch.testing.assert_close(run.acts[site].detach(), before.acts[site], atol=1e-6, rtol=0)
 
 
 def test_forward_outputs_unchanged_on_transformer_lens(model, batch):
@@ -175,6 +186,58 @@ def test_relevance_conserved_and_relp_exact_for_a_patch_to_zero(model64, factual
     assert not torch.allclose(torch.einsum("bpd,bpd->b", -resid, plain[site]), exact, atol=1e-3)
 
 
+def test_secant_rules_split_a_gated_mlps_change_exactly(model64):
+    """The secant rules through a gated MLP (the activation's secant, the product split at
+    its midpoints) are exact: (x1 - x0) . c sums to the change of the readout, including
+    where x1 and x0 are within ``SECANT_TOLERANCE`` (the derivative at the midpoint)."""
+    mlp = model64.module("mlp", 1)
+    generator = torch.Generator().manual_seed(0)
+    x1 = torch.randn(2, 5, 64, generator=generator, dtype=torch.float64)
+    x0 = torch.randn(2, 5, 64, generator=generator, dtype=torch.float64)
+    x0[:, :2] = x1[:, :2] + 1e-6  # first positions: nearly equal inputs
+    x0.requires_grad_(True)
+    readout = torch.randn(2, 5, 64, generator=generator, dtype=torch.float64)
+    with relevance_rules(model64, "secant") as relevance:
+        with torch.no_grad(), relevance.reference():
+            y1 = mlp(x1)
+        y0 = mlp(x0)
+        (coefficient,) = torch.autograd.grad((y0 * readout).sum(), x0)
+    total = ((x1 - x0.detach()) * coefficient).sum((0, 2))
+    torch.testing.assert_close(total, ((y1 - y0.detach()) * readout).sum((0, 2)))
+
+
+def test_secant_coefficients_add_up_to_the_whole_change(model64, factual):
+    """Along the whole corrupt -> clean change the secant coefficients add up: the sum over
+    positions of (clean - corrupt residual stream entering block 0) . c is the change of the
+    metric, up to the quadrature of the norms' and softmax's Jacobians (about 1% here, where
+    the two runs differ at every token); attribution patching's sum is far off."""
+    batch = _first_batch(model64, factual[:3])
+    site = ("resid_pre", 0)
+    runner = get_backend(model64, "nnsight")
+    totals = {}
+    for rules in ("secant", None):
+        with relevance_rules(model64, rules) if rules else contextlib.nullcontext() as relevance:
+            with torch.no_grad(), relevance.reference() if rules else contextlib.nullcontext():
+                clean = runner.run(batch.corrupt, sites=[site])
+            metric, grads, run = _coefficients(model64, batch, [site])
+        delta = clean.acts[site] - run.acts[site].detach()
+        totals[rules] = torch.einsum("bpd,bpd->b", delta, grads[site])
+    change = _logit_diff(clean.logits, batch) - metric
+    torch.testing.assert_close(totals["secant"], change, rtol=0.03, atol=2e-3)
+    assert not torch.allclose(totals[None], change, rtol=0.3)
+
+
+def test_secant_rules_need_their_reference(tiny_llama, batch, factual):
+    runner = get_backend(tiny_llama, "nnsight")
+    with relevance_rules(tiny_llama, "secant") as relevance:
+        with pytest.raises(RuntimeError, match="reference"):
+            runner.run(batch.clean, sites=[("mlp", 0)], grad=True)
+        with torch.no_grad(), relevance.reference():
+            runner.run(_first_batch(tiny_llama, factual[3:5]).clean)
+        with pytest.raises(ValueError, match="same batch"):
+            runner.run(batch.clean, sites=[("mlp", 0)], grad=True)
+
+
 def test_norm_and_mlp_conserve_relevance(tiny_llama):
     """Piece by piece: x . c sums to the relevance of the output (y . w for a readout w)
     through an RMSNorm with its scale held constant and through the gated MLP."""
@@ -189,6 +252,23 @@ def test_norm_and_mlp_conserve_relevance(tiny_llama):
         torch.testing.assert_close((x * grad).sum(), (y * readout).sum(), atol=1e-4, rtol=1e-5)
         (plain,) = torch.autograd.grad((module(x) * readout).sum(), x)
         assert not torch.allclose((x * plain).sum(), (y * readout).sum(), atol=1e-2)
+
+
+def test_norm_under_rules_follows_the_block(tiny_llama):
+    """A norm recomputed with ``forward`` (no hooks) gets the rule through
+    ``norm_under_rules`` inside a block, and its plain gradient outside."""
+    norm = tiny_llama.module("input_layernorm", 0)
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    readout = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(2))
+
+    def grad(call) -> torch.Tensor:
+        return torch.autograd.grad((call(x) * readout).sum(), x)[0]
+
+    with relevance_rules(tiny_llama, "relp"):
+        held = grad(norm)
+        torch.testing.assert_close(grad(lambda x: norm_under_rules(norm, x)), held)
+        assert not torch.allclose(grad(norm.forward), held)
+    torch.testing.assert_close(grad(lambda x: norm_under_rules(norm, x)), grad(norm))
 
 
 def test_attention_rules_scale_the_last_layers_query_key_and_value(tiny_llama, batch):
@@ -227,7 +307,7 @@ def test_attention_rules_scale_the_last_layers_query_key_and_value(tiny_llama, b
         return dict(zip("qkv", found, strict=True))
 
     plain = grads(None)
-    off = dict(norm=False, activation=False, product=False)
+    off = dict(norm="gradient", activation="gradient", product="gradient")
     ah = grads(Rules(**off, attention="ah"))
     uniform = grads(Rules(**off, attention="uniform"))
     assert plain["q"].abs().max() > 0 and plain["k"].abs().max() > 0
@@ -237,14 +317,16 @@ def test_attention_rules_scale_the_last_layers_query_key_and_value(tiny_llama, b
         torch.testing.assert_close(uniform[name], factor * plain[name])
 
 
-@pytest.mark.parametrize("rules", ["relp", "relp-ah", "attnlrp"])
+@pytest.mark.parametrize("rules", ["relp", "relp-ah", "attnlrp", "secant"])
 def test_backends_give_the_same_coefficients(model, batch, rules):
     sites = [(kind, layer) for layer in range(3) for kind in ("z", "attn", "mlp")]
     sites.append(("resid_pre", 0))
     found = {}
     for backend in ("nnsight", "transformer_lens"):
-        with relevance_rules(model, rules, backend=backend):
-            found[backend] = _coefficients(model, batch, sites, backend=backend)[1]
+        with relevance_rules(model, rules, backend=backend) as relevance:
+            found[backend] = _coefficients(
+                model, batch, sites, backend=backend, relevance=relevance
+            )[1]
     _, plain, _ = _coefficients(model, batch, sites)
     for site in sites:
         torch.testing.assert_close(
@@ -264,5 +346,5 @@ def test_refuses_what_it_does_not_support(tokenizer, tiny_llama):
         relevance_rules(tiny_llama, backend="torch"),
     ):
         pass
-    with pytest.raises(ValueError, match="attention rule"):
+    with pytest.raises(ValueError, match="Unknown attention rule"):
         Rules(attention="softmax")
