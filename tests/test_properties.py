@@ -1,4 +1,5 @@
-"""Property tests (hypothesis) of issue 24: no quiet wrong numbers at any public boundary.
+"""Property tests (hypothesis) of issues 24 and 34: no quiet wrong numbers at any public
+boundary.
 
 1. Bad options: for every public function in ``lsc.__all__`` that takes options (and for
    the results it takes back in), a generated bad value in one argument either works or
@@ -7,6 +8,15 @@
 2. Storage: every result type round-trips identically through zarr and netCDF, both the
    real results of each method on a tiny model and generated results of every dim, dtype,
    label coord and attr type the schema allows.
+3. Read by label: for every public function that takes a result back (``BY_LABEL``: the
+   functions of ``PASSED_BACK``, every ``lsc.aggregate`` function, the ``da.lsc`` methods,
+   ``weight_grid`` and the views' ``bars``, ``summary`` and ``logit_lens_chart``) and every
+   result argument, a random permutation of one labelled dim and a random transpose give
+   the same answer: arrays compared by label, charts by their spec with the data rows
+   sorted, widgets by their chart, numbers and tensors within float rounding.
+4. Valid JSON: every chart function, given degenerate results (all NaN, infinities, ties,
+   NaN statistics), raises a ``ValueError`` naming the cause or returns a chart whose spec
+   holds no NaN or Infinity.
 
 Calls use a tiny random model and one or two prompts, and each function gets a few
 examples (``derandomize``: the same ones on every run). Functions whose valid calls are
@@ -16,8 +26,12 @@ slow (``SLOW``) get fewer examples and the ``slow`` mark; the rest take about a 
 from __future__ import annotations
 
 import inspect
+import json
+import math
 import re
 import string
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +43,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lenscape as lsc
-from lenscape import schema
+from lenscape import aggregate, schema, views
+from lenscape.views.accessor import LenscapeAccessor
 
 #: Arguments not fuzzed, and why: paths write files wherever a generated string points
 #: (their checks are tested in test_store.py and test_to_store.py), callables and dask
@@ -114,6 +129,10 @@ class World:
     scores: xr.DataArray
     edges: xr.DataArray
     curve: xr.Dataset
+    lens: xr.DataArray
+    weights: xr.Dataset
+    roles: xr.Dataset
+    comparison: xr.Dataset
     folder: Any
 
 
@@ -146,8 +165,12 @@ def world(tiny_llama, factual, mixed, clusters, tokenizer, tmp_path_factory):
         scores=lsc.direct_logit_attribution(tiny_llama, factual[:2], progress=False),
         edges=edges,
         curve=lsc.circuit_faithfulness(
-            tiny_llama, factual[:2], edges, fractions=(0.5,), n_random=1, progress=False
+            tiny_llama, factual[:2], edges, fractions=(0.25, 0.5), n_random=2, progress=False
         ),
+        lens=lsc.logit_lens(tiny_llama, factual[0]),
+        weights=lsc.weight_importance(tiny_llama, ["The cat sat."], progress=False),
+        roles=lsc.recorded("head_roles", task="math"),
+        comparison=lsc.recorded("block_masks", model="smollm2-135m"),
         folder=folder,
     )
 
@@ -166,14 +189,14 @@ CALLS: dict[str, Any] = {
     "capture_to": None,  # writes a store at a path: test_to_store.py
     "edge_attribution": lambda w: ((w.model, w.pairs), dict(progress=False)),
     "edge_patching": lambda w: (
-        (w.model, w.pairs, lsc.circuit(w.edges, edges=2)),
+        (w.model, w.pairs, lsc.circuit(w.edges, edges=20)),
         dict(progress=False),
     ),
     "edge_agreement": lambda w: (
         (w.model, w.pairs),
         dict(estimators=["eap"], n_top=2, n_random=2, progress=False),
     ),
-    "circuit": lambda w: ((w.edges,), dict(edges=2)),
+    "circuit": lambda w: ((w.edges,), dict(edges=20)),
     "circuit_graph": lambda w: ((w.edges,), dict(edges=5)),
     "edge_heatmap": lambda w: ((w.edges,), dict()),
     "faithfulness_curve": lambda w: ((w.curve,), dict()),
@@ -448,3 +471,379 @@ def test_generated_results_round_trip_identically(tmp_path_factory, result, suff
     xr.testing.assert_identical(back, result)
     _assert_same_attr_types(back, result)
     assert type(back) is type(result)
+
+
+# ------------------------------------------------------------- results read by label (issue 34)
+
+
+@dataclass(frozen=True)
+class ByLabel:
+    """A public function that takes results back, as the permutation property calls it.
+
+    Attributes:
+        call: the function, called with ``arguments`` by name; returns its answer (an
+            array, a chart, a widget, a tensor, logits under a mask ...).
+        arguments: its arguments, built from the world.
+        results: the arguments that are results passed back in: each is permuted.
+        follows: a dim of the results whose order an unlabelled answer (a tensor, one row
+            per set) keeps as given; None where the answer keeps no such order.
+    """
+
+    call: Callable[..., Any]
+    arguments: Callable[[World], dict[str, Any]]
+    results: tuple[str, ...]
+    follows: str | None = None
+
+
+def _from_calls(name: str, **extra: Any) -> ByLabel:
+    """``lsc.<name>`` called as in ``CALLS`` (its positional arguments by name), with the
+    result arguments of ``PASSED_BACK``; ``extra`` replaces fields or adds arguments
+    (``add``: world -> more arguments)."""
+    function = getattr(lsc, name)
+    add = extra.pop("add", lambda w: {})
+
+    def arguments(world: World) -> dict[str, Any]:
+        args, kwargs = CALLS[name](world)
+        names = list(inspect.signature(function).parameters)
+        return {**dict(zip(names, args, strict=False)), **kwargs, **add(world)}
+
+    fields = {"call": function, "arguments": arguments, "results": tuple(PASSED_BACK[name])}
+    return ByLabel(**{**fields, **extra})
+
+
+def _masked_logits(model: Any, masks: Any) -> torch.Tensor:
+    """``apply_mask``'s answer: the logits of a fixed text under the mask."""
+    ids = model.tokenizer("The cat sat on the", return_tensors="pt")["input_ids"]
+    with lsc.apply_mask(model, masks), torch.no_grad():
+        return model.hf(input_ids=ids).logits
+
+
+def _correct_scores(w: World) -> xr.DataArray:
+    """The world's scores with one prompt answered right, so ``correct_only`` keeps one."""
+    return w.scores.assign_coords(correct=("prompt", [True, False]))
+
+
+def _scores_2d(w: World) -> xr.DataArray:
+    return w.scores.mean("prompt")
+
+
+#: Every public function that takes a result back, by name: ``lsc.<name>`` for the
+#: functions of ``lsc.__all__`` (``PASSED_BACK``), ``aggregate.<name>``, ``da.lsc.<name>``
+#: and ``views.<name>`` for the rest.
+BY_LABEL: dict[str, ByLabel] = {
+    **{name: _from_calls(name) for name in PASSED_BACK},
+    "task_loss": _from_calls(
+        "task_loss", add=lambda w: {"gates": w.gating["gate_plus"]}, follows="seed"
+    ),
+    "masked_loss": _from_calls("masked_loss", follows="cluster"),
+    "apply_mask": _from_calls("apply_mask", call=_masked_logits),
+    "circuit_graph": _from_calls(
+        "circuit_graph", add=lambda w: {"circuit": lsc.circuit(w.edges, edges=20)}
+    ),
+    "weight_grid": ByLabel(
+        lambda tiny: lsc.weight_grid({"tiny": tiny}), lambda w: {"tiny": w.weights}, ("tiny",)
+    ),
+    **{
+        f"aggregate.{name}": ByLabel(
+            getattr(aggregate, name), lambda w: {"da": w.roles["facilitation"]}, ("da",)
+        )
+        for name in ("always", "any_", "always_score", "any_score", "fraction")
+    },
+    "aggregate.roles": ByLabel(
+        aggregate.roles,
+        lambda w: {
+            "facilitation": aggregate.always(w.roles["facilitation"]),
+            "interference": aggregate.always(w.roles["interference"]),
+        },
+        ("facilitation", "interference"),
+    ),
+    "aggregate.normalize": ByLabel(
+        aggregate.normalize, lambda w: {"da": w.masks["keep_prob"]}, ("da",)
+    ),
+    "aggregate.combine_models": ByLabel(
+        lambda big, small: aggregate.combine_models({"big": big, "small": small}),
+        lambda w: {
+            "big": aggregate.always(w.roles["facilitation"]),
+            "small": aggregate.always(w.gating["facilitation"]),
+        },
+        ("big", "small"),
+    ),
+    "aggregate.correct_only": ByLabel(
+        aggregate.correct_only, lambda w: {"da": _correct_scores(w)}, ("da",)
+    ),
+    "aggregate.routing_wins": ByLabel(
+        aggregate.routing_wins, lambda w: {"comparison": w.comparison}, ("comparison",)
+    ),
+    "views.bars": ByLabel(
+        views.bars, lambda w: {"da": w.scores.isel(layer=0, head=0), "y": "prompt"}, ("da",)
+    ),
+    "views.summary": ByLabel(views.summary, lambda w: {"da": w.scores}, ("da",)),
+    "views.logit_lens_chart": ByLabel(views.logit_lens_chart, lambda w: {"da": w.lens}, ("da",)),
+    "da.lsc.heatmap": ByLabel(
+        lambda da: da.lsc.heatmap(x="head", y="layer"), lambda w: {"da": _scores_2d(w)}, ("da",)
+    ),
+    "da.lsc.explore": ByLabel(lambda da: da.lsc.explore(), lambda w: {"da": w.scores}, ("da",)),
+    "da.lsc.summary": ByLabel(lambda da: da.lsc.summary(), lambda w: {"da": w.scores}, ("da",)),
+    "da.lsc.logit_lens_chart": ByLabel(
+        lambda da: da.lsc.logit_lens_chart(), lambda w: {"da": w.lens}, ("da",)
+    ),
+    "da.lsc.correct_only": ByLabel(
+        lambda da: da.lsc.correct_only(), lambda w: {"da": _correct_scores(w)}, ("da",)
+    ),
+}
+
+
+def test_every_function_that_takes_results_back_is_read_by_label():
+    """A function added to ``PASSED_BACK``, ``lsc.aggregate`` or the ``da.lsc`` accessor
+    must be added to ``BY_LABEL``, with every result argument it takes."""
+    for name, results in PASSED_BACK.items():
+        assert set(results) <= set(BY_LABEL[name].results), name
+    functions = [
+        name
+        for name, value in vars(aggregate).items()
+        if inspect.isfunction(value)
+        and value.__module__ == aggregate.__name__
+        and not name.startswith("_")
+    ]
+    # vars, not dir: nnsight gives every object a ``save`` method.
+    methods = [name for name in vars(LenscapeAccessor) if not name.startswith("_")]
+    missing = [f"aggregate.{n}" for n in functions] + [f"da.lsc.{n}" for n in methods]
+    missing = [name for name in missing if name not in BY_LABEL]
+    assert not missing, f"add {missing} to BY_LABEL in tests/test_properties.py"
+
+
+def _answer(entry: ByLabel, arguments: dict[str, Any]) -> Any:
+    """The function's answer (warnings, e.g. of ties at a circuit's cut, kept quiet)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return entry.call(**arguments)
+
+
+def _attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Attrs to compare: all but timings, which differ from run to run."""
+    return {k: v for k, v in attrs.items() if "seconds" not in k}
+
+
+def _row_key(row: Any) -> str:
+    """A data row as a sort key, its numbers rounded (float sums may differ in the last bit)."""
+    rounded = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}
+    return json.dumps(rounded, sort_keys=True, default=str)
+
+
+def _canonical(node: Any, datasets: dict[str, Any]) -> Any:
+    """A chart spec with its named datasets inline and every list of data rows sorted."""
+    if isinstance(node, dict):
+        if set(node) == {"name"} and node["name"] in datasets:
+            node = {"values": datasets[node["name"]]}
+        out = {k: _canonical(v, datasets) for k, v in node.items()}
+        rows = out.get("values")
+        if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+            out["values"] = sorted(rows, key=_row_key)
+        return out
+    if isinstance(node, list):
+        return [_canonical(v, datasets) for v in node]
+    return node
+
+
+def _spec(chart: Any) -> Any:
+    """``chart``'s spec compared by what it draws: data rows sorted, Altair's counters of
+    view and parameter names left out."""
+    text = re.sub(r'"(view|param)_\d+"', r'"\1"', chart.to_json())
+    spec = json.loads(text)
+    return _canonical(spec, spec.pop("datasets", {}))
+
+
+def _assert_close(got: Any, expected: Any, where: str = "spec") -> None:
+    """Two JSON values equal, their numbers within float rounding."""
+    if isinstance(expected, dict):
+        assert isinstance(got, dict) and set(got) == set(expected), where
+        for key in expected:
+            _assert_close(got[key], expected[key], f"{where}.{key}")
+    elif isinstance(expected, list):
+        assert isinstance(got, list) and len(got) == len(expected), where
+        for i, (a, b) in enumerate(zip(got, expected, strict=True)):
+            _assert_close(a, b, f"{where}[{i}]")
+    elif isinstance(expected, float) and not isinstance(got, bool):
+        assert math.isclose(got, expected, rel_tol=1e-5, abs_tol=1e-9), (where, got, expected)
+    else:
+        assert got == expected, (where, got, expected)
+
+
+def _assert_same_answer(got: Any, expected: Any, moved: tuple[str, list[int]] | None) -> None:
+    """``got`` (from a permuted result) is ``expected``, compared by label; ``moved``: the
+    permuted dim and its order, where the answer is a tensor that keeps that order."""
+    if isinstance(expected, xr.DataArray | xr.Dataset):
+        labels = {d: expected[d].values for d in expected.dims if d in expected.indexes}
+        got = got.sel(labels)
+        pairs = (
+            [(got[v], expected[v]) for v in expected.variables]
+            if isinstance(expected, xr.Dataset)
+            else [(got, expected)]
+        )
+        for a, b in pairs:
+            a = a.transpose(*b.dims)
+            xr.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-9)
+            assert _attrs(a.attrs) == _attrs(b.attrs)
+        assert _attrs(got.attrs) == _attrs(expected.attrs)
+    elif hasattr(expected, "to_json"):
+        _assert_close(_spec(got), _spec(expected))
+    elif hasattr(expected, "chart"):  # a widget: the chart it shows
+        _assert_close(_spec(got.chart), _spec(expected.chart))
+    elif isinstance(expected, views.Summary):
+        assert got.lines == expected.lines
+    else:
+        want = np.asarray(expected)
+        if moved is not None:
+            want = want[moved[1]]
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-7)
+
+
+PERMUTED = [
+    pytest.param(name, argument, id=f"{name}-{argument}")
+    for name, entry in BY_LABEL.items()
+    for argument in entry.results
+]
+
+
+@pytest.mark.parametrize("name, argument", PERMUTED)
+def test_a_permuted_or_transposed_result_gives_the_same_answer(world, name, argument):
+    entry = BY_LABEL[name]
+    arguments = entry.arguments(world)
+    expected = _answer(entry, arguments)
+    value = arguments[argument]
+    dims = [d for d in value.dims if d in value.indexes and value.sizes[d] > 1]
+    assert dims, f"{name}'s {argument} has no labelled dim to permute"
+
+    @settings(
+        max_examples=6,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        dim = data.draw(st.sampled_from(dims), label="dim")
+        order = data.draw(st.permutations(range(value.sizes[dim])), label="order")
+        transposed = data.draw(st.permutations(list(value.dims)), label="transpose")
+        moved = value.isel({dim: list(order)}).transpose(*transposed)
+        got = _answer(entry, {**arguments, argument: moved})
+        _assert_same_answer(got, expected, (dim, list(order)) if dim == entry.follows else None)
+
+    check()
+
+
+# ------------------------------------------------------------- valid JSON, said degeneracies
+
+
+def _refuse_constant(name: str) -> Any:
+    raise AssertionError(f"{name} in a chart spec: not JSON")
+
+
+def _nan_scores(w: World) -> xr.DataArray:
+    return w.scores * np.nan
+
+
+def _with_infinity(da: xr.DataArray) -> xr.DataArray:
+    values = da.values.astype(float).copy()
+    values.flat[0], values.flat[-1] = np.inf, -np.inf
+    return da.copy(data=values)
+
+
+def _undefined_report(w: World) -> xr.Dataset:
+    """A faithfulness report whose statistics are all NaN and whose exact map is NaN."""
+    report = w.report.copy()
+    for name in ("pearson_means", "pearson_cells", "spearman_means", "spearman_cells"):
+        report[name] = report[name] * np.nan
+    report["exact_heads"] = report["exact_heads"] * np.nan
+    return report
+
+
+def _flat_curve(w: World) -> xr.Dataset:
+    """corrupt == clean: faithfulness NaN at every budget, with the recorded reason."""
+    curve = w.curve.copy()
+    for name in ("faithfulness", "random_faithfulness", "cpr", "cmd", "random_cpr"):
+        curve[name] = curve[name] * np.nan
+    return curve.assign_attrs(undefined="the clean and corrupt runs give the same mean metric")
+
+
+def _holed_curve(w: World) -> xr.Dataset:
+    curve = w.curve.copy()
+    curve["faithfulness"] = curve["faithfulness"].where(curve["budget"] > 0.3)
+    curve["cpr"] = curve["cpr"] * np.nan
+    return curve
+
+
+def _tied_edges(w: World) -> xr.DataArray:
+    """Every real edge scored alike (what corrupt == clean gives)."""
+    return xr.ones_like(w.edges).where(w.edges.notnull())
+
+
+#: Per chart function, degenerate inputs: each case builds the chart (or raises).
+DEGENERATE: dict[str, list[Callable[[World], Any]]] = {
+    "heatmap": [
+        lambda w: lsc.heatmap(_nan_scores(w).mean("prompt"), x="head", y="layer"),
+        lambda w: lsc.heatmap(_with_infinity(_scores_2d(w)), x="head", y="layer"),
+    ],
+    "edge_heatmap": [
+        lambda w: lsc.edge_heatmap(w.edges * np.nan),
+        lambda w: lsc.edge_heatmap(_with_infinity(w.edges)),
+    ],
+    "circuit_graph": [
+        lambda w: lsc.circuit_graph(_tied_edges(w), edges=5),
+        lambda w: lsc.circuit_graph(w.edges * np.nan),
+        lambda w: lsc.circuit_graph(_with_infinity(w.edges)),
+    ],
+    "faithfulness_curve": [
+        lambda w: lsc.faithfulness_curve(_flat_curve(w)),
+        lambda w: lsc.faithfulness_curve(_holed_curve(w)),
+    ],
+    "agreement_chart": [lambda w: lsc.agreement_chart(_undefined_report(w))],
+    "Explorer": [
+        lambda w: lsc.Explorer(_nan_scores(w)).chart,
+        lambda w: lsc.Explorer(_with_infinity(w.scores), threshold=0.1).chart,
+    ],
+    "CircuitExplorer": [
+        lambda w: lsc.CircuitExplorer(_tied_edges(w)).chart,
+        lambda w: lsc.CircuitExplorer(w.edges * np.nan).chart,
+    ],
+    "PromptForm": [
+        lambda w: lsc.PromptForm(lambda r: _nan_scores(w), example=w.pairs[0]).explorer.chart
+    ],
+    "views.bars": [
+        lambda w: views.bars(_with_infinity(w.scores.isel(layer=0, head=0)), y="prompt"),
+        lambda w: views.bars(_nan_scores(w).isel(layer=0, head=0), y="prompt"),
+    ],
+    "views.logit_lens_chart": [lambda w: views.logit_lens_chart(w.lens * np.nan)],
+}
+
+
+#: Public names of ``lenscape.views`` that draw no chart, and why.
+NOT_CHARTS = {
+    "ROLE_COLORS": "a colour table",
+    "Summary": "text",
+    "summary": "text",
+    "enable_offline": "a switch",
+    "export": "writes a chart to a file",
+}
+
+
+def test_every_chart_function_has_degenerate_cases():
+    """Every public function that returns a chart or a widget is in ``DEGENERATE``."""
+    charts = {
+        name if name in lsc.__all__ else f"views.{name}"
+        for name in views.__all__
+        if name not in NOT_CHARTS
+    }
+    assert charts == set(DEGENERATE), sorted(charts ^ set(DEGENERATE))
+
+
+@pytest.mark.parametrize("name", sorted(DEGENERATE))
+def test_degenerate_inputs_are_said_and_no_spec_holds_nan(world, name):
+    for i, case in enumerate(DEGENERATE[name]):
+        try:
+            chart = case(world)
+        except ValueError as err:  # said: the message names the cause
+            assert len(str(err)) > 40, f"{name} case {i}: {err}"
+            continue
+        json.loads(chart.to_json(), parse_constant=_refuse_constant)
