@@ -363,6 +363,6 @@ def test_a_recording_in_progress_is_not_listed_as_recorded(recorded_dir, two_see
 
 
 def test_recording_more_seeds_than_a_fit_takes_is_refused_before_any_work(tiny_llama, tmp_path):
-    with pytest.raises(ValueError, match=r"seeds lists 101 seeds, more than MAX_SEEDS=100"):
+    with pytest.raises(ValueError, match=r"seeds asks for 101 seeds, more than MAX_SEEDS=100"):
         recordings.record_head_roles(tiny_llama, seeds=range(101), provenance={}, root=tmp_path)
     assert not any(tmp_path.iterdir())  # nothing written, no checkpoint recorded

@@ -299,6 +299,23 @@ def task_loss(
         return _validation_loss(model, hooks, sets, items, batch_size).cpu()
 
 
+def check_seeds(seeds: Any) -> list[int]:
+    """Head gating's seeds: a number of seeds or a list (``_validate.seed_list``), at most
+    ``MAX_SEEDS`` of them.
+
+    Raises:
+        TypeError: neither an integer nor a list of integers.
+        ValueError: no seeds, a negative or repeated seed, or more than ``MAX_SEEDS``.
+    """
+    seed_list = _validate.seed_list("seeds", seeds)
+    if len(seed_list) > MAX_SEEDS:
+        raise ValueError(
+            f"seeds asks for {len(seed_list)} seeds, more than MAX_SEEDS={MAX_SEEDS} (each "
+            "seed is three more gate sets in every pass); the reference uses 10."
+        )
+    return seed_list
+
+
 def _uniform_logits(seed: int, shape: tuple[int, int]) -> torch.Tensor:
     """Gate logits whose gates are uniform in (0, 1), drawn from ``seed``."""
     u = torch.rand(shape, generator=torch.Generator().manual_seed(seed)).clamp(1e-6, 1 - 1e-6)
@@ -370,12 +387,7 @@ def head_gating(
             weights, prompts or settings: each difference is named) or a damaged state
             file; the message names the file and says to use a new folder or delete it.
     """
-    seed_list = _validate.seed_list("seeds", seeds)
-    if len(seed_list) > MAX_SEEDS:
-        raise ValueError(
-            f"seeds asks for {len(seed_list)} seeds, more than MAX_SEEDS={MAX_SEEDS} (each "
-            "seed is three more gate sets in every pass); the reference uses 10."
-        )
+    seed_list = check_seeds(seeds)
     lambda_ = _validate.number("lambda_", lambda_, low=0)  # its sign is set per stage
     lr = _validate.number("lr", lr, above=0)
     grad_clip = _validate.number("grad_clip", grad_clip, above=0)

@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 from .. import _validate, cluster, data, schema, store
 from ..data import PromptSet
 from ..models import LensModel
-from .gating import MAX_SEEDS, gating_check, head_gating
+from .gating import check_seeds, gating_check, head_gating
 from .masks import block_masks, mask_comparison
 
 RECORDED_DIR = Path(__file__).resolve().parent / "recorded_data"
@@ -426,12 +426,7 @@ def record_head_roles(
         TypeError, ValueError: ``seeds`` not a list of distinct seeds >= 0, or more than
             ``gating.MAX_SEEDS`` of them (each is a whole fit per task).
     """
-    seeds = _validate.seed_list("seeds", list(seeds))
-    if len(seeds) > MAX_SEEDS:
-        raise ValueError(
-            f"seeds lists {len(seeds)} seeds, more than MAX_SEEDS={MAX_SEEDS}; each is a whole "
-            f"head-gating fit per task (F4 records {HEAD_ROLES_SEEDS})."
-        )
+    seeds = check_seeds(list(seeds))
     written = []
     for task in tasks:
         folder = (root or RECORDED_DIR) / "head_roles" / model.name / task

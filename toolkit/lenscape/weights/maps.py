@@ -18,7 +18,7 @@ and the attr ``tied_embeddings`` is True.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -238,14 +238,7 @@ def weight_grid(maps: dict[str, xr.Dataset]) -> xr.DataArray:
         ValueError: no maps, a map of another method, without ``per_layer`` and
             ``model_level``, or whose layers are not 0 .. n - 1 each once.
     """
-    if not isinstance(maps, Mapping):
-        raise TypeError(
-            f"maps must be a dict {{model name: weight map}}, got {type(maps).__name__}; "
-            "pass e.g. {'smollm2-135m': lsc.weight_importance(model, prompts)}."
-        )
-    if not maps:
-        raise ValueError("No weight maps to draw; pass {model name: weight_importance(...)}.")
-    maps = {name: _read_map(name, ds) for name, ds in maps.items()}
+    maps = _read_maps(maps)
     layer_components = [
         c
         for c in schema.WEIGHT_COMPONENTS
@@ -300,24 +293,37 @@ def weight_grid(maps: dict[str, xr.Dataset]) -> xr.DataArray:
     )
 
 
-def _read_map(name: str, ds: object) -> xr.Dataset:
-    """A weight map passed to ``weight_grid``, checked and read by label: ``per_layer``
-    (layer, component) with its layers 0 .. n - 1 in order."""
+def _read_maps(maps: object) -> dict[str, xr.Dataset]:
+    """The weight maps passed to ``weight_grid``, checked and read by label: each one's
+    ``per_layer`` (layer, component) with its layers 0 .. n - 1 in order.
+
+    Raises:
+        TypeError: not a dict of Datasets. ValueError: see ``weight_grid``.
+    """
+    if not isinstance(maps, Mapping):
+        raise TypeError(
+            f"maps must be a dict {{model name: weight map}}, got {type(maps).__name__}; "
+            "pass e.g. {'smollm2-135m': lsc.weight_importance(model, prompts)}."
+        )
+    if not maps:
+        raise ValueError("No weight maps to draw; pass {model name: weight_importance(...)}.")
     made_by = "lsc.weight_importance or lsc.weight_change"
-    argument = f"maps[{name!r}]"
-    _validate.result(
-        argument,
-        ds,
-        kind=xr.Dataset,
-        made_by=made_by,
-        variables=("per_layer", "model_level"),
-        dims=("component",),
-        methods=MAP_METHODS,
-    )
-    assert isinstance(ds, xr.Dataset)  # checked above
-    layers = range(ds["per_layer"].sizes.get("layer", 0))
-    read = _validate.labels(argument, ds, {"layer": layers}, made_by=made_by)
-    return read.transpose(..., "layer", "component")
+    read = {}
+    for name, ds in maps.items():
+        argument = f"maps[{name!r}]"
+        _validate.result(
+            argument,
+            ds,
+            kind=xr.Dataset,
+            made_by=made_by,
+            variables=("per_layer", "model_level"),
+            dims=("component",),
+            methods=MAP_METHODS,
+        )
+        layers = range(ds["per_layer"].sizes.get("layer", 0))
+        by_label = _validate.labels(argument, ds, {"layer": layers}, made_by=made_by)
+        read[name] = cast(xr.Dataset, by_label.transpose(..., "layer", "component"))
+    return read
 
 
 @torch.no_grad()
