@@ -48,6 +48,12 @@ CIRCUIT_METHODS = ("circuit",)
 #: The attrs that say which model a result was computed on (``LensModel.origin``): a
 #: circuit drawn over scores must record the same ones.
 ORIGIN_ATTRS = ("model", "layout_fingerprint", "weights_fingerprint")
+#: Per ``check_edges(circuit=...)``: what makes such a result and the methods accepted.
+_EDGE_RESULTS = {
+    True: ("lsc.circuit", CIRCUIT_METHODS),
+    False: ("lsc.edge_attribution", SCORE_METHODS),
+    None: ("lsc.edge_attribution or lsc.circuit", SCORE_METHODS + CIRCUIT_METHODS),
+}
 
 
 def check_edges(da: Any, name: str, *, circuit: bool | None = False) -> xr.DataArray:
@@ -66,15 +72,13 @@ def check_edges(da: Any, name: str, *, circuit: bool | None = False) -> xr.DataA
             reverse), other dims than (sender, receiver), the layout coords missing, or
             labels that repeat.
     """
-    made_by = {True: "lsc.circuit", False: "lsc.edge_attribution", None: ""}[circuit]
-    made_by = made_by or "lsc.edge_attribution or lsc.circuit"
+    made_by, methods = _EDGE_RESULTS[circuit]
     if not isinstance(da, xr.DataArray):
         raise TypeError(
             f"{name} must be a (sender, receiver) xarray.DataArray from {made_by}, "
             f"got {type(da).__name__}."
         )
-    methods = {True: CIRCUIT_METHODS, False: SCORE_METHODS, None: SCORE_METHODS + CIRCUIT_METHODS}
-    _validate.result(name, da, kind=xr.DataArray, made_by=made_by, methods=methods[circuit])
+    _validate.result(name, da, kind=xr.DataArray, made_by=made_by, methods=methods)
     if circuit is not None and mask_rules.is_mask(da) != circuit:
         got, fix = (
             (
