@@ -322,6 +322,7 @@ def _uniform_logits(seed: int, shape: tuple[int, int]) -> torch.Tensor:
     return torch.logit(u)
 
 
+# long: the reference protocol's options, each checked before a fit of minutes
 def head_gating(
     model: LensModel,
     task: Prompts,
@@ -660,6 +661,7 @@ def _random_sets(others: np.ndarray, size: int, n: int, rng: np.random.Generator
     return np.stack([rng.choice(others, size, replace=False) for _ in range(n)])
 
 
+# long: every option checked before any pass; each step after that is a helper
 def gating_check(
     model: LensModel,
     gating: xr.Dataset,

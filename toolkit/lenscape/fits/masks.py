@@ -263,6 +263,7 @@ def _sample_gates(u: torch.Tensor, log_alpha: torch.Tensor) -> torch.Tensor:
     return (s * (ZETA - GAMMA) + GAMMA).clamp(0, 1)
 
 
+# long: the stacked loss closure and the key a resumed fit is checked against
 def _fit_masks(
     model: LensModel,
     items: list[list[int]],
@@ -484,6 +485,7 @@ def _members(clusters: Clustering, n_prompts: int) -> list[np.ndarray]:
     return members
 
 
+# long: the fit's options, checked once and recorded in attrs
 def block_masks(
     model: LensModel,
     prompts: PromptSet,
@@ -793,6 +795,7 @@ def masked_loss(
     return losses.view(len(masks), len(items)).mean(1)
 
 
+# long: the options checked before the fit; the steps after it are helpers
 def mask_comparison(
     model: LensModel,
     train: PromptSet,

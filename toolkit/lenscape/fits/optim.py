@@ -290,6 +290,7 @@ def clip_per_set(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
     return grad * scale.view(-1, *([1] * (grad.dim() - 1)))
 
 
+# long: one Adam loop (per-set clipping, convergence, resumable state), read top to bottom
 def fit_until_still(
     start: torch.Tensor,
     loss_and_grad: Callable[[torch.Tensor, list[int]], torch.Tensor],

@@ -122,6 +122,7 @@ def min_max(ds: xr.Dataset) -> xr.Dataset:
     return out
 
 
+# long: the gradient loop restores requires_grad in a finally; per-aggregation labels
 def weight_importance(
     model: LensModel,
     prompts: Iterable[Prompt | str],
