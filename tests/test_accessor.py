@@ -22,7 +22,15 @@ def scores():
 
 def test_the_accessor_offers_only_forwarding_methods():
     methods = {name for name in vars(accessor.LenscapeAccessor) if not name.startswith("_")}
-    assert methods == {"heatmap", "explore", "summary", "logit_lens_chart", "correct_only"}
+    assert methods == {
+        "heatmap",
+        "explore",
+        "summary",
+        "logit_lens_chart",
+        "correct_only",
+        "mean",
+        "reliability",
+    }
 
 
 @pytest.mark.parametrize(
@@ -33,6 +41,8 @@ def test_the_accessor_offers_only_forwarding_methods():
         ("summary", charts.summary),
         ("logit_lens_chart", charts.logit_lens_chart),
         ("correct_only", aggregate.correct_only),
+        ("mean", aggregate.mean),
+        ("reliability", aggregate.reliability),
     ],
 )
 def test_each_method_shows_the_signature_and_docstring_it_forwards_to(method, target):
@@ -81,3 +91,13 @@ def test_logit_lens_chart_and_correct_only_forward():
     flagged = scores().rename(seed="prompt").assign_coords(correct=("prompt", [False, True]))
     assert flagged.lsc.correct_only().identical(lsc.aggregate.correct_only(flagged))
     assert flagged.lsc.correct_only()["prompt"].values.tolist() == [1]
+
+
+def test_mean_and_reliability_forward_with_their_options():
+    da = scores().rename(seed="prompt")
+    mine = da.lsc.mean("prompt", ci=0.9, n_resamples=200)
+    assert mine.identical(aggregate.mean(da, "prompt", ci=0.9, n_resamples=200))
+    assert mine.attrs["ci"] == 0.9
+    assert da.lsc.reliability(n_splits=5, top_k=2).identical(
+        aggregate.reliability(da, n_splits=5, top_k=2)
+    )

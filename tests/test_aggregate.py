@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from lenscape import aggregate, schema
+from lenscape import aggregate, bootstrap, schema
 
 ATTRS = {
     "long_name": "Facilitation",
@@ -208,3 +208,104 @@ def test_routing_wins_judges_only_clusters_with_held_out_texts():
         aggregate.routing_wins(comparison.drop_vars("loss_global"))
     with pytest.raises(ValueError, match=r"comparison is a result of 'block_masks', not of"):
         aggregate.routing_wins(comparison.assign_attrs(method="block_masks"))
+
+
+def per_prompt(n_prompts=40, seed=0):
+    """(prompt, layer 3, head 4): head 0 strong in every prompt, head 1 flips sign."""
+    rng = np.random.default_rng(seed)
+    values = rng.normal(0, 0.3, size=(n_prompts, 3, 4))
+    values[:, :, 0] += 2.0
+    values[:, :, 1] = rng.choice([-1.0, 1.0], size=(n_prompts, 3))
+    return schema.make(values, dims=("prompt", "layer", "head"), attrs=ATTRS, n_layers=3)
+
+
+def test_mean_gives_the_mean_and_a_bootstrap_interval_per_cell():
+    da = per_prompt()
+    out = aggregate.mean(da, "prompt", n_resamples=400)
+    assert out.dims == ("layer", "head", "bound")
+    assert out["bound"].values.tolist() == list(aggregate.BOUNDS)
+    xr.testing.assert_allclose(out.sel(bound="mean", drop=True).drop_vars("n"), da.mean("prompt"))
+    low, high = out.sel(bound="low"), out.sel(bound="high")
+    assert (low < out.sel(bound="mean")).all() and (out.sel(bound="mean") < high).all()
+    assert (low.sel(head=0) > 0).all()  # strong in every prompt: the interval excludes 0
+    assert ((low.sel(head=1) < 0) & (high.sel(head=1) > 0)).all()  # a sign that flips
+    # the same draw a loop over resamples would make (prompts in label order)
+    drawn = bootstrap.draw(40, n_resamples=400, seed=0)
+    cell = da.sel(layer=2, head=3).values[drawn].mean(1)
+    np.testing.assert_allclose(
+        out.sel(layer=2, head=3, bound=["low", "high"]), np.quantile(cell, [0.025, 0.975])
+    )
+    assert out["n"].values.tolist() == [[40] * 4] * 3
+    assert out.attrs["long_name"] == "Facilitation: mean over 40 prompts, 95% interval"
+    assert out.attrs["n_resamples"] == 400 and out.attrs["ci"] == 0.95
+    assert out.attrs["interval"].startswith("percentile bootstrap over prompts")
+    assert "interval_note" not in out.attrs and out.attrs["units"] == "score"
+
+
+def test_mean_reads_prompts_by_label_and_never_counts_nan():
+    da = per_prompt(12)
+    da[:, 0, 0] = np.nan  # never computed
+    da[1:, 0, 2] = np.nan  # computed for one prompt
+    da[:6, 1, 1] = np.nan  # computed for half of them
+    out = aggregate.mean(da, n_resamples=200, seed=5)
+    moved = da.isel(prompt=np.random.default_rng(0).permutation(12)).transpose("head", ...)
+    xr.testing.assert_allclose(
+        aggregate.mean(moved, n_resamples=200, seed=5).transpose(*out.dims), out
+    )
+    assert out.sel(layer=0, head=0).isnull().all()
+    assert out["n"].sel(layer=0, head=0) == 0 and out["n"].sel(layer=1, head=1) == 6
+    assert out.sel(layer=0, head=2, bound="mean") == da[0, 0, 2]
+    assert out.sel(layer=0, head=2, bound=["low", "high"]).isnull().all()
+    assert out.sel(layer=1, head=1).notnull().all()
+    assert out.attrs["interval_note"] == (
+        "2 cells computed for fewer than 2 prompts have no interval (NaN)"
+    )
+
+
+def test_mean_of_one_prompt_says_why_its_intervals_are_nan_and_refuses_bad_input():
+    one = aggregate.mean(per_prompt(1), n_resamples=100)
+    assert one.sel(bound=["low", "high"]).isnull().all()
+    assert one.attrs["interval_note"].startswith("one prompt: a bootstrap of one value")
+    mask = per_prompt(4) > 0
+    assert aggregate.mean(mask.assign_attrs(units="bool")).attrs["units"] == "share of prompts"
+    with pytest.raises(ValueError, match=r"Cannot aggregate over 'seed'.*pass dim="):
+        aggregate.mean(per_prompt(), "seed")
+    with pytest.raises(ValueError, match=r"'prompt' labels repeat"):
+        aggregate.mean(per_prompt(3).assign_coords(prompt=[0, 0, 1]))
+    with pytest.raises(ValueError, match="n_resamples must be"):
+        aggregate.mean(per_prompt(), n_resamples=10**9)
+    with pytest.raises(TypeError, match=r"da must be an xarray\.DataArray"):
+        aggregate.mean(per_prompt().values)
+
+
+def test_reliability_grows_with_the_prompts_per_half():
+    da = per_prompt(40)
+    rel = aggregate.reliability(da, sizes=[1, 5, 20], n_splits=50, top_k=3)
+    assert set(rel.data_vars) == {"correlation", "top_overlap"}
+    assert rel["correlation"].dims == ("size", "bound")
+    assert rel["size"].values.tolist() == [1, 5, 20]
+    r = rel["correlation"].sel(bound="mean").values
+    assert r[0] < r[1] < r[2] and r[2] > 0.9
+    assert (rel.sel(bound="low") <= rel.sel(bound="mean")).all().to_array().all()
+    assert rel["top_overlap"].sel(size=20, bound="mean") == 1.0  # head 0 rows lead every half
+    assert rel.attrs["method"] == "reliability" and rel.attrs["n_prompts"] == 40
+    assert rel.attrs["map"] == "Facilitation" and rel.attrs["top_k"] == 3
+    moved = da.isel(prompt=np.random.default_rng(1).permutation(40), head=[3, 1, 0, 2])
+    again = aggregate.reliability(
+        moved.transpose("head", ...), sizes=[1, 5, 20], n_splits=50, top_k=3
+    )
+    xr.testing.assert_allclose(again, rel)
+
+
+def test_reliability_defaults_and_refusals():
+    rel = aggregate.reliability(per_prompt(85), n_splits=10)
+    assert rel["size"].values.tolist() == [1, 2, 3, 5, 8, 12, 18, 28, 42]  # log-spaced
+    assert np.isnan(aggregate.reliability(per_prompt(8), n_splits=4, top_k=12)["top_overlap"]).all()
+    with pytest.raises(ValueError, match="at least 2 prompts"):
+        aggregate.reliability(per_prompt(1))
+    with pytest.raises(ValueError, match=r"sizes\[0\] must be an integer from 1 to 5"):
+        aggregate.reliability(per_prompt(10), sizes=[6])
+    with pytest.raises(TypeError, match="sizes must be a non-empty list"):
+        aggregate.reliability(per_prompt(10), sizes=5)
+    with pytest.raises(ValueError, match="n_splits must be an integer from 2"):
+        aggregate.reliability(per_prompt(10), n_splits=1)

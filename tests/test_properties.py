@@ -574,6 +574,12 @@ BY_LABEL: dict[str, ByLabel] = {
     "aggregate.routing_wins": ByLabel(
         aggregate.routing_wins, lambda w: {"comparison": w.comparison}, ("comparison",)
     ),
+    "aggregate.mean": ByLabel(
+        aggregate.mean, lambda w: {"da": w.scores, "n_resamples": 100}, ("da",)
+    ),
+    "aggregate.reliability": ByLabel(
+        aggregate.reliability, lambda w: {"da": w.scores, "n_splits": 4, "top_k": 2}, ("da",)
+    ),
     "views.bars": ByLabel(
         views.bars, lambda w: {"da": w.scores.isel(layer=0, head=0), "y": "prompt"}, ("da",)
     ),
@@ -589,6 +595,12 @@ BY_LABEL: dict[str, ByLabel] = {
     ),
     "da.lsc.correct_only": ByLabel(
         lambda da: da.lsc.correct_only(), lambda w: {"da": _correct_scores(w)}, ("da",)
+    ),
+    "da.lsc.mean": ByLabel(
+        lambda da: da.lsc.mean("prompt", n_resamples=100), lambda w: {"da": w.scores}, ("da",)
+    ),
+    "da.lsc.reliability": ByLabel(
+        lambda da: da.lsc.reliability(n_splits=4, top_k=2), lambda w: {"da": w.scores}, ("da",)
     ),
 }
 

@@ -10,25 +10,46 @@ computed stays NaN.
 Every function reads its inputs by label, as xarray's own reductions do: a ``sortby``,
 ``isel`` or ``transpose`` of an input gives the same cells (in the input's order), and two
 inputs combined (``roles``) are matched label by label, their labels checked to agree.
+
+How sure is a map? ``mean`` gives the mean over prompts with a percentile-bootstrap
+interval per cell (``lenscape.bootstrap``: one seeded draw of resampled prompts, every
+cell's resampled means from one matrix product), as a DataArray with a ``bound`` dim
+(``BOUNDS``: mean, low, high) that ``heatmap`` draws with the uncertain cells hatched.
+``reliability`` answers "how many prompts do I need": the maps of two disjoint halves of
+n prompts, compared by correlation and top-k overlap, for growing n.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Hashable, Sequence
+from typing import Any
+
 import numpy as np
 import xarray as xr
 
-from . import _validate, mask_rules, schema
+from . import _validate, bootstrap, mask_rules, schema
 
 #: Role codes of ``roles``: a head facilitates, interferes, both, or neither.
 ROLES = ("neither", "facilitating", "interfering", "both")
+#: Labels of the ``bound`` dim of ``mean``'s and ``reliability``'s results.
+BOUNDS = ("mean", "low", "high")
+#: Most numbers one block of resampled maps holds (cells or splits are taken in blocks).
+BLOCK_VALUES = 4_000_000
+#: Most random splits per size in ``reliability``, and most sizes.
+MAX_SPLITS = 10_000
+MAX_SIZES = 50
 
 
-def _check(da: xr.DataArray, dim: str, threshold: float) -> None:
-    """Refuse what is not a DataArray with ``dim``, or a threshold outside [0, 1]."""
+def _check(da: xr.DataArray, dim: str) -> None:
+    """Refuse what is not a DataArray with ``dim``."""
     _validate.result("da", da, kind=xr.DataArray, made_by="a lenscape method")
+    _validate.text("dim", dim, example="'prompt'")
     if dim not in da.dims:
-        raise ValueError(f"Cannot aggregate over '{dim}': the data has dims {list(da.dims)}.")
-    _validate.number("threshold", threshold, low=0, high=1)
+        raise ValueError(
+            f"Cannot aggregate over '{dim}': the data has dims {list(da.dims)}; "
+            "pass dim= one of them."
+        )
 
 
 def _finish(
@@ -48,7 +69,8 @@ def _finish(
 def always(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
     """True where ``da >= threshold`` for every computed value along ``dim`` ("Always");
     NaN where none is computed (``mask_rules.all_``)."""
-    _check(da, dim, threshold)
+    _check(da, dim)
+    _validate.number("threshold", threshold, low=0, high=1)
     mask = mask_rules.all_(mask_rules.binarize(da, threshold), dim)
     return _finish(da, mask, dim, f">= {threshold} in every {dim}", mask_rules.MASK_UNITS)
 
@@ -56,7 +78,8 @@ def always(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.Da
 def any_(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
     """True where ``da >= threshold`` for at least one computed value along ``dim``
     ("Any"); NaN where none is computed (``mask_rules.any_``)."""
-    _check(da, dim, threshold)
+    _check(da, dim)
+    _validate.number("threshold", threshold, low=0, high=1)
     mask = mask_rules.any_(mask_rules.binarize(da, threshold), dim)
     return _finish(da, mask, dim, f">= {threshold} in any {dim}", mask_rules.MASK_UNITS)
 
@@ -68,7 +91,7 @@ def always_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
     computed (both skip NaN); the F4 reference draws this value on a sequential scale, so
     Always is sparse by construction of the data.
     """
-    _check(da, dim, 0.5)
+    _check(da, dim)
     name = schema.name_from_attrs(da)
     units = da.attrs.get("units", "score")
     return _finish(da, da.min(dim), dim, f"minimum over {dim}", units).assign_attrs(
@@ -79,7 +102,7 @@ def always_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
 def any_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
     """Continuous "Any": the maximum along ``dim``; ``any_(da, threshold=t)`` is exactly
     ``any_score(da) >= t`` where something is computed."""
-    _check(da, dim, 0.5)
+    _check(da, dim)
     name = schema.name_from_attrs(da)
     units = da.attrs.get("units", "score")
     return _finish(da, da.max(dim), dim, f"maximum over {dim}", units).assign_attrs(
@@ -90,7 +113,8 @@ def any_score(da: xr.DataArray, dim: str = "seed") -> xr.DataArray:
 def fraction(da: xr.DataArray, dim: str = "seed", threshold: float = 0.5) -> xr.DataArray:
     """Share of the computed values along ``dim`` with ``da >= threshold``, in [0, 1]; NaN
     where none is computed (``mask_rules.share``)."""
-    _check(da, dim, threshold)
+    _check(da, dim)
+    _validate.number("threshold", threshold, low=0, high=1)
     share = mask_rules.share(mask_rules.binarize(da, threshold), dim)
     return _finish(
         da, share, dim, f"fraction >= {threshold} over {dim}", mask_rules.share_units(dim)
@@ -267,4 +291,327 @@ def routing_wins(comparison: xr.Dataset) -> xr.DataArray:
     return wins.assign_attrs(
         long_name="routed mask beats the global mask on the cluster's held-out texts",
         units=mask_rules.MASK_UNITS,
+    )
+
+
+def _along_labels(da: xr.DataArray, dims: list[Hashable]) -> xr.DataArray:
+    """``da`` with each of ``dims`` in label order (labels ascending), so resampling by
+    position resamples the same labels whatever order the input came in.
+
+    Raises:
+        ValueError: a dim whose labels repeat (two values would claim one label).
+    """
+    order = {}
+    for dim in dims:
+        if dim not in da.indexes:
+            continue
+        index = da.indexes[dim]
+        if not index.is_unique:
+            repeated = index[index.duplicated()].unique().tolist()[:4]
+            raise ValueError(
+                f"da's {dim!r} labels repeat ({repeated}), so its values cannot be read by "
+                f"label; keep one of each, e.g. da.drop_duplicates({dim!r})."
+            )
+        order[dim] = index.argsort(kind="stable")
+    return da.isel(order)
+
+
+def _rows(da: xr.DataArray, dim: str) -> np.ndarray:
+    """float64 (n along ``dim``, cells): ``dim`` first, the other dims flattened in order."""
+    return da.transpose(dim, ...).values.astype(np.float64).reshape(da.sizes[dim], -1)
+
+
+def _weighted_means(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Each weighting's mean of every cell over its finite values, by one matrix product.
+
+    Args:
+        rows: (n, cells); NaN (not computed) and infinite values do not count.
+        weights: (k, n) how much each of the n rows counts in each of k samples (how often
+            a resample drew it, or 1 for the prompts of a half).
+
+    Returns:
+        (k, cells); NaN where a sample holds no finite value of the cell.
+    """
+    finite = np.isfinite(rows)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (weights @ np.where(finite, rows, 0.0)) / (weights @ finite)
+
+
+def _bounds(rows: np.ndarray, ci: float, n_resamples: int, seed: int) -> np.ndarray:
+    """The bootstrap interval of every cell's mean: (2, cells) low and high, NaN for cells
+    with fewer than 2 finite values or an infinite one."""
+    n, cells = rows.shape
+    weights = bootstrap.counts(bootstrap.draw(n, n_resamples=n_resamples, seed=seed), n)
+    out = np.full((2, cells), np.nan)
+    step = max(1, BLOCK_VALUES // n_resamples)
+    for start in range(0, cells, step):
+        block = slice(start, start + step)
+        out[:, block] = bootstrap.percentiles(_weighted_means(rows[:, block], weights), ci)
+    out[:, (np.isfinite(rows).sum(0) < 2) | np.isinf(rows).any(0)] = np.nan
+    return out
+
+
+def _interval_note(rows: np.ndarray, dim: str) -> str:
+    """Why some intervals are NaN (empty when none is): one value, or an infinite one."""
+    if rows.shape[0] == 1:
+        return (
+            f"one {dim}: a bootstrap of one value has no spread, so every interval is NaN; "
+            f"pass at least 2 {dim}s"
+        )
+    few = int(((np.isfinite(rows).sum(0) < 2) & ~np.isinf(rows).any(0)).sum())
+    infinite = int(np.isinf(rows).any(0).sum())
+    parts = [f"{few} cells computed for fewer than 2 {dim}s"] if few else []
+    parts += [f"{infinite} cells holding an infinite value"] if infinite else []
+    return " and ".join(parts) + " have no interval (NaN)" if parts else ""
+
+
+def mean(
+    da: xr.DataArray,
+    dim: str = "prompt",
+    *,
+    ci: float = 0.95,
+    n_resamples: int = bootstrap.DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> xr.DataArray:
+    """The mean over ``dim`` (prompts) with a percentile-bootstrap interval per cell.
+
+    The prompts are resampled with replacement ``n_resamples`` times (one seeded draw over
+    the prompts in label order, so a ``sortby`` or ``transpose`` of ``da`` gives the same
+    interval); each cell's interval is the middle ``ci`` of its resampled means
+    (``lenscape.bootstrap``). NaN cells (not computed) never count: a cell's mean and
+    resampled means are over its computed prompts, and a cell computed for fewer than 2
+    prompts gets a NaN interval (``interval_note`` says how many).
+
+    Args:
+        da: per-prompt values, e.g. (prompt, layer, head) from a capture function.
+        dim: the dim averaged and resampled.
+        ci: the share of resampled means between ``low`` and ``high``, in (0, 1).
+        n_resamples: resamples drawn (``bootstrap.MIN_RESAMPLES`` to
+            ``bootstrap.MAX_RESAMPLES``).
+        seed: seeds the draw.
+
+    Returns:
+        The other dims of ``da`` (in its order) and a last dim ``bound`` = ("mean", "low",
+        "high") (``BOUNDS``): ``out.sel(bound="mean")`` is ``da.mean(dim)``; a coord ``n``
+        (the other dims) counts each cell's computed prompts. ``lsc.heatmap`` draws it with
+        the cells whose interval includes 0 hatched. Attrs: ``da``'s, with ``long_name``
+        "<name>: mean over N prompts, 95% interval", ``interval`` (the method in a
+        sentence), ``ci``, ``n_resamples``, ``interval_seed`` and, where some interval is
+        NaN, ``interval_note``; a mask's mean has ``units`` "share of prompts".
+
+    Raises:
+        TypeError: ``da`` not a DataArray, or an option of the wrong type.
+        ValueError: ``dim`` not a dim of ``da``, its labels repeat, or an option out of
+            range (each message names it).
+    """
+    _check(da, dim)
+    ci, n_resamples, seed = bootstrap.check(ci, n_resamples, seed)
+    da = _along_labels(da, [dim])
+    rows = _rows(da, dim)
+    point = da.mean(dim)
+    low, high = _bounds(rows, ci, n_resamples, seed).reshape((2, *point.shape))
+    out = point.expand_dims(bound=list(BOUNDS), axis=-1).copy(
+        data=np.stack([point.values.astype(np.float64), low, high], axis=-1)
+    )
+    computed = (~np.isnan(rows)).sum(0).reshape(point.shape)
+    out = out.assign_coords(n=(point.dims, computed, {"long_name": f"N ({dim}s computed)"}))
+    name, n = schema.name_from_attrs(da), da.sizes[dim]
+    units = mask_rules.share_units(dim) if mask_rules.is_mask(da) else da.attrs.get("units")
+    note = _interval_note(rows, dim)
+    return out.assign_attrs(
+        {
+            **{k: v for k, v in da.attrs.items() if k != "interval_note"},
+            **bootstrap.attrs(dim, ci, n_resamples, seed),
+            "long_name": f"{name}: mean over {n} {dim}s, {bootstrap.percent(ci)} interval",
+            "aggregation": f"mean with {bootstrap.percent(ci)} interval (over {dim})",
+            **({"units": units} if units else {}),
+            **({"interval_note": note} if note else {}),
+        }
+    )
+
+
+def _split_sizes(sizes: Sequence[int] | None, n: int) -> list[int]:
+    """``reliability``'s sizes, checked: ascending distinct counts of prompts per half, 1 to
+    n // 2; by default up to 10 sizes spaced evenly on a log scale.
+
+    Raises:
+        TypeError: not a list of integers.
+        ValueError: a size outside 1 .. n // 2, or more than ``MAX_SIZES``.
+    """
+    if sizes is None:
+        steps = np.geomspace(1, n // 2, num=min(10, n // 2))
+        return sorted({int(s) for s in np.round(steps)})
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or not sizes:
+        raise TypeError(
+            f"sizes must be a non-empty list of prompt counts such as [2, 4, 8], got {sizes!r}."
+        )
+    if len(sizes) > MAX_SIZES:
+        raise ValueError(f"sizes lists {len(sizes)} counts; pass at most {MAX_SIZES}.")
+    return sorted(
+        {_validate.integer(f"sizes[{i}]", s, low=1, high=n // 2) for i, s in enumerate(sizes)}
+    )
+
+
+def _row_pearson(a: np.ndarray, b: np.ndarray, both: np.ndarray) -> np.ndarray:
+    """Per row, Pearson r of ``a`` and ``b`` over the cells where ``both`` is True; NaN
+    where fewer than 2 cells or either is constant."""
+    k = both.sum(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        da = np.where(both, a - np.where(both, a, 0).sum(1, keepdims=True) / k, 0)
+        db = np.where(both, b - np.where(both, b, 0).sum(1, keepdims=True) / k, 0)
+        r = (da * db).sum(1) / np.sqrt((da**2).sum(1) * (db**2).sum(1))
+    return np.where((k[:, 0] >= 2) & np.isfinite(r), r, np.nan)
+
+
+def _row_overlap(a: np.ndarray, b: np.ndarray, both: np.ndarray, top_k: int) -> np.ndarray:
+    """Per row, the share of ``a``'s top ``top_k`` cells by |value| that are in ``b``'s,
+    over the cells where ``both`` is True (ties: the first cell in label order); NaN where
+    at most ``top_k`` cells are compared (the sets would hold every cell)."""
+    sets = []
+    for x in (a, b):
+        top = np.argsort(np.where(both, -np.abs(x), np.inf), axis=1, kind="stable")[:, :top_k]
+        chosen = np.zeros(x.shape, dtype=bool)
+        np.put_along_axis(chosen, top, True, axis=1)
+        sets.append(chosen)
+    overlap = (sets[0] & sets[1]).sum(1) / top_k
+    return np.where(both.sum(1) > top_k, overlap, np.nan)
+
+
+def _split_half(
+    rows: np.ndarray, order: np.ndarray, size: int, top_k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per split, r and top-k overlap between the maps of its first ``size`` prompts and
+    its next ``size`` prompts.
+
+    Args:
+        rows: (n, cells) per-prompt values.
+        order: (splits, n) a permutation of the prompts per split.
+
+    Returns:
+        Two (splits,) arrays: correlation and top-k overlap.
+    """
+    picked = np.arange(order.shape[0])[:, None]
+    maps = []
+    for half in (order[:, :size], order[:, size : 2 * size]):
+        weights = np.zeros((order.shape[0], rows.shape[0]))
+        weights[picked, half] = 1.0
+        maps.append(_weighted_means(rows, weights))
+    first, second = maps
+    both = np.isfinite(first) & np.isfinite(second)
+    return _row_pearson(first, second, both), _row_overlap(first, second, both, top_k)
+
+
+def reliability(
+    da: xr.DataArray,
+    dim: str = "prompt",
+    *,
+    sizes: Sequence[int] | None = None,
+    n_splits: int = 200,
+    top_k: int = 10,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> xr.Dataset:
+    """How many prompts do I need? The split-half reliability of a map's mean over ``dim``.
+
+    For each size n, the prompts are split ``n_splits`` times at random into two disjoint
+    halves of n prompts (one seeded draw of orders over the prompts in label order); each
+    half's map is its mean over those prompts, and the two maps are compared by Pearson r
+    over the cells and by the overlap of their top ``top_k`` cells by |mean|. When r and
+    the overlap are near 1 at n, maps from n prompts already agree with each other; a map
+    from all N prompts is at least as stable as the curve at n = N / 2 says.
+
+    Args:
+        da: per-prompt values, e.g. (prompt, layer, head); NaN cells (not computed) are
+            left out of each comparison.
+        dim: the dim split into halves.
+        sizes: prompts per half, each 1 to N // 2 (default: up to 10 sizes from 1 to
+            N // 2, evenly spaced on a log scale).
+        n_splits: random splits per size, 2 to ``MAX_SPLITS``.
+        top_k: cells in each top set; the overlap is NaN where at most ``top_k`` cells are
+            compared (the sets would hold every cell).
+        ci: the share of splits between ``low`` and ``high``, in (0, 1).
+        seed: seeds the splits.
+
+    Returns:
+        Dataset with coords ``size`` (prompts per half) and ``bound`` = ("mean", "low",
+        "high") (``BOUNDS``: the mean over splits and the middle ``ci`` of the splits), and
+        variables ``correlation`` and ``top_overlap`` (size, bound). Attrs: ``long_name``,
+        ``method`` "reliability", the map's own (``map``: its long_name; ``map_method``,
+        ``map_units``, ``model``, ``metric``), ``n_prompts``, ``n_splits``, ``top_k``, ``ci``,
+        ``seed``.
+
+    Raises:
+        TypeError: ``da`` not a DataArray, or an option of the wrong type.
+        ValueError: ``dim`` not a dim of ``da``, fewer than 2 prompts, labels that
+            repeat, or an option out of range (each message names it).
+    """
+    _check(da, dim)
+    n = da.sizes[dim]
+    if n < 2:
+        raise ValueError(
+            f"reliability splits the {dim}s into two halves, and da has {n}; pass at least "
+            f"2 {dim}s (more than 20 for a curve worth reading)."
+        )
+    sizes = _split_sizes(sizes, n)
+    n_splits = _validate.integer("n_splits", n_splits, low=2, high=MAX_SPLITS)
+    top_k = _validate.positive_int("top_k", top_k)
+    ci, seed = bootstrap.check_ci(ci), _validate.integer("seed", seed, low=0)
+    da = _along_labels(da, list(da.dims))
+    rows = _rows(da.transpose(*sorted(da.dims, key=str)), dim)
+    orders = np.argsort(np.random.default_rng(seed).random((n_splits, n)), axis=1)
+    step = max(1, BLOCK_VALUES // max(rows.shape[1], 1))
+    stats = np.full((2, len(sizes), len(BOUNDS)), np.nan)
+    for i, size in enumerate(sizes):
+        parts = [
+            _split_half(rows, orders[s : s + step], size, top_k) for s in range(0, n_splits, step)
+        ]
+        values = np.concatenate([np.stack(p) for p in parts], axis=1)  # (2, n_splits)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a size where every split is NaN
+            stats[:, i, 0] = np.nanmean(values, axis=1)
+        stats[:, i, 1], stats[:, i, 2] = bootstrap.percentiles(values.T, ci)
+    return _reliability_dataset(
+        da, stats, sizes, dim=dim, n_splits=n_splits, top_k=top_k, ci=ci, seed=seed
+    )
+
+
+def _reliability_dataset(
+    da: xr.DataArray, stats: np.ndarray, sizes: list[int], **settings: Any
+) -> xr.Dataset:
+    """``reliability``'s Dataset from its (statistic, size, bound) numbers."""
+    dim, top_k, ci = settings["dim"], settings["top_k"], settings["ci"]
+    keep = ("model", "metric", "prompt_set", "layout_fingerprint", "weights_fingerprint")
+    name = schema.name_from_attrs(da)
+    return xr.Dataset(
+        {
+            "correlation": (
+                ("size", "bound"),
+                stats[0],
+                {"long_name": "r between the two halves' maps", "units": "r"},
+            ),
+            "top_overlap": (
+                ("size", "bound"),
+                stats[1],
+                {
+                    "long_name": f"top-{top_k} overlap of the halves' maps (by |mean|)",
+                    "units": "share",
+                },
+            ),
+        },
+        coords={
+            "size": ("size", sizes, {"long_name": f"{dim}s per half"}),
+            "bound": list(BOUNDS),
+        },
+        attrs={
+            "long_name": f"Split-half reliability of {name}",
+            "method": "reliability",
+            "map": name,
+            **{f"map_{k}": da.attrs[k] for k in ("method", "units") if k in da.attrs},
+            **{k: da.attrs[k] for k in keep if k in da.attrs},
+            "n_prompts": da.sizes[dim],
+            "split": f"two disjoint halves of `size` {dim}s, {settings['n_splits']} random "
+            f"splits per size (seed {settings['seed']}); bound: mean over splits and the "
+            f"middle {bootstrap.percent(ci)} of the splits",
+            **settings,
+        },
     )

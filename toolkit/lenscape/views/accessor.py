@@ -1,10 +1,11 @@
 """``da.lsc``: the plotting functions as DataArray methods, forwarding only.
 
 ``scores.mean("prompt").lsc.heatmap(x="head", y="layer")`` is ``lenscape.heatmap(...)`` on the
-same array; nothing here has logic of its own. Each method is wrapped (``functools.wraps``,
-as xarray's ``da.plot`` accessor is) with the function it forwards to, so ``da.lsc.heatmap?``
-shows that function's signature (without the array) and docstring. Importing this module
-registers the accessor.
+same array, and ``scores.lsc.mean("prompt", ci=0.95)`` is ``lenscape.aggregate.mean(...)`` (the
+mean with a bootstrap interval); nothing here has logic of its own. Each method is wrapped
+(``functools.wraps``, as xarray's ``da.plot`` accessor is) with the function it forwards to,
+so ``da.lsc.heatmap?`` shows that function's signature (without the array) and docstring.
+Importing this module registers the accessor.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import xarray as xr
 from altair.typing import ChartType
 
-from lenscape.aggregate import correct_only
+from lenscape.aggregate import correct_only, mean, reliability
 
 from .charts import Summary, logit_lens_chart, summary
 from .explorer import Explorer
@@ -48,3 +49,11 @@ class LenscapeAccessor:
     @functools.wraps(correct_only)
     def correct_only(self) -> xr.DataArray:
         return correct_only(self._da)
+
+    @functools.wraps(mean)
+    def mean(self, dim: str = "prompt", **kwargs: Any) -> xr.DataArray:
+        return mean(self._da, dim, **kwargs)
+
+    @functools.wraps(reliability)
+    def reliability(self, dim: str = "prompt", **kwargs: Any) -> xr.Dataset:
+        return reliability(self._da, dim, **kwargs)

@@ -1,0 +1,145 @@
+"""The percentile bootstrap over prompts: one seeded draw, intervals from its percentiles.
+
+Every interval lenscape reports (``aggregate.mean``, the faithfulness report, edge
+agreement) comes from here, so they all mean the same thing: draw ``n_resamples`` samples
+of the ``n`` prompts with replacement (one ``(n_resamples, n)`` index draw from ``seed``),
+compute the statistic on each resample, and take the ``(1 - ci) / 2`` and
+``(1 + ci) / 2`` percentiles of those values (the percentile bootstrap, Efron & Tibshirani
+1993, ch. 13). The draw depends only on ``n``, ``n_resamples`` and ``seed``, so callers put
+the prompts in label order first and the same prompts always give the same interval.
+
+Nothing here loops over resamples: callers gather the drawn rows (``draw``) or weight the
+prompts by how often each was drawn (``counts``, a matrix product gives every resample's
+mean at once), and ``percentiles`` reads the bounds of every column at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _validate
+
+#: Resamples when none is given (enough for stable 95% percentile bounds).
+DEFAULT_RESAMPLES = 1000
+#: Fewest resamples: below this the tails of a 95% interval hold a handful of values.
+MIN_RESAMPLES = 100
+#: Most resamples one call may ask for (each is a pass over every cell).
+MAX_RESAMPLES = 100_000
+#: How the intervals are made, for the attrs of every result that carries one.
+METHOD = "percentile bootstrap"
+
+
+def check(ci: Any, n_resamples: Any, seed: Any) -> tuple[float, int, int]:
+    """Check a bootstrap's options.
+
+    Args:
+        ci: the share of resamples between the bounds, in (0, 1), e.g. 0.95.
+        n_resamples: resamples drawn, ``MIN_RESAMPLES`` to ``MAX_RESAMPLES``.
+        seed: seeds the draw, >= 0.
+
+    Returns:
+        ``(ci, n_resamples, seed)`` as float, int, int.
+
+    Raises:
+        TypeError: a value of the wrong type (a string, a float count ...).
+        ValueError: a value out of range (the message names it and the range).
+    """
+    n_resamples = _validate.integer(
+        "n_resamples", n_resamples, low=MIN_RESAMPLES, high=MAX_RESAMPLES
+    )
+    return check_ci(ci), n_resamples, _validate.integer("seed", seed, low=0)
+
+
+def check_ci(ci: Any) -> float:
+    """Check a share of values between two bounds: a number in (0, 1), e.g. 0.95.
+
+    Raises:
+        TypeError: not a number.
+        ValueError: outside (0, 1).
+    """
+    ci = _validate.number("ci", ci, above=0, high=1)
+    if ci == 1:
+        raise ValueError(
+            "ci must lie in (0, 1): ci=1 would span every value (min to max); pass e.g. ci=0.95."
+        )
+    return ci
+
+
+def draw(n: int, *, n_resamples: int, seed: int) -> np.ndarray:
+    """The resamples: row r lists the ``n`` items (prompts) drawn with replacement.
+
+    Args:
+        n: how many items there are (prompts, in label order).
+        n_resamples: how many resamples.
+        seed: seeds the draw.
+
+    Returns:
+        int64 (n_resamples, n): indices in ``0 .. n - 1``.
+    """
+    return np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
+
+
+def counts(drawn: np.ndarray, n: int) -> np.ndarray:
+    """How often each item was drawn in each resample, so ``counts(drawn, n) @ values``
+    sums every resample at once (values: (n, cells)).
+
+    Args:
+        drawn: int (n_resamples, k) indices from ``draw``.
+        n: how many items there are.
+
+    Returns:
+        float64 (n_resamples, n).
+    """
+    rows = np.arange(drawn.shape[0])[:, None] * n
+    flat = np.bincount((rows + drawn).ravel(), minlength=drawn.shape[0] * n)
+    return flat.reshape(drawn.shape[0], n).astype(np.float64)
+
+
+def percentiles(samples: np.ndarray, ci: float) -> tuple[np.ndarray, np.ndarray]:
+    """The bounds of the middle ``ci`` of each column, skipping NaN (a resample where the
+    statistic is undefined); NaN where a column holds no number.
+
+    Args:
+        samples: (n_resamples, ...) the statistic on each resample.
+        ci: the share between the bounds, in (0, 1).
+
+    Returns:
+        ``(low, high)``, each shaped ``samples.shape[1:]``: the ``(1 - ci) / 2`` and
+        ``(1 + ci) / 2`` quantiles of the numbers in each column, linearly interpolated
+        (numpy's default method).
+    """
+    ordered = np.sort(samples, axis=0)  # NaN sorts last
+    valid = (~np.isnan(ordered)).sum(axis=0)
+    bounds = []
+    for q in ((1 - ci) / 2, (1 + ci) / 2):
+        position = q * np.maximum(valid - 1, 0)
+        below = np.floor(position).astype(int)
+        above = np.minimum(below + 1, np.maximum(valid - 1, 0))
+        low = np.take_along_axis(ordered, below[None], axis=0)[0]
+        high = np.take_along_axis(ordered, above[None], axis=0)[0]
+        bounds.append(np.where(valid > 0, low + (position - below) * (high - low), np.nan))
+    return bounds[0], bounds[1]
+
+
+def attrs(dim: str, ci: float, n_resamples: int, seed: int) -> dict[str, Any]:
+    """The attrs that say how an interval was made (scalars, so they survive a save).
+
+    Returns:
+        ``interval`` (a sentence: method, what was resampled, how often, the seed), ``ci``,
+        ``n_resamples`` and ``interval_seed``.
+    """
+    return {
+        "interval": f"{METHOD} over {dim}s: {n_resamples} resamples of the {dim}s with "
+        f"replacement (seed {seed}); bounds are the {percent(ci)} middle of the resampled "
+        "statistic",
+        "ci": ci,
+        "n_resamples": n_resamples,
+        "interval_seed": seed,
+    }
+
+
+def percent(ci: float) -> str:
+    """``0.95`` -> ``"95%"``, ``0.975`` -> ``"97.5%"``."""
+    return f"{ci * 100:g}%"
