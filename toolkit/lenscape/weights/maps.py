@@ -163,12 +163,30 @@ def weight_importance(
     model.check_context([len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target")
     tensors = list(_tensors(model))
     totals = {(layer, comp): 0.0 for layer, comp, _, _ in tensors}
+    cells: dict[torch.nn.Parameter, list[tuple[tuple[int | None, str], slice | None]]] = {}
+    for layer, comp, param, cols in tensors:
+        cells.setdefault(param, []).append(((layer, comp), cols))
+    seen: set[torch.nn.Parameter] = set()
+
+    def add_entries(param: torch.nn.Parameter) -> None:
+        # Runs as soon as the parameter's gradient is complete, then frees it: the
+        # backward never holds more than one parameter's gradient (not a second model).
+        assert param.grad is not None
+        for key, cols in cells[param]:
+            grad = _view(param.grad, cols).float()
+            weight = _view(param, cols).detach().float()
+            entries = (weight * grad).abs() if kind == "grad_x_weight" else grad.pow(2)
+            totals[key] += float(entries.mean() if aggregation == "mean" else entries.sum())
+        param.grad = None
+        seen.add(param)
+
     tok = model.tokenizer
     n_batches = 0
-    params = [p for _, _, p, _ in tensors]
+    handles = []
     try:
-        for p in params:
-            p.requires_grad_(True)
+        for param in cells:
+            param.requires_grad_(True)
+            handles.append(param.register_post_accumulate_grad_hook(add_entries))
         for start in tqdm(
             range(0, len(texts), batch_size), disable=not progress, desc="weight importance"
         ):
@@ -176,18 +194,14 @@ def weight_importance(
                 model.device
             )
             labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-            model.hf.zero_grad(set_to_none=True)
+            seen.clear()
             model.hf(**batch, labels=labels).loss.backward()
-            for layer, comp, param, cols in tensors:
-                assert param.grad is not None, f"no gradient reached {comp}"
-                grad = _view(param.grad, cols).float()
-                weight = _view(param, cols).detach().float()
-                entries = (weight * grad).abs() if kind == "grad_x_weight" else grad.pow(2)
-                totals[layer, comp] += float(
-                    entries.mean() if aggregation == "mean" else entries.sum()
-                )
+            missed = [cells[param][0][0][1] for param in cells if param not in seen]
+            assert not missed, f"no gradient reached {missed}"
             n_batches += 1
     finally:
+        for handle in handles:
+            handle.remove()
         model.hf.zero_grad(set_to_none=True)
         model.hf.requires_grad_(False)
     values = {key: value / n_batches for key, value in totals.items()}
