@@ -11,7 +11,18 @@ import xarray as xr
 
 import lenscape as lsc
 from lenscape.capture.edges.graph import Graph
-from lenscape.views.circuit import circuit_graph, edge_heatmap, faithfulness_curve
+from lenscape.schema import RECEIVER_KINDS
+from lenscape.views.circuit import (
+    GRID_STEP,
+    KV_DROP,
+    NO_EDGE,
+    NODE_SHAPES,
+    NOT_MEASURED,
+    circuit_graph,
+    edge_heatmap,
+    faithfulness_curve,
+)
+from lenscape.views.heatmaps import LEGEND_CHARS
 
 
 @pytest.fixture
@@ -35,14 +46,107 @@ def test_graph_draws_the_top_edges_with_score_tooltips(scores):
     assert len(rows) == 7
     magnitude = np.sort(np.abs(np.nan_to_num(scores.values)).ravel())[::-1]
     np.testing.assert_allclose(sorted(r["magnitude"] for r in rows)[::-1], magnitude[:7])
+    assert [r["magnitude"] for r in rows] == sorted(r["magnitude"] for r in rows)  # strong on top
     tips = {t["field"] for t in lines["encoding"]["tooltip"]}
-    assert {"sender", "receiver", "score"} <= tips
+    assert tips == {"edge", "kind", "score"}  # no exact effects given: none promised
+    assert all(r["edge"] == f"{r['sender']} → {r['receiver']}" for r in rows)
     assert lines["encoding"]["color"]["scale"]["domainMid"] == 0
-    # Layers run bottom to top: the embeddings at -1, the logits above the last layer.
-    nodes = _layer(spec, "circle")["data"]["values"]
-    assert {"node": "logits", "x": 2.0, "y": 2.0} in nodes
-    assert {"node": "embed", "x": 2.0, "y": -1.0} in nodes
-    assert len(nodes) == 1 + 2 * 5 + 1
+    assert spec["usermeta"] == {"embedOptions": {"actions": False}}
+    assert circuit_graph(scores, actions=True).to_dict()["usermeta"]["embedOptions"]["actions"]
+
+
+def test_every_node_is_named_and_kv_heads_sit_below_their_query_heads(scores):
+    """Columns H0.. and MLP, rows embeddings, L0.., logits; a node per query head, key/value
+    head and MLP, each named in its tooltip; the embeddings below layer 0, the logits above
+    the last layer; a key/value head below the middle of the query heads that share it."""
+    spec = circuit_graph(scores, edges=7).to_dict()
+    points = _layer(spec, "point")
+    nodes = {n["node"]: n for n in points["data"]["values"]}
+    assert len(nodes) == 2 + 2 * (4 + 2 + 1)
+    assert (nodes["embeddings"]["x"], nodes["embeddings"]["y"]) == (2.0, -1.0)
+    assert (nodes["logits"]["x"], nodes["logits"]["y"]) == (2.0, 2.0)
+    assert (nodes["L1.H3"]["x"], nodes["L1.H3"]["y"]) == (3.0, 1.0)
+    assert (nodes["L0.MLP"]["x"], nodes["L0.MLP"]["y"]) == (4.0, 0.0)
+    kv = nodes["L1.KV1"]
+    assert (kv["x"], kv["y"]) == (2.5, 1 - KV_DROP) and kv["role"] == "key/value head"
+    assert kv["about"] == "key/value head of L1.H2-H3"
+    assert {t["field"] for t in points["encoding"]["tooltip"]} == {"node", "about"}
+    shapes = points["encoding"]["shape"]["scale"]
+    assert shapes["domain"] == list(NODE_SHAPES) and len(set(shapes["range"])) == len(NODE_SHAPES)
+    x_axis, y_axis = points["encoding"]["x"]["axis"], points["encoding"]["y"]["axis"]
+    assert x_axis["values"] == [0, 1, 2, 3, 4] and "'MLP'" in x_axis["labelExpr"]
+    assert y_axis["values"] == [-1, 0, 1, 2]
+    assert "'embeddings'" in y_axis["labelExpr"] and "'logits'" in y_axis["labelExpr"]
+    used = {r["sender"] for r in _layer(spec, "rule")["data"]["values"]}
+    assert all(nodes[s if s != "embed" else "embeddings"]["used"] for s in used)
+
+
+def test_line_styles_legends_and_title_say_what_is_drawn(scores):
+    eap_ig = scores.assign_attrs(
+        estimator="eap-ig", steps=5, units="logits", long_name="EAP-IG (5 steps) edge score " * 3
+    )
+    spec = circuit_graph(eap_ig, edges=7, kinds=["k", "v"]).to_dict()
+    assert spec["title"]["text"] == "Top 7 edges by |score| · receivers k, v · EAP-IG (5 steps)"
+    lines = _layer(spec, "rule")["encoding"]
+    dashes = lines["strokeDash"]["scale"]
+    assert dashes["domain"] == list(RECEIVER_KINDS)
+    assert len({tuple(d) for d in dashes["range"]}) == len(RECEIVER_KINDS)  # all different
+    for channel in ("color", "strokeDash", "strokeWidth"):  # legend titles that fit
+        legend_title = lines[channel]["title"]
+        parts = [legend_title] if isinstance(legend_title, str) else legend_title
+        assert all(len(part) <= LEGEND_CHARS for part in parts), legend_title
+    assert lines["color"]["title"] == "score (logits)"
+    notes = spec["title"]["subtitle"]
+    assert notes[0].startswith("colour and width: EAP-IG (5 steps) edge score")
+    assert any("key/value head" in note for note in notes)
+    everything = circuit_graph(eap_ig, edges=7).to_dict()["title"]["text"]
+    assert everything == "Top 7 edges by |score| · all receivers · EAP-IG (5 steps)"
+
+
+def test_one_colour_scale_when_a_limit_is_given(scores):
+    domains = [
+        _layer(circuit_graph(scores, edges=n, kinds=kinds, limit=2.5).to_dict(), "rule")[
+            "encoding"
+        ]["color"]["scale"]["domain"]
+        for n, kinds in ((3, ["q"]), (30, ["logits", "mlp"]))
+    ]
+    assert domains == [[-2.5, 2.5], [-2.5, 2.5]]
+    with pytest.raises(ValueError, match="limit must be"):
+        circuit_graph(scores, limit=0)
+
+
+def _agreement(scores, edges, effects, **attrs):
+    """A report of ``lsc.edge_agreement`` measuring ``edges`` ((sender, receiver) labels)."""
+    return xr.Dataset(
+        {"exact": (("prompt", "edge"), np.asarray(effects, dtype=float))},
+        coords={
+            "sender": ("edge", [s for s, _ in edges]),
+            "receiver": ("edge", [r for _, r in edges]),
+        },
+        attrs={"method": "edge_agreement", **attrs},
+    )
+
+
+def test_hover_shows_the_exact_effect_where_edge_agreement_measured_it(scores):
+    graph = Graph(2, 4, 2)
+    kept = np.zeros(graph.valid.shape, dtype=bool)
+    kept[0, graph.receiver_labels.index("logits")] = True
+    kept[0, graph.receiver_labels.index("L1.KV1.k")] = True
+    circuit = xr.zeros_like(scores, dtype=bool).copy(data=kept)
+    report = _agreement(scores, [("embed", "logits")], [[0.5], [1.5]])
+    spec = circuit_graph(scores, circuit, exact=report).to_dict()
+    lines = _layer(spec, "rule")
+    exact = {r["receiver"]: r["exact"] for r in lines["data"]["values"]}
+    assert exact == {"logits": "1", "L1.KV1.k": NOT_MEASURED}  # mean over its 2 prompts
+    assert "exact" in {t["field"] for t in lines["encoding"]["tooltip"]}
+    assert any("exact effect" in note for note in spec["title"]["subtitle"])
+    with pytest.raises(TypeError, match=r"exact must be an xarray.Dataset"):
+        circuit_graph(scores, exact=report["exact"])
+    with pytest.raises(ValueError, match=r"exact is a result of 'circuit', not of"):
+        circuit_graph(scores, exact=report.assign_attrs(method="circuit"))
+    theirs = report.assign_attrs(model="other-model")
+    with pytest.raises(ValueError, match=r"model 'other-model' \(the result\) vs 'tiny'"):
+        circuit_graph(scores.assign_attrs(model="tiny"), exact=theirs)
 
 
 def test_graph_of_a_circuit_with_a_kind_filter(scores):
@@ -52,12 +156,22 @@ def test_graph_of_a_circuit_with_a_kind_filter(scores):
     kept[0, labels.index("L1.KV1.k")] = True  # embed -> key head 1 of layer 1
     kept[0, labels.index("logits")] = True
     circuit = xr.zeros_like(scores, dtype=bool).copy(data=kept)
-    rows = _layer(circuit_graph(scores, circuit).to_dict(), "rule")["data"]["values"]
+    circuit.attrs.update(budget=3, n_edges=2, total_edges=int(graph.valid.sum()))
+    spec = circuit_graph(scores, circuit).to_dict()
+    rows = _layer(spec, "rule")["data"]["values"]
     assert {r["receiver"] for r in rows} == {"L1.KV1.k", "logits"}
     k_edge = next(r for r in rows if r["kind"] == "k")
-    assert (k_edge["x2"], k_edge["y2"]) == (2.5, 1.0)  # the middle of query heads 2 and 3
+    assert (k_edge["x2"], k_edge["y2"]) == (2.5, 1 - KV_DROP)  # the key/value head's node
+    assert k_edge["to"] == "L1.KV1"
+    total = int(graph.valid.sum())
+    assert spec["title"]["text"] == (
+        f"Circuit of 2 edges (top 3 of {total} by |score|, on paths embeddings → logits)"
+        " · all receivers"
+    )
     only_k = circuit_graph(scores, circuit, kinds=["k"]).to_dict()
     assert [r["receiver"] for r in _layer(only_k, "rule")["data"]["values"]] == ["L1.KV1.k"]
+    assert only_k["title"]["text"].startswith("1 edges of a circuit of 2")
+    assert only_k["title"]["text"].endswith("· receivers k")
     with pytest.raises(ValueError, match="receiver kind"):
         circuit_graph(scores, kinds=["z"])
     with pytest.raises(ValueError, match="mean"):
@@ -105,6 +219,24 @@ def test_heatmap_puts_receivers_across_and_senders_down(scores):
     spec = edge_heatmap(scores).to_dict()
     assert spec["encoding"]["x"]["field"] == "receiver"
     assert spec["encoding"]["y"]["field"] == "sender"
+    # Cells wide enough that rotated receiver labels never overlap.
+    assert spec["width"] == {"step": GRID_STEP} and spec["height"] == {"step": GRID_STEP}
+
+
+def test_grey_in_the_edge_grid_means_no_such_edge(scores):
+    """Grey cells are pairs with no edge (the receiver lies below the sender): the subtitle
+    says so, as the notebook does, and counts real edges without a score apart."""
+    subtitle = edge_heatmap(scores).to_dict()["title"]["subtitle"]
+    assert f"grey: {NO_EDGE}" in subtitle and not any("not computed" in s for s in subtitle)
+    holed = scores.copy()
+    holed.loc[{"sender": "embed", "receiver": "logits"}] = np.nan  # a real edge, unscored
+    subtitle = edge_heatmap(holed).to_dict()["title"]["subtitle"]
+    assert f"grey: {NO_EDGE}; 1 edges not computed" in subtitle
+    every = xr.ones_like(scores).where(Graph(2, 4, 2).valid)
+    assert not any(
+        "grey" in line
+        for line in edge_heatmap(every.fillna(0)).to_dict()["title"].get("subtitle", [])
+    )
 
 
 def test_faithfulness_curve_shows_both_series_and_the_areas(tmp_path):
@@ -126,6 +258,9 @@ def test_faithfulness_curve_shows_both_series_and_the_areas(tmp_path):
     np.testing.assert_allclose(random, [0.05, 0.2, 1.0])
     assert spec["layer"][0]["encoding"]["x"]["scale"]["type"] == "log"
     assert "CPR 0.700 (random 0.300)" in str(spec["title"])
+    assert spec["usermeta"] == {"embedOptions": {"actions": False}}
+    asked = faithfulness_curve(result, actions=True).to_dict()
+    assert asked["usermeta"] == {"embedOptions": {"actions": True}}
     path = lsc.export(chart, tmp_path / "curve.html")
     assert path.stat().st_size > 1000
     with pytest.raises(TypeError, match="title must be a string or None"):
@@ -156,7 +291,7 @@ def test_edge_views_read_by_label(scores):
         ("embed", "logits"),
         ("L0.MLP", "L1.H3.q"),
     }
-    assert drawn["title"]["text"].startswith("circuit (2 edges)")
+    assert drawn["title"]["text"] == "Circuit of 2 edges · all receivers"
     with pytest.raises(ValueError, match=r"circuit's 'receiver' labels do not match .*logits"):
         circuit_graph(scores, circuit.drop_sel(receiver="logits"))
 
@@ -193,7 +328,7 @@ def test_edges_left_out_at_a_tie_are_said_and_specs_are_valid_json(scores):
     chart = circuit_graph(tied, edges=3)
     spec = json.loads(chart.to_json(), parse_constant=_refuse)
     assert len(_layer(spec, "rule")["data"]["values"]) == 3
-    assert spec["title"]["subtitle"].startswith(f"{int(Graph(2, 4, 2).valid.sum()) - 3} more")
+    assert spec["title"]["subtitle"][-1].startswith(f"{int(Graph(2, 4, 2).valid.sum()) - 3} more")
     json.loads(edge_heatmap(scores * np.nan).to_json(), parse_constant=_refuse)
 
 
@@ -221,7 +356,10 @@ def test_a_nan_faithfulness_curve_is_said_never_drawn_as_a_number():
     spec = json.loads(faithfulness_curve(holed).to_json(), parse_constant=_refuse)
     rows = spec["layer"][0]["data"]["values"]
     assert len(rows) == 4 and all(np.isfinite(r["faithfulness"]) for r in rows)
-    assert spec["title"]["subtitle"] == "2 points not computed (NaN), not drawn"
+    assert spec["title"]["subtitle"] == [
+        "random: the mean of 1 random circuits of each size",
+        "2 points not computed (NaN), not drawn",
+    ]
     assert "CPR undefined (random undefined)" in spec["title"]["text"]
     shuffled = holed.isel(budget=[2, 0, 1])
     assert faithfulness_curve(shuffled).to_dict() == faithfulness_curve(holed).to_dict()

@@ -44,3 +44,25 @@ def test_bad_scores_and_budgets_are_refused_by_name():
         CircuitExplorer(_scores() * np.nan)
     with pytest.raises(TypeError, match="edges must be an integer >= 1, got None"):
         CircuitExplorer(_scores(), edges=None)
+
+
+def _colour_domain(explorer: CircuitExplorer) -> list[float]:
+    spec = explorer.chart.to_dict()
+    lines = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")
+    return lines["encoding"]["color"]["scale"]["domain"]
+
+
+def test_one_colour_scale_across_views_and_a_title_that_follows_the_controls():
+    """Choosing a budget or a receiver kind keeps the colour scale (the same colour means the
+    same score in every view) and the title names what is drawn."""
+    scores = _scores()
+    largest = float(np.nanmax(np.abs(scores.values)))
+    explorer = CircuitExplorer(scores, edges=5)
+    assert _colour_domain(explorer) == [-largest, largest]
+    assert explorer.chart.to_dict()["title"]["text"].startswith("Top 5 edges by |score| · all")
+    explorer.kinds.value = "v"
+    assert _colour_domain(explorer) == [-largest, largest]
+    assert explorer.chart.to_dict()["title"]["text"].endswith("· receivers v")
+    explorer.budget.value = 2
+    assert _colour_domain(explorer) == [-largest, largest]
+    assert CircuitExplorer(scores, limit=1.0).options["limit"] == 1.0

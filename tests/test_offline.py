@@ -1,11 +1,17 @@
 """Offline rendering (views/offline.py): export to files, the offline switch, SVG ids."""
 
+import inspect
+
 import altair as alt
+import numpy as np
 import pandas as pd
 import pytest
+import xarray as xr
 from _helpers import signed_scores
+from test_charts import lens_result
 
 import lenscape as lsc
+from lenscape.capture.edges.graph import Graph
 from lenscape.views import offline
 from lenscape.views.heatmaps import heatmap
 from lenscape.views.offline import export
@@ -27,6 +33,62 @@ def test_enable_offline_switches_renderer_and_bundles_javascript():
     assert alt.renderers.active == "jupyter"
     assert alt.JupyterChart._is_offline
     assert offline.SVG_ID_PREFIX in alt.JupyterChart._esm  # each chart widget's ids its own
+
+
+def _edge_scores() -> xr.DataArray:
+    graph = Graph(2, 4, 2)
+    values = np.random.default_rng(0).normal(size=graph.valid.shape)
+    return xr.DataArray(
+        np.where(graph.valid, values, np.nan), dims=("sender", "receiver"), coords=graph.coords()
+    )
+
+
+def _curve() -> xr.Dataset:
+    return xr.Dataset(
+        {
+            "faithfulness": (("budget",), [0.2, 1.0]),
+            "random_faithfulness": (("seed", "budget"), [[0.0, 1.0]]),
+            **dict.fromkeys(("cpr", "cmd", "random_cpr", "random_cmd"), 0.5),
+        },
+        coords={"budget": [0.1, 1.0], "n_edges": ("budget", [3, 30])},
+    )
+
+
+#: One call per chart function of ``lsc.views`` (``make(actions)``; None: the function has no
+#: ``actions`` option and never shows the menu).
+CHARTS = {
+    "heatmap": lambda **kw: lsc.heatmap(signed_scores(), x="head", y="layer", **kw),
+    "bars": lambda **kw: lsc.views.bars(signed_scores().isel(head=0), y="layer", **kw),
+    "logit_lens_chart": lambda **kw: lsc.views.logit_lens_chart(lens_result(), **kw),
+    "circuit_graph": lambda **kw: lsc.circuit_graph(_edge_scores(), edges=5, **kw),
+    "edge_heatmap": lambda **kw: lsc.edge_heatmap(_edge_scores(), **kw),
+    "faithfulness_curve": lambda **kw: lsc.faithfulness_curve(_curve(), **kw),
+}
+
+
+def _chart_functions() -> set[str]:
+    """The functions of ``lsc.views`` that return a chart (by their return annotation)."""
+    return {
+        name
+        for name in lsc.views.__all__
+        if inspect.isfunction(getattr(lsc.views, name))
+        and "Chart" in str(inspect.signature(getattr(lsc.views, name)).return_annotation)
+    }
+
+
+def test_no_chart_offers_actions_that_leave_the_machine_unless_asked(tiny_llama, factual):
+    """Vega's actions menu holds "Open in Vega Editor", a request to an outside site: every
+    chart function of lsc.views (and so of lsc) leaves it out unless actions=True."""
+    report = lsc.faithfulness(tiny_llama, factual[:2], estimators=("atp",), progress=False)
+    makers = {**CHARTS, "agreement_chart": lambda **kw: lsc.agreement_chart(report, **kw)}
+    assert set(makers) == _chart_functions()  # a new chart function joins this test
+    assert {n for n in lsc.__all__ if n in lsc.views.__all__} & _chart_functions() <= set(makers)
+    for name, make in makers.items():
+        assert make().to_dict()["usermeta"] == {"embedOptions": {"actions": False}}, name
+        takes = inspect.signature(getattr(lsc.views, name)).parameters
+        if "actions" in takes or name == "edge_heatmap":  # edge_heatmap passes it to heatmap
+            asked = make(actions=True).to_dict()["usermeta"]
+            assert asked == {"embedOptions": {"actions": True}}, name
 
 
 def test_each_chart_widget_numbers_its_svg_definitions_apart():

@@ -71,6 +71,28 @@ COMPONENTS: tuple[str, ...] = BLOCK_COMPONENTS + WEIGHT_COMPONENTS + MODEL_COMPO
 #: key or value input, an MLP's input, or the logits.
 RECEIVER_KINDS: tuple[str, ...] = ("q", "k", "v", "mlp", "logits")
 
+
+def edge_exists(
+    sender_kind: Any, sender_layer: Any, receiver_kind: Any, receiver_layer: Any
+) -> np.ndarray:
+    """Whether a receiver reads a sender: the sender lies upstream of it, in an earlier layer
+    (the embeddings are layer -1, the logits layer ``n_layers``), or it is a head of the
+    layer whose MLP receives.
+
+    Args:
+        sender_kind, sender_layer: the senders' ``sender_kind`` and ``sender_layer`` coords.
+        receiver_kind, receiver_layer: the receivers' ``receiver_kind`` and
+            ``receiver_layer`` coords; all four broadcast together (e.g. senders as a column,
+            receivers as a row).
+
+    Returns:
+        A bool array of the broadcast shape: True where the edge exists.
+    """
+    s_kind, s_layer = np.asarray(sender_kind), np.asarray(sender_layer)
+    r_kind, r_layer = np.asarray(receiver_kind), np.asarray(receiver_layer)
+    same_layer_mlp = (r_kind == "mlp") & (s_kind == "head") & (s_layer == r_layer)
+    return np.asarray((s_layer < r_layer) | same_layer_mlp)
+
 #: Non-dimension coords and the dim they hang on.
 LABEL_COORDS: dict[str, str] = {
     "text": "prompt",

@@ -2,15 +2,21 @@
 
 Inputs are the results of ``lsc.edge_attribution`` (a (sender, receiver) DataArray with
 ``sender_kind/layer/head`` and ``receiver_kind/layer/head`` coords), ``lsc.circuit`` (the
-same coords, boolean) and ``lsc.circuit_faithfulness`` (a Dataset over ``budget``). Only
+same coords, boolean), ``lsc.edge_agreement`` (exact single-edge effects, shown where an
+edge was measured) and ``lsc.circuit_faithfulness`` (a Dataset over ``budget``). Only
 coords are read, so this module never imports torch. Every chart exports with
-``lsc.export``.
+``lsc.export`` and offers no actions menu (its "Open in Vega Editor" goes online) unless
+``actions=True``.
 
-The graph puts layers bottom to top (the embeddings below layer 0, the logits above the
-last layer), a layer's heads side by side with its MLP at the right. An edge is a line from
-its sender to the component its receiver feeds (a key/value receiver feeds its whole query
-group: the line ends at the group's middle); colour and width encode the score, the dash
-the receiver kind (q, k, v, mlp, logits), and the tooltip names sender, receiver and score.
+The graph is a grid of named nodes: layers bottom to top (``L0`` ... with the embeddings
+below and the logits above), a layer's query heads side by side (``H0`` ...) with its MLP
+at the right, and each key/value head (a diamond, ``L3.KV1``) just below the query heads
+that share it. An edge is a line from its sender to the node that reads it: a q edge ends
+at its query head, a k or v edge at its key/value head, an MLP edge at the MLP, a logits
+edge at the logits. Colour and width encode the score on one scale (``limit``, which the
+circuit explorer keeps across its views), the line style the receiver kind, and the
+tooltip names the edge, its score and, where ``lsc.edge_agreement`` measured it, its exact
+effect. The title says what is drawn: the budget, the receiver kinds and the estimator.
 
 Every input is read by label (``encoding.in_label_order``; a circuit by the labels of its
 scores), so a ``sortby``, ``isel`` or ``transpose`` draws the same picture, and its kind
@@ -21,7 +27,9 @@ with the cause, edges left out at a tie are named in the subtitle, and no spec h
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import altair as alt
@@ -30,13 +38,39 @@ import xarray as xr
 from altair.typing import ChartType
 
 from .. import _validate, mask_rules
-from ..schema import RECEIVER_KINDS
+from ..schema import RECEIVER_KINDS, edge_exists
 from .encoding import in_label_order, jsonable
-from .heatmaps import heatmap, label_from_attrs
+from .heatmaps import heatmap, label_from_attrs, legend_title
 
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
 MAX_EDGES = 2000
-_DASHES = {"q": [1, 0], "k": [6, 3], "v": [2, 2], "mlp": [1, 0], "logits": [1, 0]}
+#: Line style (Vega ``strokeDash``) of each receiver kind, all different.
+DASHES = {
+    "q": [1, 0],
+    "k": [8, 4],
+    "v": [2, 3],
+    "mlp": [8, 3, 2, 3],
+    "logits": [14, 3, 2, 3, 2, 3],
+}
+#: What each receiver kind reads into, for the legend and the tooltips.
+RECEIVER_NAMES = {
+    "q": "q: a query head",
+    "k": "k: a key/value head's key",
+    "v": "v: a key/value head's value",
+    "mlp": "mlp: an MLP",
+    "logits": "logits",
+}
+#: Node kinds of the graph and their shapes.
+NODE_SHAPES = {
+    "query head": "circle",
+    "key/value head": "diamond",
+    "MLP": "square",
+    "embeddings, logits": "triangle-up",
+}
+#: How far below its layer's row a key/value head is drawn (in layers).
+KV_DROP = 0.4
+#: Tooltip of an edge ``lsc.edge_agreement`` did not measure.
+NOT_MEASURED = "not measured (lsc.edge_agreement)"
 #: Coords an edge result carries on its sender and receiver dims (the graph's layout).
 EDGE_COORDS = tuple(
     f"{end}_{part}" for end in ("sender", "receiver") for part in ("kind", "layer", "head")
@@ -54,6 +88,13 @@ _EDGE_RESULTS = {
     False: ("lsc.edge_attribution", SCORE_METHODS),
     None: ("lsc.edge_attribution or lsc.circuit", SCORE_METHODS + CIRCUIT_METHODS),
 }
+#: What a grey cell of the edge grid is: a pair of components with no edge between them.
+NO_EDGE = "no such edge (a receiver reads only components below it)"
+#: Narrowest cell of the edge grid, in pixels: its rotated receiver labels never overlap.
+GRID_STEP = 12
+#: Widest edge grid drawn at ``GRID_STEP``; a wider one keeps the heatmap's cells and hides
+#: the labels that would overlap.
+GRID_WIDTH = 1400
 
 
 def check_edges(da: Any, name: str, *, circuit: bool | None = False) -> xr.DataArray:
@@ -103,36 +144,129 @@ def check_edges(da: Any, name: str, *, circuit: bool | None = False) -> xr.DataA
     return in_label_order(da, name=name)
 
 
-def _sizes(scores: xr.DataArray) -> tuple[int, int, int]:
-    """(n_layers, n_heads, n_kv_heads) from the coords."""
-    kinds = scores["sender_kind"].values
-    n_layers = int((kinds == "mlp").sum())
-    n_heads = int((kinds == "head").sum()) // max(n_layers, 1)
-    n_kv = int((scores["receiver_kind"].values == "k").sum()) // max(n_layers, 1)
-    return n_layers, n_heads, max(n_kv, 1)
+@dataclass(frozen=True)
+class _Node:
+    """A node of the graph: its name ("L3.H2", "L3.KV1", "L3.MLP", "embeddings",
+    "logits"), its kind (a key of ``NODE_SHAPES``), what it is, and where it is drawn."""
+
+    name: str
+    role: str
+    about: str
+    x: float
+    y: float
 
 
-def _sender_xy(
-    kind: str, layer: int, head: int, sizes: tuple[int, int, int]
-) -> tuple[float, float]:
-    n_heads = sizes[1]
-    if kind == "embed":
-        return n_heads / 2, -1.0
-    return (float(head) if kind == "head" else float(n_heads)), float(layer)
+@dataclass(frozen=True)
+class _Layout:
+    """Where the graph draws each node, from the model's sizes (read from the coords)."""
+
+    n_layers: int
+    n_heads: int
+    n_kv: int
+
+    @classmethod
+    def of(cls, scores: xr.DataArray) -> _Layout:
+        kinds = scores["sender_kind"].values
+        n_layers = int((kinds == "mlp").sum())
+        n_heads = int((kinds == "head").sum()) // max(n_layers, 1)
+        n_kv = int((scores["receiver_kind"].values == "k").sum()) // max(n_layers, 1)
+        return cls(n_layers, n_heads, max(n_kv, 1))
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head."""
+        return max(self.n_heads // self.n_kv, 1)
+
+    def node(self, kind: str, layer: int, head: int) -> _Node:
+        """The node a sender of ``kind`` is, or the node a receiver of ``kind`` reads into
+        (a q receiver its query head, a k or v receiver its key/value head)."""
+        middle = self.n_heads / 2
+        if kind == "embed":
+            return _Node("embeddings", "embeddings, logits", "token embeddings", middle, -1.0)
+        if kind == "logits":
+            return _Node("logits", "embeddings, logits", "the logits", middle, self.n_layers)
+        if kind == "mlp":
+            return _Node(f"L{layer}.MLP", "MLP", f"MLP of layer {layer}", self.n_heads, layer)
+        if kind in ("head", "q"):
+            return _Node(f"L{layer}.H{head}", "query head", f"query head {head}", head, layer)
+        first = head * self.group
+        return _Node(
+            f"L{layer}.KV{head}",
+            "key/value head",
+            f"key/value head of L{layer}.H{first}-H{first + self.group - 1}",
+            first + (self.group - 1) / 2,
+            layer - KV_DROP,
+        )
+
+    def nodes(self) -> list[_Node]:
+        """Every node: the embeddings, per layer its query heads, key/value heads and MLP,
+        the logits."""
+        ends = [("embed", -1, -1), ("logits", self.n_layers, -1)]
+        for layer in range(self.n_layers):
+            ends += [("head", layer, head) for head in range(self.n_heads)]
+            ends += [("k", layer, head) for head in range(self.n_kv)]
+            ends.append(("mlp", layer, -1))
+        return [self.node(*end) for end in ends]
+
+    def axes(self) -> dict[str, alt.X | alt.Y]:
+        """The x (query heads, then the MLP) and y (embeddings, layers, logits) encodings,
+        every column and row named."""
+        mlp, top = self.n_heads, self.n_layers
+        x = alt.X(
+            "x:Q",
+            title=None,
+            scale=alt.Scale(domain=[-0.6, mlp + 0.6], nice=False, zero=False),
+            axis=alt.Axis(
+                values=list(range(mlp + 1)),
+                labelExpr=f"datum.value == {mlp} ? 'MLP' : 'H' + datum.value",
+                orient="top",
+                grid=False,
+                ticks=False,
+                domain=False,
+            ),
+        )
+        y = alt.Y(
+            "y:Q",
+            title=None,
+            scale=alt.Scale(domain=[-1.6, top + 0.6], nice=False, zero=False),
+            axis=alt.Axis(
+                values=list(range(-1, top + 1)),
+                labelExpr=f"datum.value == -1 ? 'embeddings' : datum.value == {top} ? "
+                "'logits' : 'L' + datum.value",
+                grid=False,
+                ticks=False,
+                domain=False,
+            ),
+        )
+        return {"x": x, "y": y}
 
 
-def _receiver_xy(
-    kind: str, layer: int, head: int, sizes: tuple[int, int, int]
-) -> tuple[float, float]:
-    n_layers, n_heads, n_kv = sizes
-    if kind == "logits":
-        return n_heads / 2, float(n_layers)
-    if kind == "mlp":
-        return float(n_heads), float(layer)
-    if kind == "q":
-        return float(head), float(layer)
-    group = n_heads // n_kv
-    return head * group + (group - 1) / 2, float(layer)
+def _check_graph_options(
+    kinds: Any, title: Any, width: Any, height: Any, edges: Any, limit: Any, actions: Any
+) -> tuple[list[str], int, int, int, float | None, bool]:
+    """``circuit_graph``'s options, checked: (kinds, width, height, edges, limit, actions).
+
+    Raises:
+        TypeError: an option of the wrong type. ValueError: an unknown receiver kind, a
+            count or size out of range.
+    """
+    kinds = _validate.strings("kinds", kinds, example="('q', 'k')")
+    bad = sorted(set(kinds) - set(RECEIVER_KINDS))
+    if bad:
+        raise ValueError(
+            f"kinds holds unknown receiver kind(s) {bad}; choose from {list(RECEIVER_KINDS)}."
+        )
+    _validate.text("title", title, example="'IOI circuit'", optional=True)
+    if limit is not None:
+        limit = _validate.number("limit", limit, above=0)
+    return (
+        kinds,
+        _validate.positive_int("width", width),
+        _validate.positive_int("height", height),
+        _validate.integer("edges", edges, low=1, high=MAX_EDGES),
+        limit,
+        _validate.flag("actions", actions),
+    )
 
 
 def circuit_graph(
@@ -141,11 +275,14 @@ def circuit_graph(
     *,
     edges: int = 50,
     kinds: Sequence[str] = RECEIVER_KINDS,
+    exact: xr.Dataset | None = None,
+    limit: float | None = None,
     title: str | None = None,
-    width: int = 520,
-    height: int = 520,
+    width: int = 560,
+    height: int = 640,
+    actions: bool = False,
 ) -> ChartType:
-    """Draw edges as lines between components, layers bottom to top.
+    """Draw edges as lines between named components, layers bottom to top.
 
     Args:
         scores: (sender, receiver) edge scores (colour and width of each line), read by
@@ -157,129 +294,251 @@ def circuit_graph(
             tie).
         edges: how many top edges to draw without a circuit (at most ``MAX_EDGES``).
         kinds: receiver kinds to draw (a subset of q, k, v, mlp, logits).
-        title: chart title; default from the scores' attrs.
+        exact: a report of ``lsc.edge_agreement`` on the same model: the tooltip of each
+            edge it measured shows its exact effect (mean over its prompts).
+        limit: the |score| drawn at full colour and width (larger ones too), so that views
+            of one result share a scale; default the largest |score| drawn.
+        title: chart title; default says what is drawn (budget, receiver kinds, estimator).
         width, height: chart size in pixels.
+        actions: show Vega's actions menu (its "Open in Vega Editor" goes online).
 
     Returns:
-        A layered Altair chart: nodes (every head, MLP, the embeddings and the logits) and
-        edges with tooltips (sender, receiver, receiver kind, score).
+        A layered Altair chart: the nodes (every query head, key/value head and MLP, the
+        embeddings and the logits, named on the axes and in their tooltips) and the edges
+        with tooltips (edge, receiver kind, score, exact effect where measured).
 
     Raises:
         TypeError: an argument of the wrong type (scores not a DataArray, edges not an
-            integer, kinds not a list of strings ...).
+            integer, kinds not a list of strings, exact not a Dataset ...).
         ValueError: inputs that are not edge results or of the wrong kind (a circuit as
-            scores, scores as the circuit), a circuit of other edges or of another model,
-            infinite scores, a kept edge without a score, nothing to draw, an unknown kind,
-            too many edges.
+            scores, scores as the circuit, exact not from ``lsc.edge_agreement``), a
+            circuit or exact effects of another model, a circuit of other edges, infinite
+            scores, a kept edge without a score, nothing to draw, an unknown kind, too many
+            edges, a limit <= 0.
     """
     scores = check_edges(scores, "scores")
-    kinds = _validate.strings("kinds", kinds, example="('q', 'k')")
-    bad = sorted(set(kinds) - set(RECEIVER_KINDS))
-    if bad:
-        raise ValueError(
-            f"kinds holds unknown receiver kind(s) {bad}; choose from {list(RECEIVER_KINDS)}."
-        )
-    _validate.text("title", title, example="'IOI circuit'", optional=True)
-    width = _validate.positive_int("width", width)
-    height = _validate.positive_int("height", height)
-    edges = _validate.integer("edges", edges, low=1, high=MAX_EDGES)
-    values = scores.values.astype(float)
+    kinds, width, height, edges, limit, actions = _check_graph_options(
+        kinds, title, width, height, edges, limit, actions
+    )
+    measured = _exact_effects(exact, scores)
     chosen, tie_note = _chosen_edges(scores, circuit, kinds=kinds, edges=edges)
     if len(chosen) > MAX_EDGES:
         raise ValueError(
             f"The circuit has {len(chosen)} edges to draw, more than {MAX_EDGES}; choose a "
             "smaller budget or fewer receiver kinds."
         )
-    sizes = _sizes(scores)
-    senders: list[tuple[str, int, int]] = list(
-        zip(
-            scores["sender_kind"].values,
-            scores["sender_layer"].values,
-            scores["sender_head"].values,
-            strict=True,
-        )
+    layout = _Layout.of(scores)
+    rows = _edge_rows(scores, chosen, layout, measured)
+    limit = limit or max(row["magnitude"] for row in rows) or 1.0
+    used = {row["from"] for row in rows} | {row["to"] for row in rows}
+    chart = alt.layer(
+        _lines(rows, layout, limit=limit, legend=legend_title(f"score ({_units(scores)})")),
+        _points(layout, used),
     )
-    receivers: list[tuple[str, int, int]] = list(
-        zip(
-            scores["receiver_kind"].values,
-            scores["receiver_layer"].values,
-            scores["receiver_head"].values,
-            strict=True,
-        )
+    notes = _graph_notes(scores, kinds, layout, measured is not None, tie_note)
+    return chart.properties(
+        title=alt.TitleParams(
+            title or _graph_title(scores, circuit, len(rows), kinds),
+            subtitle=notes,
+            anchor="start",
+        ),
+        width=width,
+        height=height,
+        usermeta={"embedOptions": {"actions": actions}},
+    ).configure_view(stroke=None)
+
+
+def _units(scores: xr.DataArray) -> str:
+    """The scores' units for the legend ("logits"), or "score" when they have none."""
+    return str(scores.attrs.get("units") or "score")
+
+
+def _exact_effects(exact: Any, scores: xr.DataArray) -> dict[tuple[str, str], str] | None:
+    """(sender, receiver) -> the exact effect of the edge, formatted, from a report of
+    ``lsc.edge_agreement`` (mean over its prompts); None without a report.
+
+    Raises:
+        TypeError: not a Dataset. ValueError: a result of another method, or of another
+            model than ``scores``.
+    """
+    if exact is None:
+        return None
+    made_by = "lsc.edge_agreement(model, prompts)"
+    _validate.result(
+        "exact",
+        exact,
+        kind=xr.Dataset,
+        made_by=made_by,
+        variables=("exact",),
+        dims=("edge",),
+        methods=("edge_agreement",),
     )
-    rows: list[dict[str, Any]] = []
+    own = {key: scores.attrs[key] for key in ORIGIN_ATTRS if key in scores.attrs}
+    _validate.origin("exact", exact, own, made_by=made_by)
+    effect = exact["exact"]
+    effect = effect.mean("prompt") if "prompt" in effect.dims else effect
+    ends = zip(effect["sender"].values, effect["receiver"].values, effect.values, strict=True)
+    return {(str(s), str(r)): f"{float(v):.4g}" for s, r, v in ends if np.isfinite(v)}
+
+
+def _edge_rows(
+    scores: xr.DataArray,
+    chosen: np.ndarray,
+    layout: _Layout,
+    measured: dict[tuple[str, str], str] | None,
+) -> list[dict[str, Any]]:
+    """One row per drawn edge: its ends' nodes and positions, labels, kind, score and
+    exact effect (when ``measured`` is given), weakest first so strong lines lie on top."""
+    values = scores.values.astype(float)
+    rows = []
     for s, r in chosen:
-        x, y = _sender_xy(*senders[int(s)], sizes)
-        x2, y2 = _receiver_xy(*receivers[int(r)], sizes)
-        rows.append(
-            {
-                "x": x,
-                "y": y,
-                "x2": x2,
-                "y2": y2,
-                "sender": str(scores["sender"].values[s]),
-                "receiver": str(scores["receiver"].values[r]),
-                "kind": str(receivers[r][0]),
-                "score": float(values[s, r]),
-                "magnitude": abs(float(values[s, r])),
-            }
+        sender, receiver = (
+            layout.node(*(scores[f"{end}_{part}"].values[i] for part in ("kind", "layer", "head")))
+            for end, i in (("sender", s), ("receiver", r))
         )
-    nodes = [
-        {"x": x, "y": y, "node": str(label)}
-        for label, sender in zip(scores["sender"].values, senders, strict=True)
-        for x, y in [_sender_xy(*sender, sizes)]
-    ] + [{"x": sizes[1] / 2, "y": float(sizes[0]), "node": "logits"}]
-    limit = max((row["magnitude"] for row in rows), default=1.0) or 1.0
-    name = label_from_attrs(scores, "score")
-    x_axis = alt.X("x:Q", axis=None, scale=alt.Scale(domain=[-0.5, sizes[1] + 0.5]))
-    y_axis = alt.Y(
-        "y:Q",
-        title="layer (embeddings below, logits above)",
-        scale=alt.Scale(domain=[-1.5, sizes[0] + 0.5]),
-        axis=alt.Axis(values=list(range(sizes[0])), format="d"),
+        label = (str(scores["sender"].values[s]), str(scores["receiver"].values[r]))
+        row = {
+            **{"x": sender.x, "y": sender.y, "x2": receiver.x, "y2": receiver.y},
+            **{"from": sender.name, "to": receiver.name, "edge": " → ".join(label)},
+            **{"sender": label[0], "receiver": label[1]},
+            "kind": str(scores["receiver_kind"].values[r]),
+            "score": float(values[s, r]),
+            "magnitude": abs(float(values[s, r])),
+        }
+        if measured is not None:
+            row["exact"] = measured.get(label, NOT_MEASURED)
+        rows.append(row)
+    return sorted(rows, key=lambda row: row["magnitude"])
+
+
+def _lines(
+    rows: list[dict[str, Any]], layout: _Layout, *, limit: float, legend: str | list[str]
+) -> alt.Chart:
+    """The edges: colour and width by score on one scale up to ``limit``, the line style by
+    receiver kind (every kind in the legend, so styles never change between views)."""
+    dash_names = " : ".join(
+        f"datum.label == {json.dumps(k)} ? {json.dumps(v)}" for k, v in RECEIVER_NAMES.items()
     )
-    lines = (
+    tips = [
+        alt.Tooltip("edge:N"),
+        alt.Tooltip("kind:N", title="receiver kind"),
+        alt.Tooltip("score:Q", format=".4g"),
+    ]
+    if rows and "exact" in rows[0]:
+        tips.append(alt.Tooltip("exact:N", title="exact effect (edge patching)"))
+    return (
         alt.Chart(alt.Data(values=rows))
         .mark_rule()
         .encode(
-            x=x_axis,
-            y=y_axis,
+            **layout.axes(),
             x2="x2:Q",
             y2="y2:Q",
             color=alt.Color(
                 "score:Q",
-                title=name,
-                scale=alt.Scale(scheme="blueorange", domain=[-limit, limit], domainMid=0),
+                title=legend,
+                scale=alt.Scale(
+                    scheme="blueorange", domain=[-limit, limit], domainMid=0, clamp=True
+                ),
+                legend=alt.Legend(gradientLength=140),
             ),
             strokeWidth=alt.StrokeWidth(
-                "magnitude:Q", title="|score|", scale=alt.Scale(domain=[0, limit], range=[0.5, 6])
+                "magnitude:Q",
+                title="|score|",
+                scale=alt.Scale(domain=[0, limit], range=[0.75, 6], clamp=True),
             ),
             strokeDash=alt.StrokeDash(
                 "kind:N",
-                title="receiver",
+                title="line: receiver kind",
                 scale=alt.Scale(
-                    domain=list(RECEIVER_KINDS), range=[_DASHES[k] for k in RECEIVER_KINDS]
+                    domain=list(RECEIVER_KINDS), range=[DASHES[k] for k in RECEIVER_KINDS]
+                ),
+                legend=alt.Legend(
+                    symbolType="stroke",
+                    symbolSize=900,
+                    symbolStrokeWidth=2,
+                    labelExpr=f"{dash_names} : datum.label",
+                    labelLimit=260,
                 ),
             ),
-            tooltip=[
-                alt.Tooltip("sender:N"),
-                alt.Tooltip("receiver:N"),
-                alt.Tooltip("kind:N", title="receiver kind"),
-                alt.Tooltip("score:Q", format=".4g"),
-            ],
+            tooltip=tips,
         )
     )
-    points = (
-        alt.Chart(alt.Data(values=nodes))
-        .mark_circle(size=60, color="#555555")
-        .encode(x=x_axis, y=y_axis, tooltip=[alt.Tooltip("node:N")])
+
+
+def _points(layout: _Layout, used: set[str]) -> alt.Chart:
+    """Every node, shaped by kind; the nodes an edge touches dark and larger, the others
+    light; the tooltip names the node and says what it is."""
+    rows = [
+        {
+            "x": n.x,
+            "y": n.y,
+            "node": n.name,
+            "role": n.role,
+            "about": n.about,
+            "used": n.name in used,
+        }
+        for n in layout.nodes()
+    ]
+    return (
+        alt.Chart(alt.Data(values=rows))
+        .mark_point(filled=True, opacity=1)
+        .encode(
+            **layout.axes(),
+            shape=alt.Shape(
+                "role:N",
+                title="node",
+                scale=alt.Scale(domain=list(NODE_SHAPES), range=list(NODE_SHAPES.values())),
+            ),
+            color=alt.condition("datum.used", alt.value("#222222"), alt.value("#c4c4c4")),
+            size=alt.condition("datum.used", alt.value(60), alt.value(22)),
+            tooltip=[alt.Tooltip("node:N"), alt.Tooltip("about:N", title="what")],
+        )
     )
-    shown = f"circuit ({len(rows)} edges)" if circuit is not None else f"top {len(rows)} edges"
-    return alt.layer(lines, points).properties(
-        title=alt.TitleParams(title or f"{shown}: {name}", subtitle=tie_note or alt.Undefined),
-        width=width,
-        height=height,
+
+
+def _graph_title(
+    scores: xr.DataArray, circuit: xr.DataArray | None, drawn: int, kinds: Sequence[str]
+) -> str:
+    """What the graph shows: the budget (a circuit's size and how it was picked, or the top
+    edges), the receiver kinds and the estimator."""
+    if circuit is None:
+        shown = f"Top {drawn} edges by |score|"
+    else:
+        attrs = circuit.attrs
+        picked = (
+            f" (top {attrs['budget']:,} of {attrs['total_edges']:,} by |score|, on paths "
+            "embeddings → logits)"
+            if {"budget", "total_edges"} <= set(attrs)
+            else ""
+        )
+        size = attrs.get("n_edges", drawn)
+        shown = f"Circuit of {size:,} edges{picked}"
+        if drawn != size:
+            shown = f"{drawn:,} edges of a circuit of {size:,}{picked}"
+    every = set(RECEIVER_KINDS) <= set(kinds)
+    receivers = "all receivers" if every else f"receivers {', '.join(kinds)}"
+    estimator = str(scores.attrs.get("estimator", "")).upper()
+    if estimator.endswith("-IG") and "steps" in scores.attrs:
+        estimator += f" ({scores.attrs['steps']} steps)"
+    return " · ".join(part for part in (shown, receivers, estimator) if part)
+
+
+def _graph_notes(
+    scores: xr.DataArray, kinds: Sequence[str], layout: _Layout, measured: bool, tie_note: str
+) -> list[str]:
+    """The graph's subtitle: what colour and width show, where k and v edges end, what the
+    tooltip holds, and the edges left out at a tie."""
+    notes = [f"colour and width: {label_from_attrs(scores, 'score')}"]
+    if {"k", "v"} & set(kinds):
+        notes.append(
+            f"k and v edges end at a key/value head (a diamond, e.g. L3.KV1), drawn below "
+            f"the {layout.group} query heads that share it"
+        )
+    notes.append(
+        "hover a line for the edge and its score"
+        + (", and its exact effect where lsc.edge_agreement measured it" if measured else "")
     )
+    return notes + ([tie_note] if tie_note else [])
 
 
 def _chosen_edges(
@@ -355,8 +614,12 @@ def _chosen_edges(
 
 def edge_heatmap(scores: xr.DataArray, **options: Any) -> ChartType:
     """The sender x receiver grid of edge scores, or of a circuit (kept and skipped edges),
-    with receivers across and senders down, each in the graph's order whatever the array's
-    (NaN cells, where no edge exists, are grey).
+    with receivers across and senders down, each in the graph's order whatever the array's.
+
+    A grey cell is a pair with no edge between them (the receiver lies below the sender),
+    and the subtitle says so; a real edge without a score (NaN) is counted there as not
+    computed. Cells are wide enough for the rotated receiver labels not to overlap, up to
+    ``GRID_WIDTH`` pixels; a wider grid hides the labels that would overlap.
 
     Args:
         scores: (sender, receiver) from ``lsc.edge_attribution`` or ``lsc.circuit``.
@@ -370,10 +633,33 @@ def edge_heatmap(scores: xr.DataArray, **options: Any) -> ChartType:
         ValueError: not an edge result (see ``check_edges``), or a bad option.
     """
     edges = check_edges(scores, "scores", circuit=None)
-    return heatmap(edges, x="receiver", y="sender", **options)
+    chart = heatmap(edges, x="receiver", y="sender", **options)
+    exists = edge_exists(
+        edges["sender_kind"].values[:, None],
+        edges["sender_layer"].values[:, None],
+        edges["receiver_kind"].values[None, :],
+        edges["receiver_layer"].values[None, :],
+    )
+    missing = np.isnan(edges.values.astype(float))
+    unscored = int((missing & exists).sum())
+    grey = NO_EDGE + (f"; {unscored} edges {mask_rules.NAN_LABEL}" if unscored else "")
+    subtitle = chart.title.subtitle if isinstance(chart.title, alt.TitleParams) else None
+    if (missing & ~exists).any() and isinstance(subtitle, list):
+        lines = [
+            line.replace(f"grey: {mask_rules.NAN_LABEL}", f"grey: {grey}") for line in subtitle
+        ]
+        chart = chart.properties(
+            title=alt.TitleParams(**{**chart.title.to_dict(), "subtitle": lines})
+        )
+    wide = edges.sizes["receiver"] * GRID_STEP <= GRID_WIDTH
+    if wide:
+        return chart.properties(width=alt.Step(GRID_STEP), height=alt.Step(GRID_STEP))
+    return chart.configure_axis(labelOverlap="parity")
 
 
-def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> ChartType:
+def faithfulness_curve(
+    result: xr.Dataset, *, title: str | None = None, actions: bool = False
+) -> ChartType:
     """Faithfulness against the edge budget (log scale), the circuit beside the mean of
     the random circuits, with a rule at 1 (the full model).
 
@@ -381,6 +667,7 @@ def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> Chart
         result: a Dataset from ``lsc.circuit_faithfulness``, read by label (budgets in
             increasing order whatever the array's).
         title: chart title; default names CPR and CMD ("undefined" where NaN).
+        actions: show Vega's actions menu (its "Open in Vega Editor" goes online).
 
     Returns:
         A layered Altair chart; a budget whose faithfulness is NaN is left out, and the
@@ -402,6 +689,7 @@ def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> Chart
         methods=("circuit_faithfulness",),
     )
     _validate.text("title", title, example="'IOI circuit'", optional=True)
+    actions = _validate.flag("actions", actions)
     result = in_label_order(result, name="result")
     if not np.isfinite(result["faithfulness"].values).any():
         why = result.attrs.get("undefined", "no budget holds a number")
@@ -413,6 +701,25 @@ def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> Chart
     curves = {"top edges": result["faithfulness"].values}
     if result.sizes.get("seed", 0):
         curves["random"] = result["random_faithfulness"].mean("seed").values
+    one = alt.Chart(alt.Data(values=[{"y": 1.0}])).mark_rule(strokeDash=[4, 4]).encode(y="y:Q")
+    summary = ", ".join(
+        f"{name.upper()} {_number(result[name])} (random {_number(result[f'random_{name}'])})"
+        for name in ("cpr", "cmd")
+    )
+    return alt.layer(_curve_lines(result, curves), one).properties(
+        title=alt.TitleParams(
+            title or f"Circuit faithfulness: {summary}",
+            subtitle=_curve_notes(result, curves) or alt.Undefined,
+            anchor="start",
+        ),
+        width=420,
+        height=260,
+        usermeta={"embedOptions": {"actions": actions}},
+    )
+
+
+def _curve_lines(result: xr.Dataset, curves: dict[str, np.ndarray]) -> alt.Chart:
+    """The faithfulness curves against the budget (log scale), NaN points left out."""
     budgets, n_edges = result["budget"].values, result["n_edges"].values
     rows = [
         {"budget": float(b), "edges": int(n), "faithfulness": f, "circuit": name}
@@ -420,7 +727,6 @@ def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> Chart
         for b, n, f in zip(budgets, n_edges, jsonable(np.asarray(curve, float)), strict=True)
         if f is not None
     ]
-    missing = sum(int((~np.isfinite(curve)).sum()) for curve in curves.values())
     lines = (
         alt.Chart(alt.Data(values=rows))
         .mark_line(point=True)
@@ -438,17 +744,23 @@ def faithfulness_curve(result: xr.Dataset, *, title: str | None = None) -> Chart
             ],
         )
     )
-    one = alt.Chart(alt.Data(values=[{"y": 1.0}])).mark_rule(strokeDash=[4, 4]).encode(y="y:Q")
-    summary = ", ".join(
-        f"{name.upper()} {_number(result[name])} (random {_number(result[f'random_{name}'])})"
-        for name in ("cpr", "cmd")
-    )
-    note = f"{missing} points not computed (NaN), not drawn" if missing else alt.Undefined
-    return alt.layer(lines, one).properties(
-        title=alt.TitleParams(title or f"Circuit faithfulness: {summary}", subtitle=note),
-        width=420,
-        height=260,
-    )
+    return lines
+
+
+def _curve_notes(result: xr.Dataset, curves: dict[str, np.ndarray]) -> list[str]:
+    """The faithfulness curve's subtitle: which scores picked the circuits, what the random
+    curve averages, and how many points are NaN (not drawn)."""
+    missing = sum(int((~np.isfinite(curve)).sum()) for curve in curves.values())
+    notes = [
+        f"top edges: circuits of the {str(result.attrs['scored_by']).upper()} scores"
+        if "scored_by" in result.attrs
+        else "",
+        f"random: the mean of {result.sizes['seed']} random circuits of each size"
+        if "random" in curves
+        else "",
+        f"{missing} points not computed (NaN), not drawn" if missing else "",
+    ]
+    return [note for note in notes if note]
 
 
 def _number(value: xr.DataArray) -> str:

@@ -4,7 +4,10 @@
 one ``alt.JupyterChart`` and swaps its chart in place when a control changes (as
 ``lsc.Explorer`` does), so the page never rebuilds. The slider sets how many of the edges
 with the largest |score| are drawn (the top edges, not pruned to paths: pruning lives with
-``lsc.circuit`` on the capture side); the toggles pick the receiver kinds shown.
+``lsc.circuit`` on the capture side); the toggles pick the receiver kinds shown. Every
+view shares one colour and width scale (``circuit_graph``'s ``limit``: the largest |score|
+of all edges), so the same colour means the same score whatever the budget or the kinds,
+and the title says which budget and kinds are drawn.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ class CircuitExplorer:
             scores: (sender, receiver) from ``lsc.edge_attribution`` (average a per-prompt
                 result over ``prompt`` first).
             edges: edges drawn at first.
-            options: passed to ``circuit_graph`` (``width``, ``height``, ``title``).
+            options: passed to ``circuit_graph`` (``exact``, ``limit``, ``width``,
+                ``height``, ``title``); ``limit`` defaults to the largest finite |score|.
 
         Raises:
             TypeError: ``scores`` is not a DataArray or ``edges`` not an integer.
@@ -52,7 +56,8 @@ class CircuitExplorer:
                 "scores holds no finite edge score (every value is NaN or infinite); "
                 "pass the result of lsc.edge_attribution."
             )
-        self.scores, self.options = scores, options
+        largest = float(np.abs(scores.values[np.isfinite(scores.values)]).max())
+        self.scores, self.options = scores, {"limit": largest or None, **options}
         self.budget = widgets.IntSlider(
             value=min(edges, finite, MAX_EDGES),
             min=1,

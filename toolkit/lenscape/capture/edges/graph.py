@@ -20,6 +20,7 @@ import xarray as xr
 
 from ... import _validate
 from ...models import LensModel
+from ...schema import edge_exists
 
 SENDER_KINDS = ("embed", "head", "mlp")
 EDGE_DIMS = ("sender", "receiver")
@@ -96,8 +97,16 @@ class Graph:
 
     @functools.cached_property
     def valid(self) -> np.ndarray:
-        """(n_senders, n_receivers) bool: the edge exists (sender upstream of receiver)."""
-        return np.arange(len(self.senders))[:, None] < self.upstream[None, :]
+        """(n_senders, n_receivers) bool: the edge exists (sender upstream of receiver,
+        ``schema.edge_exists``); each receiver reads a prefix of the senders (``upstream``)."""
+        s_kind, s_layer, _ = zip(*self.senders, strict=True)
+        r_kind, r_layer, _ = zip(*self.receivers, strict=True)
+        return edge_exists(
+            np.asarray(s_kind)[:, None],
+            np.asarray(s_layer)[:, None],
+            np.asarray(r_kind)[None, :],
+            np.asarray(r_layer)[None, :],
+        )
 
     @functools.cached_property
     def feeds(self) -> np.ndarray:
