@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -66,3 +68,11 @@ def test_one_colour_scale_across_views_and_a_title_that_follows_the_controls():
     explorer.budget.value = 2
     assert _colour_domain(explorer) == [-largest, largest]
     assert CircuitExplorer(scores, limit=1.0).options["limit"] == 1.0
+
+
+def test_the_explorer_displays_with_a_picture_of_its_graph():
+    """A notebook saved with its outputs shows the graph where no widget can be drawn."""
+    data, metadata = CircuitExplorer(_scores(), edges=5)._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data
+    assert base64.b64decode(data["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert metadata["image/png"]["width"] > 100

@@ -1,5 +1,6 @@
 """Offline rendering (views/offline.py): export to files, the offline switch, SVG ids."""
 
+import base64
 import inspect
 
 import altair as alt
@@ -30,9 +31,29 @@ def test_export_writes_png_svg_and_self_contained_html(tmp_path):
 
 def test_enable_offline_switches_renderer_and_bundles_javascript():
     offline.enable_offline()
-    assert alt.renderers.active == "jupyter"
+    assert alt.renderers.active == offline.RENDERER
     assert alt.JupyterChart._is_offline
     assert offline.SVG_ID_PREFIX in alt.JupyterChart._esm  # each chart widget's ids its own
+
+
+def _is_png(data: str) -> bool:
+    return base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_displayed_charts_and_widgets_carry_a_picture_of_their_chart():
+    """Where no widget can be drawn (GitHub, nbviewer, an untrusted notebook), a saved
+    notebook shows the PNG beside each chart widget and each Explorer."""
+    offline.enable_offline()
+    chart = heatmap(signed_scores(), x="head", y="layer")
+    data, metadata = chart._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data and _is_png(data["image/png"])
+    assert metadata["image/png"]["width"] > 50
+    data, _ = lsc.Explorer(signed_scores())._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data and _is_png(data["image/png"])
+    plain, meta = offline.with_image({"text/plain": "x"}, chart.to_dict())
+    assert _is_png(plain["image/png"]) and plain["text/plain"] == "x" and "image/png" in meta
+    with pytest.raises(TypeError, match="chart must be an Altair chart or its Vega-Lite spec"):
+        offline.with_image({}, "chart")
 
 
 def _edge_scores() -> xr.DataArray:

@@ -23,7 +23,7 @@ import xarray as xr
 from .. import _validate
 from ..schema import RECEIVER_KINDS
 from .circuit import MAX_EDGES, check_edges, circuit_graph
-from .offline import enable_offline
+from .offline import enable_offline, with_image
 
 
 class CircuitExplorer:
@@ -100,4 +100,4 @@ class CircuitExplorer:
         self._chart.chart = chart
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        return with_image(self.widget._repr_mimebundle_(**kwargs), self.chart)

@@ -59,7 +59,7 @@ from lenscape.schema import name_from_attrs
 from .charts import bars
 from .encoding import in_label_order
 from .heatmaps import heatmap, label_from_attrs
-from .offline import enable_offline
+from .offline import display_with_image, enable_offline, with_image
 
 Data = xr.DataArray | xr.Dataset
 #: ``detail(cell) -> chart or widget`` for a clicked cell, e.g. ``{"layer": 3, "head": 5,
@@ -964,9 +964,7 @@ class Explorer:
         self._details.show(da, da.sel(self.cell), at=at, picks=picks)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        return with_image(self.widget._repr_mimebundle_(**kwargs), self.chart)
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+        display_with_image(self.widget, self.chart)

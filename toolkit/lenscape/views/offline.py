@@ -6,14 +6,22 @@ unless the chart asked for one. Building a chart changes no global state: Altair
 stays the one you chose. In Jupyter with no internet, call ``enable_offline`` once (an
 ``Explorer`` does) so charts load their JavaScript locally; ``unique_svg_ids`` keeps two
 chart widgets on one page from sharing SVG definitions.
+
+A chart widget is drawn only where a kernel and the widget manager run. So that a notebook
+saved with its outputs still shows its figures elsewhere (the repository page, nbviewer, an
+untrusted copy), every chart and widget that ``enable_offline`` displays carries a PNG of
+its chart beside the widget view (``with_image``): a front end that can draw the widget
+does, any other shows the picture.
 """
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
 import altair as alt
+from altair.utils.mimebundle import spec_to_mimebundle
 
 #: Font of SVG exports: vl-convert measures text with the first family it has and viewers draw
 #: with the first they have, so naming a wide font that exists here keeps them in agreement
@@ -22,17 +30,69 @@ import altair as alt
 SVG_FONT = "DejaVu Sans, Verdana, sans-serif"
 
 
+#: The Altair renderer ``enable_offline`` switches to: the chart as an ``alt.JupyterChart``
+#: widget, with a PNG of it beside the widget view (``with_image``).
+RENDERER = "lenscape"
+#: Pixel density of the PNG a displayed chart carries (1: the chart's own size).
+IMAGE_SCALE = 1.0
+
+
 def enable_offline() -> None:
     """Make Jupyter charts load Vega from vl-convert instead of a CDN (works with no internet).
 
-    Switches Altair to its ``"jupyter"`` renderer (charts display as ``alt.JupyterChart``
-    widgets) and bundles the JavaScript once. Bundling takes about 1.5 s (switching the
-    renderer, microseconds), so lenscape calls this when the first ``Explorer`` is built,
-    not at import.
+    Switches Altair to the ``RENDERER`` renderer (charts display as ``alt.JupyterChart``
+    widgets, each with a PNG of itself for front ends that cannot draw widgets) and bundles
+    the JavaScript once. Bundling takes about 1.5 s (switching the renderer, microseconds),
+    so lenscape calls this when the first ``Explorer`` is built, not at import.
     """
-    alt.renderers.enable("jupyter", offline=True)
+    alt.renderers.register(RENDERER, _widget_and_image)
+    alt.renderers.enable(RENDERER)
     alt.JupyterChart.enable_offline()
     alt.JupyterChart._esm = unique_svg_ids(alt.JupyterChart._esm)
+
+
+def _widget_and_image(spec: dict[str, Any], **metadata: Any) -> tuple[dict, dict]:
+    """The ``RENDERER``: an ``alt.JupyterChart`` widget of ``spec`` and a PNG of it."""
+    chart = alt.JupyterChart(alt.Chart.from_dict(spec), embed_options=metadata.get("embed_options"))
+    return with_image(chart._repr_mimebundle_(), spec)
+
+
+def with_image(bundle: Any, chart: Any) -> tuple[dict, dict]:
+    """A widget's display bundle with a PNG of ``chart`` beside its widget view.
+
+    Front ends that draw widgets (JupyterLab, Voila, VS Code with a kernel) show the widget;
+    the others (GitHub, nbviewer, a notebook opened untrusted or without its kernel) show
+    the PNG, which is rendered here by vl-convert, with no internet.
+
+    Args:
+        bundle: the widget's ``_repr_mimebundle_()``: a dict of mimetype -> data, or a
+            (data, metadata) pair.
+        chart: the chart the widget shows: an Altair chart or its Vega-Lite spec (a dict).
+
+    Returns:
+        (data, metadata): ``bundle``'s data with an ``image/png`` entry added, and its
+        metadata with the PNG's size in pixels.
+
+    Raises:
+        TypeError: ``chart`` is neither an Altair chart nor a dict.
+    """
+    if isinstance(chart, alt.TopLevelMixin):
+        chart = chart.to_dict()
+    if not isinstance(chart, dict):
+        raise TypeError(
+            f"chart must be an Altair chart or its Vega-Lite spec (a dict), got "
+            f"{type(chart).__name__}."
+        )
+    data, meta = bundle if isinstance(bundle, tuple) else (bundle, {})
+    png, png_meta = spec_to_mimebundle(
+        chart,
+        format="png",
+        mode="vega-lite",
+        vegalite_version=alt.VEGALITE_VERSION,
+        scale=IMAGE_SCALE,
+    )
+    encoded = base64.b64encode(png["image/png"]).decode("ascii")  # as notebooks store it
+    return {**data, "image/png": encoded}, {**(meta or {}), **png_meta}
 
 
 #: Marks a chart-widget script whose SVG definition ids are made unique (``unique_svg_ids``).
@@ -75,6 +135,20 @@ def unique_svg_ids(script: str) -> str:
             stem, f"{head}+{SVG_ID_PREFIX}" + ("+" if stem.endswith("+") else "")
         )
     return f"const {SVG_ID_PREFIX} = Math.random().toString(36).slice(2, 10) + '_';\n" + script
+
+
+def display_with_image(widget: Any, chart: Any) -> None:
+    """Display an ipywidgets widget with a PNG of ``chart`` beside it (``with_image``): the
+    ``_ipython_display_`` of lenscape's widgets.
+
+    Args:
+        widget: the widget to show (an ``Explorer``'s box of controls and chart).
+        chart: the chart it shows now.
+    """
+    from IPython.display import display
+
+    data, metadata = with_image(widget._repr_mimebundle_(), chart)
+    display(data, metadata=metadata, raw=True)
 
 
 def export(chart: Any, path: str | Path, *, scale: float = 2.0) -> Path:

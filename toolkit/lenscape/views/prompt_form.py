@@ -19,6 +19,7 @@ import ipywidgets as widgets
 from lenscape import _validate
 
 from .explorer import Data, Explorer
+from .offline import display_with_image, with_image
 
 #: Text boxes of ``PromptForm``: record key -> (label, placeholder).
 PROMPT_FIELDS = {
@@ -153,9 +154,7 @@ class PromptForm:
         self.target_shown.value = f"<small>target as typed: <code>{visible}</code>{hint}</small>"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        return with_image(self.widget._repr_mimebundle_(**kwargs), self.explorer.chart)
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+        display_with_image(self.widget, self.explorer.chart)
