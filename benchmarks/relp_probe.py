@@ -4,8 +4,9 @@ A research script (not yet a RESULTS.md section). For each prompt family it comp
 activation patching (heads and blocks, cached under ``--cache``) with gradient estimates of
 it, per component type (heads, attention blocks, MLP blocks): Pearson r over every
 (prompt x component) cell and the overlap of the exact and estimated top-10 components by
-|prompt-mean effect|, with each estimate's wall time relative to ``lsc.attribution_patching``
-with ``estimator="atp"`` measured in the same process.
+|prompt-mean effect|, with each estimate's CPU time relative to ``lsc.attribution_patching``
+with ``estimator="atp"`` measured in the same process (``--timing-rounds``: the fastest of
+several interleaved rounds on a few prompts).
 
 Estimates: lenscape's own ``atp`` and ``ig:2``, and local ones computed here: score = sum
 over real positions of (clean - corrupt activation) . c, with c the gradient of the metric
@@ -195,8 +196,9 @@ def estimate(
     batch_size: int,
     done: dict[str, tuple[Maps, float]],
 ) -> tuple[Maps, float]:
-    """One variant's estimate per component type and its wall time in seconds (kept in
-    ``done``, which a ``mix:`` variant reads its parts from)."""
+    """One variant's estimate per component type and its CPU time in seconds (kept in
+    ``done``, which a ``mix:`` variant reads its parts from). CPU time (of the process, all
+    threads) rather than wall time: on a shared machine it moves far less with the load."""
     if variant in done:
         return done[variant]
     if variant.startswith("mix:"):
@@ -204,7 +206,7 @@ def estimate(
         a, a_time = estimate(model, prompts, first, exact_heads, exact_blocks, batch_size, done)
         b, b_time = estimate(model, prompts, second, exact_heads, exact_blocks, batch_size, done)
         return {"head": a["head"], "attn": a["attn"], "mlp": b["mlp"]}, a_time + b_time
-    start = time.perf_counter()
+    start = time.process_time()
     if variant in ("atp", "ig:2"):
         name, _, steps = variant.partition(":")
         result = lsc.attribution_patching(
@@ -231,7 +233,7 @@ def estimate(
         )
         heads = exact_heads.copy(data=head_values)
         blocks = exact_blocks.copy(data=block_values)
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start
     done[variant] = (
         {
             "head": heads,
@@ -305,7 +307,7 @@ def main() -> None:
 
 
 def timing(model: lsc.LensModel, prompts, variants: list[str], args) -> None:
-    """Wall time of each variant relative to atp: the fastest of ``args.timing_rounds``
+    """CPU time of each variant relative to atp: the fastest of ``args.timing_rounds``
     rounds, each round running every variant once in turn (so a change in machine load hits
     all of them alike)."""
     times: dict[str, list[float]] = {}

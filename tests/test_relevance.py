@@ -254,21 +254,33 @@ def test_norm_and_mlp_conserve_relevance(tiny_llama):
         assert not torch.allclose((x * plain).sum(), (y * readout).sum(), atol=1e-2)
 
 
-def test_norm_under_rules_follows_the_block(tiny_llama):
-    """A norm recomputed with ``forward`` (no hooks) gets the rule through
-    ``norm_under_rules`` inside a block, and its plain gradient outside."""
+@pytest.mark.parametrize("rules", ["relp", "secant"])
+def test_norm_under_rules_follows_the_block(tiny_llama, rules):
+    """A norm recomputed with ``forward`` (no hooks) gets the block's rule through
+    ``norm_under_rules``, also on per-receiver copies of its input (batch, pos, n, d), as
+    edge attribution makes them; outside a block it is the plain norm."""
     norm = tiny_llama.module("input_layernorm", 0)
-    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    readout = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(2))
+    generator = torch.Generator().manual_seed(1)
+    x1, x = torch.randn(2, 2, 5, 64, generator=generator)
+    readout = torch.randn(2, 5, 3, 64, generator=generator)
+    copies = x[:, :, None].expand(2, 5, 3, 64)
 
-    def grad(call) -> torch.Tensor:
-        return torch.autograd.grad((call(x) * readout).sum(), x)[0]
+    def grad(call, inputs, weights) -> torch.Tensor:
+        inputs = inputs.clone().requires_grad_(True)
+        return torch.autograd.grad((call(inputs) * weights).sum(), inputs)[0]
 
-    with relevance_rules(tiny_llama, "relp"):
-        held = grad(norm)
-        torch.testing.assert_close(grad(lambda x: norm_under_rules(norm, x)), held)
-        assert not torch.allclose(grad(norm.forward), held)
-    torch.testing.assert_close(grad(lambda x: norm_under_rules(norm, x)), grad(norm))
+    def recomputed(inputs):
+        return norm_under_rules(norm, inputs)
+
+    with relevance_rules(tiny_llama, rules) as relevance:
+        with torch.no_grad(), relevance.reference():
+            norm(x1)
+        found = grad(recomputed, copies, readout)
+        for receiver in range(3):  # each copy as a call of the module gets it
+            expected = grad(norm, x, readout[:, :, receiver])
+            torch.testing.assert_close(found[:, :, receiver], expected)
+        assert not torch.allclose(grad(norm.forward, copies, readout), found)
+    torch.testing.assert_close(grad(recomputed, copies, readout), grad(norm, copies, readout))
 
 
 def test_attention_rules_scale_the_last_layers_query_key_and_value(tiny_llama, batch):

@@ -278,7 +278,7 @@ class Relevance:
 
     def __init__(self, rules: Rules):
         self.rules = rules
-        self.recording = False
+        self._recording = False
         self._reference: dict[tuple[torch.nn.Module, str], torch.Tensor] = {}
         self._current: dict[tuple[torch.nn.Module, str], torch.Tensor] = {}
 
@@ -287,18 +287,18 @@ class Relevance:
         """Passes inside the block record the reference run (the clean prompts, over the
         same batch and positions as the passes after it); they follow no rule. A later
         reference pass replaces the earlier one."""
-        self.recording = True
+        self._recording = True
         self._reference = {}
         try:
             yield
         finally:
-            self.recording = False
+            self._recording = False
 
-    def record(self, module: torch.nn.Module, tag: str, value: torch.Tensor) -> None:
+    def _record(self, module: torch.nn.Module, tag: str, value: torch.Tensor) -> None:
         """Keep ``value`` of ``module`` in the reference pass (detached)."""
         self._reference[(module, tag)] = value.detach()
 
-    def recorded(self, module: torch.nn.Module, tag: str, like: torch.Tensor) -> torch.Tensor:
+    def _recorded(self, module: torch.nn.Module, tag: str, like: torch.Tensor) -> torch.Tensor:
         """The reference's value ``tag`` of ``module``, shaped to broadcast against this
         pass's ``like`` (a (batch, pos, d) reference gains a dim before d to meet a
         (batch, pos, n, d) ``like``: per-receiver copies of one input).
@@ -326,12 +326,12 @@ class Relevance:
             )
         return value
 
-    def keep(self, module: torch.nn.Module, tag: str, value: torch.Tensor) -> None:
+    def _keep(self, module: torch.nn.Module, tag: str, value: torch.Tensor) -> None:
         """Keep ``value`` of ``module`` in this pass, for a later hook of the same pass."""
         self._current[(module, tag)] = value
 
-    def kept(self, module: torch.nn.Module, tag: str) -> torch.Tensor:
-        """A value ``keep`` kept earlier in this pass."""
+    def _kept(self, module: torch.nn.Module, tag: str) -> torch.Tensor:
+        """A value ``_keep`` kept earlier in this pass."""
         return self._current[(module, tag)]
 
 
@@ -471,7 +471,7 @@ def _norm_rule(
     eps, weight = _norm_parameters(norm, offset)
     x1 = None
     if state.rules.norm == "secant":
-        x1 = state.recorded(norm, "x", like=x).to(weight.dtype)
+        x1 = state._recorded(norm, "x", like=x).to(weight.dtype)
     return _NormRule.apply(y, x, x1, weight, eps)
 
 
@@ -482,9 +482,9 @@ def _norm_hook(norm: torch.nn.Module, offset: float, state: Relevance) -> Callab
     def hook(module, args, output):
         if module not in _LIVE:
             return None
-        if state.recording:
+        if state._recording:
             if state.rules.norm == "secant":
-                state.record(norm, "x", args[0])
+                state._record(norm, "x", args[0])
             return None
         if not output.requires_grad:
             return None
@@ -523,11 +523,11 @@ def _activation_hook(act: torch.nn.Module, state: Relevance) -> Callable:
         if module not in _LIVE:
             return None
         x = args[0]
-        if state.recording:
+        if state._recording:
             if rules.activation == "secant":
-                state.record(module, "x", x)
+                state._record(module, "x", x)
             if "secant" in (rules.activation, rules.product):
-                state.record(module, "out", output)
+                state._record(module, "out", output)
             return None
         if not output.requires_grad:
             return None
@@ -535,15 +535,15 @@ def _activation_hook(act: torch.nn.Module, state: Relevance) -> Callable:
         if rules.activation == "identity":
             new = _Rerouted.apply(output, x, ratio(x.detach()))
         elif rules.activation == "secant":
-            x1 = state.recorded(module, "x", like=x)
-            out1 = state.recorded(module, "out", like=x)
+            x1 = state._recorded(module, "x", like=x)
+            out1 = state._recorded(module, "out", like=x)
             change = x1 - x.detach()
             close = change.abs() <= SECANT_TOLERANCE
             secant = (out1 - output.detach()) / torch.where(close, 1.0, change)
             slope = torch.where(close, derivative((x.detach() + x1) / 2), secant)
             new = _Rerouted.apply(output, x, slope)
         if rules.product == "secant":
-            state.keep(module, "out", new)
+            state._keep(module, "out", new)
         return new
 
     return hook
@@ -555,10 +555,10 @@ def _up_hook(state: Relevance) -> Callable:
     def hook(module, args, output):
         if module not in _LIVE:
             return None
-        if state.recording:
-            state.record(module, "out", output)
+        if state._recording:
+            state._record(module, "out", output)
         elif output.requires_grad:
-            state.keep(module, "out", output)
+            state._keep(module, "out", output)
         return None
 
     return hook
@@ -569,13 +569,13 @@ def _product_hook(act: torch.nn.Module, up: torch.nn.Module, state: Relevance) -
     act(gate) * up."""
 
     def hook(module, args):
-        if module not in _LIVE or state.recording or not args[0].requires_grad:
+        if module not in _LIVE or state._recording or not args[0].requires_grad:
             return None
         if state.rules.product == "half":
             return (_ScaledGradient.apply(args[0], 0.5), *args[1:])
-        a, b = state.kept(act, "out"), state.kept(up, "out")
-        a_mid = (a.detach() + state.recorded(act, "out", like=a)) / 2
-        b_mid = (b.detach() + state.recorded(up, "out", like=b)) / 2
+        a, b = state._kept(act, "out"), state._kept(up, "out")
+        a_mid = (a.detach() + state._recorded(act, "out", like=a)) / 2
+        b_mid = (b.detach() + state._recorded(up, "out", like=b)) / 2
         return (_Product.apply(args[0], a, b, a_mid, b_mid), *args[1:])
 
     return hook
@@ -688,18 +688,18 @@ def _relevance_attention(
         query, key, value = _attention_rule_inputs(rule, query, key, value)
         return function(module, query, key, value, attention_mask, *args, **kwargs)
     output, weights = function(module, query, key, value, attention_mask, *args, **kwargs)
-    if state.recording:
+    if state._recording:
         for tag, tensor in (("q", query), ("k", key), ("v", value)):
-            state.record(module, tag, tensor)
-    if state.recording or not (query.requires_grad or key.requires_grad or value.requires_grad):
+            state._record(module, tag, tensor)
+    if state._recording or not (query.requires_grad or key.requires_grad or value.requires_grad):
         return output, weights
     hf_attention: Any = module
     scaling = float(kwargs.get("scaling") or hf_attention.head_dim**-0.5)
     groups = int(hf_attention.num_key_value_groups)
     reference = (
-        state.recorded(module, "q", like=query),
-        state.recorded(module, "k", like=key),
-        state.recorded(module, "v", like=value),
+        state._recorded(module, "q", like=query),
+        state._recorded(module, "k", like=key),
+        state._recorded(module, "v", like=value),
     )
     mask = _additive_mask(attention_mask, query.shape[-2], key.shape[-2], query)
     with torch.no_grad():
@@ -831,10 +831,10 @@ def _install_bridge_secant(attention: Any, state: Relevance, installed: _Install
         def hook(module, args, output):
             if module not in _LIVE:
                 return None
-            if state.recording:
-                state.record(attention, tag, output)
+            if state._recording:
+                state._record(attention, tag, output)
             elif output.requires_grad or tag == "p":
-                state.keep(attention, tag, output)
+                state._keep(attention, tag, output)
             return None
 
         return hook
@@ -844,15 +844,15 @@ def _install_bridge_secant(attention: Any, state: Relevance, installed: _Install
 
     def rebuild(module, args):
         z = args[0]
-        if module not in _LIVE or state.recording or not z.requires_grad:
+        if module not in _LIVE or state._recording or not z.requires_grad:
             return None
-        q, k, v, p0 = (state.kept(attention, tag) for tag in ("q", "k", "v", "p"))
+        q, k, v, p0 = (state._kept(attention, tag) for tag in ("q", "k", "v", "p"))
         reference = (
-            state.recorded(attention, "q", like=q),
-            state.recorded(attention, "k", like=k),
-            values(state.recorded(attention, "v", like=v)),
+            state._recorded(attention, "q", like=q),
+            state._recorded(attention, "k", like=k),
+            values(state._recorded(attention, "v", like=v)),
         )
-        p1 = state.recorded(attention, "p", like=p0)
+        p1 = state._recorded(attention, "p", like=p0)
         scaling = getattr(hf_attention, "scaling", d_head**-0.5)
         surrogate = _secant_attention(
             q, k, values(v), reference, p0.float(), p1.float(), scaling, groups
