@@ -9,7 +9,7 @@ import pytest
 import xarray as xr
 from _helpers import inline_rows, make_result, signed_scores
 
-from lenscape import schema
+from lenscape import aggregate, schema
 from lenscape.views import heatmaps
 from lenscape.views.heatmaps import heatmap
 
@@ -414,3 +414,93 @@ def test_an_all_nan_heatmap_says_so_and_stays_valid_json():
     assert "grey: not computed (every cell)" in spec["title"]["subtitle"]
     partly = heatmap(da.where(da["head"] > 0, 1.0), x="head", y="layer").to_dict()
     assert "grey: not computed" in partly["title"]["subtitle"]
+
+
+def interval_result(n_prompts=30):
+    """``aggregate.mean`` of (prompt, layer 3, head 4): head 0 strong in every prompt, head 1
+    flips sign, layer 2 head 3 never computed, layer 2 head 2 computed for one prompt."""
+    rng = np.random.default_rng(0)
+    values = rng.normal(0, 0.3, size=(n_prompts, 3, 4))
+    values[:, :, 0] += 2.0
+    values[:, :, 1] = rng.choice([-1.0, 1.0], size=(n_prompts, 3))
+    values[:, 2, 3] = np.nan
+    values[1:, 2, 2] = np.nan
+    per_prompt = make_result(values, ("prompt", "layer", "head"), n_layers=3)
+    return aggregate.mean(per_prompt, n_resamples=200)
+
+
+def _layer(spec, mark):
+    return next(layer for layer in spec["layer"] if layer["mark"]["type"] == mark)
+
+
+def test_an_interval_is_drawn_as_its_mean_with_unsure_cells_hatched():
+    da = interval_result()
+    spec = heatmap(da, x="head", y="layer").to_dict()
+    json.loads(json.dumps(spec), parse_constant=pytest.fail)
+    json.dumps(spec, allow_nan=False)
+    cells = _layer(spec, "rect")
+    rows = inline_rows(spec)
+    assert len(rows) == 12  # the mean's cells, not one per bound
+    cell = next(r for r in rows if r["layer"] == 1 and r["head"] == 0)
+    mean = da.sel(layer=1, head=0)
+    assert cell["value"] == pytest.approx(float(mean.sel(bound="mean")))
+    assert cell["low"] == pytest.approx(float(mean.sel(bound="low"))) and cell["n"] == 30
+    unsure = {(r["layer"], r["head"]) for r in rows if r["unsure"]}
+    low, high = da.sel(bound="low"), da.sel(bound="high")
+    expected = {
+        (int(la), int(h))
+        for la in da["layer"]
+        for h in da["head"]
+        if low.sel(layer=la, head=h) <= 0 <= high.sel(layer=la, head=h)
+    }
+    assert unsure == expected and {(0, 1), (1, 1), (2, 1)} <= unsure
+    assert (0, 0) not in unsure and (2, 2) not in unsure  # no interval: not hatched
+    hatch = _layer(spec, "point")
+    assert hatch["mark"]["shape"] == heatmaps.HATCH and hatch["transform"] == [
+        {"filter": "datum.unsure != null"}
+    ]
+    assert hatch["encoding"]["shape"]["scale"] == {
+        "domain": ["95% interval includes 0"],
+        "range": [heatmaps.HATCH],
+    }
+    tips = [(t["field"], t["title"]) for t in cells["encoding"]["tooltip"]]
+    assert [f for f, _ in tips][-4:] == ["value", "low", "high", "n"]
+    assert tips[-3:] == [
+        ("low", "95% interval: low"),
+        ("high", "95% interval: high"),
+        ("n", "N (prompts computed)"),
+    ]
+    title = spec["title"]
+    assert title["text"] == "attribution: mean over 30 prompts, 95% interval"
+    assert title["subtitle"][-2].startswith(
+        f"hatched: 95% interval includes 0, the sign is not sure ({len(expected)} of 12 cells); "
+        "percentile bootstrap over prompts, 200 resamples"
+    )
+    assert title["subtitle"][-1] == (
+        "2 cells computed for fewer than 2 prompts have no interval (NaN)"
+    )
+
+
+def test_an_interval_reads_by_label_and_its_bound_dim_can_be_a_facet():
+    da = interval_result()
+    moved = da.sortby("head", ascending=False).transpose("bound", "head", "layer")
+    assert (
+        heatmap(moved, x="head", y="layer").to_dict() == heatmap(da, x="head", y="layer").to_dict()
+    )
+    panels = heatmap(da, x="head", y="layer", facet_col="bound").to_dict()
+    assert panels["facet"]["field"] == "bound" and "unsure" not in inline_rows(panels)[0]
+    assert panels["facet"]["sort"] == ["mean", "low", "high"]
+    with pytest.raises(ValueError, match=r"'bound' dim with labels \['a', 'b', 'c'\]"):
+        heatmap(da.assign_coords(bound=["a", "b", "c"]), x="head", y="layer")
+    per_prompt = make_result(np.zeros((2, 3, 4)), ("prompt", "layer", "head"))
+    with pytest.raises(ValueError, match=r"da\.lsc\.mean\('prompt'\) gives the mean with its 95%"):
+        heatmap(per_prompt, x="head", y="layer")
+
+
+def test_an_interval_on_a_depth_axis_hatches_each_cell_at_its_middle():
+    da = interval_result()
+    spec = heatmap(da, x="head", y="depth").to_dict()
+    hatch = _layer(spec, "point")
+    assert hatch["encoding"]["y"]["field"] == "depth_mid"
+    row = next(r for r in inline_rows(spec) if r["layer"] == 1)
+    assert row["depth_mid"] == pytest.approx((row["depth_start"] + row["depth_end"]) / 2)

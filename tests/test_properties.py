@@ -796,6 +796,8 @@ DEGENERATE: dict[str, list[Callable[[World], Any]]] = {
     "heatmap": [
         lambda w: lsc.heatmap(_nan_scores(w).mean("prompt"), x="head", y="layer"),
         lambda w: lsc.heatmap(_with_infinity(_scores_2d(w)), x="head", y="layer"),
+        lambda w: lsc.heatmap(_nan_scores(w).lsc.mean(n_resamples=100), x="head", y="layer"),
+        lambda w: lsc.heatmap(w.scores[:1].lsc.mean(n_resamples=100), x="head", y="layer"),
     ],
     "edge_heatmap": [
         lambda w: lsc.edge_heatmap(w.edges * np.nan),

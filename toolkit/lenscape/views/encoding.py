@@ -29,10 +29,15 @@ import numpy as np
 import xarray as xr
 from altair.utils.schemapi import debug_mode
 
+from lenscape.aggregate import BOUNDS
 from lenscape.schema import COMPONENTS, DIMS
 
 #: Tooltip titles that explain a coord's name.
 TIP_TITLES = {"depth": "depth (layer / (layers − 1), 0 first, 1 last)"}
+#: Coords a tooltip shows after the cell's value, in this order, titled by their
+#: ``long_name`` attr: an interval's bounds and how many prompts it rests on
+#: (``heatmaps`` makes ``low`` and ``high`` of ``lenscape.aggregate.mean``'s ``bound`` dim).
+AFTER_VALUE = ("low", "high", "n")
 #: Field names in the inline data: a cell's value, its state (the legend name of a mask's or a
 #: category's code) and its "+∞" / "−∞" mark.
 VALUE = "value"
@@ -59,11 +64,12 @@ def _label_keys(data: xr.DataArray | xr.Dataset, dim: Hashable) -> list[Any]:
         layer, kind, head = (data[p].values.tolist() for p in parts)
         rank = [EDGE_KINDS.index(k) if k in EDGE_KINDS else len(EDGE_KINDS) for k in kind]
         return list(zip(layer, rank, head, map(_natural, labels.tolist()), strict=True))
-    if dim == "component":
-        return [
-            (COMPONENTS.index(c), ()) if c in COMPONENTS else (len(COMPONENTS), _natural(c))
-            for c in labels.tolist()
-        ]
+    for vocabulary, name in ((COMPONENTS, "component"), (BOUNDS, "bound")):
+        if dim == name:
+            return [
+                (vocabulary.index(c), ()) if c in vocabulary else (len(vocabulary), _natural(c))
+                for c in labels.tolist()
+            ]
     if labels.dtype.kind in "biuf":
         return labels.tolist()
     return [_natural(label) for label in labels.tolist()]
@@ -75,7 +81,7 @@ def in_label_order(data: _Data, *, name: str = "da") -> _Data:
     ``isel`` or ``transpose`` of a result gives the same picture.
 
     The natural order: numbers ascending; ``component`` in the schema's vocabulary order
-    (attn, mlp; q_proj, k_proj ...); edges (``sender``/``receiver`` with their ``_layer``,
+    (attn, mlp; q_proj, k_proj ...); ``bound`` as mean, low, high (``aggregate.BOUNDS``); edges (``sender``/``receiver`` with their ``_layer``,
     ``_kind`` and ``_head`` coords) in the graph's order, layer by layer; other labels as
     text, with digit runs compared as numbers.
 
@@ -222,13 +228,22 @@ def axis_encoding(
 
 
 def cell_tooltip(da: xr.DataArray, binary: bool, legend: str) -> list[alt.Tooltip]:
-    """Every coordinate of a cell (dims, then label coords, then scalar coords), then its value."""
+    """Every coordinate of a cell (dims, then label coords, then scalar coords), then its
+    value, then the ``AFTER_VALUE`` coords it has (an interval: low, high, N)."""
+    names = coord_names(da)
     tips = []
-    for name in coord_names(da):
+    for name in names:
+        if name in AFTER_VALUE:
+            continue
         kind = vega_type(da, name)
         fmt: dict[str, Any] = {"format": ".3f"} if kind == "Q" else {}
         tips.append(alt.Tooltip(f"{name}:{kind}", title=TIP_TITLES.get(name, name), **fmt))
     if binary:
         tips.append(alt.Tooltip(f"{STATE}:N", title="state"))
     tips.append(alt.Tooltip(f"{VALUE}:Q", title=legend, format=".4g"))
+    for name in (n for n in AFTER_VALUE if n in names):
+        kind = vega_type(da, name)
+        fmt = {"format": ".4g"} if kind == "Q" else {}
+        title = str(da[name].attrs.get("long_name", name))
+        tips.append(alt.Tooltip(f"{name}:{kind}", title=title, **fmt))
     return tips

@@ -12,6 +12,11 @@ drawn grey (the subtitle says so only when a drawn cell is NaN, and says when ev
 is); +inf and -inf are drawn as dark cells marked "+∞" / "−∞", and the spec never holds a
 non-JSON number.
 
+A mean with its interval (``lenscape.aggregate.mean``: a ``bound`` dim holding mean, low
+and high) is drawn as its mean, with the cells whose interval includes 0 hatched (their
+sign is not sure; a legend entry says so), the bounds and the prompt count N in every
+tooltip and a subtitle that counts the hatched cells and says how the interval was made.
+
 A heatmap reads its array by label: axes and facets run in label order
 (``encoding.in_label_order``: layers, heads and other numbers ascending, components in the
 schema's vocabulary order, edges in the graph's order), never in the array's order, so a
@@ -39,10 +44,13 @@ import xarray as xr
 from altair.typing import ChartType
 
 from lenscape import _validate
+from lenscape.aggregate import BOUNDS
+from lenscape.bootstrap import percent
 from lenscape.mask_rules import MASK_UNITS, NAN_LABEL, STATES, is_mask
 from lenscape.schema import LABEL_COORDS, name_from_attrs
 
 from .encoding import (
+    AFTER_VALUE,
     INFINITE,
     STATE,
     VALUE,
@@ -75,6 +83,15 @@ TITLE_LIMIT = 1600
 FACET_COLUMNS = 4
 #: Label coords drawn as tick labels of their axis by default (tokens of an attention pattern).
 TOKEN_COORDS = {"query_pos": "query_token", "key_pos": "key_token", "pos": "token"}
+#: The dim of an interval result (``lenscape.aggregate.mean``) that holds mean, low, high.
+BOUND = "bound"
+#: The hatch over a cell whose interval includes 0: three strokes in the [-1, 1] box of a
+#: Vega symbol, which Vega scales to the mark's size (the cell's).
+HATCH = "M-1,0L0,-1M-1,1L1,-1M0,1L1,0"
+#: Colour of the hatch strokes.
+HATCH_COLOR = "#303030"
+#: Field of the inline data naming a hatched cell's state (the legend entry), else null.
+UNSURE = "unsure"
 
 
 def label_from_attrs(da: xr.DataArray, default: str = VALUE) -> str:
@@ -207,7 +224,10 @@ def heatmap(
 
     Args:
         da: the values; every dim must be the dim of ``x`` or ``y`` or a facet, e.g.
-            (model, layer, head) with ``x="head", y="layer", facet_col="model"``.
+            (model, layer, head) with ``x="head", y="layer", facet_col="model"``. A mean
+            with its interval (``lsc.aggregate.mean`` or ``da.lsc.mean("prompt")``: a
+            ``bound`` dim of mean, low, high that no role names) draws the mean, hatches
+            the cells whose interval includes 0 and shows low, high and N in the tooltips.
         x: dim or label coord on the horizontal axis. ``"depth"`` (relative depth, a coord on
             ``layer``) puts models of different depth on one shared [0, 1] axis.
         y: dim or label coord on the vertical axis (first label at the top).
@@ -246,8 +266,9 @@ def heatmap(
             ``True`` for ``color`` ...); the message names it.
         ValueError: if a role names something ``da`` lacks, a dim of ``da`` has no role (the
             message says how to reduce it), a dim's labels repeat, an option is out of
-            range (an unknown colour scheme, ``domain`` with low >= high ...), or a mask or
-            category array holds infinities.
+            range (an unknown colour scheme, ``domain`` with low >= high ...), a mask or
+            category array holds infinities, or a ``bound`` dim holds other labels than
+            mean, low and high.
     """
     _check_options(
         da,
@@ -264,12 +285,14 @@ def heatmap(
         tick_labels=tick_labels,
         flags={"tooltip": tooltip, "independent": independent, "actions": actions},
     )
+    da, interval = _split_interval(da, roles={x, y, facet_row, facet_col})
     da = in_label_order(da)
     columns = _validate.positive_int(
         "columns", columns, none_means=f"{FACET_COLUMNS} panels per row"
     )
     _check_roles(da, x=x, y=y, facet_row=facet_row, facet_col=facet_col)
     cells = _read_cells(da, binary=binary, labels=labels, categories=categories)
+    cells = dataclasses.replace(cells, interval=interval)
     panel = functools.partial(
         _panel,
         x=x,
@@ -279,6 +302,7 @@ def heatmap(
         ticks={**{d: c for d, c in TOKEN_COORDS.items() if c in da.coords}, **(tick_labels or {})},
         has_inf=cells.has_inf,
         legend=cells.label,
+        unsure=interval.label if interval else None,
     )
     chart = _arrange(
         da,
@@ -360,10 +384,11 @@ def _check_roles(
         d = extra[0]
         first = da[d].values[0].item() if d in da.coords else 0
         verb = "is" if len(extra) == 1 else "are"
+        interval = "; da.lsc.mean('prompt') gives the mean with its 95% interval"
         raise ValueError(
             f"da has dims {tuple(da.dims)}, and {extra} {verb} not x, y or a facet. "
             f"Reduce first, e.g. da.mean({d!r}) or da.sel({d}={first!r}), "
-            f"or facet with facet_row={d!r}."
+            f"or facet with facet_row={d!r}{interval if d == 'prompt' else ''}."
         )
     if da.size > MAX_CELLS:
         raise ValueError(
@@ -384,6 +409,7 @@ class _Cells:
         has_nan: a drawn cell is NaN (not computed).
         has_inf: a drawn cell is +inf or -inf.
         label: what a cell holds, from the attrs (legend and tooltip).
+        interval: the mean's interval, where ``da`` was one (see ``_split_interval``).
     """
 
     binary: bool
@@ -392,6 +418,58 @@ class _Cells:
     has_nan: bool
     has_inf: bool
     label: str
+    interval: _Interval | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Interval:
+    """What an interval result adds to a heatmap.
+
+    Attributes:
+        label: the legend entry of a hatched cell ("95% interval includes 0").
+        lines: subtitle lines: how many cells are hatched and how the interval was made,
+            and why some cells have none.
+    """
+
+    label: str
+    lines: list[str]
+
+
+def _split_interval(
+    da: xr.DataArray, *, roles: set[str | None]
+) -> tuple[xr.DataArray, _Interval | None]:
+    """An interval result (a ``bound`` dim no role names) as its mean with ``low`` and
+    ``high`` coords (tooltips show them, ``_panel`` hatches from them); anything else as it is.
+
+    Raises:
+        ValueError: a ``bound`` dim whose labels are not mean, low and high.
+    """
+    if BOUND not in da.dims or BOUND in roles:
+        return da, None
+    labels = da[BOUND].values.tolist() if BOUND in da.coords else []
+    if sorted(map(str, labels)) != sorted(BOUNDS):
+        raise ValueError(
+            f"da has a {BOUND!r} dim with labels {labels}, not {list(BOUNDS)} as "
+            "lsc.aggregate.mean gives; pick one with da.sel(bound=...) or draw each as a "
+            "panel with facet_col='bound'."
+        )
+    ci = da.attrs.get("ci")
+    share = percent(ci) if isinstance(ci, float) else "the"
+    low, high = (da.sel({BOUND: b}, drop=True) for b in ("low", "high"))
+    shown = da.sel({BOUND: "mean"}, drop=True).assign_coords(
+        low=(low.dims, low.values, {"long_name": f"{share} interval: low"}),
+        high=(high.dims, high.values, {"long_name": f"{share} interval: high"}),
+    )
+    unsure = int(((low <= 0) & (high >= 0)).sum())
+    label = f"{share} interval includes 0"
+    lines = [
+        f"hatched: {label}, the sign is not sure ({unsure} of {shown.size} cells)"
+        + (f"; {str(da.attrs['interval']).split(':')[0]}" if "interval" in da.attrs else "")
+        + (f", {da.attrs['n_resamples']} resamples" if "n_resamples" in da.attrs else "")
+    ]
+    if da.attrs.get("interval_note"):
+        lines.append(str(da.attrs["interval_note"]))
+    return shown, _Interval(label=label, lines=lines)
 
 
 def _read_cells(
@@ -547,7 +625,7 @@ def _framed(
         every_nan=cells.has_nan and not cells.finite.size and not cells.has_inf,
         has_inf=cells.has_inf,
         colour=None if described else cells.label,
-    )
+    ) + (cells.interval.lines if cells.interval else [])
     if heading or subtitle:
         chart = chart.properties(
             title=alt.TitleParams(
@@ -569,6 +647,7 @@ def _panel(
     ticks: Mapping[str, str],
     has_inf: bool,
     legend: str,
+    unsure: str | None = None,
 ) -> alt.Chart | alt.LayerChart:
     """One grid of cells with its data inline; ``enc`` holds the shared colour and tooltip.
 
@@ -582,16 +661,27 @@ def _panel(
         ticks: axis dim -> label coord giving its tick labels.
         has_inf: some cell of the whole array is +-inf: add the layer that marks them.
         legend: the full value description, for the tooltip of infinite cells.
+        unsure: for an interval result (``low`` and ``high`` coords), the legend entry of
+            the cells whose interval includes 0, which a hatch layer marks.
     """
     edges: dict[str, tuple[tuple[Hashable, ...], np.ndarray]] = {}
     for n in (x, y):
         if vega_type(da, n) == "Q":
             edges[f"{n}_start"], edges[f"{n}_end"] = _edges(da[n], _axis_dim(da, n, "axis"))
     cols = cell_columns(da.assign_coords(edges))
-    cols = _drop_outside(cols, [n for n in cols if n not in (VALUE, INFINITE)])
+    cols = _drop_outside(cols, [n for n in cols if n not in (VALUE, INFINITE, *AFTER_VALUE)])
     if labels:
         state = (lambda v: labels[int(v)]) if len(labels) > 2 else (lambda v: labels[bool(v)])
         cols[STATE] = [NAN_LABEL if v is None else state(v) for v in cols[VALUE]]
+    if unsure:
+        cols[UNSURE] = [
+            unsure if lo is not None and hi is not None and lo <= 0 <= hi else None
+            for lo, hi in zip(cols["low"], cols["high"], strict=True)
+        ]
+        for n in (x, y):  # a point sits at a continuous cell's middle
+            if vega_type(da, n) == "Q":
+                ends = zip(cols[f"{n}_start"], cols[f"{n}_end"], strict=True)
+                cols[f"{n}_mid"] = [None if a is None else (a + b) / 2 for a, b in ends]
     keys = list(cols)
     data = {
         "values": [dict(zip(keys, row, strict=True)) for row in zip(*cols.values(), strict=True)]
@@ -599,24 +689,71 @@ def _panel(
     base = alt.Chart(data).encode(
         **axis_encoding(da, x, "x", cols, ticks), **axis_encoding(da, y, "y", cols, ticks)
     )
-    cells = base.mark_rect(invalid="show").encode(**enc)
+    layers = [base.mark_rect(invalid="show").encode(**enc)]
     if has_inf:
         marked = base.transform_filter(f"datum.{INFINITE} != null")
         tips = [t for t in enc.get("tooltip", []) if t.to_dict()["field"] != VALUE]
         tips = [*tips, alt.Tooltip(f"{INFINITE}:N", title=legend)] if "tooltip" in enc else []
-        cells = alt.layer(
-            cells,
+        layers += [
             marked.mark_rect(color=INF_COLOR).encode(**({"tooltip": tips} if tips else {})),
             marked.mark_text(color="white", fontSize=9).encode(text=f"{INFINITE}:N"),
-        )
+        ]
+    if unsure:
+        layers.append(_hatch(data, da, x=x, y=y, cols=cols, ticks=ticks, label=unsure, enc=enc))
+    cells = alt.layer(*layers) if len(layers) > 1 else layers[0]
     return cells.properties(width=_size(da, x), height=_size(da, y))
+
+
+def _hatch(
+    data: dict[str, Any],
+    da: xr.DataArray,
+    *,
+    x: str,
+    y: str,
+    cols: dict[str, list[Any]],
+    ticks: Mapping[str, str],
+    label: str,
+    enc: dict[str, Any],
+) -> alt.Chart:
+    """The layer that hatches the cells whose interval includes 0 (``UNSURE`` set): one
+    ``HATCH`` symbol the size of a cell at its middle, with a legend entry ``label``."""
+    axes: dict[str, Any] = {}
+    for name, channel in ((x, "x"), (y, "y")):
+        axis = axis_encoding(da, name, channel, cols, ticks)
+        if vega_type(da, name) == "Q":  # the cell's middle, on the cells' scale
+            cls = alt.X if channel == "x" else alt.Y
+            axis = {channel: cls(**{**axis[channel].to_dict(), "field": f"{name}_mid"})}
+        axes.update(axis)
+    side = min(_pixels(da, x), _pixels(da, y))
+    return (
+        alt.Chart(data)
+        .transform_filter(f"datum.{UNSURE} != null")
+        .mark_point(shape=HATCH, filled=False, stroke=HATCH_COLOR, strokeWidth=1, opacity=0.8)
+        .encode(
+            shape=alt.Shape(
+                f"{UNSURE}:N",
+                scale=alt.Scale(domain=[label], range=[HATCH]),
+                legend=alt.Legend(title="interval", symbolStrokeColor=HATCH_COLOR),
+            ),
+            size=alt.SizeValue(side * side),
+            **axes,
+            **({"tooltip": enc["tooltip"]} if "tooltip" in enc else {}),
+        )
+    )
+
+
+def _pixels(da: xr.DataArray, name: str) -> float:
+    """A cell's extent in pixels along the axis of ``name`` (see ``_size``)."""
+    size = _size(da, name)
+    return size.step if isinstance(size, alt.Step) else size / max(len(coord_order(da, name)), 1)
 
 
 def _inside(da: xr.DataArray) -> np.ndarray:
     """True for cells that are drawn: every float coord of the cell is finite (``_drop_outside``
-    drops the others, e.g. layers past a shallower model's depth); shaped like ``da``."""
+    drops the others, e.g. layers past a shallower model's depth; an interval's bounds, NaN
+    where there is none, do not place a cell); shaped like ``da``."""
     inside = np.ones(da.shape, dtype=bool)
-    for name in coord_names(da):
+    for name in (n for n in coord_names(da) if n not in AFTER_VALUE):
         coord = da[name]
         if coord.dtype.kind == "f" and not np.isfinite(coord.values).all():
             inside &= np.isfinite(coord).broadcast_like(da).transpose(*da.dims).values
