@@ -52,6 +52,23 @@ def test_load_local_folder(tmp_path, tokenizer, factual):
     )
 
 
+def test_loads_are_quiet(tmp_path, tokenizer, capfd):
+    """No progress bar per load (in a notebook, a widget and a line of text each time); the
+    bars' own setting is restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    models.tiny("llama", tokenizer=tokenizer).hf.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    capfd.readouterr()
+    lsc.load(str(tmp_path), device="cpu")
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in out + err
+    assert hf_logging.is_progress_bar_enabled()
+    with models.bundled.quiet_loading():
+        assert not hf_logging.is_progress_bar_enabled()
+    assert hf_logging.is_progress_bar_enabled()
+
+
 def test_unknown_bundled_name_is_a_lookup_error():
     with pytest.raises(LookupError, match="Bundled models"):
         models.bundled_folder("gpt-17")

@@ -20,6 +20,7 @@ import xarray as xr
 from . import _validate
 from .data import PromptSet, as_texts
 from .models import LensModel, bundled_folder
+from .models.bundled import quiet_loading
 
 
 @torch.no_grad()
@@ -42,7 +43,8 @@ def embed(prompts: Any, encoder: str | LensModel = "minilm", *, batch_size: int 
         model, tokenizer, device = encoder.hf, encoder.tokenizer, encoder.device
     elif encoder == "minilm":
         folder = bundled_folder("minilm")
-        model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
+        with quiet_loading():
+            model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
         tokenizer, device = AutoTokenizer.from_pretrained(folder, local_files_only=True), "cpu"
     else:
         raise ValueError(f"Unknown encoder {encoder!r}; use 'minilm' or a model from lsc.load.")

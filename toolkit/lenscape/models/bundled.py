@@ -8,16 +8,34 @@ downloaded from a hub.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Load weights without transformers' progress bars: a load takes a second, and a bar per
+    load (a widget and a line of text in a notebook) says nothing a reader needs. Restores
+    the bars' previous state afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 @dataclass(frozen=True)
@@ -142,9 +160,10 @@ def _convert_gguf(bundle: Bundled, package: Path, target: Path) -> Path:
         else:
             gguf = next(package.glob("*.gguf"))
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        hf = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
+        with quiet_loading():
+            hf = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
         # save_pretrained refuses a gguf-loaded model until its quantizer is dropped (FACTS.md).
         # torch types Module attributes as Tensor | Module; this one is a plain attribute.
         hf.hf_quantizer = None  # type: ignore[assignment]

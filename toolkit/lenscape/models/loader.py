@@ -24,7 +24,14 @@ import torch
 
 from .. import _validate
 from . import selfcheck
-from .bundled import BUNDLED, DEFAULT_MODEL, ENCODERS, bundled_folder, tokenizer_for
+from .bundled import (
+    BUNDLED,
+    DEFAULT_MODEL,
+    ENCODERS,
+    bundled_folder,
+    quiet_loading,
+    tokenizer_for,
+)
 from .layouts import ArchLayout, ModelSpec
 from .lens_model import LensModel
 
@@ -283,13 +290,14 @@ def load(
     )
     ModelSpec.from_config(config, layout)  # fail on unsupported families before loading weights
     tokenizer = _load_tokenizer(name_or_path, folder, trust_remote_code)
-    loaded: Any = AutoModelForCausalLM.from_pretrained(
-        folder,
-        local_files_only=True,
-        dtype=_resolve_dtype(dtype),
-        trust_remote_code=trust_remote_code,
-        output_loading_info=True,
-    )
+    with quiet_loading():
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            folder,
+            local_files_only=True,
+            dtype=_resolve_dtype(dtype),
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+        )
     hf_model, loading_info = loaded
     _refuse_partial_weights(name_or_path, loading_info)
     model = from_hf(
