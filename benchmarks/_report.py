@@ -15,7 +15,8 @@ sections, so nothing in it is edited by hand. A script looks like::
     body = _report.table(["date", "machine", "time"], rows)
     _report.emit(args, _report.section("my_script", "Title", "What and how.", body))
 
-Stdlib only; torch is imported lazily, and only to name the GPU.
+The machine is described by ``lenscape.models.host.describe_machine``, as in every provenance
+lenscape writes.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.metadata
-import os
 import platform
 from datetime import date
 from pathlib import Path
+
+from lenscape.models.host import describe_machine
 
 PACKAGES = (
     "torch",
@@ -42,56 +44,6 @@ PACKAGES = (
 )
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-#: Vector extensions that change CPU timings most, best first (/proc/cpuinfo flag -> name).
-_VECTOR_FLAGS = {
-    "amx_bf16": "AMX-BF16",
-    "avx512_bf16": "AVX512-BF16",
-    "avx512f": "AVX512",
-    "avx2": "AVX2",
-}
-
-
-def _vector_isa() -> str | None:
-    """The CPU's widest vector extension: float32 matmul speed and whether bfloat16 runs on
-    hardware (AVX512-BF16, AMX) or is emulated depend on it, so timings name it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return next((name for flag, name in _VECTOR_FLAGS.items() if flag in flags), None)
-    except OSError:
-        pass
-    return None
-
-
-def _ram_gib() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20)
-    except OSError:
-        pass
-    return None
-
-
-def _gpu_name() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-
-
 def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
@@ -105,20 +57,16 @@ def machine_info() -> dict:
 
     Returns:
         ``{"date": ISO date, "machine": one-line description (CPU model, cores, vector
-        extension, RAM, GPU), "short": the short form for a table's ``machine`` column (e.g.
-        "2-core CPU (AVX2), 24 GiB"),
+        extension, RAM, GPU: ``str(lenscape.models.host.describe_machine())``), "short": the
+        short form for a table's ``machine`` column (e.g. "2-core CPU (AVX2), 24 GiB"),
         "versions": {"python": ..., package: version or "absent"}}``.
     """
-    cores, ram, gpu, isa = os.cpu_count(), _ram_gib(), _gpu_name(), _vector_isa()
-    ram_text = f"{ram} GiB" if ram is not None else "unknown RAM"
-    cpu = f"{cores}-core CPU" + (f" ({isa})" if isa else "")
-    machine = f"{_cpu_model()}, {cpu}, {ram_text} RAM" + (f", GPU {gpu}" if gpu else "")
-    short = f"{cpu}, {ram_text}" + (f", {gpu}" if gpu else "")
+    machine = describe_machine()
     versions = {"python": platform.python_version(), **{p: _version(p) for p in PACKAGES}}
     return {
         "date": date.today().isoformat(),
-        "machine": machine,
-        "short": short,
+        "machine": str(machine),
+        "short": machine.short,
         "versions": versions,
     }
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from lenscape.models.host import describe_machine
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import _report
@@ -45,6 +47,8 @@ def test_section_markers_and_parts():
 def test_stamp_is_date_and_short_machine():
     info = _report.machine_info()
     assert _report.stamp() == [info["date"], info["short"]]
+    machine = describe_machine()  # the one description of the machine, as in recordings
+    assert (info["machine"], info["short"]) == (str(machine), machine.short)
     assert set(info["versions"]) == {"python", *_report.PACKAGES}
     assert info["versions"]["lenscape"] != "absent"
 
@@ -106,16 +110,3 @@ def test_conditions_close_the_section_and_survive_a_reparse():
     text = run_all.with_conditions("a", section("a", "body"), "two recordings paused")
     assert text.endswith("Conditions of this run: two recordings paused\n<!-- /bench:a -->\n")
     assert run_all.parse_sections(text) == {"a": text}
-
-
-def test_the_machine_names_its_vector_extension(monkeypatch, tmp_path):
-    """CPU timings depend on AVX2 vs AVX512 vs bfloat16 units, so a row names them."""
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(
-        "model name\t: Test CPU\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16\n"
-    )
-    real = _report.Path
-    monkeypatch.setattr(_report, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real(p))
-    assert _report._vector_isa() == "AVX512-BF16"
-    cpuinfo.write_text("flags\t\t: fpu avx avx2\n")
-    assert _report._vector_isa() == "AVX2"

@@ -13,6 +13,7 @@ from _helpers import TESTS, torch_threads
 import lenscape as lsc
 from lenscape import schema, store
 from lenscape.fits import recordings
+from lenscape.models.host import describe_machine
 
 PROVENANCE = {"command": "test", "commit": "abc", "date": "2026-11-24", "machine": "test"}
 
@@ -236,7 +237,7 @@ def _shipped_checkpoints(name: str) -> list[Path]:
     return sorted(root.glob(pattern)) if root.is_dir() else []
 
 
-# Tolerances for a checkpoint recomputed on another kind of CPU (``recordings.cpu_kind``).
+# Tolerances for a checkpoint recomputed on another kind of CPU (``describe_machine().kind``).
 # Measured 2026-11-25, the shipped checkpoints (AMD AVX2) recomputed on an Intel AVX512 CPU:
 # stage-0 gates differ by at most 0.0010 and its validation loss by 0.08%; the signed stages
 # start from stage 0's gates, and Adam's first updates (about +-lr per logit, whatever the
@@ -255,7 +256,7 @@ OTHER_CPU_KEEP_PROB_ATOL = 2e-3
 
 def _same_cpu(recorded) -> bool:
     """Whether this machine is the checkpoint's kind of CPU (same vendor, vector extension)."""
-    return recorded.attrs["cpu"] == recordings.cpu_kind()
+    return recorded.attrs["cpu"] == describe_machine().kind
 
 
 def _compare_head_roles(again, recorded, same_cpu: bool) -> None:

@@ -19,9 +19,10 @@ Next to the units, each recording keeps a *checkpoint*: the result of the first 
 updates of its fit (head roles: seed 0 on the first items; block masks: the per-cluster
 masks on the recorded clusters), which ``tests/test_recordings.py`` recomputes, so the shipped data
 cannot drift from the code that made it. A checkpoint names the CPU kind and torch thread
-count it was computed with (``cpu_kind``): on that kind the rerun agrees to float rounding;
-on another (another vendor's math library, another vector extension) Adam's first updates
-amplify rounding, and the test compares with tolerances measured across CPUs.
+count it was computed with (``models.host.describe_machine().kind``): on that kind the rerun
+agrees to float rounding; on another (another vendor's math library, another vector
+extension) Adam's first updates amplify rounding, and the test compares with tolerances
+measured across CPUs.
 
 Every file carries a SHA-256 of its contents (``content_sha256`` attr, ``store.content_sha256``)
 taken when it was written, and its values have known ranges (``VALUE_RANGES``: gates and
@@ -35,7 +36,6 @@ masks. Other files in these folders (notes, copies) are ignored.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
@@ -53,6 +53,7 @@ from tqdm.auto import tqdm
 from .. import _validate, cluster, data, schema, store
 from ..data import PromptSet
 from ..models import LensModel
+from ..models.host import describe_machine
 from .gating import check_seeds, gating_check, head_gating
 from .masks import block_masks, mask_comparison
 
@@ -359,19 +360,6 @@ def _fit_state(unit: Path) -> Path:
     return unit.with_name(f".{unit.stem}.fit-state")
 
 
-def cpu_kind() -> str:
-    """The CPU vendor and the vector extension torch dispatches to, e.g. ``"GenuineIntel
-    AVX512"``: a fit's rounding depends on both (and on the torch thread count), so a
-    checkpoint is bit-reproducible only on the same kind."""
-    vendor = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                vendor = line.split(":", 1)[1].strip()
-                break
-    return f"{vendor} {torch.backends.cpu.get_cpu_capability()}"
-
-
 def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.Dataset:
     """The first ``CHECKPOINT_STEPS`` updates per stage of seed 0 on the first
     ``CHECKPOINT_ITEMS`` training items: what ``tests/test_recordings.py`` recomputes.
@@ -391,7 +379,7 @@ def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.
         precision=precision,  # type: ignore[arg-type]
         progress=False,
     )
-    point.attrs.update(torch_threads=torch.get_num_threads(), cpu=cpu_kind())
+    point.attrs.update(torch_threads=torch.get_num_threads(), cpu=describe_machine().kind)
     return point
 
 
@@ -514,7 +502,7 @@ def block_masks_checkpoint(model: LensModel, *, precision: str) -> xr.Dataset:
         precision=precision,  # type: ignore[arg-type]
         progress=False,
     )
-    point.attrs.update(torch_threads=torch.get_num_threads(), cpu=cpu_kind())
+    point.attrs.update(torch_threads=torch.get_num_threads(), cpu=describe_machine().kind)
     return point
 
 
