@@ -60,3 +60,26 @@ def test_split_and_embed_check_their_options(mixed):
         cluster.split(mixed, held_out="0.25")
     with pytest.raises(ValueError, match=r"batch_size must be a positive integer, got 0"):
         cluster.embed(mixed, batch_size=0)
+
+
+def test_clusters_are_named_by_the_kind_of_text_they_hold(mixed, clusters):
+    """A cluster's name is its most common kind with that kind's share, computed from the
+    labels; "mixed" when no kind holds half of it."""
+    names = clusters.names()
+    assert names.dims == ("cluster",) and list(names["cluster"].values) == [0, 1, 2, 3]
+    for c, name in enumerate(names.values):
+        kinds = clusters.labels["category"].values[clusters.labels.values == c]
+        held, counts = np.unique(kinds, return_counts=True)
+        share = f"{held[counts.argmax()]} {counts.max() / counts.sum():.0%}"
+        assert name in (f"{c}: {share}", f"{c}: mixed ({share})")
+        assert name.startswith(f"{c}: mixed") == (counts.max() < 0.5 * counts.sum())
+    assert all(
+        n.startswith(f"{c}: mixed")
+        for c, n in enumerate(clusters.names(dominant=1.0).values)
+        if "100%" not in n
+    )
+    bare = cluster.kmeans(cluster.embed(mixed[:8]), 2)  # made without its prompts
+    with pytest.raises(ValueError, match=r"prompts=prompts"):
+        bare.names()
+    with pytest.raises(ValueError, match="dominant must be"):
+        clusters.names(dominant=0)

@@ -65,6 +65,10 @@ def embed(prompts: Any, encoder: str | LensModel = "minilm", *, batch_size: int 
     return torch.nn.functional.normalize(vectors, dim=-1).numpy()
 
 
+#: Share of a cluster's prompts one kind of text needs to name the cluster (``Clustering.names``).
+DOMINANT = 0.5
+
+
 @dataclass
 class Clustering:
     """k-means result.
@@ -93,6 +97,43 @@ class Clustering:
         """Embed new prompts (a ``PromptSet`` or strings) with this clustering's encoder and
         return each one's nearest cluster, (n,) ints."""
         return self.assign(embed(prompts, self.encoder))
+
+    def names(self, *, dominant: float = DOMINANT) -> xr.DataArray:
+        """Name each cluster by the kind of text it holds: its most common ``category`` and
+        that kind's share of its prompts ("3: code 92%"), or "3: mixed (facts 40%)" when no
+        kind reaches ``dominant``. Computed from the labels, never typed.
+
+        Args:
+            dominant: the share a kind needs to name its cluster, in (0, 1].
+
+        Returns:
+            DataArray (cluster,) of names, coords 0..k-1 (assign it to a result's
+            ``cluster`` dim and pass ``tick_labels={"cluster": ...}`` to ``lsc.heatmap``).
+
+        Raises:
+            ValueError: the clustering was made without its prompts (no ``category`` coord:
+                pass ``prompts=`` to ``kmeans``), or ``dominant`` outside (0, 1].
+        """
+        dominant = _validate.number("dominant", dominant, above=0.0, high=1.0)
+        if "category" not in self.labels.coords:
+            raise ValueError(
+                "The clustering does not know its prompts' kinds; make it with "
+                "cluster.kmeans(embeddings, k, prompts=prompts)."
+            )
+        kinds = self.labels["category"].values
+        names = []
+        for c in range(self.k):
+            held, counts = np.unique(kinds[self.labels.values == c], return_counts=True)
+            top = int(np.argmax(counts))  # ties: the first kind in alphabetical order
+            share = f"{held[top]} {counts[top] / counts.sum():.0%}"
+            names.append(
+                f"{c}: {share}"
+                if counts[top] >= dominant * counts.sum()
+                else f"{c}: mixed ({share})"
+            )
+        return xr.DataArray(
+            names, dims=("cluster",), coords={"cluster": np.arange(self.k)}, name="cluster_name"
+        )
 
     def members(self, prompts: PromptSet, cluster: int) -> PromptSet:
         """The prompts of one cluster."""
