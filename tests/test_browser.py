@@ -7,9 +7,11 @@ per-prompt values and the head's attention pattern beside the chart (click-to-de
 measured in the page, median <= 200 ms), a typed custom prompt redraws the chart and a bad
 one is explained with the chart kept, and the page logs no JavaScript errors. A page of
 synthetic results checks the views cannot mislead: two charts with colour legends keep their
-own gradients, prompts the model gets wrong are flagged and can be left out, the details
-follow the selection from one prompt to the mean, a threshold past every value is noted, and
-the logit lens shows the input tokens in order with the top tokens on hover. Every request
+own gradients, a mean over prompts hatches the cells whose interval includes 0 (with its
+legend entry, low, high and N on hover, and the interval beside a clicked cell's bars),
+prompts the model gets wrong are flagged and can be left out, the details follow the
+selection from one prompt to the mean, a threshold past every value is noted, and the logit
+lens shows the input tokens in order with the top tokens on hover. Every request
 not to 127.0.0.1 is blocked and recorded; the list must be empty (but for Voila's own page
 template, below). Screenshots go to ``$LENSCAPE_ARTIFACTS`` (default ``out/test-artifacts``)
 with the measured times. A missing /usr/bin/chromium fails the tests unless
@@ -473,7 +475,8 @@ def test_views_that_cannot_mislead_in_the_browser(chromium, truth_url, artifacts
 
             explorer = page.locator(".vega-embed").nth(2)  # its details come after it
             title = explorer.locator("text", has_text="attribution · ")
-            expect(title).to_have_text("attribution · mean over 3 prompts")
+            expect(title).to_have_text("attribution · mean over 3 prompts, 95% interval")
+            _check_interval_marks(page, explorer)
             prompt = page.get_by_label("prompt", exact=True)
             expect(prompt.locator("option", has_text="✗ wrong answer")).to_have_text(
                 "1 ✗ wrong answer: The capital of Peru is"
@@ -484,7 +487,9 @@ def test_views_that_cannot_mislead_in_the_browser(chromium, truth_url, artifacts
                 timeout=20_000,
             )  # ... and one switch leaves it out
             page.get_by_label("only prompts the model gets right").uncheck()
-            expect(title).to_have_text("attribution · mean over 3 prompts", timeout=20_000)
+            expect(title).to_have_text(
+                "attribution · mean over 3 prompts, 95% interval", timeout=20_000
+            )
 
             # the details follow the selection: one prompt's value, then the mean's bars
             prompt.select_option(label="2: The capital of Japan is")
@@ -496,6 +501,8 @@ def test_views_that_cannot_mislead_in_the_browser(chromium, truth_url, artifacts
             expect(page.locator("text", has_text="layer 2, head 1: per prompt")).to_be_visible(
                 timeout=20_000
             )
+            interval = re.compile(r", 95% interval \S+ to \S+ \(N = 3\)")  # the bars' subtitle
+            expect(page.locator("text", has_text=interval)).to_be_visible()
             expect(one).to_be_hidden()
             page.screenshot(path=artifacts / "truth_details.png", full_page=True)
 
@@ -526,3 +533,64 @@ def test_views_that_cannot_mislead_in_the_browser(chromium, truth_url, artifacts
     # every request not to 127.0.0.1 was blocked and recorded: none may come from lenscape
     assert [u for u in outside if not u.startswith(VOILA_TEMPLATE_CDN)] == [], outside
     assert errors == [], f"JavaScript errors: {errors}"
+
+
+def _unsure_cells():
+    """The (layer, head) cells of the truth page's Explorer whose 95% interval includes 0,
+    from the same seeded data (the notebook's third draw)."""
+    import numpy as np
+
+    from lenscape import aggregate, schema
+
+    rng = np.random.default_rng(0)
+    rng.uniform(size=(4, 3)), rng.normal(size=(4, 3))
+    scores = schema.make(
+        rng.normal(size=(3, 4, 3)),
+        dims=("prompt", "layer", "head"),
+        n_layers=4,
+        attrs=dict(
+            long_name="attribution",
+            units="logit diff",
+            method="synthetic",
+            metric="logit_diff",
+            model="synthetic",
+            backend="none",
+            dtype="float64",
+        ),
+    )
+    interval = aggregate.mean(scores)
+    unsure = (interval.sel(bound="low") <= 0) & (interval.sel(bound="high") >= 0)
+    return [
+        (int(layer), int(head))
+        for layer in unsure["layer"]
+        for head in unsure["head"]
+        if unsure.sel(layer=layer, head=head)
+    ]
+
+
+def _check_interval_marks(page, explorer):
+    """A mean over prompts: one hatch per unsure cell and a legend entry that says what it
+    means; hovering a cell shows mean, low, high and N; a click on a hatched cell (on its
+    hatch's strokes, as a hurried click lands) still selects the cell and brings its bars
+    with the interval in words."""
+    from playwright.sync_api import expect
+
+    unsure = _unsure_cells()
+    assert 0 < len(unsure) < 12, unsure  # the page shows both kinds of cell
+    expect(explorer.locator("g.mark-symbol.role-mark path")).to_have_count(len(unsure))
+    legend = explorer.locator(".role-legend text", has_text="95% interval includes 0")
+    expect(legend).to_be_visible()
+    layer, head = unsure[0]
+    cell = explorer.locator(f"[aria-label^='head: {head}; layer: {layer};']")
+    box = cell.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    tooltip = page.locator("#vg-tooltip-element.visible")
+    for text in ("95% interval: low", "95% interval: high", "N (prompts computed)"):
+        expect(tooltip).to_contain_text(text, timeout=10_000)
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    bars = page.locator("text", has_text=f"layer {layer}, head {head}: per prompt")
+    expect(bars).to_be_visible(timeout=20_000)
+    expect(
+        page.locator("text", has_text=re.compile(r", 95% interval \S+ to \S+ \(N = 3\)"))
+    ).to_be_visible()
+    page.mouse.move(5, 5)

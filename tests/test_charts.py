@@ -146,3 +146,24 @@ def test_agreement_chart_counts_not_computed_cells_and_stays_valid_json(tiny_lla
     assert heads["title"]["subtitle"] == (
         f"r over prompt means: undefined (atp); {n_heads} cells not computed (NaN), not drawn"
     )
+
+
+def test_bars_draw_the_mean_and_its_interval_when_asked():
+    values = np.array([1.0, 1.4, 0.6, 1.2, 0.8])
+    da = make_result(values, ("prompt",))
+    spec = charts.bars(da, y="prompt", ci=0.9).to_dict()
+    band, rule, _ = spec["layer"]
+    assert band["mark"]["type"] == "rect" and rule["mark"]["type"] == "rule"
+    interval = lsc.aggregate.mean(da, ci=0.9)
+    low, high = (float(interval.sel(bound=b)) for b in ("low", "high"))
+    assert band["data"]["values"] == [{"low": low, "high": high}]
+    assert rule["data"]["values"] == [{"mean": 1.0}]
+    assert spec["title"]["subtitle"][0] == f"mean 1, 90% interval {low:.4g} to {high:.4g} (N = 5)"
+    one = charts.bars(da[:1], y="prompt", ci=0.95).to_dict()  # no interval: only the mean's line
+    json.dumps(one, allow_nan=False)
+    assert [layer["mark"]["type"] for layer in one["layer"]] == ["rule", "bar"]
+    assert one["title"]["subtitle"][0] == (
+        "mean 1, no interval (N = 1): fewer than 2 prompts, or an infinite value"
+    )
+    with pytest.raises(ValueError, match=r"ci must lie in \(0, 1\)"):
+        charts.bars(da, y="prompt", ci=1.0)

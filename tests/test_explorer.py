@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 from _helpers import ATTRS, inline_rows
 
-from lenscape import schema
+from lenscape import aggregate, schema
 from lenscape.views.explorer import Explorer, View, reduce, render
 from lenscape.views.offline import export
 
@@ -359,16 +359,26 @@ def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
         "on": "click",
         "clear": "dblclick",
     }
-    stroke = spec(e)["encoding"]["stroke"]  # the clicked cell is outlined, no other
+    cells = spec(e)["layer"][0]  # the cells; the hatch of unsure means lies on top
+    stroke = cells["encoding"]["stroke"]  # the clicked cell is outlined, no other
     assert stroke["condition"] == {"param": "cell", "value": "#000000", "empty": False}
     click(e, layer=1, head=0)
     assert e.cell == {"layer": 1, "head": 0}
     assert asked == [{"layer": 1, "head": 0, "prompt": 0, "text": PROMPTS[0]}]
     per_prompt_chart, shown = e._details.box.children
     bars = per_prompt_chart.chart.to_dict()
-    assert [r["value"] for r in inline_rows(bars)] == pytest.approx(SIGNED[:, 1, 0].tolist())
-    assert [r["text"] for r in inline_rows(bars)] == PROMPTS
-    assert bars["encoding"]["y"]["axis"]["labelExpr"].startswith('["The capital of France')
+    rows = next(rows for rows in bars["datasets"].values() if "text" in rows[0])
+    assert [r["value"] for r in rows] == pytest.approx(SIGNED[:, 1, 0].tolist())
+    assert [r["text"] for r in rows] == PROMPTS
+    assert bars["layer"][-1]["encoding"]["y"]["axis"]["labelExpr"].startswith(
+        '["The capital of France'
+    )
+    # the mean's interval beside the bars: the numbers of the heatmap's tooltip
+    cell = next(r for r in inline_rows(spec(e)) if r["layer"] == 1 and r["head"] == 0)
+    said = bars["title"]["subtitle"][0]
+    assert said == (
+        f"mean {cell['value']:.4g}, 95% interval {cell['low']:.4g} to {cell['high']:.4g} (N = 3)"
+    )
     assert isinstance(shown, alt.JupyterChart)
     e.controls["prompt"].value = 2  # a picked prompt: the detail view follows it
     assert asked[-1] == {"layer": 1, "head": 0, "prompt": 2, "text": PROMPTS[2]}
@@ -411,9 +421,11 @@ def test_wrong_answers_are_flagged_and_can_be_left_out():
     labels = [label for label, _ in e.controls["prompt"].options]
     assert labels[4].startswith("1 ✗ wrong answer: ") and "✗" not in labels[3] + labels[5]
     assert not e.controls["correct"].value
-    xr.testing.assert_allclose(e.array, da.mean("prompt"), check_dim_order=False)
+    mean = e.array.sel(bound="mean", drop=True).drop_vars("n")
+    xr.testing.assert_allclose(mean, da.mean("prompt"), check_dim_order=False)
     e.controls["correct"].value = True
-    xr.testing.assert_allclose(e.array, da.sel(prompt=[0, 2]).mean("prompt"))
+    mean = e.array.sel(bound="mean", drop=True).drop_vars("n")
+    xr.testing.assert_allclose(mean, da.sel(prompt=[0, 2]).mean("prompt"))
     title = spec(e)["title"]["text"]
     assert (
         "mean over 2 prompts" in title and "only the 2 of 3 prompts the model gets right" in title
@@ -423,7 +435,7 @@ def test_wrong_answers_are_flagged_and_can_be_left_out():
     assert "correct" not in Explorer(per_prompt(SIGNED)).controls  # no coord, no switch
     with pytest.raises(ValueError, match=r"correct_only=True needs a 'correct' coord"):
         Explorer(per_prompt(SIGNED), correct_only=True)
-    started = Explorer(da, correct_only=True)
+    started = Explorer(da, correct_only=True, ci=None)
     xr.testing.assert_allclose(started.array, da.sel(prompt=[0, 2]).mean("prompt"))
     with pytest.raises(ValueError, match=r"side='up' is not a binarize rule"):
         Explorer(da, side="up")
@@ -531,3 +543,41 @@ def test_a_dim_of_length_zero_is_refused_with_a_clear_message():
     e = Explorer(per_prompt(SIGNED))
     with pytest.raises(ValueError, match=r"no values along \['head'\]"):
         e.update(per_prompt(SIGNED).isel(head=[]))
+
+
+def test_a_mean_over_prompts_carries_its_interval_in_the_chart_and_the_details():
+    values = SIGNED.copy()
+    values[:, 0, 0] = [2.0, 2.1, 1.9]  # sure: the interval excludes 0
+    values[:, 0, 1] = [-1.0, 1.0, 0.1]  # unsure
+    e = Explorer(per_prompt(values))
+    assert e.array.dims == ("layer", "head", "bound")
+    xr.testing.assert_allclose(e.array, aggregate.mean(per_prompt(values)))  # its numbers
+    chart = spec(e)
+    assert chart["title"]["text"] == "attribution · mean over 3 prompts, 95% interval"
+    assert any(
+        line.startswith("hatched: 95% interval includes 0") for line in chart["title"]["subtitle"]
+    )
+    rows = {(r["layer"], r["head"]): r for r in inline_rows(chart)}
+    assert rows[(0, 0)]["unsure"] is None and rows[(0, 1)]["unsure"] == "95% interval includes 0"
+    e.controls["prompt"].value = 0  # one prompt: no interval, no hatch
+    assert "bound" not in e.array.dims and "layer" not in spec(e)
+    e.controls["prompt"].value = "max"  # not a mean: no interval
+    assert "bound" not in e.array.dims
+    e.controls["prompt"].value = "mean"
+    e.controls["binarize"].value = True  # a share of prompts: no interval
+    assert "bound" not in e.array.dims
+    plain = Explorer(per_prompt(values), ci=None)
+    assert "bound" not in plain.array.dims
+    assert spec(plain)["title"]["text"] == "attribution · mean over 3 prompts"
+    with pytest.raises(ValueError, match=r"ci must lie in \(0, 1\)"):
+        Explorer(per_prompt(values), ci=1)
+
+
+def test_pooled_seeds_then_prompts_show_the_interval_in_words():
+    seeds = xr.concat([per_prompt(SIGNED), per_prompt(SIGNED * 2)], dim="seed")
+    e = Explorer(seeds.assign_coords(seed=[0, 1]).transpose("seed", ...))
+    assert e.view.pick == {"seed": "mean", "prompt": "mean"}
+    e.show_cell({"layer": 0, "head": 1})
+    (text,) = e._details.box.children
+    interval = e.array.sel(layer=0, head=1)
+    assert f"{float(interval.sel(bound='low')):.4g} to " in text.value and "(N = 3)" in text.value

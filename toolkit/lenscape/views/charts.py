@@ -2,12 +2,13 @@
 the agreement of a fast estimate with exact patching.
 
 ``bars`` draws a 1-D result (a head's score per prompt, marking the prompts the model gets
-wrong), ``summary`` says in a few lines what a result holds, ``logit_lens_chart`` is a
-heatmap of ``lsc.logit_lens`` with the input tokens in order, and ``agreement_chart``
-scatters the estimates of ``lsc.faithfulness`` against the exact effects. Like ``heatmap``
-they read titles and labels from the attrs, read their input by label
-(``encoding.in_label_order``: a ``sortby`` or ``transpose`` draws the same chart) and never
-draw NaN ("not computed") as a number: a spec holds no NaN or infinity.
+wrong; with ``ci``, the mean and its bootstrap interval as a line and a band), ``summary``
+says in a few lines what a result holds, ``logit_lens_chart`` is a heatmap of
+``lsc.logit_lens`` with the input tokens in order, and ``agreement_chart`` scatters the
+estimates of ``lsc.faithfulness`` against the exact effects. Like ``heatmap`` they read
+titles and labels from the attrs, read their input by label (``encoding.in_label_order``: a
+``sortby`` or ``transpose`` draws the same chart) and never draw NaN ("not computed") as a
+number: a spec holds no NaN or infinity.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 import xarray as xr
 from altair.typing import ChartType
 
-from lenscape import _validate
+from lenscape import _validate, aggregate, bootstrap
 from lenscape.mask_rules import NAN_LABEL
 from lenscape.schema import LABEL_COORDS, name_from_attrs
 
@@ -39,8 +40,32 @@ from .heatmaps import heatmap, label_from_attrs, legend_title
 ANSWER_COLORS = {"model right": "#4c78a8", "model wrong": "#d62728"}
 
 
+def interval_line(interval: xr.DataArray) -> str:
+    """A mean and its interval in words: "mean 0.12, 95% interval 0.05 to 0.2 (N = 85)", or
+    why there is no interval.
+
+    Args:
+        interval: one cell of ``lsc.aggregate.mean``'s result: dim ``bound`` (mean, low,
+            high), coord ``n`` and attrs ``ci`` (and ``interval_note``).
+    """
+    mean, low, high = (float(interval.sel(bound=b)) for b in aggregate.BOUNDS)
+    n = int(interval["n"]) if "n" in interval.coords else None
+    count = f" (N = {n})" if n is not None else ""
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return f"mean {mean:.4g}, no interval{count}: fewer than 2 prompts, or an infinite value"
+    share = bootstrap.percent(float(interval.attrs.get("ci", 0.95)))
+    return f"mean {mean:.4g}, {share} interval {low:.4g} to {high:.4g}{count}"
+
+
 @unchecked_build
-def bars(da: xr.DataArray, *, y: str, title: str | None = None, actions: bool = False) -> alt.Chart:
+def bars(
+    da: xr.DataArray,
+    *,
+    y: str,
+    title: str | None = None,
+    ci: float | None = None,
+    actions: bool = False,
+) -> alt.Chart | alt.LayerChart:
     """A 1-D DataArray as horizontal bars, one per coordinate of ``y`` (e.g. a head's score
     per prompt); a string label coord along ``y`` (``text``) gives the tick labels.
 
@@ -48,16 +73,22 @@ def bars(da: xr.DataArray, *, y: str, title: str | None = None, actions: bool = 
         da: values with the single dim ``y``, e.g. (prompt,).
         y: the dim, one bar per coordinate, in label order (``in_label_order``).
         title: chart title (default: the description from the attrs).
+        ci: also draw the mean over ``y`` (a line) and its bootstrap interval of this share
+            (a band; ``lsc.aggregate.mean`` with its defaults), said in the subtitle.
         actions: show Vega's actions menu.
 
     Returns:
-        An ``alt.Chart``; NaN and +-inf bars are left out of the bars but kept in the data.
+        An ``alt.Chart`` (an ``alt.LayerChart`` with ``ci``); NaN and +-inf bars are left
+        out of the bars but kept in the data.
 
     Raises:
-        TypeError: ``da`` is not a DataArray.
-        ValueError: if ``da`` has another dim than ``y``, or its labels repeat.
+        TypeError: ``da`` is not a DataArray, or ``ci`` not a number.
+        ValueError: if ``da`` has another dim than ``y``, its labels repeat, or ``ci`` is
+            outside (0, 1).
     """
     _validate.result("da", da, kind=xr.DataArray, made_by="a lenscape method")
+    if ci is not None:
+        bootstrap.check_ci(ci)
     if da.dims != (y,):
         raise ValueError(
             f"bars takes a 1-D array along {y!r}, got dims {tuple(da.dims)}; "
@@ -95,14 +126,44 @@ def bars(da: xr.DataArray, *, y: str, title: str | None = None, actions: bool = 
             **axis_encoding(da, y, "y", cols, ticks),
             **colour,
         )
-        .properties(
-            width=220,
-            height=alt.Step(14),
-            title=alt.TitleParams(title or full, fontSize=12),
-            usermeta={"embedOptions": {"actions": actions}},
-        )
     )
-    return chart
+    heading = alt.TitleParams(title or full, fontSize=12)
+    if ci is not None:
+        interval = aggregate.mean(da, y, ci=ci)
+        chart = alt.layer(*_interval_marks(interval, legend_title(full)), chart)
+        heading = alt.TitleParams(
+            title or full,
+            fontSize=12,
+            subtitle=[interval_line(interval), "line: mean · band: interval (bootstrap)"],
+        )
+    return chart.properties(
+        width=220,
+        height=alt.Step(14),
+        title=heading,
+        usermeta={"embedOptions": {"actions": actions}},
+    )
+
+
+def _interval_marks(interval: xr.DataArray, axis_title: str | list[str]) -> list[alt.Chart]:
+    """A band from low to high and a line at the mean across a bar chart's whole height
+    (whichever of them is a number: the spec holds no NaN)."""
+    mean, low, high = (float(interval.sel(bound=b)) for b in aggregate.BOUNDS)
+    marks = []
+    if np.isfinite(low) and np.isfinite(high):
+        band = alt.Data(values=[{"low": low, "high": high}])
+        marks.append(
+            alt.Chart(band)
+            .mark_rect(color="#9e9e9e", opacity=0.3)
+            .encode(x=alt.X("low:Q", title=axis_title), x2="high:Q")
+        )
+    if np.isfinite(mean):
+        line = alt.Data(values=[{"mean": mean}])
+        marks.append(
+            alt.Chart(line)
+            .mark_rule(color="#303030", strokeDash=[4, 2])
+            .encode(x=alt.X("mean:Q", title=axis_title))
+        )
+    return marks
 
 
 class Summary:

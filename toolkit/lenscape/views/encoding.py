@@ -81,9 +81,10 @@ def in_label_order(data: _Data, *, name: str = "da") -> _Data:
     ``isel`` or ``transpose`` of a result gives the same picture.
 
     The natural order: numbers ascending; ``component`` in the schema's vocabulary order
-    (attn, mlp; q_proj, k_proj ...); ``bound`` as mean, low, high (``aggregate.BOUNDS``); edges (``sender``/``receiver`` with their ``_layer``,
-    ``_kind`` and ``_head`` coords) in the graph's order, layer by layer; other labels as
-    text, with digit runs compared as numbers.
+    (attn, mlp; q_proj, k_proj ...); ``bound`` as mean, low, high (``aggregate.BOUNDS``);
+    edges (``sender``/``receiver`` with their ``_layer``, ``_kind`` and ``_head`` coords) in
+    the graph's order, layer by layer; other labels as text, with digit runs compared as
+    numbers.
 
     Args:
         data: a DataArray or Dataset.

@@ -18,7 +18,10 @@ The controls cannot mislead:
   90% quantile of |value| and keeps exactly what it shows (switching the variable never
   moves it). A visible note says when the slice drawn is one colour or a one-sign rule
   hides strong values of the other sign.
-- Titles say what was pooled ("mean over 16 prompts") and show a picked prompt's text;
+- Titles say what was pooled ("mean over 16 prompts, 95% interval") and show a picked
+  prompt's text; a mean over prompts carries its bootstrap interval (``ci``,
+  ``lenscape.aggregate.mean``): the heatmap hatches the cells whose interval includes 0,
+  tooltips and the click details give mean, low, high and N;
   prompts the model answers wrong (a ``correct`` coord) are marked, and one switch pools
   only the prompts it gets right.
 - Click details follow the selection: changing a control redraws them for the new view.
@@ -51,12 +54,12 @@ import xarray as xr
 from altair.typing import ChartType, is_chart_type
 from altair.utils.schemapi import debug_mode
 
-from lenscape import _validate, mask_rules
+from lenscape import _validate, aggregate, bootstrap, mask_rules
 from lenscape.aggregate import correct_only
 from lenscape.mask_rules import SIDES, check_side, is_mask
 from lenscape.schema import name_from_attrs
 
-from .charts import bars
+from .charts import bars, interval_line
 from .encoding import in_label_order
 from .heatmaps import heatmap, label_from_attrs
 from .offline import display_with_image, enable_offline, with_image
@@ -94,6 +97,8 @@ SIDE_LABELS = {"abs": "|value| >=", "above": "value >=", "below": "value <="}
 DEFAULT_QUANTILE = 0.9
 #: Longest prompt text shown in a title or a dropdown label.
 PROMPT_CHARS = 48
+#: View name of a layered heatmap's cells, where its click selection lives.
+CELLS = "cells"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +116,8 @@ class View:
             value >= threshold, ``"below"`` value <= threshold.
         correct_only: draw only the prompts the model answers right (the ``correct`` coord).
         swap: exchange the x and y axes.
+        ci: give a mean over prompts its bootstrap interval of this share (e.g. 0.95), when
+            it is the last reduction (``aggregate.mean``); None: the plain mean.
     """
 
     x: str
@@ -122,6 +129,7 @@ class View:
     side: str = "above"
     correct_only: bool = False
     swap: bool = False
+    ci: float | None = None
 
 
 def _range(da: xr.DataArray) -> tuple[float, float]:
@@ -201,7 +209,10 @@ def _prompt_label(data: Data, value: Any) -> str:
 
 
 def _uniform_note(da: xr.DataArray) -> str | None:
-    """A sentence when every drawn cell of ``da`` (more than one) has the same value."""
+    """A sentence when every drawn cell of ``da`` (more than one; the mean of an interval)
+    has the same value."""
+    if "bound" in da.dims:
+        da = da.sel(bound="mean")
     values = np.asarray(da.values, dtype=float)
     finite = values[np.isfinite(values)]
     if finite.size < 2 or finite.min() != finite.max():
@@ -238,7 +249,7 @@ def reduce(data: Data, view: View) -> xr.DataArray:
     step.keep_correct(view)
     pooled, shared = step.select(view)
     step.binarize(view)
-    step.pool(pooled)
+    step.pool(pooled, ci=view.ci if not shared else None)
     step.share(shared, binarized=view.threshold is not None)
     return step.result()
 
@@ -342,11 +353,20 @@ class _Reduction:
         self.attrs.update(long_name=self.name, units=mask_rules.MASK_UNITS)
         self.mask = True
 
-    def pool(self, pooled: list[tuple[Hashable, str]]) -> None:
-        """Reduce each (dim, reducer) in turn."""
-        for dim, how in pooled:
+    def pool(self, pooled: list[tuple[Hashable, str]], *, ci: float | None) -> None:
+        """Reduce each (dim, reducer) in turn; a mean over prompts done last gets its
+        bootstrap interval when ``ci`` is given (``aggregate.mean``: a ``bound`` dim, and
+        the attrs that say how it was made)."""
+        for i, (dim, how) in enumerate(pooled):
             self.steps.append(f"{how} over {self.da.sizes[dim]} {dim}s")
-            self.da = REDUCERS[how](self.da, dim)
+            last = i == len(pooled) - 1
+            if ci is None or not last or dim != "prompt" or how != "mean" or self.mask:
+                self.da = REDUCERS[how](self.da, dim)
+                continue
+            self.da = aggregate.mean(self.da, "prompt", ci=ci)
+            self.steps[-1] += f", {bootstrap.percent(ci)} interval"
+            made = ("interval", "ci", "n_resamples", "interval_seed", "interval_note")
+            self.attrs.update({k: self.da.attrs[k] for k in made if k in self.da.attrs})
 
     def share(self, dims: list[Hashable], *, binarized: bool) -> None:
         """Take the share over ``dims`` together, last: a mask stops being a mask here."""
@@ -397,18 +417,31 @@ def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, ChartT
     name = name_from_attrs(da)
     title = f"{name} · {da.attrs['reduction']}" if "reduction" in da.attrs else name
     chart = heatmap(da, x=x, y=y, facet_col=facet, **{"title": title, **options})
-    if isinstance(chart, alt.Chart):  # a click selects a cell's coordinates and outlines it
+    if isinstance(chart, alt.Chart | alt.LayerChart):  # unfaceted: a click selects a cell
         with debug_mode(False):  # checked whole by to_dict, as in heatmap
-            cell = alt.selection_point(
-                name="cell", fields=[str(d) for d in da.dims], on="click", clear="dblclick"
-            )
-            chart = chart.add_params(cell).encode(  # channel objects: no dict conversion
-                alt.StrokeValue(
-                    None, condition={"param": "cell", "value": "#000000", "empty": False}
-                ),
-                alt.StrokeWidthValue(2),
-            )
+            chart = _clickable(chart, [str(d) for d in da.dims if d != "bound"])
     return da, chart
+
+
+def _clickable(chart: alt.Chart | alt.LayerChart, fields: list[str]) -> ChartType:
+    """``chart`` with a click selection named ``cell`` on ``fields`` that outlines the
+    clicked cell. A layered heatmap (hatch or infinity marks on top of the cells) declares
+    the selection at its top, on the cells' view: ``alt.JupyterChart`` reports only the
+    selections of the chart's own ``params``."""
+    cell = alt.selection_point(name="cell", fields=fields, on="click", clear="dblclick")
+    outline = (  # channel objects: no dict conversion
+        alt.StrokeValue(None, condition={"param": "cell", "value": "#000000", "empty": False}),
+        alt.StrokeWidthValue(2),
+    )
+    if isinstance(chart, alt.Chart):
+        return chart.add_params(cell).encode(*outline)
+    chart = chart.copy(deep=False)
+    chart.layer = [chart.layer[0].encode(*outline).properties(name=CELLS), *chart.layer[1:]]
+    assert isinstance(cell.param, alt.SelectionParameter)  # selection_point made it
+    chart.params = [
+        alt.TopLevelSelectionParameter(name="cell", select=cell.param.select, views=[CELLS])
+    ]
+    return chart
 
 
 def _dims(data: Data) -> list[Hashable]:
@@ -578,8 +611,9 @@ def _switches(data: Data, *, correct_only: bool) -> dict[str, widgets.Widget]:
 
 class _Details:
     """The pane beside an Explorer's chart: a clicked cell's values along the sample dim
-    (one bar per prompt) and ``detail``'s view of it. Its chart widgets are made on the
-    first click and their charts swapped in place afterwards.
+    (one bar per prompt; the mean's interval, where the chart has one, as a band and in
+    words) and ``detail``'s view of it. Its chart widgets are made on the first click and
+    their charts swapped in place afterwards.
 
     Attributes:
         detail: the Explorer's ``detail`` callback, or None.
@@ -601,6 +635,7 @@ class _Details:
         *,
         at: Mapping[Hashable, Any],
         picks: Mapping[Hashable, Any],
+        interval: xr.DataArray | None = None,
     ) -> None:
         """Show a clicked cell.
 
@@ -609,9 +644,11 @@ class _Details:
             values: its values at the cell, along the dims still pooled.
             at: the cell's coordinates on the chart's dims.
             picks: the coordinates picked for the other dims.
+            interval: the chart's mean and interval at the cell (dim ``bound``, coord
+                ``n``; see ``aggregate.mean``), or None where the chart has none.
         """
         along = next((d for d in values.dims if d in SAMPLE_DIMS), None)
-        parts = [self._values(da, values, along, at=at, picks=picks)]
+        parts = [self._values(da, values, along, at=at, picks=picks, interval=interval)]
         if self.detail is not None:
             parts.append(self._detail(da, values, along, {**at, **picks}))
         self.box.children = tuple(parts)
@@ -628,9 +665,11 @@ class _Details:
         *,
         at: Mapping[Hashable, Any],
         picks: Mapping[Hashable, Any],
+        interval: xr.DataArray | None,
     ) -> widgets.Widget:
         """The clicked cell's values: bars along the sample dim ``along`` (one bar per
-        prompt), or its (mean) value as a line of text."""
+        prompt, the interval as a band), or its (mean) value as a line of text (with the
+        interval in words)."""
         where = ", ".join(f"{d} {v}" for d, v in at.items())
         picked = ", ".join(
             f"prompt {_prompt_label(da, v)}" if d == "prompt" else f"{d} {v}"
@@ -638,10 +677,12 @@ class _Details:
         )
         if along is not None and values.ndim == 1:
             title = f"{where}: per {along}" + (f" ({picked})" if picked else "")
-            return self._chart("bars", bars(values, y=str(along), title=title))
+            ci = interval.attrs["ci"] if interval is not None and along == "prompt" else None
+            return self._chart("bars", bars(values, y=str(along), title=title, ci=ci))
         value = np.asarray(values.mean().values).item()
+        said = interval_line(interval) if interval is not None else f"{value:.4g}"
         text = html.escape(
-            f"{label_from_attrs(da)} at {where}: {value:.4g}" + (f" ({picked})" if picked else "")
+            f"{label_from_attrs(da)} at {where}: {said}" + (f" ({picked})" if picked else "")
         )
         self.text.value = f"<b>{text}</b>"
         return self.text
@@ -702,6 +743,9 @@ class Explorer:
             ``"above"``).
         correct_only: start with only the prompts the model answers right (needs a
             ``correct`` coord; the ``correct`` checkbox toggles it).
+        ci: a mean over prompts (when it is the last reduction) carries its bootstrap
+            interval of this share (``lsc.aggregate.mean``): hatched cells where it
+            includes 0, low, high and N in tooltips and click details; None: plain means.
         detail: called with a clicked cell's coordinates (see ``DetailFn``); what it returns
             (an Altair chart or a widget) is shown under the per-prompt values.
         **options: passed to ``heatmap`` on every redraw (``color``, ``center``, ...).
@@ -733,6 +777,7 @@ class Explorer:
         threshold: float | None = None,
         side: str | None = None,
         correct_only: bool = False,
+        ci: float | None = 0.95,
         detail: DetailFn | None = None,
         **options: Any,
     ) -> None:
@@ -746,6 +791,7 @@ class Explorer:
             side=side,
             correct_only=correct_only,
         )
+        self.ci = None if ci is None else bootstrap.check_ci(ci)
         self.data, self.x, self.y, self.options = data, x, y, options
         self.cell: dict[Hashable, Any] | None = None
         self._clicked: dict[Hashable, Any] | None = None  # the axis coordinates clicked
@@ -844,6 +890,7 @@ class Explorer:
             side=c["side"].value,
             correct_only="correct" in c and c["correct"].value,
             swap=c["swap"].value,
+            ci=self.ci,
         )
 
     def _sync(self) -> None:
@@ -961,7 +1008,10 @@ class Explorer:
             if d in da.dims and d not in at and not (isinstance(v, str) and v in REDUCERS)
         }
         self.cell = {**at, **picks}
-        self._details.show(da, da.sel(self.cell), at=at, picks=picks)
+        interval = self.array.sel(self._clicked) if "bound" in self.array.dims else None
+        if interval is not None and interval.dims != ("bound",):  # a facet's cell: no one mean
+            interval = None
+        self._details.show(da, da.sel(self.cell), at=at, picks=picks, interval=interval)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return with_image(self.widget._repr_mimebundle_(**kwargs), self.chart)

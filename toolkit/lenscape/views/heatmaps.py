@@ -716,7 +716,9 @@ def _hatch(
     enc: dict[str, Any],
 ) -> alt.Chart:
     """The layer that hatches the cells whose interval includes 0 (``UNSURE`` set): one
-    ``HATCH`` symbol the size of a cell at its middle, with a legend entry ``label``."""
+    ``HATCH`` symbol the size of a cell at its middle, with a legend entry ``label``; it
+    shows the cell's tooltip and is left out of the accessible description (``aria``: the
+    cell under it names the cell)."""
     axes: dict[str, Any] = {}
     for name, channel in ((x, "x"), (y, "y")):
         axis = axis_encoding(da, name, channel, cols, ticks)
@@ -728,7 +730,9 @@ def _hatch(
     return (
         alt.Chart(data)
         .transform_filter(f"datum.{UNSURE} != null")
-        .mark_point(shape=HATCH, filled=False, stroke=HATCH_COLOR, strokeWidth=1, opacity=0.8)
+        .mark_point(
+            shape=HATCH, filled=False, stroke=HATCH_COLOR, strokeWidth=1, opacity=0.8, aria=False
+        )
         .encode(
             shape=alt.Shape(
                 f"{UNSURE}:N",
