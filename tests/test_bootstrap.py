@@ -4,6 +4,7 @@ for matrix-product means, NaN-aware percentiles, checked options."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from lenscape import bootstrap
@@ -49,3 +50,21 @@ def test_options_are_checked_by_name():
     attrs = bootstrap.attrs("prompt", 0.95, 1000, 0)
     assert attrs["interval"].startswith("percentile bootstrap over prompts: 1000 resamples")
     assert bootstrap.percent(0.975) == "97.5%"
+
+
+def test_row_statistics_match_numpy_and_pandas_over_the_cells_both_computed():
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(4, 30)), rng.normal(size=(4, 30))
+    b[1] = a[1] * 2 + 0.1 * b[1]
+    a[2, :5] = np.nan  # not computed: left out
+    for row in range(4):
+        keep = np.isfinite(a[row])
+        x, y = a[row, keep], b[row, keep]
+        assert bootstrap.pearson(a, b)[row] == pytest.approx(np.corrcoef(x, y)[0, 1])
+        rho = pd.Series(x).corr(pd.Series(y), method="spearman")
+        assert bootstrap.spearman(a, b)[row] == pytest.approx(rho)
+        top = lambda v: set(np.argsort(-np.abs(v), kind="stable")[:5])  # noqa: E731
+        assert bootstrap.top_overlap(a, b, 5)[row] == len(top(x) & top(y)) / 5
+    constant = np.ones((1, 6))
+    assert np.isnan(bootstrap.pearson(constant, a[:1, :6]))[0]  # undefined, not 1 or 0
+    assert np.isnan(bootstrap.top_overlap(a[:1, :6], b[:1, :6], 6))[0]  # every cell in both

@@ -34,8 +34,6 @@ from . import _validate, bootstrap, mask_rules, schema
 ROLES = ("neither", "facilitating", "interfering", "both")
 #: Labels of the ``bound`` dim of ``mean``'s and ``reliability``'s results.
 BOUNDS = ("mean", "low", "high")
-#: Most numbers one block of resampled maps holds (cells or splits are taken in blocks).
-BLOCK_VALUES = 4_000_000
 #: Most random splits per size in ``reliability``, and most sizes.
 MAX_SPLITS = 10_000
 MAX_SIZES = 50
@@ -343,7 +341,7 @@ def _bounds(rows: np.ndarray, ci: float, n_resamples: int, seed: int) -> np.ndar
     n, cells = rows.shape
     weights = bootstrap.counts(bootstrap.draw(n, n_resamples=n_resamples, seed=seed), n)
     out = np.full((2, cells), np.nan)
-    step = max(1, BLOCK_VALUES // n_resamples)
+    step = max(1, bootstrap.BLOCK_VALUES // n_resamples)
     for start in range(0, cells, step):
         block = slice(start, start + step)
         out[:, block] = bootstrap.percentiles(_weighted_means(rows[:, block], weights), ci)
@@ -452,31 +450,6 @@ def _split_sizes(sizes: Sequence[int] | None, n: int) -> list[int]:
     )
 
 
-def _row_pearson(a: np.ndarray, b: np.ndarray, both: np.ndarray) -> np.ndarray:
-    """Per row, Pearson r of ``a`` and ``b`` over the cells where ``both`` is True; NaN
-    where fewer than 2 cells or either is constant."""
-    k = both.sum(1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        da = np.where(both, a - np.where(both, a, 0).sum(1, keepdims=True) / k, 0)
-        db = np.where(both, b - np.where(both, b, 0).sum(1, keepdims=True) / k, 0)
-        r = (da * db).sum(1) / np.sqrt((da**2).sum(1) * (db**2).sum(1))
-    return np.where((k[:, 0] >= 2) & np.isfinite(r), r, np.nan)
-
-
-def _row_overlap(a: np.ndarray, b: np.ndarray, both: np.ndarray, top_k: int) -> np.ndarray:
-    """Per row, the share of ``a``'s top ``top_k`` cells by |value| that are in ``b``'s,
-    over the cells where ``both`` is True (ties: the first cell in label order); NaN where
-    at most ``top_k`` cells are compared (the sets would hold every cell)."""
-    sets = []
-    for x in (a, b):
-        top = np.argsort(np.where(both, -np.abs(x), np.inf), axis=1, kind="stable")[:, :top_k]
-        chosen = np.zeros(x.shape, dtype=bool)
-        np.put_along_axis(chosen, top, True, axis=1)
-        sets.append(chosen)
-    overlap = (sets[0] & sets[1]).sum(1) / top_k
-    return np.where(both.sum(1) > top_k, overlap, np.nan)
-
-
 def _split_half(
     rows: np.ndarray, order: np.ndarray, size: int, top_k: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -497,8 +470,7 @@ def _split_half(
         weights[picked, half] = 1.0
         maps.append(_weighted_means(rows, weights))
     first, second = maps
-    both = np.isfinite(first) & np.isfinite(second)
-    return _row_pearson(first, second, both), _row_overlap(first, second, both, top_k)
+    return bootstrap.pearson(first, second), bootstrap.top_overlap(first, second, top_k)
 
 
 def reliability(
@@ -559,7 +531,7 @@ def reliability(
     da = _along_labels(da, list(da.dims))
     rows = _rows(da.transpose(*sorted(da.dims, key=str)), dim)
     orders = np.argsort(np.random.default_rng(seed).random((n_splits, n)), axis=1)
-    step = max(1, BLOCK_VALUES // max(rows.shape[1], 1))
+    step = max(1, bootstrap.BLOCK_VALUES // max(rows.shape[1], 1))
     stats = np.full((2, len(sizes), len(BOUNDS)), np.nan)
     for i, size in enumerate(sizes):
         parts = [

@@ -1,4 +1,5 @@
-"""The percentile bootstrap over prompts: one seeded draw, intervals from its percentiles.
+"""The percentile bootstrap over prompts: one seeded draw, intervals from its percentiles,
+and the statistics two maps are compared by, on every resample at once.
 
 Every interval lenscape reports (``aggregate.mean``, the faithfulness report, edge
 agreement) comes from here, so they all mean the same thing: draw ``n_resamples`` samples
@@ -10,7 +11,9 @@ the prompts in label order first and the same prompts always give the same inter
 
 Nothing here loops over resamples: callers gather the drawn rows (``draw``) or weight the
 prompts by how often each was drawn (``counts``, a matrix product gives every resample's
-mean at once), and ``percentiles`` reads the bounds of every column at once.
+mean at once), and ``percentiles`` reads the bounds of every column at once. ``pearson``,
+``spearman`` and ``top_overlap`` compare two maps row by row (one row per resample, or per
+random split of ``aggregate.reliability``), over the cells both have computed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from . import _validate
 
@@ -29,6 +33,9 @@ MIN_RESAMPLES = 100
 MAX_RESAMPLES = 100_000
 #: How the intervals are made, for the attrs of every result that carries one.
 METHOD = "percentile bootstrap"
+#: Most numbers one block of resampled values holds: resamples (or cells) are taken in
+#: blocks this size, so memory stays bounded whatever the map's size.
+BLOCK_VALUES = 4_000_000
 
 
 def check(ci: Any, n_resamples: Any, seed: Any) -> tuple[float, int, int]:
@@ -143,3 +150,61 @@ def attrs(dim: str, ci: float, n_resamples: int, seed: int) -> dict[str, Any]:
 def percent(ci: float) -> str:
     """``0.95`` -> ``"95%"``, ``0.975`` -> ``"97.5%"``."""
     return f"{ci * 100:g}%"
+
+
+def _both(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``a`` and ``b`` with NaN where either is not finite, and where both are."""
+    both = np.isfinite(a) & np.isfinite(b)
+    return np.where(both, a, np.nan), np.where(both, b, np.nan), both
+
+
+def pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pearson r of ``a`` and ``b`` along the last axis, over the cells where both are
+    finite (NaN: not computed).
+
+    Args:
+        a, b: (..., cells), the same shape.
+
+    Returns:
+        (...): r per row; NaN where fewer than 2 cells are compared or either is constant
+        there (r is undefined, never a perfect score).
+    """
+    a, b, both = _both(a, b)
+    k = both.sum(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        da = np.where(both, a - np.nansum(a, -1, keepdims=True) / k, 0.0)
+        db = np.where(both, b - np.nansum(b, -1, keepdims=True) / k, 0.0)
+        r = (da * db).sum(-1) / np.sqrt((da**2).sum(-1) * (db**2).sum(-1))
+    return np.where((k[..., 0] >= 2) & np.isfinite(r), r, np.nan)
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman's rank correlation along the last axis: ``pearson`` of the average ranks
+    (ties share their mean rank) of the cells where both are finite."""
+    a, b, _ = _both(a, b)
+    shape = a.shape
+
+    def ranks(x: np.ndarray) -> np.ndarray:
+        flat = pd.DataFrame(x.reshape(-1, shape[-1])).rank(axis=1)  # NaN stays NaN
+        return flat.to_numpy().reshape(shape)
+
+    return pearson(ranks(a), ranks(b))
+
+
+def top_overlap(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
+    """The share of ``a``'s top ``k`` cells by magnitude that are also in ``b``'s, along
+    the last axis, over the cells where both are finite (ties: the earlier cell first).
+
+    Returns:
+        (...): the overlap per row, in [0, 1]; NaN where at most ``k`` cells are compared
+        (both top sets would hold every cell, so the overlap would be 1 whatever the maps).
+    """
+    a, b, both = _both(a, b)
+    sets = []
+    for x in (a, b):
+        order = np.argsort(np.where(both, -np.abs(x), np.inf), axis=-1, kind="stable")
+        chosen = np.zeros(x.shape, dtype=bool)
+        np.put_along_axis(chosen, order[..., :k], True, axis=-1)
+        sets.append(chosen)
+    overlap = (sets[0] & sets[1]).sum(-1) / k
+    return np.where(both.sum(-1) > k, overlap, np.nan)
