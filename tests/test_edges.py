@@ -453,6 +453,13 @@ def test_agreement_is_perfect_where_the_model_is_linear(linear64):
             np.testing.assert_allclose(
                 result["pearson_cells"].sel(receiver_kind=kind), 1.0, atol=1e-6
             )
+            # every resample of the prompts agrees perfectly too: the interval is [1, 1]
+            np.testing.assert_allclose(
+                result["pearson_cells_interval"].sel(receiver_kind=kind), 1.0, atol=1e-6
+            )
+    interval = result["pearson_cells_interval"]
+    assert interval.dims == ("estimator", "receiver_kind", "bound")
+    assert interval.attrs["interval_seed"] == 0 and interval.attrs["ci"] == 0.95
     np.testing.assert_allclose(
         result["estimate"].sel(estimator="eap"), result["exact"], rtol=1e-4, atol=1e-6
     )

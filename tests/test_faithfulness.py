@@ -9,8 +9,9 @@ import pytest
 import xarray as xr
 
 import lenscape as lsc
+from lenscape import bootstrap
 from lenscape.capture import patching
-from lenscape.capture.faithfulness import parse_estimator
+from lenscape.capture.faithfulness import agreement, agreement_bounds, parse_estimator
 from lenscape.sweep.options import MAX_STEPS
 
 
@@ -103,3 +104,61 @@ def test_attribution_patching_bounds_the_integration_steps(tiny_llama, pairs):
     assert patching._check_estimator("ig", MAX_STEPS) == MAX_STEPS == 512
     with pytest.raises(ValueError, match=r"steps=513 integration points.*at most 512"):
         lsc.edge_attribution(tiny_llama, pairs, estimator="eap-ig", steps=513, progress=False)
+
+
+def maps(n_prompts=12, seed=0):
+    """An exact (prompt, layer 3, head 4) map and a noisy estimate of it."""
+    rng = np.random.default_rng(seed)
+    exact = rng.normal(size=(n_prompts, 3, 4)) + np.arange(12).reshape(3, 4) / 4
+    estimate = exact + rng.normal(scale=0.8, size=exact.shape)
+    coords = {"prompt": np.arange(n_prompts), "layer": [0, 1, 2], "head": [0, 1, 2, 3]}
+    dims = ("prompt", "layer", "head")
+    return xr.DataArray(exact, dims=dims, coords=coords), xr.DataArray(
+        estimate, dims=dims, coords=coords
+    )
+
+
+def test_agreement_bounds_are_the_percentiles_of_the_statistic_on_each_resample():
+    exact, estimate = maps()
+    bounds = agreement_bounds(exact, estimate, top_k=3, n_resamples=300, seed=2)
+    drawn = bootstrap.draw(12, n_resamples=300, seed=2)
+    x, y = exact.values.reshape(12, -1), estimate.values.reshape(12, -1)
+    r_means = [np.corrcoef(x[d].mean(0), y[d].mean(0))[0, 1] for d in drawn]  # the plain loop
+    assert bounds["pearson_means"] == pytest.approx(tuple(np.quantile(r_means, [0.025, 0.975])))
+    r_cells = [np.corrcoef(x[d].ravel(), y[d].ravel())[0, 1] for d in drawn]
+    assert bounds["pearson_cells"] == pytest.approx(tuple(np.quantile(r_cells, [0.025, 0.975])))
+    point = agreement(exact, estimate, top_k=3)
+    for stat, (low, high) in bounds.items():
+        assert low <= high and 0 <= point[stat] <= 1, stat
+    # read by label: prompts in another order, dims transposed, the same interval
+    moved = estimate.isel(prompt=np.random.default_rng(0).permutation(12)).transpose("head", ...)
+    assert agreement_bounds(exact, moved, top_k=3, n_resamples=300, seed=2) == bounds
+
+
+def test_agreement_bounds_are_nan_where_undefined_or_one_prompt():
+    exact, estimate = maps()
+    bounds = agreement_bounds(exact, estimate, top_k=12)  # every head in both top sets
+    assert np.isnan(bounds["top_overlap"]).all() and np.isfinite(bounds["pearson_means"]).all()
+    one = agreement_bounds(exact[:1], estimate[:1], top_k=3)
+    assert all(np.isnan(pair).all() for pair in one.values())
+    with pytest.raises(ValueError, match=r"ci must lie in \(0, 1\)"):
+        agreement_bounds(exact, estimate, ci=1.0)
+
+
+def test_the_report_carries_an_interval_beside_each_statistic(tiny_llama, pairs):
+    report = lsc.faithfulness(tiny_llama, pairs, estimators=("atp",), ci=0.9, progress=False)
+    for stat in ("pearson_cells", "spearman_means", "top_overlap", "sign_agreement"):
+        interval = report[f"{stat}_interval"]
+        assert interval.dims == ("estimator", "component_type", "bound")
+        assert interval["bound"].values.tolist() == ["low", "high"]
+        assert interval.attrs["ci"] == 0.9 and interval.attrs["n_resamples"] == 1000
+        assert interval.attrs["interval"].startswith("percentile bootstrap over prompts")
+        defined = np.isfinite(report[stat])
+        assert (np.isfinite(interval).all("bound") == defined).all()  # NaN where undefined
+    head = report["pearson_means_interval"].sel(estimator="atp", component_type="head")
+    exact = report["exact_heads"]
+    estimate = report["estimate_heads"].sel(estimator="atp", drop=True)
+    expected = agreement_bounds(exact, estimate, ci=0.9)["pearson_means"]
+    assert head.values.tolist() == pytest.approx(list(expected))
+    with pytest.raises(ValueError, match=r"ci must lie in \(0, 1\)"):
+        lsc.faithfulness(tiny_llama, pairs, estimators=("atp",), ci=1, progress=False)

@@ -5,21 +5,23 @@ model is nearly linear between the clean and corrupt activations and can be far 
 it is not (on GPT-2, r 0.98 for attention outputs but 0.20 for MLP outputs, RelP arXiv
 2508.21258). One agreement figure over all components hides that, so ``faithfulness`` runs
 exact activation patching and each estimator on the same prompts and reports agreement per
-component type (heads, attention blocks, MLP blocks), with the cost of each.
+component type (heads, attention blocks, MLP blocks), with the cost of each. Each statistic
+carries a percentile-bootstrap interval over prompts (``lenscape.bootstrap``: the prompts
+resampled, every statistic recomputed on each resample), so a difference between estimators
+can be told from the noise of a small prompt set.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import xarray as xr
 
-from .. import _validate, schema
+from .. import _validate, bootstrap, schema
 from ..data import Prompts
 from ..models import LensModel
 from ..sweep.inputs import Tokens, tokenize
@@ -37,6 +39,9 @@ UNDEFINED = {
     "compared (or fewer than 2 cells): a correlation is undefined",
     "sign_agreement": "NaN where every exact effect is 0: no sign to agree with",
 }
+#: Resamples and seed of the statistics' intervals (``agreement_bounds``).
+INTERVAL_RESAMPLES = bootstrap.DEFAULT_RESAMPLES
+INTERVAL_SEED = 0
 
 
 def parse_estimator(label: str) -> tuple[str, int]:
@@ -56,25 +61,57 @@ def parse_estimator(label: str) -> tuple[str, int]:
     return name, int(steps)
 
 
-def _pearson(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
-    if a.size < 2 or a.std() == 0 or b.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(a, b)[0, 1])
+def _rows(exact: xr.DataArray, estimate: xr.DataArray) -> tuple[np.ndarray, np.ndarray]:
+    """The two maps as float64 (prompt, cells), prompts in label order and the estimate's
+    cells matched to the exact map's by label.
 
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    return _pearson(
-        pd.Series(np.ravel(a)).rank().to_numpy(), pd.Series(np.ravel(b)).rank().to_numpy()
+    Raises:
+        ValueError: labels that differ between the two maps (named).
+    """
+    if "prompt" in exact.indexes:
+        exact = exact.isel(prompt=np.argsort(exact.indexes["prompt"].to_numpy(), kind="stable"))
+    exact = exact.transpose("prompt", ...)
+    labels = {str(d): exact.indexes[d].to_numpy() for d in exact.dims if d in exact.indexes}
+    matched = _validate.labels("estimate", estimate, labels, made_by="the same prompts")
+    estimate = matched.transpose(*exact.dims)
+    n = exact.sizes["prompt"]
+    return (
+        exact.values.astype(np.float64).reshape(n, -1),
+        np.asarray(estimate.values, dtype=np.float64).reshape(n, -1),
     )
 
 
-def _top(values: np.ndarray, k: int) -> set[int]:
-    return set(np.argsort(-np.abs(np.ravel(values)), kind="stable")[:k].tolist())
+def _statistics_of(x: np.ndarray, y: np.ndarray, top_k: int) -> dict[str, np.ndarray]:
+    """Every statistic of ``agreement`` for a stack of map pairs at once.
+
+    Args:
+        x, y: (samples, prompt, cells): the exact and estimated maps of each sample (the
+            data itself, or one bootstrap resample of its prompts per row).
+
+    Returns:
+        Per statistic, (samples,).
+    """
+    samples = x.shape[0]
+    finite = np.isfinite(x) & np.isfinite(y)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_x, mean_y = (np.where(finite, m, 0.0).sum(1) / finite.sum(1) for m in (x, y))
+    cells = x.reshape(samples, -1), y.reshape(samples, -1)
+    nonzero = finite & (x != 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        signs = (nonzero & (np.sign(x) == np.sign(y))).sum((1, 2)) / nonzero.sum((1, 2))
+    return {
+        "pearson_cells": bootstrap.pearson(*cells),
+        "spearman_cells": bootstrap.spearman(*cells),
+        "pearson_means": bootstrap.pearson(mean_x, mean_y),
+        "spearman_means": bootstrap.spearman(mean_x, mean_y),
+        "top_overlap": bootstrap.top_overlap(mean_x, mean_y, top_k),
+        "sign_agreement": np.where(nonzero.any((1, 2)), signs, np.nan),
+    }
 
 
 def agreement(exact: xr.DataArray, estimate: xr.DataArray, *, top_k: int = 10) -> dict[str, float]:
-    """Agreement of ``estimate`` with ``exact``, both with a ``prompt`` dim and the same shape.
+    """Agreement of ``estimate`` with ``exact``, both with a ``prompt`` dim and the same
+    labels (read by label, in any order or transpose).
 
     Returns:
         ``pearson_cells``/``spearman_cells``: correlation over every (prompt, component)
@@ -82,26 +119,51 @@ def agreement(exact: xr.DataArray, estimate: xr.DataArray, *, top_k: int = 10) -
         ``top_overlap``: share of the exact top-k components (by |prompt mean|) that are in
         the estimate's top-k, NaN when ``top_k`` is not below the number of components
         (every component would be in both sets); ``sign_agreement``: share of cells with a
-        nonzero exact effect whose estimate has the same sign. NaN means undefined
-        (``UNDEFINED`` says when), never a perfect score.
+        nonzero exact effect whose estimate has the same sign. Cells NaN (not computed) in
+        either map are left out. NaN means undefined (``UNDEFINED`` says when), never a
+        perfect score.
     """
     top_k = _validate.positive_int("top_k", top_k)
-    exact, estimate = xr.align(exact, estimate, join="exact")
-    x, y = exact.values, estimate.values
-    x_mean, y_mean = exact.mean("prompt").values, estimate.mean("prompt").values
-    nonzero = x != 0
-    return {
-        "pearson_cells": _pearson(x, y),
-        "spearman_cells": _spearman(x, y),
-        "pearson_means": _pearson(x_mean, y_mean),
-        "spearman_means": _spearman(x_mean, y_mean),
-        "top_overlap": len(_top(x_mean, top_k) & _top(y_mean, top_k)) / top_k
-        if top_k < x_mean.size
-        else float("nan"),
-        "sign_agreement": float((np.sign(x[nonzero]) == np.sign(y[nonzero])).mean())
-        if nonzero.any()
-        else float("nan"),
-    }
+    x, y = _rows(exact, estimate)
+    return {stat: float(v[0]) for stat, v in _statistics_of(x[None], y[None], top_k).items()}
+
+
+def agreement_bounds(
+    exact: xr.DataArray,
+    estimate: xr.DataArray,
+    *,
+    top_k: int = 10,
+    ci: float = 0.95,
+    n_resamples: int = INTERVAL_RESAMPLES,
+    seed: int = INTERVAL_SEED,
+) -> dict[str, tuple[float, float]]:
+    """The percentile-bootstrap interval over prompts of each statistic of ``agreement``:
+    the prompts resampled with replacement ``n_resamples`` times (one seeded draw over the
+    prompts in label order), every statistic recomputed on each resample (in blocks of at
+    most ``bootstrap.BLOCK_VALUES`` numbers), the middle ``ci`` of its values.
+
+    Returns:
+        Per statistic, ``(low, high)``; NaN where the statistic itself is undefined or
+        there is only one prompt (a bootstrap of one prompt has no spread).
+
+    Raises:
+        TypeError, ValueError: an option of the wrong type or out of range (named).
+    """
+    top_k = _validate.positive_int("top_k", top_k)
+    ci, n_resamples, seed = bootstrap.check(ci, n_resamples, seed)
+    x, y = _rows(exact, estimate)
+    point = _statistics_of(x[None], y[None], top_k)
+    drawn = bootstrap.draw(x.shape[0], n_resamples=n_resamples, seed=seed)
+    step = max(1, bootstrap.BLOCK_VALUES // x.size)
+    parts = [
+        _statistics_of(x[d], y[d], top_k) for d in np.split(drawn, range(step, len(drawn), step))
+    ]
+    bounds = {}
+    for stat, value in point.items():
+        low, high = bootstrap.percentiles(np.concatenate([p[stat] for p in parts]), ci)
+        defined = np.isfinite(value[0]) and x.shape[0] > 1
+        bounds[stat] = (float(low), float(high)) if defined else (np.nan, np.nan)
+    return bounds
 
 
 def _by_type(heads: xr.DataArray, blocks: xr.DataArray) -> dict[str, xr.DataArray]:
@@ -147,28 +209,50 @@ def _parsed(estimators: Any) -> dict[str, tuple[str, int]]:
     return parsed
 
 
-def _statistics(
-    exact: dict[str, xr.DataArray], estimates: dict[str, xr.Dataset], top_k: int
+def agreement_variables(
+    pairs: Mapping[tuple[str, str], tuple[xr.DataArray, xr.DataArray]],
+    dims: tuple[str, str],
+    *,
+    top_k: int,
+    ci: float,
+    seed: int = INTERVAL_SEED,
 ) -> dict[str, Any]:
-    """The (estimator, component_type) agreement variables, with their ``undefined`` note."""
-    exact_types = _by_type(exact["head"], exact["block"])
-    stats: dict[str, list[float]] = {}  # stat -> one value per (estimator, component type)
-    for estimate in estimates.values():
-        for ctype, estimate_type in _by_type(estimate["heads"], estimate["blocks"]).items():
-            for stat, value in agreement(exact_types[ctype], estimate_type, top_k=top_k).items():
-                stats.setdefault(stat, []).append(value)
-    return {
-        stat: (
-            ("estimator", "component_type"),
-            np.asarray(values).reshape(len(estimates), len(COMPONENT_TYPES)),
+    """A report's agreement variables: each statistic of ``agreement`` and its interval
+    (``agreement_bounds``) for every pair of maps compared.
+
+    Args:
+        pairs: (estimator, kind) -> (exact, estimate) maps, every combination of the labels
+            of ``dims``, in row order (the first label's kinds, then the next's).
+        dims: the names of the two label dims, e.g. ("estimator", "component_type").
+        top_k, ci, seed: as ``agreement_bounds`` takes them.
+
+    Returns:
+        Per statistic, ``dims`` values with the ``undefined`` note, and ``<statistic>_interval``
+        (``dims`` + ``bound``: low, high) with the attrs that say how it was made.
+    """
+    shape = tuple(len(dict.fromkeys(key[i] for key in pairs)) for i in (0, 1))
+    points: dict[str, list[float]] = {}
+    bounds: dict[str, list[tuple[float, float]]] = {}
+    for exact, estimate in pairs.values():
+        for stat, point in agreement(exact, estimate, top_k=top_k).items():
+            points.setdefault(stat, []).append(point)
+        for stat, pair in agreement_bounds(exact, estimate, top_k=top_k, ci=ci, seed=seed).items():
+            bounds.setdefault(stat, []).append(pair)
+    made = bootstrap.attrs("prompt", ci, INTERVAL_RESAMPLES, seed)
+    variables: dict[str, Any] = {}
+    for stat, values in points.items():
+        undefined = UNDEFINED[stat if stat in ("top_overlap", "sign_agreement") else "correlation"]
+        variables[stat] = (dims, np.reshape(values, shape), {"undefined": undefined})
+        variables[f"{stat}_interval"] = (
+            (*dims, "bound"),
+            np.reshape(bounds[stat], (*shape, 2)),
             {
-                "undefined": UNDEFINED[
-                    stat if stat in ("top_overlap", "sign_agreement") else "correlation"
-                ]
+                "long_name": f"{bootstrap.percent(ci)} interval of {stat}",
+                **made,
+                "undefined": undefined,
             },
         )
-        for stat, values in stats.items()
-    }
+    return variables
 
 
 def _costs(
@@ -197,6 +281,7 @@ def faithfulness(
     *,
     estimators: Sequence[str] = ("atp", "ig"),
     top_k: int = 10,
+    ci: float = 0.95,
     **shared,
 ) -> xr.Dataset:
     """Agreement of each estimator with exact activation patching, per component type.
@@ -210,6 +295,8 @@ def faithfulness(
             them "atp" and "ig:N".
         top_k: size of the top sets compared by ``top_overlap``; a type with ``top_k`` or
             fewer components gets NaN there (the overlap would be 1.0 for any estimate).
+        ci: the share of the bootstrap resamples between each statistic's bounds (a
+            percentile bootstrap over prompts, ``INTERVAL_RESAMPLES`` resamples).
         store: a folder: each part (exact patching per level, each estimator) streams into
             its own ``.zarr`` store there and an interrupted run resumes; a part resumed
             from a store is not timed (its ``seconds`` are NaN).
@@ -219,6 +306,10 @@ def faithfulness(
         - (estimator, component_type): ``pearson_cells``, ``spearman_cells``,
           ``pearson_means``, ``spearman_means``, ``top_overlap``, ``sign_agreement`` (NaN
           where undefined; each variable's ``undefined`` attr says when);
+        - (estimator, component_type, bound): each statistic's interval,
+          ``<statistic>_interval`` with ``bound`` = ("low", "high") (NaN where the
+          statistic is undefined or there is one prompt; attrs ``interval``, ``ci``,
+          ``n_resamples``, ``interval_seed``);
         - (component_type,): ``n_components`` and ``top_k_used`` (the k of
           ``top_overlap``, NaN where it is undefined);
         - (estimator,): ``seconds``, ``forward_passes`` and ``backward_passes`` per batch,
@@ -231,6 +322,7 @@ def faithfulness(
     """
     parsed = _parsed(estimators)
     top_k = _validate.positive_int("top_k", top_k)
+    ci = bootstrap.check_ci(ci)
     store, metric = shared.pop("store"), shared["metric"]
     tokens = tokenize(model, prompts, needs_corrupt=True, needs_distractor=metric == "logit_diff")
     exact, exact_seconds = _exact_maps(model, tokens, shared, store)
@@ -247,7 +339,14 @@ def faithfulness(
             steps=steps,
             **shared,
         )
-    data = _statistics(exact, estimates, top_k)
+    exact_types = _by_type(exact["head"], exact["block"])
+    pairs = {
+        (label, ctype): (exact_types[ctype], estimate_type)
+        for label, estimate in estimates.items()
+        for ctype, estimate_type in _by_type(estimate["heads"], estimate["blocks"]).items()
+    }
+    data = agreement_variables(pairs, ("estimator", "component_type"), top_k=top_k, ci=ci)
+
     sizes = np.array(
         [m.isel(prompt=0).size for m in _by_type(exact["head"], exact["block"]).values()]
     )
@@ -265,7 +364,11 @@ def faithfulness(
         )
     return xr.Dataset(
         data,
-        coords={"estimator": list(parsed), "component_type": list(COMPONENT_TYPES)},
+        coords={
+            "estimator": list(parsed),
+            "component_type": list(COMPONENT_TYPES),
+            "bound": ["low", "high"],
+        },
         attrs=_report_attrs(exact["head"], shared=shared, top_k=top_k, exact_seconds=exact_seconds),
     )
 

@@ -284,8 +284,9 @@ def logit_lens_chart(
     )
 
 
-def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) -> alt.HConcatChart:
-    """Scatter of estimated vs exact prompt-mean effects, one panel per component type.
+def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) -> ChartType:
+    """Scatter of estimated vs exact prompt-mean effects, one panel per component type, and
+    the agreement statistics with their intervals.
 
     Args:
         report: ``lsc.faithfulness(...)``'s Dataset (``exact_heads``, ``estimate_heads``,
@@ -293,11 +294,15 @@ def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) 
         width, height: of each panel, in pixels.
 
     Returns:
-        Panels for heads, attention blocks and MLP blocks side by side; x = exact activation
-        patching, y = estimate, one colour per estimator, the line y = x for reference, and
-        each estimator's Pearson r over prompt means in the panel title (named so: the
-        report's ``pearson_cells`` is another statistic, r over single cells). No actions
-        menu: its "Open in Vega Editor" link sends the chart to an outside site.
+        A first row of panels for heads, attention blocks and MLP blocks side by side; x =
+        exact activation patching, y = estimate, one colour per estimator, the line y = x
+        for reference, and each estimator's Pearson r over prompt means in the panel title
+        (named so: the report's ``pearson_cells`` is another statistic, r over single
+        cells) with its interval in brackets. Where the report carries intervals
+        (``<statistic>_interval``), a second row draws r over prompt means, r over cells
+        and the top-k overlap per component type and estimator as points with error bars
+        (the percentile-bootstrap interval over prompts). No actions menu: its "Open in
+        Vega Editor" link sends the chart to an outside site.
 
     Panels follow the component types' order (heads, attention, MLP) and the report is
     read by label, so a ``sortby`` or ``transpose`` of it draws the same chart. A statistic
@@ -334,9 +339,12 @@ def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) 
     panels = [
         _agreement_panel(report, ctype, units=units, width=width, height=height) for ctype in types
     ]
+    rows: list[ChartType] = [alt.hconcat(*panels)]
+    if all(f"{stat}_interval" in report.data_vars for stat in _INTERVAL_PANELS):
+        rows.append(_interval_row(report, types, width=width))
     attrs = report.attrs
     return (
-        alt.hconcat(*panels)
+        (alt.vconcat(*rows) if len(rows) > 1 else rows[0])
         .properties(
             title=alt.Title(
                 "Can I trust the fast map? Estimate vs exact activation patching (prompt means)",
@@ -351,6 +359,91 @@ def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) 
 
 #: Panel titles of ``agreement_chart`` per component type.
 _COMPONENT_TYPES = {"head": "heads", "attn": "attention blocks", "mlp": "MLP blocks"}
+#: The statistics ``agreement_chart`` draws with their intervals, and their axis titles.
+_INTERVAL_PANELS = {
+    "pearson_means": "r over prompt means",
+    "pearson_cells": "r over cells",
+    "top_overlap": "top-{k} overlap",
+}
+
+
+def _with_interval(report: xr.Dataset, stat: str, **at: Any) -> str:
+    """A statistic for a subtitle: "0.93 [0.90, 0.95]" (its interval in brackets, where the
+    report carries one and it is a number), or "undefined" where the statistic is NaN."""
+    value = float(report[stat].sel(at))
+    if not np.isfinite(value):
+        return "undefined"
+    name = f"{stat}_interval"
+    if name not in report.data_vars:
+        return f"{value:.2f}"
+    low, high = (float(report[name].sel({**at, "bound": b})) for b in ("low", "high"))
+    return (
+        f"{value:.2f} [{low:.2f}, {high:.2f}]" if np.isfinite([low, high]).all() else f"{value:.2f}"
+    )
+
+
+def _interval_row(report: xr.Dataset, types: list[str], *, width: int) -> alt.HConcatChart:
+    """``agreement_chart``'s second row: one panel per statistic of ``_INTERVAL_PANELS``."""
+    share = bootstrap.percent(float(report["pearson_means_interval"].attrs.get("ci", 0.95)))
+    panels = [
+        _interval_panel(
+            report, stat, title.format(k=report.attrs.get("top_k", "k")), types
+        ).properties(width=width)
+        for stat, title in _INTERVAL_PANELS.items()
+    ]
+    return alt.hconcat(*panels).properties(
+        title=alt.Title(
+            f"Agreement with {share} intervals",
+            subtitle=f"points: the statistic; bars: its {share} interval ({bootstrap.METHOD} "
+            "over prompts)",
+            anchor="start",
+        )
+    )
+
+
+def _interval_panel(report: xr.Dataset, stat: str, title: str, types: list[str]) -> alt.LayerChart:
+    """A point per (component type, estimator) at ``stat`` with its interval as an error
+    bar; undefined (NaN) statistics are left out and named in the subtitle, an undefined
+    interval leaves the point without a bar."""
+    rows, undefined = [], []
+    for ctype in types:
+        kind = _COMPONENT_TYPES.get(ctype, ctype)
+        for label in report["estimator"].values.tolist():
+            at = {"estimator": label, "component_type": ctype}
+            value = float(report[stat].sel(at))
+            if not np.isfinite(value):
+                undefined.append(f"{kind} ({label})")
+                continue
+            bounds = [
+                float(report[f"{stat}_interval"].sel({**at, "bound": b})) for b in ("low", "high")
+            ]
+            ends = (
+                dict(zip(("low", "high"), bounds, strict=True)) if np.isfinite(bounds).all() else {}
+            )
+            rows.append({"component type": kind, "estimator": label, "value": value, **ends})
+    base = alt.Chart(alt.Data(values=rows)).encode(
+        y=alt.Y("component type:N", sort=[_COMPONENT_TYPES.get(t, t) for t in types], title=None),
+        yOffset="estimator:N",
+        color=alt.Color("estimator:N", title="estimator"),
+    )
+    domain = [-1.0 if stat.startswith("pearson") else 0.0, 1.0]
+    bars = (
+        base.transform_filter("isValid(datum.low)")
+        .mark_rule(strokeWidth=2)
+        .encode(x=alt.X("low:Q", title=title, scale=alt.Scale(domain=domain)), x2="high:Q")
+    )
+    points = base.mark_point(filled=True, size=40).encode(
+        x=alt.X("value:Q", title=title, scale=alt.Scale(domain=domain)),
+        tooltip=[
+            alt.Tooltip("component type:N"),
+            alt.Tooltip("estimator:N"),
+            alt.Tooltip("value:Q", title=title, format=".3f"),
+            alt.Tooltip("low:Q", title="interval: low", format=".3f"),
+            alt.Tooltip("high:Q", title="interval: high", format=".3f"),
+        ],
+    )
+    subtitle = f"undefined, not drawn: {', '.join(undefined)}" if undefined else alt.Undefined
+    return alt.layer(bars, points).properties(title=alt.Title(title, subtitle=subtitle))
 
 
 def _agreement_panel(
@@ -367,10 +460,10 @@ def _agreement_panel(
     rows, not_computed = _agreement_rows(exact, estimate)
     values = [row[key] for row in rows for key in ("exact", "estimate")]
     low, high = (min(values), max(values)) if values else (0.0, 1.0)
-    r_means = report["pearson_means"].sel(component_type=ctype)
     r_text = "r over prompt means: " + ", ".join(
-        f"{float(r):.2f} ({label})" if np.isfinite(r) else f"undefined ({label})"
-        for label, r in zip(r_means["estimator"].values.tolist(), r_means.values, strict=True)
+        f"{_with_interval(report, 'pearson_means', estimator=label, component_type=ctype)} "
+        f"({label})"
+        for label in report["estimator"].values.tolist()
     )
     if not_computed:
         r_text += f"; {not_computed} cells {NAN_LABEL} (NaN), not drawn"

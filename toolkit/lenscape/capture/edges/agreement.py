@@ -2,7 +2,9 @@
 
 A composite method: it runs ``edge_attribution`` per estimator and ``_edge_variants`` (each
 sampled edge patched alone) on the same tokenised prompts; with ``store=`` each part keeps
-its own resumable store in that folder.
+its own resumable store in that folder. Each statistic carries a percentile-bootstrap
+interval over prompts, as the faithfulness report's do
+(``capture.faithfulness.agreement_variables``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ... import _validate
+from ... import _validate, bootstrap
 from ...data import Prompts
 from ...models import LensModel
 from ...schema import RECEIVER_KINDS
 from ...sweep.inputs import Tokens, tokenize
 from ...sweep.registry import method, part_store
-from ..faithfulness import agreement
+from ..faithfulness import agreement_variables
 from .graph import Graph
 from .patching import _edge_variants
 from .scores import DEFAULT_IG_STEPS, ESTIMATORS, edge_attribution
@@ -94,40 +96,9 @@ def _compared_maps(
     return exact, estimate
 
 
-def _agreement_by_kind(
-    exact: xr.DataArray, estimate: xr.DataArray, kinds: list[str], *, top_k: int
-) -> dict[str, tuple[tuple[str, str], np.ndarray]]:
-    """``agreement`` of each estimator with the exact effects, per receiver kind.
-
-    Args:
-        exact: (prompt, edge); estimate: (estimator, prompt, edge); both with a
-            ``receiver_kind`` coord on ``edge``.
-
-    Returns:
-        Per statistic, an (estimator, receiver_kind) variable.
-    """
-    stats: dict[str, list[list[float]]] = {}
-    for name in estimate["estimator"].values:
-        rows: dict[str, list[float]] = {}
-        for kind in kinds:
-            where = exact["receiver_kind"] == kind
-            pair = agreement(
-                exact.where(where, drop=True),
-                estimate.sel(estimator=name, drop=True).where(where, drop=True),
-                top_k=top_k,
-            )
-            for stat, value in pair.items():
-                rows.setdefault(stat, []).append(value)
-        for stat, values in rows.items():
-            stats.setdefault(stat, []).append(values)
-    return {
-        stat: (("estimator", "receiver_kind"), np.asarray(values)) for stat, values in stats.items()
-    }
-
-
 def _checked(
-    estimators: Any, steps: Any, n_top: Any, n_random: Any, top_k: Any, seed: Any
-) -> tuple[list[str], int, int, int, int, int]:
+    estimators: Any, steps: Any, n_top: Any, n_random: Any, top_k: Any, seed: Any, ci: Any
+) -> tuple[list[str], int, int, int, int, int, float]:
     """``edge_agreement``'s own options, checked.
 
     Raises:
@@ -149,6 +120,7 @@ def _checked(
         n_random,
         _validate.positive_int("top_k", top_k),
         _validate.integer("seed", seed, low=0),
+        bootstrap.check_ci(ci),
     )
 
 
@@ -163,6 +135,7 @@ def edge_agreement(
     n_random: int = 20,
     top_k: int = 5,
     seed: int = 0,
+    ci: float = 0.95,
     **shared,
 ) -> xr.Dataset:
     """How far to trust edge scores: each estimator vs exact single-edge patching.
@@ -179,13 +152,17 @@ def edge_agreement(
             at most ``MAX_SAMPLE``).
         top_k: size of the top sets compared per receiver kind (NaN where a kind has
             ``top_k`` sampled edges or fewer).
-        seed: seeds the random sample.
+        seed: seeds the random sample and the bootstrap of the intervals.
+        ci: the share of the bootstrap resamples between each statistic's bounds (a
+            percentile bootstrap over prompts).
         store: a folder: each part (the scores of each estimator, the single-edge effects)
             streams into its own ``.zarr`` store there, and an interrupted run resumes.
 
     Returns:
         Dataset with (estimator, receiver_kind) ``pearson_cells``, ``spearman_cells``,
-        ``pearson_means``, ``spearman_means``, ``top_overlap``, ``sign_agreement``;
+        ``pearson_means``, ``spearman_means``, ``top_overlap``, ``sign_agreement``; each
+        one's interval ``<statistic>_interval`` (estimator, receiver_kind, bound: low,
+        high);
         (receiver_kind,) ``n_edges`` sampled; and the maps compared: ``exact``
         (prompt, edge) and ``estimate`` (estimator, prompt, edge), with ``sender`` and
         ``receiver`` coords on ``edge``.
@@ -196,8 +173,8 @@ def edge_agreement(
         ValueError: an unknown or repeated estimator, ``steps`` or ``top_k`` below 1, a
             negative count or seed, ``n_top=0`` with ``n_random=0`` (no edge sampled).
     """
-    estimators, steps, n_top, n_random, top_k, seed = _checked(
-        estimators, steps, n_top, n_random, top_k, seed
+    estimators, steps, n_top, n_random, top_k, seed, ci = _checked(
+        estimators, steps, n_top, n_random, top_k, seed, ci
     )
     store = shared.pop("store")
     tokens = tokenize(
@@ -221,7 +198,7 @@ def edge_agreement(
         scores,
     )
     attrs = {**effects.attrs, "method": "edge_agreement", "steps": steps, "top_k": top_k}
-    return _report(exact, estimate, list(estimators), top_k, {**attrs, "seed": seed})
+    return _report(exact, estimate, list(estimators), top_k, ci, {**attrs, "seed": seed})
 
 
 def _report(
@@ -229,13 +206,33 @@ def _report(
     estimate: xr.DataArray,
     estimators: list[str],
     top_k: int,
+    ci: float,
     attrs: dict[str, Any],
 ) -> xr.Dataset:
-    """``edge_agreement``'s Dataset from the exact and estimated maps of the sample."""
+    """``edge_agreement``'s Dataset from the exact and estimated maps of the sample: each
+    estimator compared with the exact effects per receiver kind.
+
+    Args:
+        exact: (prompt, edge); estimate: (estimator, prompt, edge); both with a
+            ``receiver_kind`` coord on ``edge``.
+    """
     kinds = [kind for kind in RECEIVER_KINDS if (exact["receiver_kind"] == kind).any()]
+    pairs = {
+        (name, kind): (
+            exact.where(exact["receiver_kind"] == kind, drop=True),
+            estimate.sel(estimator=name, drop=True).where(
+                exact["receiver_kind"] == kind, drop=True
+            ),
+        )
+        for name in estimators
+        for kind in kinds
+    }
+    variables = agreement_variables(
+        pairs, ("estimator", "receiver_kind"), top_k=top_k, ci=ci, seed=attrs["seed"]
+    )
     return xr.Dataset(
         {
-            **_agreement_by_kind(exact, estimate, kinds, top_k=top_k),
+            **variables,
             "n_edges": (
                 ("receiver_kind",),
                 [int((exact["receiver_kind"] == kind).sum()) for kind in kinds],
@@ -243,6 +240,6 @@ def _report(
             "exact": exact,
             "estimate": estimate,
         },
-        coords={"estimator": estimators, "receiver_kind": kinds},
+        coords={"estimator": estimators, "receiver_kind": kinds, "bound": ["low", "high"]},
         attrs=attrs,
     )
