@@ -194,3 +194,40 @@ def test_bars_draw_the_mean_and_its_interval_when_asked():
     )
     with pytest.raises(ValueError, match=r"ci must lie in \(0, 1\)"):
         charts.bars(da, y="prompt", ci=1.0)
+
+
+def test_reliability_chart_draws_each_statistic_with_its_band_of_splits():
+    rng = np.random.default_rng(0)
+    values = rng.normal(0, 1, size=(30, 4, 3)) + np.arange(12).reshape(4, 3) / 3
+    da = make_result(values, ("prompt", "layer", "head"), n_layers=4)
+    rel = da.lsc.reliability(sizes=[1, 3, 15], n_splits=20, top_k=3)
+    spec = lsc.reliability_chart(rel).to_dict()
+    json.dumps(spec, allow_nan=False)
+    r_panel, overlap_panel = spec["hconcat"]
+    assert [r_panel["title"], overlap_panel["title"]] == [
+        "r between the halves' maps",
+        "top-3 overlap",
+    ]
+    band, line = r_panel["layer"]
+    assert band["mark"]["type"] == "area" and line["mark"]["type"] == "line"
+    assert line["encoding"]["x"]["scale"]["type"] == "log"
+    rows = r_panel["data"]["values"]
+    assert [r["size"] for r in rows] == [1, 3, 15]
+    assert rows[2]["mean"] == pytest.approx(float(rel["correlation"].sel(size=15, bound="mean")))
+    assert rows[2]["low"] == pytest.approx(float(rel["correlation"].sel(size=15, bound="low")))
+    subtitle = spec["title"]["subtitle"]
+    assert subtitle[0] == "map: attribution"
+    assert subtitle[1].startswith("two disjoint halves of n prompts each, 20 random splits per n")
+    r15 = float(rel["correlation"].sel(size=15, bound="mean"))
+    o15 = float(rel["top_overlap"].sel(size=15, bound="mean"))
+    assert subtitle[2] == (
+        f"at 15 prompts per half: r between the halves' maps {r15:.2f}, top-3 overlap {o15:.2f}"
+    )
+    assert spec["usermeta"] == {"embedOptions": {"actions": False}}
+    moved = rel.sortby("size", ascending=False).transpose("bound", "size")
+    assert lsc.reliability_chart(moved).to_dict() == spec  # read by label
+    undefined = (da * np.nan).lsc.reliability(sizes=[1, 3], n_splits=4, top_k=3)
+    said = lsc.reliability_chart(undefined).to_dict()["title"]["subtitle"]
+    assert said[-1].startswith("undefined (NaN), not drawn: r between the halves' maps at 1")
+    with pytest.raises(ValueError, match=r"reliability is a result of 'faithfulness'"):
+        lsc.reliability_chart(rel.assign_attrs(method="faithfulness"))

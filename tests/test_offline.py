@@ -84,6 +84,9 @@ CHARTS = {
     "circuit_graph": lambda **kw: lsc.circuit_graph(_edge_scores(), edges=5, **kw),
     "edge_heatmap": lambda **kw: lsc.edge_heatmap(_edge_scores(), **kw),
     "faithfulness_curve": lambda **kw: lsc.faithfulness_curve(_curve(), **kw),
+    "reliability_chart": lambda **kw: lsc.reliability_chart(
+        lsc.aggregate.reliability(signed_scores().rename(layer="prompt"), n_splits=4), **kw
+    ),
 }
 
 

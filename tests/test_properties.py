@@ -233,6 +233,7 @@ CALLS: dict[str, Any] = {
     "from_hf": lambda w: ((w.model.hf, w.model.tokenizer), dict(device="cpu")),
     "heatmap": lambda w: ((w.scores.mean("prompt"),), dict(x="head", y="layer")),
     "agreement_chart": lambda w: ((w.report,), dict()),
+    "reliability_chart": lambda w: ((_reliability(w),), dict()),
     "export": None,  # writes a file at a path: test_offline.py
     "save": None,  # writes at a path: test_store.py and the round trips below
     "open": None,  # reads a path: test_store.py
@@ -255,9 +256,15 @@ PASSED_BACK = {
     "circuit_faithfulness": ["scores"],
     "heatmap": ["da"],
     "agreement_chart": ["report"],
+    "reliability_chart": ["reliability"],
     "Explorer": ["data"],
     "CircuitExplorer": ["scores"],
 }
+
+
+def _reliability(w: World, scores: xr.DataArray | None = None) -> xr.Dataset:
+    """The split-half reliability of the world's scores (two prompts: halves of one)."""
+    return aggregate.reliability(w.scores if scores is None else scores, n_splits=4, top_k=2)
 
 
 def _public_functions() -> list[str]:
@@ -813,6 +820,10 @@ DEGENERATE: dict[str, list[Callable[[World], Any]]] = {
         lambda w: lsc.faithfulness_curve(_holed_curve(w)),
     ],
     "agreement_chart": [lambda w: lsc.agreement_chart(_undefined_report(w))],
+    "reliability_chart": [
+        lambda w: lsc.reliability_chart(_reliability(w, _nan_scores(w))),
+        lambda w: lsc.reliability_chart(_reliability(w, w.scores[:, :1, :1])),  # 1 cell
+    ],
     "Explorer": [
         lambda w: lsc.Explorer(_nan_scores(w)).chart,
         lambda w: lsc.Explorer(_with_infinity(w.scores), threshold=0.1).chart,

@@ -32,6 +32,7 @@ from .views import (
     export,
     faithfulness_curve,
     heatmap,
+    reliability_chart,
 )
 from .views import accessor as _accessor  # registers the ``da.lsc`` accessor
 from .weights import finetune, weight_change, weight_grid, weight_importance
@@ -70,6 +71,7 @@ __all__ = [
     "masked_loss",
     "open",
     "recorded",
+    "reliability_chart",
     "save",
     "schema",
     "task_loss",

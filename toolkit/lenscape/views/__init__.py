@@ -1,14 +1,14 @@
 """Every picture and widget of a result, built from DataArrays alone (never torch).
 
 ``heatmaps`` draws a result as a grid of cells, ``charts`` the other pictures (bars,
-summary, logit lens, agreement), ``circuit`` the edge graph and faithfulness curve,
+summary, logit lens, agreement, reliability), ``circuit`` the edge graph and faithfulness curve,
 ``offline`` renders them with no internet; ``explorer``, ``circuit_explorer`` and
 ``prompt_form`` are the widgets, and ``accessor`` puts the views on ``da.lsc``. Imports flow
 one way: accessor, prompt form -> explorers -> circuit, charts -> heatmaps -> encoding,
 offline (``[tool.importlinter]`` in pyproject.toml).
 """
 
-from .charts import Summary, agreement_chart, bars, logit_lens_chart, summary
+from .charts import Summary, agreement_chart, bars, logit_lens_chart, reliability_chart, summary
 from .circuit import circuit_graph, edge_heatmap, faithfulness_curve
 from .circuit_explorer import CircuitExplorer
 from .explorer import Explorer
@@ -31,5 +31,6 @@ __all__ = [
     "faithfulness_curve",
     "heatmap",
     "logit_lens_chart",
+    "reliability_chart",
     "summary",
 ]

@@ -1,11 +1,13 @@
-"""The charts beside the heatmap: bars of one dim, a result's summary, the logit lens, and
-the agreement of a fast estimate with exact patching.
+"""The charts beside the heatmap: bars of one dim, a result's summary, the logit lens, the
+agreement of a fast estimate with exact patching, and how many prompts a map needs.
 
 ``bars`` draws a 1-D result (a head's score per prompt, marking the prompts the model gets
 wrong; with ``ci``, the mean and its bootstrap interval as a line and a band), ``summary``
 says in a few lines what a result holds, ``logit_lens_chart`` is a heatmap of
-``lsc.logit_lens`` with the input tokens in order, and ``agreement_chart`` scatters the
-estimates of ``lsc.faithfulness`` against the exact effects. Like ``heatmap`` they read
+``lsc.logit_lens`` with the input tokens in order, ``agreement_chart`` scatters the
+estimates of ``lsc.faithfulness`` against the exact effects, and ``reliability_chart`` draws
+``lsc.aggregate.reliability``: how well maps from two disjoint halves of n prompts agree, for
+growing n. Like ``heatmap`` they read
 titles and labels from the attrs, read their input by label (``encoding.in_label_order``: a
 ``sortby`` or ``transpose`` draws the same chart) and never draw NaN ("not computed") as a
 number: a spec holds no NaN or infinity.
@@ -34,7 +36,7 @@ from .encoding import (
     in_label_order,
     unchecked_build,
 )
-from .heatmaps import heatmap, label_from_attrs, legend_title
+from .heatmaps import TITLE_LIMIT, heatmap, label_from_attrs, legend_title
 
 #: Bar colours of prompts the model answers right and wrong (the ``correct`` coord).
 ANSWER_COLORS = {"model right": "#4c78a8", "model wrong": "#d62728"}
@@ -532,3 +534,122 @@ def _agreement_rows(
                 }
             )
     return rows, not_computed
+
+
+#: Colours of ``reliability_chart``'s two statistics.
+RELIABILITY_COLORS = ("#1f77b4", "#d95f02")
+
+
+@unchecked_build
+def reliability_chart(
+    reliability: xr.Dataset, *, width: int = 300, height: int = 220, actions: bool = False
+) -> alt.HConcatChart:
+    """How many prompts do I need? Split-half reliability against prompts per half.
+
+    Args:
+        reliability: ``lsc.aggregate.reliability(da)``'s Dataset (``correlation``,
+            ``top_overlap``: (size, bound)), e.g. ``scores.lsc.reliability()``.
+        width, height: of each panel, in pixels.
+        actions: show Vega's actions menu (its "Open in Vega Editor" link goes online).
+
+    Returns:
+        Two panels over the prompts per half (a log axis at the sizes measured): r between
+        the two halves' maps and the overlap of their top-k cells, each the mean over the
+        random splits (a line with points) in a band holding the middle of the splits
+        (the ``ci`` of ``reliability``). The subtitle says how the halves were drawn and
+        the values at the largest size; sizes where a statistic is undefined (NaN) are left
+        out and said.
+
+    Raises:
+        TypeError: ``reliability`` is not a Dataset, or a size is not a positive integer.
+        ValueError: it is the result of another method, or lacks a variable.
+    """
+    _validate.result(
+        "reliability",
+        reliability,
+        kind=xr.Dataset,
+        made_by="lsc.aggregate.reliability",
+        variables=("correlation", "top_overlap"),
+        dims=("size", "bound"),
+        methods=("reliability",),
+    )
+    width = _validate.positive_int("width", width)
+    height = _validate.positive_int("height", height)
+    actions = _validate.flag("actions", actions)
+    rel = in_label_order(reliability, name="reliability")
+    k = rel.attrs.get("top_k", "k")
+    names = {"correlation": "r between the halves' maps", "top_overlap": f"top-{k} overlap"}
+    rows, said = _reliability_rows(rel, names)
+    sizes = [int(n) for n in rel["size"].values]
+    x = alt.X(
+        "size:Q",
+        scale=alt.Scale(type="log", domain=[sizes[0], sizes[-1]], nice=False),
+        axis=alt.Axis(values=sizes, format="d"),
+        title=f"prompts per half ({rel.attrs.get('n_prompts', '?')} prompts in all)",
+    )
+    lows = [r["low"] for r in rows if "low" in r] + [r["mean"] for r in rows]
+    y_scale = alt.Scale(domain=[min([0.0, *lows]), 1.0])
+    panels = []
+    for name, colour in zip(names.values(), RELIABILITY_COLORS, strict=True):
+        base = alt.Chart(alt.Data(values=[r for r in rows if r["statistic"] == name])).encode(x=x)
+        band = (
+            base.transform_filter("isValid(datum.low)")
+            .mark_area(opacity=0.25, color=colour)
+            .encode(y=alt.Y("low:Q", scale=y_scale, title=name), y2="high:Q")
+        )
+        line = base.mark_line(point=alt.OverlayMarkDef(color=colour), color=colour).encode(
+            y=alt.Y("mean:Q", scale=y_scale, title=name),
+            tooltip=[
+                alt.Tooltip("size:Q", title="prompts per half"),
+                alt.Tooltip("mean:Q", title=f"{name}: mean over splits", format=".3f"),
+                alt.Tooltip("low:Q", title="splits: low", format=".3f"),
+                alt.Tooltip("high:Q", title="splits: high", format=".3f"),
+            ],
+        )
+        panels.append(alt.layer(band, line).properties(width=width, height=height, title=name))
+    return alt.hconcat(*panels).properties(
+        title=alt.Title(
+            "How many prompts do I need? Split-half reliability",
+            subtitle=said,
+            anchor="start",
+            limit=TITLE_LIMIT,
+        ),
+        usermeta={"embedOptions": {"actions": actions}},
+    )
+
+
+def _reliability_rows(
+    rel: xr.Dataset, names: dict[str, str]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """``reliability_chart``'s points (size, statistic, mean and, where numbers, low and
+    high) and its subtitle lines: how the halves were drawn, the values at the largest
+    size, and what is undefined."""
+    rows, undefined = [], []
+    for var, name in names.items():
+        for size in rel["size"].values.tolist():
+            mean, low, high = (float(rel[var].sel(size=size, bound=b)) for b in aggregate.BOUNDS)
+            if not np.isfinite(mean):
+                undefined.append(f"{name} at {size}")
+                continue
+            ends = {"low": low, "high": high} if np.isfinite([low, high]).all() else {}
+            rows.append({"size": size, "statistic": name, "mean": mean, **ends})
+    share = bootstrap.percent(float(rel.attrs.get("ci", 0.95)))
+    splits = rel.attrs.get("n_splits", "?")
+    lines = [
+        f"map: {rel.attrs.get('map', '?')}",
+        f"two disjoint halves of n prompts each, {splits} random splits per n; line: the mean "
+        f"over splits, band: the middle {share} of the splits",
+    ]
+    last = rel["size"].values[-1]
+    at_last = [float(rel[var].sel(size=last, bound="mean")) for var in names]
+    values = [
+        f"{name} {v:.2f}" if np.isfinite(v) else f"{name} undefined"
+        for name, v in zip(names.values(), at_last, strict=True)
+    ]
+    lines.append(f"at {last} prompts per half: " + ", ".join(values))
+    keys = [k for k in ("model", "map_method", "metric") if k in rel.attrs]
+    if keys:
+        lines.append(" · ".join(f"{k.removeprefix('map_')}: {rel.attrs[k]}" for k in keys))
+    if undefined:
+        lines.append(f"undefined (NaN), not drawn: {', '.join(undefined)}")
+    return rows, lines
