@@ -1,37 +1,181 @@
-"""Batch sizes and stacked variants chosen from free memory (``capture/memory.py``)."""
+"""Memory plans (``sweep/memory.py``, ``lsc.estimate``): the batch ``batch_size=None``
+picks, and the refusal of a run that cannot fit."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
+import transformers
 
 import lenscape as lsc
 from lenscape.sweep import memory
+from lenscape.sweep.registry import METHODS
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import _shapes  # noqa: E402
 
 
-def test_auto_batch_size_follows_free_memory(tiny_llama, monkeypatch):
-    per_prompt = memory.bytes_per_sequence(tiny_llama, width=16, grad=True)
-    monkeypatch.setattr(memory, "free_bytes", lambda device: 0)
-    assert memory.auto_batch_size(tiny_llama, width=16, grad=True) == 1
-    monkeypatch.setattr(memory, "free_bytes", lambda device: int(per_prompt * 5 / 0.25))
-    assert memory.auto_batch_size(tiny_llama, width=16, grad=True) == 5
-    monkeypatch.setattr(memory, "free_bytes", lambda device: 2**50)
-    assert memory.auto_batch_size(tiny_llama, width=16, grad=True) == memory.MAX_BATCH["cpu"]
-    # a pass that keeps a graph for backward needs more memory than one that does not
-    assert per_prompt > memory.bytes_per_sequence(tiny_llama, width=16, grad=False)
+def _meta_model(shape: str) -> lsc.LensModel:
+    """A model of a published shape on the meta device: its sizes and dtype without any
+    memory behind them (a pass over it could not run)."""
+    record = _shapes.shape(shape)
+    config = transformers.AutoConfig.for_model(**record["config"])
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(config)
+    tokenizer = lsc.models.tokenizer_for(_shapes.REAL)
+    return lsc.from_hf(
+        hf, tokenizer, name=record["name"], device="meta", dtype=record["dtype"], check=False
+    )
 
 
-def test_auto_sizes_give_the_same_numbers(tiny_llama, factual, monkeypatch):
+def _forwards(model: lsc.LensModel) -> list[int]:
+    """A list that grows by one with every forward pass of ``model`` (a pre-hook)."""
+    calls: list[int] = []
+    model.hf.register_forward_pre_hook(lambda module, args: calls.append(1))
+    return calls
+
+
+def test_parse_bytes():
+    assert memory.parse_bytes("1GiB") == 2**30
+    assert memory.parse_bytes(" 512 MiB ") == 512 * 2**20
+    assert memory.parse_bytes("2e9") == 2 * 10**9
+    assert memory.parse_bytes("8G") == 8 * 10**9
+    for bad in ("", "lots", "-1GiB", "1 parsec", "nan"):
+        with pytest.raises(ValueError, match="LENSCAPE_MEMORY_LIMIT"):
+            memory.parse_bytes(bad)
+
+
+def test_the_limit_caps_the_available_memory(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "1GiB")
+    assert memory.available_bytes(cpu) == min(memory.free_bytes(cpu), 2**30)
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "much")
+    with pytest.raises(ValueError, match="not a memory size"):
+        memory.available_bytes(cpu)
+
+
+def test_the_estimate_splits_the_peak_and_names_the_batch(tiny_llama, factual):
+    estimate = lsc.estimate(tiny_llama, "attribution_patching", factual[:6], batch_size=None)
+    assert estimate.batch_size == 6 and estimate.chosen
+    tensors = [*tiny_llama.hf.parameters(), *tiny_llama.hf.buffers()]  # rotary frequencies
+    assert estimate.weights == sum(t.numel() * t.element_size() for t in tensors)
+    parts = estimate.activations + estimate.buffers + estimate.optimizer
+    assert estimate.peak == estimate.weights + parts == estimate.weights + estimate.needed
+    assert estimate.activations > 0 and estimate.buffers > 0 and estimate.optimizer == 0
+    assert estimate.fits and "attribution_patching" in str(estimate)
+    given = lsc.estimate(tiny_llama, "attribution_patching", factual[:6], batch_size=2)
+    assert given.batch_size == 2 and not given.chosen and given.needed < estimate.needed
+    # where a call would run does not change the plan; an unknown option is refused
+    same = lsc.estimate(tiny_llama, "attribution_patching", factual[:6], progress=False)
+    assert same.needed == lsc.estimate(tiny_llama, "attribution_patching", factual[:6]).needed
+    with pytest.raises(TypeError, match="takes no option"):
+        lsc.estimate(tiny_llama, "attribution_patching", factual[:6], colour="red")
+    with pytest.raises(ValueError, match="No memory estimate for 'faithfulness'"):
+        lsc.estimate(tiny_llama, "faithfulness", factual[:6])
+
+
+def test_every_method_has_an_estimate(tiny_llama, factual, mixed, clusters):
+    """Every registered per-prompt method (but those that run others), the fits and weight
+    importance: an estimate that fits a small model."""
+    pairs = factual[:4]
+    calls = {
+        "attention_pattern": dict(layer=1),
+        "_edge_variants": dict(variants=(("only", (0,)),)),
+        "head_gating": dict(seeds=2),
+        "block_masks": dict(clusters=clusters),
+    }
+    names = {name for name, spec in METHODS.items() if spec.planner}
+    assert names | {"head_gating", "block_masks", "weight_importance"} == set(memory.ESTIMATES)
+    for name in sorted(memory.ESTIMATES):
+        prompts = mixed if name == "block_masks" else pairs
+        estimate = lsc.estimate(tiny_llama, name, prompts, **calls.get(name, {}))
+        assert estimate.fits and estimate.needed > 0, name
+
+
+def _limit_between(model, name, prompts, low: int, high: int, **options) -> str:
+    """A memory limit under which ``batch_size=None`` chooses ``low`` prompts, not ``high``."""
+    below = lsc.estimate(model, name, prompts, batch_size=low, **options).needed
+    above = lsc.estimate(model, name, prompts, batch_size=high, **options).needed
+    assert below < above
+    return str(int((below + above) / 2 / memory.BUDGET_SHARE["cpu"]))
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("ablation", {"variants_per_pass": 4}),  # else the copies per pass follow memory too
+        ("edge_attribution", {}),
+        ("logit_lens", {}),
+    ],
+)
+def test_batch_size_none_uses_the_estimates_batch(tiny_llama, factual, monkeypatch, name, options):
     prompts = factual[:5]
-    expected = lsc.ablation(tiny_llama, prompts, batch_size=5, progress=False)
-    auto = lsc.ablation(tiny_llama, prompts, batch_size=None, progress=False)
-    assert auto.attrs["batch_size"] == memory.auto_batch_size(tiny_llama, width=10, grad=False)
-    np.testing.assert_allclose(auto.values, expected.values, atol=1e-5)
-    # almost no memory: one prompt and one variant per pass, still the same numbers
-    monkeypatch.setattr(memory, "free_bytes", lambda device: 0)
-    tight = lsc.ablation(tiny_llama, prompts, batch_size=None, progress=False)
-    assert tight.attrs["batch_size"] == 1
+    limit = _limit_between(tiny_llama, name, prompts, 2, 3, **options)
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, limit)
+    planned = lsc.estimate(tiny_llama, name, prompts, batch_size=None, **options)
+    assert planned.batch_size == 2
+    result = getattr(lsc, name)(tiny_llama, prompts, batch_size=None, progress=False, **options)
+    assert result.attrs.get("batch_size", 2) == 2
+    expected = getattr(lsc, name)(tiny_llama, prompts, batch_size=5, progress=False, **options)
+    np.testing.assert_allclose(
+        np.asarray(result.values, dtype=float), np.asarray(expected.values, dtype=float), atol=1e-5
+    )
+
+
+def test_stacked_variants_follow_the_memory_left(tiny_llama, factual, monkeypatch):
+    """Exact sweeps stack fewer edited copies per pass when memory is short: same numbers."""
+    prompts = factual[:4]
+    expected = lsc.ablation(tiny_llama, prompts, batch_size=4, progress=False)
+    per_copy = memory.forward_pass(tiny_llama, 4, 10)
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, str(int(3 * per_copy / memory.BUDGET_SHARE["cpu"])))
+    assert memory.auto_variants_per_pass(tiny_llama, rows=4, width=10, wanted=4) < 4
+    tight = lsc.ablation(tiny_llama, prompts, batch_size=4, progress=False)
     np.testing.assert_allclose(tight.values, expected.values, atol=1e-5)
+
+
+def test_a_run_that_cannot_fit_is_refused_before_it_allocates(monkeypatch):
+    """On a machine with 1 GiB, EAP on the Llama-3-8B shape cannot fit: refused with the
+    estimate, the memory available and the ways out, before any pass (the model is on the
+    meta device: a pass could not even run)."""
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "1GiB")
+    model = _meta_model("llama-3-8b")
+    calls = _forwards(model)
+    prompts = lsc.data.prompts("ioi")[:8]
+    estimate = lsc.estimate(model, "edge_attribution", prompts, batch_size=4)
+    assert not estimate.fits and estimate.available <= 2**30
+    with pytest.raises(MemoryError) as refused:
+        lsc.edge_attribution(model, prompts, batch_size=4, progress=False)
+    message = str(refused.value)
+    assert f"needs an estimated {estimate.needed / 2**30:.2f} GiB" in message
+    assert f"only {estimate.available / 2**30:.2f} GiB is available" in message
+    for way in ("batch_size=", "bfloat16" if model.dtype == torch.float32 else "dtype", "store="):
+        assert way in message
+    assert "another device" in message and "Nothing was run" in message
+    assert f"batch_size={estimate.largest_fitting} fits" in message
+    assert calls == []
+    # with 256 MiB even one prompt per batch cannot fit: batch_size=None is refused too
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "256MiB")
+    with pytest.raises(MemoryError, match="even batch_size=1 needs"):
+        lsc.edge_attribution(model, prompts, batch_size=None, progress=False)
+    assert calls == []
+
+
+def test_fits_and_weight_importance_are_refused_too(monkeypatch):
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "64MiB")
+    model = _meta_model("llama-3-8b")
+    calls = _forwards(model)
+    task = lsc.data.task("math")[:8]
+    with pytest.raises(MemoryError, match=r"(?s)head_gating cannot fit.*rows_per_pass="):
+        lsc.head_gating(model, task, seeds=1, progress=False)
+    with pytest.raises(MemoryError, match="weight_importance cannot fit"):
+        lsc.weight_importance(model, task, progress=False)
+    assert calls == []
 
 
 def test_bad_batch_size(tiny_llama, factual):

@@ -226,6 +226,7 @@ CALLS: dict[str, Any] = {
     "faithfulness": lambda w: ((w.model, w.pairs), dict(estimators=["atp"], progress=False)),
     "finetune": lambda w: ((w.model, ["The cat sat on the mat."]), dict(steps=1, progress=False)),
     "weight_importance": lambda w: ((w.model, ["The cat sat."]), dict(progress=False)),
+    "estimate": lambda w: ((w.model, "attribution_patching", w.pairs), dict()),
     "weight_change": lambda w: ((w.model, w.model), dict()),
     "inspect_prompts": lambda w: ((w.model, w.pairs), dict()),
     "check": lambda w: ((w.model,), dict()),

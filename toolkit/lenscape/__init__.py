@@ -21,6 +21,7 @@ from .fits import (
 from .models import ArchLayout, LayoutCheckError, LensModel, ModelSpec, check, from_hf, load
 from .store import open_result as open
 from .store import save
+from .sweep.memory import estimate
 from .views import (
     CircuitExplorer,
     Explorer,
@@ -59,6 +60,7 @@ __all__ = [
     "data",
     "edge_heatmap",
     "enable_offline",
+    "estimate",
     "export",
     "faithfulness_curve",
     "finetune",

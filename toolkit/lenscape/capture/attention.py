@@ -25,6 +25,7 @@ import xarray as xr
 from .. import schema
 from ..data import Prompt, PromptSet
 from ..models import LensModel
+from ..sweep import memory
 from ..sweep.backend import get_backend
 from ..sweep.inputs import Batch, Tokens, batched
 from ..sweep.options import UNMEASURED, Options
@@ -169,8 +170,23 @@ def _one_or_all(result: xr.DataArray, options: Options, prompts: Any) -> xr.Data
     return result
 
 
+def attention_pattern_memory(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
+    """Footprint of ``attention_pattern``: a pass without gradients with eager attention,
+    the kept (batch, head, query, key) pattern of its layer and the float32 patterns of
+    every prompt."""
+    spec = model.spec
+    pattern = spec.n_heads * work.width * work.width
+    kept = work.rows * pattern * (memory.element_bytes(model.dtype) + 2 * 4)
+    return memory.Need(
+        activations=memory.forward_pass(model, work.rows, work.width)
+        + work.rows * work.width * spec.n_heads * work.width * 4,
+        buffers=kept + work.n_prompts * pattern * 4,
+    )
+
+
 @method(
     plan_attention_pattern,
+    memory=attention_pattern_memory,
     shared=UNMEASURED,
     needs_target=False,
     read_prompts=_as_prompts,

@@ -24,7 +24,7 @@ import xarray as xr
 from .. import _validate
 from ..data import Prompt, PromptSet, as_prompt_set
 from ..models import LensModel
-from ..sweep import metrics
+from ..sweep import memory, metrics
 from ..sweep.backend import get_backend
 from ..sweep.inputs import Batch, Inputs, Tokens, batched
 from ..sweep.options import Options
@@ -228,7 +228,16 @@ def _as_inspection(result: xr.Dataset, options: Options, prompts: Any) -> Inspec
     return Inspection(result.load())
 
 
-@method(plan_inspect, needs_corrupt=_all_corrupt, view=_as_inspection)
+def inspect_memory(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
+    """Footprint of ``inspect_prompts``: a pass without gradients per side and float32
+    probabilities at the read positions."""
+    probabilities = 3 * work.rows * model.spec.vocab_size * 4
+    return memory.Need(
+        activations=memory.forward_pass(model, work.rows, work.width), buffers=probabilities
+    )
+
+
+@method(plan_inspect, memory=inspect_memory, needs_corrupt=_all_corrupt, view=_as_inspection)
 def inspect_prompts(
     model: LensModel,
     prompts: PromptSet | Iterable[Prompt | dict[str, Any]],

@@ -28,6 +28,7 @@ import xarray as xr
 from .. import schema
 from ..data import Prompt, PromptSet, as_prompt_set
 from ..models import LensModel
+from ..sweep import memory
 from ..sweep.backend import Site, get_backend
 from ..sweep.inputs import Batch, Inputs, Tokens, batched
 from ..sweep.options import UNMEASURED, Options
@@ -237,8 +238,23 @@ def _one_or_all(result: xr.DataArray, options: Options, prompts: Any) -> xr.Data
     return one.drop_vars(dropped).assign_attrs(attrs)
 
 
+def logit_lens_memory(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
+    """Footprint of ``logit_lens``: a pass without gradients keeping the residual stream
+    after every block, one layer's (batch, pos, vocab) read-out at a time (float32 logits,
+    probabilities, the rank comparison) and the per-cell numbers of every prompt."""
+    spec, tokens = model.spec, work.rows * work.width
+    kept = spec.n_layers * tokens * spec.d_model * memory.element_bytes(model.dtype)
+    read_out = 3 * tokens * spec.vocab_size * 4
+    cells = 2 * (work.rows + work.n_prompts) * spec.n_layers * work.width * CELL * 4
+    return memory.Need(
+        activations=memory.forward_pass(model, work.rows, work.width),
+        buffers=kept + read_out + cells,
+    )
+
+
 @method(
     plan_logit_lens,
+    memory=logit_lens_memory,
     shared=UNMEASURED,
     needs_target=False,
     read_prompts=_as_prompts,

@@ -18,9 +18,10 @@ import xarray as xr
 from ..data import Prompts
 from ..models import LensModel
 from ..models.parts import head_outputs, norm_weight, rms_scale
+from ..sweep import memory
 from ..sweep.backend import get_backend
 from ..sweep.inputs import Batch, Inputs, batched
-from ..sweep.options import LEVELLED
+from ..sweep.options import LEVELLED, Options
 from ..sweep.plan import Call, Plan, Scores, one_level_plan, top_is_target
 from ..sweep.registry import method, run
 from ..sweep.result import LEVELS, components
@@ -90,7 +91,28 @@ def plan_direct_logit_attribution(call: Call) -> Plan[xr.DataArray]:
     )
 
 
-@method(plan_direct_logit_attribution, levels=LEVELS, shared=LEVELLED)
+def direct_logit_attribution_memory(
+    model: LensModel, options: Options, work: memory.Work
+) -> memory.Need:
+    """Footprint of ``direct_logit_attribution``: a pass without gradients keeping every
+    component's output and the final residual stream, and a float32 copy of the
+    unembedding for a half-precision model."""
+    spec, e = model.spec, memory.element_bytes(model.dtype)
+    head = options.get("level", "head") == "head"
+    width = spec.n_heads * spec.d_head if head else 2 * spec.d_model
+    kept = work.rows * work.width * (spec.n_layers * width + spec.d_model) * e
+    unembed = spec.vocab_size * spec.d_model * 4 if e < 4 else 0
+    return memory.Need(
+        activations=memory.forward_pass(model, work.rows, work.width), buffers=kept + unembed
+    )
+
+
+@method(
+    plan_direct_logit_attribution,
+    levels=LEVELS,
+    shared=LEVELLED,
+    memory=direct_logit_attribution_memory,
+)
 def direct_logit_attribution(model: LensModel, prompts: Prompts, **shared) -> xr.DataArray:
     """Direct effect of each head or block on the metric's logits, per prompt.
 

@@ -48,7 +48,7 @@ from ..models import LensModel
 from ..sweep import memory, metrics
 from ..sweep.backend import Site, TokenBatch, get_backend
 from ..sweep.inputs import Batch, Inputs, batched
-from ..sweep.options import EXACT, LEVELLED, integration_points
+from ..sweep.options import EXACT, LEVELLED, Options, integration_points
 from ..sweep.plan import Call, Plan, Result, Scores, once, one_level_plan, top_is_target
 from ..sweep.registry import method, run
 from ..sweep.result import LEVELS, components, to_dataarray
@@ -395,6 +395,91 @@ def _refine_params(refine: int | None, estimator: str, steps: int) -> dict[str, 
     return {"refined_k": refine, "refine_estimator": estimator, "refine_steps": steps}
 
 
+# -------------------------------------------------------------------------------- memory
+
+
+def _site_width(model: LensModel, level: str) -> int:
+    """Numbers per token of every site a ``level`` sweep or estimate reads (z: n_heads x
+    d_head per layer; blocks: the attention and MLP outputs, 2 x d_model per layer)."""
+    spec = model.spec
+    per_layer = {"head": spec.n_heads * spec.d_head, "block": 2 * spec.d_model}
+    heads_and_blocks = per_layer["head"] + per_layer["block"]
+    return spec.n_layers * (heads_and_blocks if level == "all" else per_layer[level])
+
+
+def _estimate_need(model: LensModel, work: memory.Work, level: str, points: int) -> memory.Need:
+    """What a gradient estimate of one batch holds: the clean pass's sites (and the input
+    site with ``points`` > 1), then the graph of a pass with a backward and the sites'
+    gradients, then float32 products over the sites (``_gradient_effects``)."""
+    tokens = work.rows * work.width
+    width = _site_width(model, level) + (model.spec.d_model if points > 1 else 0)
+    sites = tokens * width * memory.element_bytes(model.dtype)
+    backward = memory.Need(
+        activations=memory.gradient_pass(model, work.rows, work.width), buffers=2 * sites
+    )
+    products = memory.Need(buffers=2 * sites + 3 * tokens * width * 4)
+    return memory.largest(backward, products)
+
+
+def _sweep_need(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
+    """What an exact sweep of one batch holds: the residual stream entering every block
+    (kept by the unedited pass) and a pass of ``variants_per_pass`` stacked copies (by
+    default one block's components, as many as memory allows)."""
+    spec, e = model.spec, memory.element_bytes(model.dtype)
+    level, refine = options.get("level", "head"), options.get("refine")
+    wanted = spec.n_heads if level == "head" else 2  # one block's components
+    if refine is not None:  # at most ``refine`` components of one block
+        wanted = min(wanted, refine)
+    copies = options.get("variants_per_pass") or memory.auto_variants_per_pass(
+        model, rows=work.rows, width=work.width, wanted=wanted
+    )
+    resid = work.rows * work.width * spec.d_model * e
+    stacked = memory.forward_pass(model, copies * work.rows, work.width)
+    return memory.Need(activations=stacked, buffers=(spec.n_layers + copies) * resid)
+
+
+def _result_need(model: LensModel, level: str, work: memory.Work) -> memory.Need:
+    """The (prompt, component) float32 result of every prompt, held in memory."""
+    spec = model.spec
+    columns = {"head": spec.n_heads, "block": 2, "all": spec.n_heads + 2}[level]
+    return memory.Need(buffers=work.n_prompts * spec.n_layers * columns * 4)
+
+
+def ablation_memory(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
+    """Footprint of ``ablation``: its exact sweep, or its ranking pass (``refine``) when
+    that holds more. Options a call did not give are taken at their defaults."""
+    level = options.get("level", "head")
+    need = _sweep_need(model, options, work)
+    if options.get("refine") is not None:
+        need = memory.largest(need, _estimate_need(model, work, level, 1))
+    return need + _result_need(model, level, work)
+
+
+def activation_patching_memory(
+    model: LensModel, options: Options, work: memory.Work
+) -> memory.Need:
+    """Footprint of ``activation_patching``: its exact sweep with the clean run's sites
+    kept, or its ranking pass (``refine``) when that holds more. Options a call did not give
+    are taken at their defaults."""
+    e, level = memory.element_bytes(model.dtype), options.get("level", "head")
+    clean = work.rows * work.width * _site_width(model, level) * e
+    need = _sweep_need(model, options, work) + memory.Need(buffers=clean)
+    if options.get("refine") is not None:
+        points = _check_estimator(options.get("estimator", ESTIMATORS[0]), options.get("steps"))
+        need = memory.largest(need, _estimate_need(model, work, level, points))
+    return need + _result_need(model, level, work)
+
+
+def attribution_patching_memory(
+    model: LensModel, options: Options, work: memory.Work
+) -> memory.Need:
+    """Footprint of ``attribution_patching``: one gradient estimate per batch. Options a call
+    did not give are taken at their defaults."""
+    level = options.get("level", "head")
+    points = _check_estimator(options.get("estimator", ESTIMATORS[0]), options.get("steps"))
+    return _estimate_need(model, work, level, points) + _result_need(model, level, work)
+
+
 # ------------------------------------------------------------------------------ ablation
 
 
@@ -427,7 +512,7 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
     kind, refine = options.kind, options.refine
     if kind not in ABLATION_KINDS:
         raise ValueError(f"Unknown ablation kind {kind!r}; choose one of {list(ABLATION_KINDS)}.")
-    inputs = batched(model, tokens, options, grad=refine is not None)
+    inputs = batched(model, tokens, options)
     variants = components(inputs)
     goal, replacement_for = _ablation_targets(inputs, variants, kind, prepass, progress)
     columns = None
@@ -455,7 +540,7 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
     )
 
 
-@method(plan_ablation, levels=LEVELS, shared=EXACT)
+@method(plan_ablation, levels=LEVELS, shared=EXACT, memory=ablation_memory)
 def ablation(
     model: LensModel, prompts: Prompts, *, kind: str = "zero", refine: int | None = None, **shared
 ) -> xr.DataArray:
@@ -482,7 +567,7 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     model, tokens, options = call.model, call.tokens, call.options
     prepass, progress = call.prepass, call.progress
     points = _check_estimator(options.estimator, options.steps)
-    inputs = batched(model, tokens, options, grad=options.refine is not None)
+    inputs = batched(model, tokens, options)
     runner = get_backend(model, options.backend)
     variants = components(inputs)
     sites = _sites(variants)
@@ -511,7 +596,13 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     )
 
 
-@method(plan_activation_patching, levels=LEVELS, needs_corrupt=True, shared=EXACT)
+@method(
+    plan_activation_patching,
+    levels=LEVELS,
+    needs_corrupt=True,
+    shared=EXACT,
+    memory=activation_patching_memory,
+)
 def activation_patching(
     model: LensModel,
     prompts: Prompts,
@@ -552,7 +643,7 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
     estimator, level = options.estimator, options.level
     points = _check_estimator(estimator, options.steps)
     levels = ("head", "block") if level == "all" else (level,)
-    first = batched(model, tokens, options, level=levels[0], grad=True)
+    first = batched(model, tokens, options, level=levels[0])
     inputs_by_level = {lvl: dataclasses.replace(first, level=lvl) for lvl in levels}
     widths = [len(components(inputs_by_level[lvl])) for lvl in levels]
     estimate = _patching_estimator(
@@ -603,7 +694,13 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
     )
 
 
-@method(plan_attribution_patching, levels=(*LEVELS, "all"), needs_corrupt=True, shared=LEVELLED)
+@method(
+    plan_attribution_patching,
+    levels=(*LEVELS, "all"),
+    needs_corrupt=True,
+    shared=LEVELLED,
+    memory=attribution_patching_memory,
+)
 def attribution_patching(
     model: LensModel,
     prompts: Prompts,

@@ -25,6 +25,7 @@ Reference: "Causal Head Gating" (arXiv 2505.13737).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -37,6 +38,7 @@ from tqdm.auto import tqdm
 from .. import _validate, schema
 from ..data import Prompts, PromptSet, as_prompt_set
 from ..models import LensModel
+from ..sweep import memory
 from ..sweep.backend import Site, standing_edit
 from ..sweep.inputs import pad
 from ..sweep.options import DEFAULTS
@@ -316,6 +318,78 @@ def check_seeds(seeds: Any) -> list[int]:
     return seed_list
 
 
+def _gating_plan(
+    model: LensModel,
+    items: list[tuple[list[int], int]],
+    val_items: list[tuple[list[int], int]],
+    n_seeds: int,
+    *,
+    batch_size: int,
+    rows_per_pass: int,
+    precision: Precision,
+) -> memory.Estimate:
+    """The memory plan of a gating fit: a pass stacks the rows of as many gate sets as
+    ``rows_per_pass`` allows (the G+ and G- sets of every seed train together) and keeps its
+    graph (the gated head outputs too) for the backward; the validation runs every gate
+    set's rows without gradients."""
+    spec = model.spec
+    dtype = torch.bfloat16 if precision == "bfloat16" else None  # the fit's autocast
+    e = memory.element_bytes(dtype or model.dtype)
+    width = max(len(ids) for ids, _ in [*items, *val_items])
+    targets = max(n for _, n in [*items, *val_items])
+    val_rows = (3 * n_seeds + 1) * min(batch_size, len(val_items))
+
+    def need(rows: int) -> memory.Need:
+        gated = spec.n_layers * rows * width * spec.n_heads * spec.d_head * e
+        logits = memory.loss_logits(model, rows * targets, dtype=dtype)
+        fit = memory.Need(
+            activations=memory.gradient_pass(model, rows, width, dtype=dtype) + logits,
+            buffers=gated,
+            optimizer=3 * n_seeds * spec.n_layers * spec.n_heads * 4 * 4,  # gates, Adam
+        )
+        validation = memory.Need(
+            activations=memory.forward_pass(model, val_rows, width)
+            + val_rows * targets * spec.vocab_size * 4 * 2
+        )
+        return memory.largest(fit, validation)
+
+    rows = min(2 * n_seeds, max(1, rows_per_pass // batch_size)) * batch_size
+    return memory.plan(
+        model,
+        "head_gating",
+        need,
+        n_prompts=len(items),
+        width=width,
+        batch_size=rows,
+        batch_option="rows_per_pass",
+    )
+
+
+@memory.estimator("head_gating")
+def _gating_estimate(model: LensModel, task: Prompts, options: dict[str, Any]) -> memory.Estimate:
+    """``lsc.estimate`` of ``head_gating(model, task, **options)``.
+
+    Raises:
+        TypeError: an option ``head_gating`` does not take; as ``head_gating``'s checks.
+    """
+    given = inspect.signature(head_gating).bind(model, task, **options)
+    given.apply_defaults()
+    arguments = given.arguments
+    items = _encode(model, as_prompt_set(task, name="task"))
+    validation = arguments["validation"]
+    return _gating_plan(
+        model,
+        items,
+        items if validation is None else _encode(model, as_prompt_set(validation)),
+        len(check_seeds(arguments["seeds"])),
+        batch_size=_validate.integer(
+            "batch_size", arguments["batch_size"], low=1, high=MAX_FIT_BATCH
+        ),
+        rows_per_pass=_validate.positive_int("rows_per_pass", arguments["rows_per_pass"]),
+        precision=check_precision(arguments["precision"]),
+    )
+
+
 def _uniform_logits(seed: int, shape: tuple[int, int]) -> torch.Tensor:
     """Gate logits whose gates are uniform in (0, 1), drawn from ``seed``."""
     u = torch.rand(shape, generator=torch.Generator().manual_seed(seed)).clamp(1e-6, 1 - 1e-6)
@@ -387,6 +461,8 @@ def head_gating(
         ValueError: a ``checkpoint`` folder holding the state of another fit (other model
             weights, prompts or settings: each difference is named) or a damaged state
             file; the message names the file and says to use a new folder or delete it.
+        MemoryError: the fit needs more memory than is available (``lsc.estimate``), before
+            anything is allocated; the message says what to change.
     """
     seed_list = check_seeds(seeds)
     lambda_ = _validate.number("lambda_", lambda_, low=0)  # its sign is set per stage
@@ -411,6 +487,17 @@ def head_gating(
         raise ValueError("The task has no prompts; use lsc.data.task('math') or pass prompts.")
     items = _encode(model, prompts)
     val_items = items if validation is None else _encode(model, as_prompt_set(validation))
+    memory.check(
+        _gating_plan(
+            model,
+            items,
+            val_items,
+            len(seed_list),
+            batch_size=batch_size,
+            rows_per_pass=rows_per_pass,
+            precision=precision,
+        )
+    )
     settings: dict[str, Any] = dict(
         lambda_=lambda_,
         lr=lr,

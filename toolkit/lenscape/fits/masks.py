@@ -24,6 +24,7 @@ all texts vs random masks, at equal sparsity.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -38,6 +39,7 @@ from .. import _validate, schema
 from ..cluster import Clustering
 from ..data import PromptSet, as_texts
 from ..models import LensModel
+from ..sweep import memory
 from ..sweep.backend import BeforeFn, Site, standing_edit
 from ..sweep.inputs import pad
 from ..sweep.options import DEFAULTS
@@ -485,6 +487,63 @@ def _members(clusters: Clustering, n_prompts: int) -> list[np.ndarray]:
     return members
 
 
+def _masks_plan(
+    model: LensModel, items: list[list[int]], n_sets: int, options: FitOptions, *, loss: str
+) -> memory.Estimate:
+    """The memory plan of a mask fit: a pass stacks the rows of as many (cluster, sparsity)
+    sets as ``rows_per_pass`` allows and keeps its graph (the scaled block outputs too) and
+    the next-token log-probabilities of every position (float32, twice over with
+    ``loss="kl"``: the unmasked model's too)."""
+    spec = model.spec
+    dtype = torch.bfloat16 if options.precision == "bfloat16" else None  # the fit's autocast
+    e = memory.element_bytes(dtype or model.dtype)
+    width = max(len(item) for item in items)
+    teacher = 3 * 4 * spec.vocab_size if loss == "kl" else 0  # per position
+
+    def need(rows: int) -> memory.Need:
+        positions = rows * width
+        logits = memory.loss_logits(model, positions, dtype=dtype) + positions * teacher
+        return memory.Need(
+            activations=memory.gradient_pass(model, rows, width, dtype=dtype) + logits,
+            buffers=2 * spec.n_layers * rows * width * spec.d_model * e,
+            optimizer=n_sets * spec.n_layers * 2 * 4 * 4,  # gate logits and Adam
+        )
+
+    rows = min(n_sets, max(1, options.rows_per_pass // options.batch_size)) * options.batch_size
+    return memory.plan(
+        model,
+        "block_masks",
+        need,
+        n_prompts=len(items),
+        width=width,
+        batch_size=rows,
+        batch_option="rows_per_pass",
+    )
+
+
+@memory.estimator("block_masks")
+def _masks_estimate(
+    model: LensModel, prompts: PromptSet, options: dict[str, Any]
+) -> memory.Estimate:
+    """``lsc.estimate`` of ``block_masks(model, prompts, **options)`` (``clusters=`` given).
+
+    Raises:
+        TypeError: an option ``block_masks`` does not take, or no ``clusters``; as
+            ``block_masks``' checks.
+    """
+    given = inspect.signature(block_masks).bind(model, prompts, **options)
+    given.apply_defaults()
+    arguments = given.arguments
+    fit = _fit_options(
+        {name: arguments[name] for name in ("rows_per_pass", "batch_size", "precision")},
+        caller="block_masks",
+    )
+    n_sets = _check_clusters(arguments["clusters"]).k * len(
+        _check_sparsities(arguments["target_sparsity"])
+    )
+    return _masks_plan(model, _encode(model, prompts), n_sets, fit, loss=arguments["loss"])
+
+
 # long: the fit's options, checked once and recorded in attrs
 def block_masks(
     model: LensModel,
@@ -540,6 +599,8 @@ def block_masks(
             weights, texts, clusters or settings: each difference is named) or a damaged
             state file; the message names the file and says to use a new folder or delete
             it.
+        MemoryError: the fit needs more memory than is available (``lsc.estimate``), before
+            anything is allocated; the message says what to change.
     """
     sparsities = _check_sparsities(target_sparsity)
     if loss not in LOSSES:
@@ -563,9 +624,11 @@ def block_masks(
     folder = checkpoint_folder(checkpoint)
     clusters = _check_clusters(clusters)
     members = _members(clusters, len(prompts))
+    items = _encode(model, prompts)
+    memory.check(_masks_plan(model, items, len(members) * len(sparsities), options, loss=loss))
     fit = _fit_masks(
         model,
-        _encode(model, prompts),
+        items,
         members,
         sparsities,
         options,

@@ -280,31 +280,46 @@ def _reuse(model: LensModel, tokens: Tokens, *, needs_corrupt: bool) -> Tokens:
     return tokens
 
 
+def plan_memory(model: LensModel, tokens: Tokens, options: Options) -> memory.Estimate:
+    """The memory plan of running the method ``options.method`` over ``tokens``: its
+    registered footprint (``memory.FOOTPRINTS``) at the batch size ``options`` ask for, or
+    with ``batch_size=None`` the largest that fits (``memory.plan``)."""
+    footprint = memory.FOOTPRINTS.get(options.method, memory.one_gradient_pass)
+    width, n_prompts = tokens.width, len(tokens)
+    return memory.plan(
+        model,
+        options.method,
+        lambda rows: footprint(model, options, memory.Work(rows, width, n_prompts)),
+        n_prompts=n_prompts,
+        width=width,
+        batch_size=options.get("batch_size"),
+    )
+
+
 def batched(
-    model: LensModel,
-    tokens: Tokens,
-    options: Options,
-    *,
-    level: str | None = None,
-    grad: bool = False,
+    model: LensModel, tokens: Tokens, options: Options, *, level: str | None = None
 ) -> Inputs:
     """``tokens`` cut into batches for one method's passes, as ``options`` say (checked).
+
+    The method's memory plan (``plan_memory``) is made first: ``batch_size=None`` becomes
+    the largest batch that fits, and a run that cannot fit is refused here, before anything
+    is allocated.
 
     Args:
         level: the level these passes measure, when not ``options.level`` (a method with
             no level, or both levels of ``attribution_patching(level="all")``).
-        grad: the passes keep activations for a backward pass; ``options.batch_size=None``
-            picks a batch size from free memory (``memory``) with that in mind.
+
+    Raises:
+        MemoryError: the run needs more memory than is available (``memory.check``).
     """
-    batch_size = options.batch_size
-    if batch_size is None:
-        batch_size = memory.auto_batch_size(model, width=tokens.width, grad=grad)
+    estimate = plan_memory(model, tokens, options)
+    memory.check(estimate)
     return Inputs(
         model,
         tokens,
         options.metric,
         level or options.get("level", "head"),
         options.backend,
-        batch_size,
+        estimate.batch_size,
         options.padding_side,
     )

@@ -55,7 +55,9 @@ DESCRIPTIONS = {
     "level": '"head" -> dims (prompt, layer, head); "block" -> (prompt, layer, component) '
     "with attn and mlp.",
     "metric": '"logit_diff", "logprob", "loss" or "logit": what a change is measured on.',
-    "batch_size": "prompts per forward pass; None picks one from free memory (GPU: up to 256).",
+    "batch_size": "prompts per forward pass; None: the largest the method's memory estimate "
+    "(``lsc.estimate``) fits in the available memory (CPU: up to 8, GPU: up to 256). A run "
+    "that cannot fit is refused (``MemoryError``) before it allocates.",
     "backend": '"nnsight" or "transformer_lens": the hook library that reads and edits '
     "activations.",
     "padding_side": '"right" or "left"; results do not depend on it.',
@@ -115,7 +117,7 @@ def signature(function: Any, shared: Sequence[str]) -> inspect.Signature:
 PADDING_SIDES = ("right", "left")
 #: Count options -> what None does.
 COUNT_OPTIONS = {
-    "batch_size": "pick one from free memory",
+    "batch_size": "pick the largest that fits in memory",
     "variants_per_pass": "as many as fit in memory",
     "refine": "measure every component exactly",
     "steps": "the estimator's default",

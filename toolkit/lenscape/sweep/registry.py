@@ -33,7 +33,8 @@ from typing import Any, TypeVar, cast
 
 from .. import _validate
 from ..models import LensModel
-from .inputs import Tokens, tokenize
+from . import memory
+from .inputs import Tokens, plan_memory, tokenize
 from .options import BATCHING, RUN_ARGUMENTS, Options, describe, signature
 from .plan import Planner, Result
 from .streaming import execute
@@ -69,6 +70,9 @@ class Method:
             empty when it can.
         store: what its ``store=`` holds, for the docs.
         public: exported by ``lenscape`` (False: a building block of other methods).
+        memory: its footprint, ``(model, options, memory.Work) -> memory.Need``: what one
+            batch holds beyond the weights, which picks ``batch_size=None`` and refuses a
+            run that cannot fit (``inputs.batched``); ``lsc.estimate`` reports it.
     """
 
     name: str
@@ -83,6 +87,7 @@ class Method:
     streams: str = ""
     store: str = "one .zarr store"
     public: bool = True
+    memory: memory.Footprint = memory.one_gradient_pass
 
     @property
     def options(self) -> list[str]:
@@ -131,7 +136,10 @@ def method(
 
         bound.__signature__ = full  # type: ignore[attr-defined]
         bound.__doc__ = describe(function.__doc__, full.parameters)
-        METHODS[name] = Method(name, bound, planner, **settings)
+        spec = METHODS[name] = Method(name, bound, planner, **settings)
+        if planner is not None:
+            memory.FOOTPRINTS[name] = spec.memory
+            memory.ESTIMATES[name] = functools.partial(_estimate, spec)
         return cast(F, bound)
 
     return register
@@ -166,6 +174,25 @@ def run(function: Callable[..., Any], arguments: dict[str, Any], **place: Any) -
     tokens = prepare(spec, model, spec.read_prompts(prompts, options), options)
     result = execute(spec.planner, model, tokens, options, ignore=spec.view_options, **place)
     return spec.view(result, options, prompts)
+
+
+def _estimate(spec: Method, model: Any, prompts: Any, given: dict[str, Any]) -> memory.Estimate:
+    """``lsc.estimate`` of the per-prompt method ``spec``: its options checked and its prompts
+    tokenised as a call would, then its footprint planned (``inputs.plan_memory``); where
+    the call would run (``RUN_ARGUMENTS``) is taken and does not change the plan.
+
+    Raises:
+        TypeError: an option ``spec`` does not take; as ``check`` and ``prepare``.
+    """
+    unknown = sorted(set(given) - set(spec.options) - set(RUN_ARGUMENTS))
+    if unknown:
+        raise TypeError(
+            f"{spec.name} takes no option(s) {unknown}; its options are {spec.options}."
+        )
+    chosen = {name: value for name, value in given.items() if name not in RUN_ARGUMENTS}
+    options = check(spec, model, {**spec.defaults, **chosen})
+    tokens = prepare(spec, model, spec.read_prompts(prompts, options), options)
+    return plan_memory(model, tokens, options)
 
 
 def check(spec: Method, model: Any, given: dict[str, Any]) -> Options:

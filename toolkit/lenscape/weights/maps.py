@@ -17,6 +17,7 @@ and the attr ``tied_embeddings`` is True.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
 
@@ -28,6 +29,7 @@ from tqdm.auto import tqdm
 from .. import _validate, schema
 from ..data import Prompt, as_texts
 from ..models import LensModel
+from ..sweep import memory
 from ..sweep.options import DEFAULTS
 
 IMPORTANCE_KINDS = ("grad_x_weight", "fisher")
@@ -122,6 +124,65 @@ def min_max(ds: xr.Dataset) -> xr.Dataset:
     return out
 
 
+def _importance_plan(model: LensModel, texts: list[str], batch_size: int) -> memory.Estimate:
+    """The memory plan of ``weight_importance``: a pass that keeps its graph for the
+    weights' gradients (each linear layer's input too) with float32 next-token
+    log-probabilities at every position, and the largest parameter's gradient (both uses of
+    a tied matrix added up) with its float32 scoring temporaries: one parameter's gradient
+    is held at a time."""
+    spec = model.spec
+    e = memory.element_bytes(model.dtype)
+    width = max(len(model.tokenizer(text)["input_ids"]) for text in texts)
+    largest = max(param.numel() for _, _, param, _ in _tensors(model))
+    per_layer = 3 * spec.d_model + memory.d_ff(model)  # the linear layers' saved inputs
+
+    def need(rows: int) -> memory.Need:
+        tokens = rows * width
+        return memory.Need(
+            activations=memory.gradient_pass(model, rows, width)
+            + tokens * spec.n_layers * per_layer * e
+            + memory.loss_logits(model, tokens),
+            buffers=largest * (e + 2 * 4 + (2 * 4 if e < 4 else 0)),
+        )
+
+    return memory.plan(
+        model,
+        "weight_importance",
+        need,
+        n_prompts=len(texts),
+        width=width,
+        batch_size=batch_size,
+    )
+
+
+@memory.estimator("weight_importance")
+def _importance_estimate(
+    model: LensModel, prompts: Iterable[Prompt | str], options: dict[str, Any]
+) -> memory.Estimate:
+    """``lsc.estimate`` of ``weight_importance(model, prompts, **options)``.
+
+    Raises:
+        TypeError: an option ``weight_importance`` does not take; as its checks.
+    """
+    given = inspect.signature(weight_importance).bind(_model(model), prompts, **options)
+    given.apply_defaults()
+    batch_size = _validate.positive_int("batch_size", given.arguments["batch_size"])
+    return _importance_plan(model, _texts(model, prompts), batch_size)
+
+
+def _texts(model: LensModel, prompts: Iterable[Prompt | str]) -> list[str]:
+    """Each prompt's text + target, checked to be there and to fit the context.
+
+    Raises:
+        ValueError: no prompts, or a text longer than the model's context.
+    """
+    texts = as_texts(prompts, with_target=True)
+    if not texts:
+        raise ValueError("The prompt list is empty; pass at least one prompt.")
+    model.check_context([len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target")
+    return texts
+
+
 # long: the gradient loop restores requires_grad in a finally; per-aggregation labels
 def weight_importance(
     model: LensModel,
@@ -150,6 +211,11 @@ def weight_importance(
 
     Returns:
         Dataset with ``per_layer`` (layer, component) and ``model_level`` (component,).
+
+    Raises:
+        ValueError: an unknown kind or aggregation, no prompts, a text beyond the context.
+        MemoryError: the run needs more memory than is available (``lsc.estimate``), before
+            anything is allocated; the message says what to change.
     """
     model = _model(model)
     _validate.choice("importance kind", kind, IMPORTANCE_KINDS)
@@ -157,10 +223,8 @@ def weight_importance(
     batch_size = _validate.positive_int("batch_size", batch_size)
     normalize = _validate.flag("normalize", normalize)
     progress = _validate.flag("progress", progress)
-    texts = as_texts(prompts, with_target=True)
-    if not texts:
-        raise ValueError("The prompt list is empty; pass at least one prompt.")
-    model.check_context([len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target")
+    texts = _texts(model, prompts)
+    memory.check(_importance_plan(model, texts, batch_size))
     tensors = list(_tensors(model))
     totals = {(layer, comp): 0.0 for layer, comp, _, _ in tensors}
     cells: dict[torch.nn.Parameter, list[tuple[tuple[int | None, str], slice | None]]] = {}

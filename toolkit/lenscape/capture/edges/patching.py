@@ -28,8 +28,10 @@ import xarray as xr
 from ... import _validate, schema
 from ...data import Prompts
 from ...models import LensModel
+from ...sweep import memory
 from ...sweep.inputs import Batch, Inputs, batched
 from ...sweep.metrics import LONG_NAMES, UNITS
+from ...sweep.options import Options
 from ...sweep.plan import Call, Plan, Scores, top_is_target
 from ...sweep.registry import method, run
 from ...sweep.result import prompt_coords, provenance
@@ -128,7 +130,21 @@ def plan_edge_variants(call: Call) -> Plan[xr.Dataset]:
     return Plan(inputs, len(weights) + 2, score, finish, desc="edge patching")
 
 
-@method(plan_edge_variants, needs_corrupt=True, public=False)
+def edge_variants_memory(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
+    """Footprint of ``_edge_variants``: the other run's sender outputs, a patched pass's own
+    and its (sender, batch, pos, d_model) differences, and one block's q, k and v receivers
+    rebuilt from their own inputs."""
+    spec, graph = model.spec, Graph.of(model)
+    tokens, e = work.rows * work.width, memory.element_bytes(model.dtype)
+    senders = tokens * graph.shape[0] * spec.d_model * e
+    receivers = 4 * tokens * (graph.per_layer - 1) * spec.d_model * e
+    return memory.Need(
+        activations=memory.forward_pass(model, work.rows, work.width),
+        buffers=3 * senders + receivers,
+    )
+
+
+@method(plan_edge_variants, memory=edge_variants_memory, needs_corrupt=True, public=False)
 def _edge_variants(
     model: LensModel,
     prompts: Prompts,

@@ -20,7 +20,9 @@ import xarray as xr
 from ... import _validate, schema
 from ...data import Prompts
 from ...models import LensModel
+from ...sweep import memory
 from ...sweep.inputs import Batch, Inputs, batched
+from ...sweep.memory import Need, Work
 from ...sweep.metrics import LONG_NAMES, UNITS
 from ...sweep.options import Options, integration_points
 from ...sweep.plan import Call, Plan, Scores, top_is_target
@@ -181,13 +183,42 @@ def edge_result(
     )
 
 
+def edge_attribution_memory(model: LensModel, options: Options, work: Work) -> Need:
+    """Footprint of ``edge_attribution``: the float32 (batch, n_senders, pos, d_model)
+    clean - corrupt buffer throughout; during a gradient pass, its graph, the receivers'
+    gradient leaves and each block's input; during the contraction, one chunk of receiver
+    gradients (``hooks.CHUNK_BYTES``), the norm's batched product and the score blocks;
+    the float32 (prompt, sender x receiver) result and its labelled copies. Options a call
+    did not give (a building block's ``Options``) are taken at their defaults."""
+    check_steps(options.get("estimator", ESTIMATORS[0]), options.get("steps"))
+    spec, graph = model.spec, Graph.of(model)
+    (n_senders, n_receivers), e = graph.shape, memory.element_bytes(model.dtype)
+    tokens, d_model = work.rows * work.width, spec.d_model
+    differences = tokens * n_senders * d_model * 4
+    per_layer = (spec.n_heads + 2 * spec.n_kv_heads) * spec.d_head + d_model
+    leaves = 2 * tokens * (spec.n_layers * per_layer + d_model) * e  # and their gradients
+    resids = spec.n_layers * tokens * d_model * e
+    heads = tokens * spec.n_heads * d_model * e  # one block's head outputs being recorded
+    backward = Need(
+        activations=memory.gradient_pass(model, work.rows, work.width),
+        buffers=differences + leaves + resids + heads,
+    )
+    per_receiver = tokens * d_model * 4
+    chunk = min(receiver_chunk(per_receiver), n_receivers) * per_receiver
+    norm_product = 3 * min(receiver_chunk(per_receiver), spec.n_heads) * per_receiver
+    blocks = 3 * work.rows * n_senders * n_receivers * 4
+    contraction = Need(buffers=differences + leaves + resids + chunk + norm_product + blocks)
+    result = Need(buffers=3 * work.n_prompts * n_senders * n_receivers * 4)
+    return memory.largest(backward, contraction) + result
+
+
 def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
     """``edge_attribution`` as a plan: per batch, one unedited clean pass and ``steps``
     corrupt passes with a backward each. No pre-pass."""
     model, tokens, options = call.model, call.tokens, call.options
     points = check_steps(options.estimator, options.steps)
     check_supported(model, options.backend)
-    inputs = batched(model, tokens, options, level="head", grad=True)
+    inputs = batched(model, tokens, options, level="head")
     graph = Graph.of(model)
     effect = "EAP" if options.estimator == "eap" else f"EAP-IG ({points} steps)"
     attrs = {
@@ -220,6 +251,7 @@ def _prompt_mean(scores: xr.DataArray, options: Options, prompts: Any) -> xr.Dat
 
 @method(
     plan_edge_attribution,
+    memory=edge_attribution_memory,
     needs_corrupt=True,
     view=_prompt_mean,
     view_options=("per_prompt",),
