@@ -315,8 +315,11 @@ def _along_labels(da: xr.DataArray, dims: list[Hashable]) -> xr.DataArray:
 
 
 def _rows(da: xr.DataArray, dim: str) -> np.ndarray:
-    """float64 (n along ``dim``, cells): ``dim`` first, the other dims flattened in order."""
-    return da.transpose(dim, ...).values.astype(np.float64).reshape(da.sizes[dim], -1)
+    """(n along ``dim``, cells): ``dim`` first, the other dims flattened in order, as floats
+    of the data's own precision (float32 maps stay float32: resampling them in float64
+    would cost twice the time for digits the data does not have; anything else float64)."""
+    dtype = np.float32 if da.dtype == np.float32 else np.float64
+    return da.transpose(dim, ...).values.astype(dtype).reshape(da.sizes[dim], -1)
 
 
 def _weighted_means(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -331,8 +334,9 @@ def _weighted_means(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
         (k, cells); NaN where a sample holds no finite value of the cell.
     """
     finite = np.isfinite(rows)
+    weights = weights.astype(rows.dtype)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return (weights @ np.where(finite, rows, 0.0)) / (weights @ finite)
+        return (weights @ np.where(finite, rows, 0)) / (weights @ finite.astype(rows.dtype))
 
 
 def _bounds(rows: np.ndarray, ci: float, n_resamples: int, seed: int) -> np.ndarray:

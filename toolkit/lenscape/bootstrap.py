@@ -117,15 +117,15 @@ def percentiles(samples: np.ndarray, ci: float) -> tuple[np.ndarray, np.ndarray]
         ``(1 + ci) / 2`` quantiles of the numbers in each column, linearly interpolated
         (numpy's default method).
     """
-    ordered = np.sort(samples, axis=0)  # NaN sorts last
-    valid = (~np.isnan(ordered)).sum(axis=0)
+    ordered = np.sort(np.moveaxis(samples, 0, -1), axis=-1)  # contiguous rows; NaN last
+    valid = (~np.isnan(ordered)).sum(axis=-1)
     bounds = []
     for q in ((1 - ci) / 2, (1 + ci) / 2):
         position = q * np.maximum(valid - 1, 0)
         below = np.floor(position).astype(int)
         above = np.minimum(below + 1, np.maximum(valid - 1, 0))
-        low = np.take_along_axis(ordered, below[None], axis=0)[0]
-        high = np.take_along_axis(ordered, above[None], axis=0)[0]
+        low = np.take_along_axis(ordered, below[..., None], axis=-1)[..., 0]
+        high = np.take_along_axis(ordered, above[..., None], axis=-1)[..., 0]
         bounds.append(np.where(valid > 0, low + (position - below) * (high - low), np.nan))
     return bounds[0], bounds[1]
 

@@ -626,15 +626,19 @@ def _framed(
         has_inf=cells.has_inf,
         colour=None if described else cells.label,
     ) + (cells.interval.lines if cells.interval else [])
-    if heading or subtitle:
-        chart = chart.properties(
-            title=alt.TitleParams(
-                heading, subtitle=subtitle or alt.Undefined, anchor="start", limit=TITLE_LIMIT
-            )
+    titles = (
+        alt.TitleParams(
+            heading, subtitle=subtitle or alt.Undefined, anchor="start", limit=TITLE_LIMIT
         )
-    chart = chart.properties(usermeta={"embedOptions": {"actions": actions}})
-    chart = chart.configure_scale(invalid={"color": {"value": NAN_COLOR}})
-    return chart.configure_view(stroke=None)
+        if heading or subtitle
+        else alt.Undefined
+    )
+    # one call each: every Altair call copies the chart (a layered one with its layers)
+    chart = chart.properties(title=titles, usermeta={"embedOptions": {"actions": actions}})
+    return chart.configure(
+        scale=alt.ScaleConfig(invalid={"color": {"value": NAN_COLOR}}),
+        view=alt.ViewConfig(stroke=None),
+    )
 
 
 def _panel(
@@ -686,7 +690,9 @@ def _panel(
     data = {
         "values": [dict(zip(keys, row, strict=True)) for row in zip(*cols.values(), strict=True)]
     }
-    base = alt.Chart(data).encode(
+    # the layers carry no data of their own: their copies (every Altair method copies its
+    # chart, layering copies each layer) stay cheap; the cells join the finished panel once
+    base = alt.Chart().encode(
         **axis_encoding(da, x, "x", cols, ticks), **axis_encoding(da, y, "y", cols, ticks)
     )
     layers = [base.mark_rect(invalid="show").encode(**enc)]
@@ -699,13 +705,14 @@ def _panel(
             marked.mark_text(color="white", fontSize=9).encode(text=f"{INFINITE}:N"),
         ]
     if unsure:
-        layers.append(_hatch(data, da, x=x, y=y, cols=cols, ticks=ticks, label=unsure, enc=enc))
-    cells = alt.layer(*layers) if len(layers) > 1 else layers[0]
-    return cells.properties(width=_size(da, x), height=_size(da, y))
+        layers.append(_hatch(da, x=x, y=y, cols=cols, ticks=ticks, label=unsure, enc=enc))
+    width, height = _size(da, x), _size(da, y)
+    if len(layers) == 1:
+        return layers[0].properties(data=data, width=width, height=height)
+    return alt.LayerChart(layer=layers, data=data, width=width, height=height)
 
 
 def _hatch(
-    data: dict[str, Any],
     da: xr.DataArray,
     *,
     x: str,
@@ -728,7 +735,7 @@ def _hatch(
         axes.update(axis)
     side = min(_pixels(da, x), _pixels(da, y))
     return (
-        alt.Chart(data)
+        alt.Chart()
         .transform_filter(f"datum.{UNSURE} != null")
         .mark_point(
             shape=HATCH, filled=False, stroke=HATCH_COLOR, strokeWidth=1, opacity=0.8, aria=False
