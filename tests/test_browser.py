@@ -594,3 +594,112 @@ def _check_interval_marks(page, explorer):
         page.locator("text", has_text=re.compile(r", 95% interval \S+ to \S+ \(N = 3\)"))
     ).to_be_visible()
     page.mouse.move(5, 5)
+
+
+#: The text boxes of every SVG text of the page, as Chromium lays them out.
+TEXT_BOXES = """() => [...document.querySelectorAll('svg text')].map(t => {
+  const b = t.getBoundingClientRect();
+  return {text: t.textContent, x: b.x, y: b.y, w: b.width, h: b.height};
+})"""
+
+
+def _circuit_charts():
+    """The circuit pictures of a SmolLM2-shaped edge graph (30 layers, 9 heads, 3 key/value
+    heads), with the long score description of EAP-IG: the graph, the edge grid of the 40
+    busiest senders and 60 busiest receivers (notebook 05's), and a faithfulness curve."""
+    import numpy as np
+    import xarray as xr
+
+    from lenscape.capture.edges.graph import Graph
+    from lenscape.views.circuit import circuit_graph, edge_heatmap, faithfulness_curve
+
+    graph = Graph(30, 9, 3)
+    values = np.random.default_rng(0).standard_t(2, size=graph.valid.shape)
+    scores = xr.DataArray(
+        np.where(graph.valid, values, np.nan),
+        dims=("sender", "receiver"),
+        coords=graph.coords(),
+        attrs={
+            "long_name": "EAP-IG (5 steps) edge score (clean -> corrupt) of logit difference "
+            "(target - distractor)",
+            "units": "logits",
+            "method": "edge_attribution",
+            "estimator": "eap-ig",
+            "steps": 5,
+        },
+    )
+    weight = abs(scores).fillna(0)
+    busiest = scores.isel(
+        sender=weight.sum("receiver").argsort()[-40:].values,
+        receiver=weight.sum("sender").argsort()[-60:].values,
+    )
+    curve = xr.Dataset(
+        {
+            "faithfulness": (("budget",), [0.5, 0.9, 1.0]),
+            "random_faithfulness": (("seed", "budget"), [[0.0, 0.1, 1.0]]),
+            **dict.fromkeys(("cpr", "cmd", "random_cpr", "random_cmd"), 0.5),
+        },
+        coords={"budget": [0.001, 0.02, 1.0], "n_edges": ("budget", [70, 1400, 70000])},
+        attrs={"method": "circuit_faithfulness", "scored_by": "eap-ig"},
+    )
+    return {
+        "graph": circuit_graph(scores, edges=60),
+        "grid": edge_heatmap(busiest),
+        "curve": faithfulness_curve(curve),
+    }, [str(r) for r in busiest["receiver"].values]
+
+
+def _overlaps(boxes):
+    """Pairs of boxes that overlap (by more than half a pixel each way)."""
+    return [
+        (a["text"], b["text"])
+        for i, a in enumerate(boxes)
+        for b in boxes[i + 1 :]
+        if min(a["x"] + a["w"], b["x"] + b["w"]) - max(a["x"], b["x"]) > 0.5
+        and min(a["y"] + a["h"], b["y"] + b["h"]) - max(a["y"], b["y"]) > 0.5
+    ]
+
+
+def test_circuit_pictures_read_in_the_browser(chromium, tmp_path, artifacts):
+    """Drawn by Chromium with its own fonts: every node of the graph is named (columns,
+    rows, the embeddings and the logits), no title, legend or label is cut short ("…"),
+    the grid's 60 rotated receiver labels do not overlap, and no picture offers the actions
+    menu or fetches anything."""
+    from playwright.sync_api import expect, sync_playwright
+
+    charts, receivers = _circuit_charts()
+    pages = {}
+    for name, chart in charts.items():
+        pages[name] = tmp_path / f"{name}.html"
+        chart.save(pages[name], format="html", inline=True, embed_options={"renderer": "svg"})
+    outside, texts = [], {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1400})
+            page.route(
+                "**/*",
+                lambda route: (
+                    route.continue_()
+                    if route.request.url.startswith("file://")
+                    else (outside.append(route.request.url), route.abort())
+                ),
+            )
+            for name, path in pages.items():
+                page.goto(path.as_uri())
+                expect(page.locator(CHART)).to_be_visible(timeout=30_000)
+                assert page.locator(".vega-actions").count() == 0, name
+                texts[name] = page.evaluate(TEXT_BOXES)
+                page.screenshot(path=artifacts / f"circuit_{name}.png", full_page=True)
+        finally:
+            browser.close()
+    assert outside == []
+    for name, boxes in texts.items():
+        cut = [box["text"] for box in boxes if box["text"].endswith("…")]
+        assert not cut, f"{name}: cut short: {cut}"
+    shown = {box["text"] for box in texts["graph"]}
+    named = {f"H{h}" for h in range(9)} | {f"L{n}" for n in range(30)}
+    assert named | {"MLP", "embeddings", "logits"} <= shown
+    labels = [box for box in texts["grid"] if box["text"] in receivers]
+    assert len(labels) == len(receivers)
+    assert _overlaps(labels) == []

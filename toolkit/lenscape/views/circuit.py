@@ -40,7 +40,7 @@ from altair.typing import ChartType
 from .. import _validate, mask_rules
 from ..schema import RECEIVER_KINDS, edge_exists
 from .encoding import in_label_order, jsonable
-from .heatmaps import heatmap, label_from_attrs, legend_title
+from .heatmaps import TITLE_LIMIT, heatmap, label_from_attrs, legend_title
 
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
 MAX_EDGES = 2000
@@ -341,6 +341,7 @@ def circuit_graph(
             title or _graph_title(scores, circuit, len(rows), kinds),
             subtitle=notes,
             anchor="start",
+            limit=TITLE_LIMIT,
         ),
         width=width,
         height=height,
@@ -711,6 +712,7 @@ def faithfulness_curve(
             title or f"Circuit faithfulness: {summary}",
             subtitle=_curve_notes(result, curves) or alt.Undefined,
             anchor="start",
+            limit=TITLE_LIMIT,
         ),
         width=420,
         height=260,
