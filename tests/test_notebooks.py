@@ -33,8 +33,7 @@ def chart_outputs(nb: nbformat.NotebookNode) -> list[dict]:
         for cell in nb.cells
         if cell.cell_type == "code"
         for out in cell.get("outputs", [])
-        if WIDGET in out.get("data", {})
-        and not PROGRESS.search(out["data"].get("text/plain", ""))
+        if WIDGET in out.get("data", {}) and not PROGRESS.search(out["data"].get("text/plain", ""))
     ]
 
 

@@ -93,6 +93,7 @@ def edge_exists(
     same_layer_mlp = (r_kind == "mlp") & (s_kind == "head") & (s_layer == r_layer)
     return np.asarray((s_layer < r_layer) | same_layer_mlp)
 
+
 #: Non-dimension coords and the dim they hang on.
 LABEL_COORDS: dict[str, str] = {
     "text": "prompt",
