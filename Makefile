@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv install demo test lab bench clean
+.PHONY: venv install demo figures test lab bench clean
 
 venv: $(PY)
 
@@ -22,8 +22,14 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# Writes only under out/ (ignored by git): a clone stays clean.
 demo: install
-	$(VENV)/bin/lenscape demo --out out --picture
+	$(VENV)/bin/lenscape demo --out out
+
+# The README's gallery docs/figures/: F1 and F4 from the shipped recordings (lsc.recorded), the
+# others from runs cached under out/figures-cache/ (computed the first time, minutes on a CPU).
+figures: install
+	$(PY) docs/figures.py
 
 # Static checks first, so a lint, format or type finding fails fast, before the long test run
 # (any finding fails the target; the settings live in pyproject.toml). The real-browser tests

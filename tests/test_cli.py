@@ -132,16 +132,17 @@ def test_the_installed_command_runs_and_fails_cleanly(tmp_path):
 
 
 def test_demo_runs_on_a_tiny_model_folder(tmp_path, monkeypatch, capsys, tokenizer, factual):
-    """``lenscape demo`` on a tiny model saved to a folder: the store, the charts and the
-    README picture are written, and the stored exact map is activation patching of the
-    first N factual prompts on that model."""
+    """``lenscape demo`` on a tiny model saved to a folder: the store and the charts are
+    written into --out and nowhere else, and the stored exact map is activation patching of
+    the first N factual prompts on that model."""
     folder = tmp_path / "tiny"
     tiny = lsc.models.tiny("llama", n_layers=2, seed=0, tokenizer=tokenizer)
     tiny.hf.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    monkeypatch.chdir(tmp_path)  # --picture writes docs/demo_heatmap.png under the cwd
+    monkeypatch.chdir(tmp_path)
+    before = set(tmp_path.rglob("*"))
     argv = ["demo", "--model", str(folder), "--prompts", "2", "--device", "cpu", "--out", "run"]
-    assert cli.main([*argv, "--picture"]) == 0
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "2 factual prompts" in out and "Can I trust the fast map?" in out
     written = [line.strip() for line in out.split("wrote:")[1].splitlines() if line.strip()]
@@ -150,14 +151,14 @@ def test_demo_runs_on_a_tiny_model_folder(tmp_path, monkeypatch, capsys, tokeniz
         "demo.zarr",
         "activation_patching_heads.png",
         "activation_patching_heads.html",
-        "demo_heatmap.png",
         "faithfulness.png",
     }
     for path in written:
         assert (tmp_path / path).exists(), path
         if path.endswith(".png"):
             assert (tmp_path / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (tmp_path / cli.README_PICTURE).exists()
+    new = set(tmp_path.rglob("*")) - before
+    assert all(p.is_relative_to(tmp_path / "run") for p in new)  # only into --out
     report = lsc.open(tmp_path / "run" / "demo.zarr")
     exact = report["exact_heads"]
     assert exact.sizes == {"prompt": 2, "layer": 2, "head": 4}
@@ -194,11 +195,22 @@ def test_make_lab_passes_allow_root_only_as_root():
     assert ("--allow-root" in command) == (os.geteuid() == 0)
 
 
-def test_make_demo_refreshes_the_readme_picture():
+def test_make_demo_writes_only_under_out_and_figures_draws_the_gallery():
+    """``make demo`` writes into out/ (ignored by git); the README shows the gallery that
+    ``make figures`` draws (docs/figures/), never a file the demo rewrites."""
     from pathlib import Path
 
-    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
-    assert "lenscape demo --out out --picture" in makefile
-    assert (
-        str(cli.README_PICTURE) in (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    )
+    root = Path(__file__).resolve().parents[1]
+    dry = subprocess.run(
+        ["make", "-n", "-o", "install", "demo", "figures"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    (demo,) = [line for line in dry.splitlines() if "lenscape demo" in line]
+    assert demo.endswith("lenscape demo --out out")
+    assert any(line.endswith("docs/figures.py") for line in dry.splitlines())
+    assert "out/" in (root / ".gitignore").read_text().split()
+    readme = (root / "README.md").read_text()
+    assert "](docs/figures/" in readme and "docs/demo_heatmap.png" not in readme

