@@ -94,9 +94,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--random", type=int, default=3, help="random circuits per budget")
-    parser.add_argument("--sample", type=int, default=20, help="top and random edges checked")
+    parser.add_argument("--top", type=int, default=40, help="top edges of each estimator checked")
+    parser.add_argument("--sample", type=int, default=120, help="random edges checked")
     parser.add_argument("--peer-prompts", type=int, default=4, help="prompts of the peer timing")
-    args = _report.parse_args(parser, prompts=4, random=1, sample=5, peer_prompts=2)
+    args = _report.parse_args(parser, prompts=4, random=1, top=3, sample=5, peer_prompts=2)
     import torch
 
     model = lsc.load("smollm2-135m", device="cpu")
@@ -119,18 +120,25 @@ def main() -> None:
     lsc.edge_attribution(model, prompts[:1], progress=False)
     floor = forward_backward()
     timings, scores = {}, {}
-    for estimator, steps in (("eap", None), ("eap-ig", args.steps)):
+    estimators = {
+        "eap": ("eap", None, None),
+        f"eap-ig:{args.steps}": ("eap-ig", args.steps, None),
+        "relp": ("relp", None, "relp"),
+        "relp:secant": ("relp", None, "secant"),
+    }
+    for label, (estimator, steps, rules) in estimators.items():
         start = time.perf_counter()
-        scores[estimator] = lsc.edge_attribution(
+        scores[label] = lsc.edge_attribution(
             model,
             prompts,
             estimator=estimator,
             steps=steps,
+            rules=rules,
             batch_size=args.batch_size,
             progress=False,
         )
-        timings[estimator] = time.perf_counter() - start
-        print(f"{estimator}: {timings[estimator]:.1f} s = {timings[estimator] / floor:.1f}x F+B")
+        timings[label] = time.perf_counter() - start
+        print(f"{label}: {timings[label]:.1f} s = {timings[label] / floor:.1f}x F+B")
     width = max(len(model.tokenizer(p.text)["input_ids"]) for p in prompts)
     tokens = args.batch_size * width
     shapes = {
@@ -142,8 +150,7 @@ def main() -> None:
             *_report.stamp(),
             f"{len(prompts)} IOI prompts, batch {args.batch_size}",
             f"{floor:.1f} s",
-            f"{timings['eap']:.1f} s ({timings['eap'] / floor:.1f}x)",
-            f"{timings['eap-ig']:.1f} s ({timings['eap-ig'] / floor:.1f}x)",
+            *(f"{seconds:.1f} s ({seconds / floor:.1f}x)" for seconds in timings.values()),
         ]
     ]
     memory = []
@@ -164,13 +171,11 @@ def main() -> None:
         )
         for name, result in scores.items()
     }
-    faith_rows = []
-    for name, result in curves.items():
-        label = name if name == "eap" else f"eap-ig ({args.steps} steps)"
-        faith_rows.append(
-            [label, f"{float(result.cpr):.3f}", f"{float(result.cmd):.3f}"]
-            + [f"{v:.2f}" for v in result["faithfulness"].values]
-        )
+    faith_rows = [
+        [label, f"{float(result.cpr):.3f}", f"{float(result.cmd):.3f}"]
+        + [f"{v:.2f}" for v in result["faithfulness"].values]
+        for label, result in curves.items()
+    ]
     random = curves["eap"]
     faith_rows.append(
         [
@@ -184,8 +189,9 @@ def main() -> None:
     agreement = lsc.edge_agreement(
         model,
         prompts,
+        estimators=list(estimators),
         steps=args.steps,
-        n_top=args.sample,
+        n_top=args.top,
         n_random=args.sample,
         batch_size=args.batch_size,
         progress=False,
@@ -194,16 +200,26 @@ def main() -> None:
     for estimator in agreement["estimator"].values:
         for kind in agreement["receiver_kind"].values:
             cell = agreement.sel(estimator=estimator, receiver_kind=kind)
+            low, high = (
+                float(cell["pearson_cells_interval"].sel(bound=b)) for b in ("low", "high")
+            )
             agree_rows.append(
                 [
                     str(estimator),
                     str(kind),
                     int(cell["n_edges"]),
                     f"{float(cell['pearson_cells']):.3f}",
+                    f"[{low:.3f}, {high:.3f}]",
+                    f"{float(cell['top_overlap']):.2f}",
                     f"{float(cell['sign_agreement']):.2f}",
                 ]
             )
-    print(_report.table(["estimator", "receiver", "edges", "Pearson r", "sign"], agree_rows))
+    sampled = (
+        f"{agreement.sizes['edge']} edges: the {args.top} top of each estimator and "
+        f"{args.sample} at random"
+    )
+    agree_columns = ["estimator", "receiver", "edges", "Pearson r", "95% interval", "top-5", "sign"]
+    print(sampled + "\n" + _report.table(agree_columns, agree_rows))
     peer_prompts = prompts[: args.peer_prompts]
     ours, theirs, n_mha_edges = peer_timing(model, peer_prompts, args.batch_size)
     print(f"peer: lenscape EAP {ours:.1f} s, TransformerLens {theirs:.1f} s")
@@ -219,14 +235,7 @@ def main() -> None:
     body = "\n\n".join(
         [
             _report.table(
-                [
-                    "date",
-                    "machine",
-                    "prompts",
-                    "1 forward + backward",
-                    "EAP",
-                    f"EAP-IG ({args.steps} steps)",
-                ],
+                ["date", "machine", "prompts", "1 forward + backward", *estimators],
                 rows,
             ),
             _report.table(
@@ -242,9 +251,9 @@ def main() -> None:
             "Faithfulness (share of the clean - corrupt logit difference kept by the circuit "
             "alone, exact edge patching) at each edge budget:",
             _report.table(["circuit", "CPR", "CMD", *map(str, budgets)], faith_rows),
-            "Agreement with exact single-edge patching (each estimator's top edges and a "
-            "random sample, per prompt):",
-            _report.table(["estimator", "receiver", "edges", "Pearson r", "sign"], agree_rows),
+            "Agreement with exact single-edge patching, per receiver kind (Pearson r over "
+            f"prompt x edge cells with its 95% bootstrap interval over prompts; {sampled}):",
+            _report.table(agree_columns, agree_rows),
             "Beside the peer (TransformerLens 4.3 refuses grouped-query attention, so both run "
             "an MHA model of SmolLM2's shape; TransformerLens takes one prompt pair per call, "
             "lenscape batches):",
@@ -255,9 +264,12 @@ def main() -> None:
         ]
     )
     intro = (
-        "Time of `lsc.edge_attribution` for every edge, as a ratio to one plain forward + "
-        "backward of the same batches, and the memory of the dense edge scores. Memory grows "
-        "with senders x receivers, about (layers x heads)^2."
+        "Time of `lsc.edge_attribution` for every edge with each estimator (EAP, EAP-IG, "
+        "RelP under its own rules and under the secant rules), as a ratio to one plain "
+        "forward + backward of the same batches, and the memory of the dense edge scores. "
+        "Memory grows with senders x receivers, about (layers x heads)^2. Then each "
+        "estimator's circuits judged by exact edge patching, and each estimator against exact "
+        "single-edge patching."
     )
     _report.emit(args, _report.section("edges", "Edge attribution cost", intro, body))
 

@@ -673,3 +673,39 @@ def test_chunked_scores_equal_the_per_receiver_copies_on_the_bundled_model(smol)
     expected = _per_receiver_copy_scores(smol, prompts)
     scale = np.nanmax(np.abs(expected))
     np.testing.assert_allclose(got.values, expected, rtol=0, atol=1e-6 * scale)
+
+
+# ---------------------------------------------------------------- relevance patching (RelP)
+
+
+@pytest.mark.parametrize("rules", ["relp", "secant"])
+def test_relp_edges_out_of_a_head_add_up_to_its_node_score(tiny_llama, rules):
+    """Under any rules a sender's coefficient is the sum of its receivers' (the residual
+    stream feeds each), so a head's RelP edges summed over receivers are its RelP score."""
+    prompts = IOI[:4]
+    scores = edges.edge_attribution(
+        tiny_llama, prompts, estimator="relp", rules=rules, per_prompt=True, progress=False
+    )
+    heads = lsc.attribution_patching(
+        tiny_llama, prompts, level="head", estimator="relp", rules=rules, progress=False
+    )
+    summed = scores.where(scores["sender_kind"] == "head", drop=True).sum("receiver")
+    got = summed.values.reshape(heads.shape)
+    np.testing.assert_allclose(got, heads.values, atol=1e-6 * float(np.abs(heads).max()))
+    assert scores.attrs["rules"] == rules and "RelP" in scores.attrs["long_name"]
+    eap = edges.edge_attribution(tiny_llama, prompts, per_prompt=True, progress=False)
+    assert not np.allclose(np.nan_to_num(eap.values), np.nan_to_num(scores.values), atol=1e-6)
+
+
+def test_edge_agreement_compares_relp_labels(tiny_llama):
+    result = edges.edge_agreement(
+        tiny_llama,
+        IOI[:2],
+        estimators=["eap", "relp:secant"],
+        n_top=3,
+        n_random=3,
+        progress=False,
+    )
+    assert list(result["estimator"].values) == ["eap", "relp:secant"]
+    with pytest.raises(ValueError, match="Unknown rules 'nope'"):
+        edges.edge_agreement(tiny_llama, IOI[:2], estimators=["relp:nope"], progress=False)

@@ -11,7 +11,13 @@ import xarray as xr
 import lenscape as lsc
 from lenscape import bootstrap
 from lenscape.capture import patching
-from lenscape.capture.faithfulness import agreement, agreement_bounds, parse_estimator
+from lenscape.capture.faithfulness import agreement, agreement_bounds
+from lenscape.capture.patching import (
+    DEFAULT_IG_STEPS,
+    ESTIMATORS,
+    PATH_ESTIMATORS,
+    parse_estimator,
+)
 from lenscape.sweep.options import MAX_STEPS
 
 
@@ -46,15 +52,37 @@ def test_faithfulness_report_matches_plain_computation(tiny_llama, pairs):
     assert report.attrs["n_prompts"] == 4 and report.attrs["metric"] == "logit_diff"
 
 
-@pytest.mark.parametrize("label, parsed", [("atp", ("atp", 1)), ("ig:16", ("ig", 16))])
+TABLE = dict(estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=DEFAULT_IG_STEPS)
+
+
+@pytest.mark.parametrize(
+    "label, parsed",
+    [
+        ("atp", ("atp", 1, None)),
+        ("ig", ("ig", DEFAULT_IG_STEPS, None)),
+        ("ig:16", ("ig", 16, None)),
+        ("relp", ("relp", 1, "relp")),
+        ("relp:secant", ("relp", 1, "secant")),
+    ],
+)
 def test_parse_estimator(label, parsed):
-    assert parse_estimator(label) == parsed
+    assert parse_estimator(label, **TABLE) == parsed
 
 
-@pytest.mark.parametrize("label", ["ig:x", "atp:3", "gradients", "ig:0"])
+@pytest.mark.parametrize(
+    "label", ["ig:x", "atp:3", "gradients", "ig:0", "ig:513", "relp:nope", "relp:3"]
+)
 def test_parse_estimator_rejects(label):
-    with pytest.raises(ValueError, match=r"estimator|step"):
-        parse_estimator(label)
+    with pytest.raises(ValueError, match=r"estimator|step|rules"):
+        parse_estimator(label, **TABLE)
+
+
+def test_the_default_report_compares_relp_where_the_rules_apply(tiny_llama, tokenizer, pairs):
+    report = lsc.faithfulness(tiny_llama, pairs[:2], progress=False)
+    assert list(report["estimator"].values) == ["atp", "ig:2", "relp:relp", "relp:secant"]
+    gpt2 = lsc.models.tiny("gpt2", n_layers=2, seed=0, tokenizer=tokenizer)
+    report = lsc.faithfulness(gpt2, pairs[:2], progress=False)
+    assert list(report["estimator"].values) == ["atp", "ig:2"]
 
 
 # ------------------------------------------------- undefined statistics and bad options (issue 24)

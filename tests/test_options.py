@@ -34,6 +34,9 @@ OWN_MEANING = {
     ("cluster.py", "embed", "batch_size"),
     # The backend a result names when no hook backend made it (weight maps read parameters).
     ("models/lens_model.py", "provenance", "backend"),
+    # The rules apply to model.hf's own passes (which nnsight runs); "transformer_lens" adds
+    # its bridge's. Below the options in the layers, so it cannot name DEFAULTS.
+    ("sweep/relevance.py", "relevance_rules", "backend"),
     # A plan rebuilt from its data on a worker shows no bar of its own.
     ("sweep/plan.py", "build", "progress"),
     # None: the level the options give (batching for one level of a two-level method;

@@ -364,3 +364,114 @@ def test_correct_is_the_models_own_top_answer(tiny_llama, factual, method, optio
     for da in result.data_vars.values() if isinstance(result, xr.Dataset) else [result]:
         assert da["correct"].dims == ("prompt",) and da["correct"].dtype == bool
         np.testing.assert_array_equal(da["correct"].values, expected)
+
+
+# ---------------------------------------------------------------- relevance patching (RelP)
+
+
+def _ids(model, text: str, special: bool = True) -> list[int]:
+    return model.tokenizer(text, add_special_tokens=special)["input_ids"]
+
+
+def _plain_relp(model, prompts, rules):
+    """An independent RelP of every head and block of ``prompts``, one prompt at a time: HF
+    forward hooks keep the o_proj inputs and the attention and MLP outputs of the corrupt
+    run under ``relevance_rules`` (its clean run first, as the reference), and the logit
+    difference's gradient at them times (clean - corrupt), summed over positions."""
+    from lenscape.sweep.relevance import relevance_rules
+
+    hf, spec = model.hf, model.spec
+    heads = np.zeros((len(prompts), spec.n_layers, spec.n_heads))
+    blocks = np.zeros((len(prompts), spec.n_layers, 2))
+    kept: dict = {}
+
+    def keep(name):
+        def hook(module, args, output=None):
+            value = args[0] if output is None else output
+            kept[name] = value[0] if isinstance(value, tuple) else value
+
+        return hook
+
+    def leaf(module, args, output):  # gradients flow from the embeddings on
+        return output.detach().requires_grad_(True)
+
+    handles = [hf.model.embed_tokens.register_forward_hook(leaf)]
+    for layer, block in enumerate(hf.model.layers):
+        handles += [
+            block.self_attn.o_proj.register_forward_pre_hook(keep(("z", layer))),
+            block.self_attn.register_forward_hook(keep(("attn", layer))),
+            block.mlp.register_forward_hook(keep(("mlp", layer))),
+        ]
+    try:
+        for i, p in enumerate(prompts):
+            with relevance_rules(model, rules) as relevance:
+                with torch.no_grad(), relevance.reference():
+                    hf(torch.tensor([_ids(model, p.text)]))
+                    clean = {k: v.detach() for k, v in kept.items()}
+                logits = hf(torch.tensor([_ids(model, p.corrupt)])).logits[0, -1].float()
+                target, wrong = _ids(model, p.target, False)[0], _ids(model, p.distractor, False)[0]
+                grads = torch.autograd.grad(logits[target] - logits[wrong], list(kept.values()))
+            for (kind, layer), grad in zip(kept, grads, strict=True):
+                product = ((clean[kind, layer] - kept[kind, layer].detach()) * grad).float()[0]
+                if kind == "z":
+                    per_head = product.view(-1, spec.n_heads, spec.d_head).sum((0, 2))
+                    heads[i, layer] = per_head.numpy()
+                else:
+                    blocks[i, layer, 0 if kind == "attn" else 1] = float(product.sum())
+    finally:
+        for handle in handles:
+            handle.remove()
+    return heads, blocks
+
+
+@pytest.mark.parametrize("rules", ["relp", "secant"])
+def test_relp_equals_an_independent_computation(tiny_llama, pairs, rules):
+    got = lsc.attribution_patching(
+        tiny_llama, pairs, level="all", estimator="relp", rules=rules, progress=False
+    )
+    heads, blocks = _plain_relp(tiny_llama, pairs, rules)
+    np.testing.assert_allclose(got["heads"].values, heads, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(got["blocks"].values, blocks, atol=1e-5, rtol=1e-4)
+    assert got["heads"].attrs["rules"] == rules and got["heads"].attrs["estimator"] == "relp"
+    assert f"Relevance patching ({rules} rules)" in got["heads"].attrs["long_name"]
+    atp = lsc.attribution_patching(tiny_llama, pairs, level="all", progress=False)
+    assert not np.allclose(atp["blocks"].values, got["blocks"].values, atol=1e-5)
+
+
+def test_relp_backends_agree_and_the_model_is_left_as_it_was(tiny_llama, pairs):
+    before = lsc.attribution_patching(tiny_llama, pairs, level="all", progress=False)
+    runs = [
+        lsc.attribution_patching(
+            tiny_llama,
+            pairs,
+            level="all",
+            estimator="relp",
+            rules="secant",
+            backend=backend,
+            progress=False,
+        )
+        for backend in ("nnsight", "transformer_lens")
+    ]
+    for name in ("heads", "blocks"):
+        np.testing.assert_allclose(runs[0][name].values, runs[1][name].values, atol=1e-5)
+    after = lsc.attribution_patching(tiny_llama, pairs, level="all", progress=False)
+    xr.testing.assert_identical(after, before)  # no rule outlives its call
+
+
+@pytest.mark.parametrize(
+    "options, error, match",
+    [
+        (dict(estimator="atp", rules="secant"), ValueError, "takes plain gradients"),
+        (dict(estimator="relp", rules="lrp"), ValueError, "Unknown rules .lrp."),
+        (dict(estimator="relp", steps=3), ValueError, "needs estimator='ig'"),
+    ],
+)
+def test_bad_relp_options(tiny_llama, pairs, options, error, match):
+    with pytest.raises(error, match=match):
+        lsc.attribution_patching(tiny_llama, pairs, progress=False, **options)
+
+
+def test_relp_refuses_families_without_relevance_rules(tokenizer, pairs):
+    gpt2 = models.tiny("gpt2", n_layers=2, seed=0, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="Relevance rules support"):
+        lsc.attribution_patching(gpt2, pairs, estimator="relp", progress=False)

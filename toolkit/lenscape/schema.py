@@ -35,6 +35,8 @@ DIMS: tuple[str, ...] = (
     # Edges (capture/edges/): labelled "embed", "L3.H2", "L3.MLP" / "L3.H2.q", "logits".
     "sender",
     "receiver",
+    # Intervals (aggregate.mean): the mean and its bounds, last.
+    "bound",
 )
 #: Dims whose coords are integers counting from 0.
 INT_DIMS: tuple[str, ...] = (

@@ -25,10 +25,21 @@ from .. import _validate, bootstrap, schema
 from ..data import Prompts
 from ..models import LensModel
 from ..sweep.inputs import Tokens, tokenize
-from ..sweep.options import MAX_STEPS
 from ..sweep.registry import method, part_store
-from .patching import DEFAULT_IG_STEPS, ESTIMATORS, activation_patching, attribution_patching
+from .patching import (
+    DEFAULT_IG_STEPS,
+    ESTIMATORS,
+    PATH_ESTIMATORS,
+    activation_patching,
+    attribution_patching,
+    parse_estimator,
+    with_relevance,
+)
 
+#: The estimators a report compares when none are named: plain gradients, integrated
+#: gradients, RelP with its own rules and with the secant rules (benchmarks/RESULTS.md,
+#: section faithfulness, measures each).
+DEFAULT_ESTIMATORS = ("atp", "ig", "relp", "relp:secant")
 #: Component types compared: per-head outputs, attention blocks, MLP blocks.
 COMPONENT_TYPES = ("head", "attn", "mlp")
 #: Why a statistic can be NaN, recorded in the report's attrs: undefined, never perfect.
@@ -42,23 +53,6 @@ UNDEFINED = {
 #: Resamples and seed of the statistics' intervals (``agreement_bounds``).
 INTERVAL_RESAMPLES = bootstrap.DEFAULT_RESAMPLES
 INTERVAL_SEED = 0
-
-
-def parse_estimator(label: str) -> tuple[str, int]:
-    """``"atp"`` -> ("atp", 1); ``"ig"`` -> ("ig", DEFAULT_IG_STEPS); ``"ig:16"`` -> ("ig", 16)."""
-    name, _, steps = str(label).partition(":")
-    if name not in ESTIMATORS or (steps and not steps.isdigit()) or (name == "atp" and steps):
-        raise ValueError(
-            f"Unknown estimator {label!r}; use 'atp', 'ig' or 'ig:N' (N integration steps)."
-        )
-    if not steps:
-        return name, 1 if name == "atp" else DEFAULT_IG_STEPS
-    if not 1 <= int(steps) <= MAX_STEPS:
-        raise ValueError(
-            f"Estimator {label!r}: steps={int(steps)} must lie in 1..{MAX_STEPS} "
-            "(each step is a forward and a backward pass per batch), e.g. 'ig:8'."
-        )
-    return name, int(steps)
 
 
 def _rows(exact: xr.DataArray, estimate: xr.DataArray) -> tuple[np.ndarray, np.ndarray]:
@@ -198,14 +192,43 @@ def _exact_maps(
     return maps, seconds
 
 
-def _parsed(estimators: Any) -> dict[str, tuple[str, int]]:
-    """Label -> (estimator, steps); labels name the step count ("ig" -> "ig:2"), so a
-    report says what it measured."""
+def _estimates(
+    model: LensModel,
+    tokens: Tokens,
+    parsed: dict[str, tuple[str, int, str | None]],
+    shared: dict[str, Any],
+    store: Any,
+) -> tuple[dict[str, xr.Dataset], dict[str, float]]:
+    """Each estimator's ``attribution_patching(level="all")`` (its own part of ``store``)
+    and its seconds."""
+    estimates, seconds = {}, {}
+    for label, (name, steps, rules) in parsed.items():
+        path = part_store(store, label.replace(":", "-"))
+        estimates[label], seconds[label] = _timed(
+            attribution_patching,
+            model,
+            tokens,
+            path,
+            level="all",
+            estimator=name,
+            steps=steps,
+            rules=rules,
+            **shared,
+        )
+    return estimates, seconds
+
+
+def _parsed(estimators: Any) -> dict[str, tuple[str, int, str | None]]:
+    """Label -> (estimator, steps, rules); labels name the step count and the rules ("ig"
+    -> "ig:2", "relp" -> "relp:relp"), so a report says what it measured."""
     estimators = _validate.strings("estimators", estimators, example="('atp', 'ig:8')")
     parsed = {}
     for given in estimators:
-        name, steps = parse_estimator(given)
-        parsed[name if name == "atp" else f"{name}:{steps}"] = (name, steps)
+        name, steps, rules = parse_estimator(
+            given, estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=DEFAULT_IG_STEPS
+        )
+        label = name if name == "atp" else f"{name}:{rules or steps}"
+        parsed[label] = (name, steps, rules)
     return parsed
 
 
@@ -256,7 +279,9 @@ def agreement_variables(
 
 
 def _costs(
-    parsed: dict[str, tuple[str, int]], seconds: dict[str, float], exact_seconds: float
+    parsed: dict[str, tuple[str, int, str | None]],
+    seconds: dict[str, float],
+    exact_seconds: float,
 ) -> dict[str, Any]:
     """(estimator,) cost variables: seconds, passes per batch and the ratios."""
     labels = list(parsed)
@@ -279,7 +304,7 @@ def faithfulness(
     model: LensModel,
     prompts: Prompts,
     *,
-    estimators: Sequence[str] = ("atp", "ig"),
+    estimators: Sequence[str] | None = None,
     top_k: int = 10,
     ci: float = 0.95,
     **shared,
@@ -291,8 +316,11 @@ def faithfulness(
 
     Args:
         prompts: clean/corrupt pairs (e.g. ``lsc.data.prompts("factual")`` or ``("ioi")``).
-        estimators: "atp", "ig" (``DEFAULT_IG_STEPS`` steps) or "ig:N"; the report labels
-            them "atp" and "ig:N".
+        estimators: labels of ``lsc.attribution_patching`` estimators: "atp", "ig"
+            (``DEFAULT_IG_STEPS`` steps) or "ig:N", "relp" (RelP's rules) or "relp:RULES"
+            (e.g. "relp:secant"); the report labels them "atp", "ig:N" and "relp:RULES".
+            None: ``DEFAULT_ESTIMATORS`` ("atp", "ig", "relp", "relp:secant"), less the
+            "relp" ones on a model the relevance rules do not support.
         top_k: size of the top sets compared by ``top_overlap``; a type with ``top_k`` or
             fewer components gets NaN there (the overlap would be 1.0 for any estimate).
         ci: the share of the bootstrap resamples between each statistic's bounds (a
@@ -320,25 +348,15 @@ def faithfulness(
           ``estimate_blocks`` (estimator, prompt, layer, component);
         - attrs: model, metric, prompt set and fingerprint, backend, top_k, exact seconds.
     """
+    if estimators is None:
+        estimators = with_relevance(DEFAULT_ESTIMATORS, model)
     parsed = _parsed(estimators)
     top_k = _validate.positive_int("top_k", top_k)
     ci = bootstrap.check_ci(ci)
     store, metric = shared.pop("store"), shared["metric"]
     tokens = tokenize(model, prompts, needs_corrupt=True, needs_distractor=metric == "logit_diff")
     exact, exact_seconds = _exact_maps(model, tokens, shared, store)
-    estimates, seconds = {}, {}
-    for label, (name, steps) in parsed.items():
-        path = part_store(store, label.replace(":", "-"))
-        estimates[label], seconds[label] = _timed(
-            attribution_patching,
-            model,
-            tokens,
-            path,
-            level="all",
-            estimator=name,
-            steps=steps,
-            **shared,
-        )
+    estimates, seconds = _estimates(model, tokens, parsed, shared, store)
     exact_types = _by_type(exact["head"], exact["block"])
     pairs = {
         (label, ctype): (exact_types[ctype], estimate_type)
@@ -346,7 +364,6 @@ def faithfulness(
         for ctype, estimate_type in _by_type(estimate["heads"], estimate["blocks"]).items()
     }
     data = agreement_variables(pairs, ("estimator", "component_type"), top_k=top_k, ci=ci)
-
     sizes = np.array(
         [m.isel(prompt=0).size for m in _by_type(exact["head"], exact["block"]).values()]
     )

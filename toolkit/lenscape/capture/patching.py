@@ -34,7 +34,7 @@ value; the others are NaN ("not computed").
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,14 +48,21 @@ from ..models import LensModel
 from ..sweep import memory, metrics
 from ..sweep.backend import Site, TokenBatch, get_backend
 from ..sweep.inputs import Batch, Inputs, batched
-from ..sweep.options import EXACT, LEVELLED, Options, integration_points
+from ..sweep.options import EXACT, LEVELLED, MAX_STEPS, Options, integration_points
 from ..sweep.plan import Call, Plan, Result, Scores, once, one_level_plan, top_is_target
 from ..sweep.registry import method, run
+from ..sweep.relevance import RULE_SETS, clean_pass, rules_or_plain, unsupported
 from ..sweep.result import LEVELS, components, to_dataarray
 
 ABLATION_KINDS = ("zero", "mean")
 #: Gradient estimators of a patching effect; see the module docstring.
-ESTIMATORS = ("atp", "ig")
+ESTIMATORS = ("atp", "ig", "relp")
+#: The estimators that integrate along the corrupt -> clean input path.
+PATH_ESTIMATORS = ("ig",)
+#: The rule set of ``estimator="relp"`` when ``rules`` is not given: RelP's released rules
+#: (``sweep/relevance.RULE_SETS``). ``rules="secant"`` agrees best with exact patching
+#: (benchmarks/RESULTS.md, section faithfulness).
+DEFAULT_RULES = "relp"
 #: Integration points of ``estimator="ig"`` when ``steps`` is not given. Measured on SmolLM2
 #: (benchmarks/RESULTS.md, section faithfulness): 2 points raise MLP-block agreement with
 #: exact patching most per unit of cost (Pearson r over cells 0.71 -> 0.90 on the factual set,
@@ -300,32 +307,106 @@ def _component_columns(
 
 def _check_estimator(estimator: str, steps: int | None) -> int:
     """Validate ``estimator``/``steps``; return the number of integration points."""
-    return integration_points(estimator, steps, estimators=ESTIMATORS, default=DEFAULT_IG_STEPS)
+    return integration_points(
+        estimator, steps, estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=DEFAULT_IG_STEPS
+    )
+
+
+def parse_estimator(
+    label: str, *, estimators: Sequence[str], paths: Sequence[str], default: int
+) -> tuple[str, int, str | None]:
+    """An estimator's label -> (estimator, steps, relevance rules): ``NAME`` or
+    ``NAME:DETAIL``, DETAIL the integration points of a path estimator (``paths``; without
+    it ``default``) or the rules of "relp" (without them ``DEFAULT_RULES``): ``"ig:16"`` ->
+    ("ig", 16, None), ``"relp:secant"`` -> ("relp", 1, "secant"), ``"atp"`` -> ("atp", 1,
+    None).
+
+    Raises:
+        ValueError: an unknown estimator or rule set, a DETAIL where none belongs, steps
+            out of 1..``MAX_STEPS``.
+    """
+    name, _, detail = str(label).partition(":")
+    fix = (
+        f"use one of {list(estimators)}, '{paths[0]}:N' (N integration points) or "
+        f"'relp:RULES' (RULES one of {list(RULE_SETS)})"
+    )
+    if name not in estimators or (detail and name not in (*paths, "relp")):
+        raise ValueError(f"Unknown estimator {label!r}; {fix}.")
+    if name == "relp":
+        return name, 1, check_rules(name, detail or None)
+    if detail and not detail.isdigit():
+        raise ValueError(f"Unknown estimator {label!r}; {fix}.")
+    steps = integration_points(
+        name, int(detail) if detail else None, estimators=estimators, paths=paths, default=default
+    )
+    if not 1 <= steps <= MAX_STEPS:
+        raise ValueError(
+            f"Estimator {label!r}: steps={steps} must lie in 1..{MAX_STEPS} (each step is a "
+            f"forward and a backward pass per batch), e.g. '{paths[0]}:8'."
+        )
+    return name, steps, None
+
+
+def with_relevance(labels: Sequence[str], model: LensModel) -> list[str]:
+    """``labels`` less the "relp" ones where relevance rules cannot run on ``model`` (its
+    family, or modules of another formula): the default estimators of a report."""
+    if unsupported(model) is None:
+        return list(labels)
+    return [label for label in labels if not label.startswith("relp")]
+
+
+def _estimator_name(estimator: str, points: int, rules: str | None) -> str:
+    """How results and progress bars name an estimate."""
+    if estimator == "ig":
+        return f"Integrated-gradient estimate ({points} steps)"
+    if estimator == "relp":
+        return f"Relevance patching ({rules} rules)"
+    return "Attribution patching"
+
+
+def check_rules(estimator: str, rules: str | None, *, relevance: str = "relp") -> str | None:
+    """The relevance rule set an estimator runs under: ``rules`` (None: ``DEFAULT_RULES``)
+    for the ``relevance`` estimator, None (plain gradients) for the others.
+
+    Raises:
+        ValueError: an unknown rule set, or ``rules`` with another estimator.
+    """
+    if estimator != relevance:
+        if rules is not None:
+            raise ValueError(
+                f"rules={rules!r} chooses the relevance rules of estimator={relevance!r}; "
+                f"estimator={estimator!r} takes plain gradients (leave rules=None)."
+            )
+        return None
+    return _validate.choice("rules", DEFAULT_RULES if rules is None else rules, list(RULE_SETS))
 
 
 def _patching_estimator(
-    inputs: Inputs, variants: list[Variant], *, estimator: str, steps: int
+    inputs: Inputs, variants: list[Variant], *, steps: int, rules: str | None = None
 ) -> Callable[[Batch], Scores]:
     """``estimate(batch)`` -> (rows, len(variants)) gradient estimate of activation
-    patching, with whether the model answers each clean prompt correctly."""
-    runner = get_backend(inputs.model, inputs.backend)
+    patching, with whether the model answers each clean prompt correctly: the gradient at
+    ``steps`` points of the input path, or at the corrupt run under relevance ``rules``."""
+    model, runner = inputs.model, get_backend(inputs.model, inputs.backend)
     sites = _sites(variants)
 
     def estimate(batch: Batch) -> Scores:
         assert batch.corrupt is not None  # inputs prepared with needs_corrupt=True
-        with torch.no_grad():
-            clean_run = runner.run(batch.clean, sites=[INPUT_SITE, *sites] if steps > 1 else sites)
-        clean = clean_run.acts
-        products = _gradient_effects(
-            runner,
-            inputs.metric,
-            batch,
-            sites,
-            base=batch.corrupt,
-            goal=lambda site, act: clean[site],
-            steps=steps,
-            clean_input=clean.get(INPUT_SITE),
-        )
+        with rules_or_plain(model, rules, backend=inputs.backend) as relevance:
+            with torch.no_grad(), clean_pass(relevance):
+                clean_sites = [INPUT_SITE, *sites] if steps > 1 else sites
+                clean_run = runner.run(batch.clean, sites=clean_sites)
+            clean = clean_run.acts
+            products = _gradient_effects(
+                runner,
+                inputs.metric,
+                batch,
+                sites,
+                base=batch.corrupt,
+                goal=lambda site, act: clean[site],
+                steps=steps,
+                clean_input=clean.get(INPUT_SITE),
+            )
         mask = batch.corrupt.attention_mask.float()
         values = metrics.check_finite(
             _component_columns(products, variants, mask).cpu(), batch.index, inputs.metric
@@ -573,7 +654,8 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     sites = _sites(variants)
     columns = None
     if options.refine is not None:
-        estimate = _patching_estimator(inputs, variants, estimator=options.estimator, steps=points)
+        rules = check_rules(options.estimator, options.rules)
+        estimate = _patching_estimator(inputs, variants, steps=points, rules=rules)
         refine = options.refine
         columns = once(
             prepass,
@@ -610,6 +692,7 @@ def activation_patching(
     refine: int | None = None,
     estimator: str = "atp",
     steps: int | None = None,
+    rules: str | None = None,
     **shared,
 ) -> xr.DataArray:
     """Exact activation patching (clean -> corrupt): metric(patched) - metric(corrupt).
@@ -622,7 +705,7 @@ def activation_patching(
             ``attribution_patching`` estimate is largest in absolute value; the others are
             NaN ("not computed"). Attrs record ``refined_k``, ``refine_estimator`` and
             ``refine_steps``. None: all components.
-        estimator, steps: the estimator that ranks components for ``refine`` (see
+        estimator, steps, rules: the estimator that ranks components for ``refine`` (see
             ``attribution_patching``).
 
     Returns:
@@ -646,11 +729,12 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
     first = batched(model, tokens, options, level=levels[0])
     inputs_by_level = {lvl: dataclasses.replace(first, level=lvl) for lvl in levels}
     widths = [len(components(inputs_by_level[lvl])) for lvl in levels]
+    rules = check_rules(estimator, options.rules)
     estimate = _patching_estimator(
         first,
         [variant for lvl in levels for variant in components(inputs_by_level[lvl])],
-        estimator=estimator,
         steps=points,
+        rules=rules,
     )
 
     def score(batch: Batch, step) -> Scores:
@@ -658,11 +742,7 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
         step()
         return scores
 
-    effect = (
-        "Attribution patching (clean -> corrupt) of"
-        if estimator == "atp"
-        else f"Integrated-gradient estimate ({points} steps, clean -> corrupt) of"
-    )
+    name = _estimator_name(estimator, points, rules)
 
     def finish(values, correct, index):
         results, start = {}, 0
@@ -672,10 +752,11 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
                 values[:, start : start + width],
                 correct=correct,
                 method="attribution_patching",
-                effect=effect,
+                effect=f"{name} (clean -> corrupt) of",
                 index=index,
                 estimator=estimator,
                 steps=points,
+                **({} if rules is None else {"rules": rules}),
             )
             start += width
         if level != "all":
@@ -688,9 +769,7 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
         sum(widths),
         score,
         finish,
-        desc="attribution patching"
-        if estimator == "atp"
-        else f"integrated gradients ({points} steps)",
+        desc=name.lower(),
     )
 
 
@@ -707,6 +786,7 @@ def attribution_patching(
     *,
     estimator: str = "atp",
     steps: int | None = None,
+    rules: str | None = None,
     **shared,
 ) -> Result:
     """Gradient estimate of activation patching for every component at once.
@@ -717,13 +797,22 @@ def attribution_patching(
     path from the corrupt to the clean input (the residual stream entering block 0), as in
     EAP-IG (arXiv 2403.17806): score = sum_pos mean_k grad_{x(a_k)}(metric) . (clean -
     corrupt activation); ``steps`` forward + backward passes; ``steps=1`` equals "atp".
-    ``lsc.faithfulness`` measures how well each agrees with exact patching.
+    ``estimator="relp"``: relevance patching (RelP, arXiv 2508.21258): score = sum_pos
+    (clean - corrupt activation) . the metric's gradient at the corrupt run taken through a
+    backward pass whose rules are changed module by module (``sweep/relevance.py``): the
+    cost of "atp". ``lsc.faithfulness`` measures how well each agrees with exact patching.
 
     Args:
         level: "head", "block", or "all" (both, returned as a Dataset with variables
             ``heads`` and ``blocks``).
-        estimator: "atp" or "ig".
-        steps: integration points for "ig" (default ``DEFAULT_IG_STEPS``); "atp" takes 1.
+        estimator: "atp", "ig" or "relp".
+        steps: integration points for "ig" (default ``DEFAULT_IG_STEPS``); "atp" and "relp"
+            take 1.
+        rules: the relevance rules of "relp" (``sweep/relevance.RULE_SETS``; None:
+            ``DEFAULT_RULES``, RelP's own: RMSNorm scale held, identity rule through the MLP
+            non-linearity, half rule through gate x up). "secant" linearises every
+            operation between the corrupt and the clean run (a clean reference pass, about
+            1.2x "atp"'s time) and agrees best with exact patching on MLPs.
 
     Returns:
         DataArray (prompt, layer, head | component), or a Dataset for level="all".

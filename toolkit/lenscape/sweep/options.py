@@ -132,22 +132,27 @@ CHOICE_OPTIONS = {"metric": metrics.METRICS, "backend": BACKENDS, "padding_side"
 
 
 def integration_points(
-    estimator: Any, steps: int | None, *, estimators: Sequence[str], default: int
+    estimator: Any,
+    steps: int | None,
+    *,
+    estimators: Sequence[str],
+    paths: Sequence[str],
+    default: int,
 ) -> int:
-    """How many points a gradient estimator takes: 1 for the first of ``estimators`` (the
-    gradient at the corrupt run), ``steps`` (None: ``default``) for a path integral.
+    """How many points a gradient estimator takes: ``steps`` (None: ``default``) for one
+    that integrates along a path (``paths``), 1 for the others (a gradient at the corrupt
+    run, plain or under relevance rules).
 
     Raises:
-        ValueError: an unknown estimator, or ``steps`` other than 1 with the first one.
+        ValueError: an unknown estimator, or ``steps`` other than 1 with a one-point one.
     """
     _validate.choice("estimator", estimator, estimators)
-    single, path = estimators[0], estimators[1]
     if steps is None:
-        return 1 if estimator == single else default
-    if estimator == single and steps != 1:
+        return default if estimator in paths else 1
+    if estimator not in paths and steps != 1:
         raise ValueError(
-            f"estimator={single!r} takes the gradient at the corrupt run alone; steps={steps} "
-            f"needs estimator={path!r} (or leave steps=None)."
+            f"estimator={estimator!r} takes the gradient at the corrupt run alone; "
+            f"steps={steps} needs estimator={paths[0]!r} (or leave steps=None)."
         )
     return steps
 

@@ -962,3 +962,34 @@ def relevance_rules(
     finally:
         _uninstall(model, installed)
         _ACTIVE_MODELS.discard(model)
+
+
+def unsupported(model: LensModel) -> str | None:
+    """Why relevance rules cannot run on ``model`` (its family, or a module whose formula is
+    not the one the rules assume), or None when they can: the rules are installed and
+    removed again, no pass is run."""
+    try:
+        with relevance_rules(model, "relp"):
+            return None
+    except ValueError as err:
+        return str(err)
+
+
+@contextlib.contextmanager
+def rules_or_plain(model: LensModel, rules: str | None, *, backend: str) -> Iterator[Any]:
+    """``relevance_rules(model, rules)`` when ``rules`` names a rule set, else a block in
+    which backward passes are plain gradients; yields what the block's passes need for their
+    clean pass (``clean_pass``)."""
+    if rules is None:
+        yield None
+        return
+    with relevance_rules(model, rules, backend=backend) as relevance:
+        yield relevance
+
+
+def clean_pass(relevance: Relevance | None) -> contextlib.AbstractContextManager:
+    """The block a gradient estimate runs its clean pass in: the reference pass of secant
+    rules (which linearise towards it), or nothing."""
+    if relevance is not None and relevance.rules.needs_reference:
+        return relevance.reference()
+    return contextlib.nullcontext()

@@ -23,10 +23,13 @@ from ...schema import RECEIVER_KINDS
 from ...sweep.inputs import Tokens, tokenize
 from ...sweep.registry import method, part_store
 from ..faithfulness import agreement_variables
+from ..patching import parse_estimator, with_relevance
 from .graph import Graph
 from .patching import _edge_variants
-from .scores import DEFAULT_IG_STEPS, ESTIMATORS, edge_attribution
+from .scores import DEFAULT_IG_STEPS, ESTIMATORS, PATH_ESTIMATORS, edge_attribution
 
+#: The estimators compared when none are named.
+DEFAULT_ESTIMATORS = ("eap", "eap-ig", "relp", "relp:secant")
 #: Most edges sampled per kind of draw: each is one forward pass per batch.
 MAX_SAMPLE = 2000
 
@@ -55,19 +58,25 @@ def _scores(
     store: str | Path | None,
     shared: dict[str, Any],
 ) -> dict[str, xr.DataArray]:
-    """Per-prompt edge scores of each estimator (each its own part of ``store``)."""
-    return {
-        name: edge_attribution(
+    """Per-prompt edge scores of each estimator label ("eap", "eap-ig", "relp:secant" ...:
+    ``patching.parse_estimator``; "eap-ig" without its steps takes ``steps``), each in its
+    own part of ``store``."""
+    scores = {}
+    for label in estimators:
+        name, points, rules = parse_estimator(
+            label, estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=steps
+        )
+        scores[label] = edge_attribution(
             model,
             tokens,
             estimator=name,
-            steps=steps if name == "eap-ig" else 1,
+            steps=points,
+            rules=rules,
             per_prompt=True,
-            store=part_store(store, name),
+            store=part_store(store, label.replace(":", "-")),
             **shared,
         ).load()
-        for name in estimators
-    }
+    return scores
 
 
 def _compared_maps(
@@ -104,9 +113,9 @@ def _checked(
     Raises:
         TypeError, ValueError: as ``edge_agreement`` says.
     """
-    estimators = _validate.strings("estimators", estimators, example="('eap', 'eap-ig')")
-    for name in estimators:
-        _validate.choice("estimators", name, ESTIMATORS)
+    estimators = _validate.strings("estimators", estimators, example="('eap', 'relp:secant')")
+    for label in estimators:
+        parse_estimator(label, estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=1)
     if len(set(estimators)) < len(estimators):
         raise ValueError(f"estimators names one twice: {estimators}; name each once.")
     n_top = _validate.integer("n_top", n_top, low=0, high=MAX_SAMPLE)
@@ -129,7 +138,7 @@ def edge_agreement(
     model: LensModel,
     prompts: Prompts,
     *,
-    estimators: Sequence[str] = ESTIMATORS,
+    estimators: Sequence[str] | None = None,
     steps: int = DEFAULT_IG_STEPS,
     n_top: int = 20,
     n_random: int = 20,
@@ -147,7 +156,10 @@ def edge_agreement(
     ``lsc.faithfulness`` (``capture.faithfulness.agreement``).
 
     Args:
-        estimators: "eap" and/or "eap-ig" (with ``steps`` points).
+        estimators: labels of ``lsc.edge_attribution`` estimators: "eap", "eap-ig" (with
+            ``steps`` points) or "eap-ig:N", "relp" (RelP's rules) or "relp:RULES" (e.g.
+            "relp:secant"). None: ``DEFAULT_ESTIMATORS``, less the "relp" ones on a model
+            the relevance rules do not support.
         n_top, n_random: edges sampled from the top of each estimator and at random (each
             at most ``MAX_SAMPLE``).
         top_k: size of the top sets compared per receiver kind (NaN where a kind has
@@ -173,6 +185,8 @@ def edge_agreement(
         ValueError: an unknown or repeated estimator, ``steps`` or ``top_k`` below 1, a
             negative count or seed, ``n_top=0`` with ``n_random=0`` (no edge sampled).
     """
+    if estimators is None:
+        estimators = with_relevance(DEFAULT_ESTIMATORS, model)
     estimators, steps, n_top, n_random, top_k, seed, ci = _checked(
         estimators, steps, n_top, n_random, top_k, seed, ci
     )

@@ -37,6 +37,7 @@ from ...models import LensModel
 from ...sweep import metrics
 from ...sweep.backend import BACKENDS, TokenBatch, get_backend
 from ...sweep.inputs import Batch, Inputs
+from ...sweep.relevance import norm_under_rules
 from .graph import Graph
 
 #: Runs that can hook the Hugging Face module the edge hooks sit on.
@@ -266,8 +267,8 @@ def receiver_gradients(
     """
     parts, spec = _parts(model, layer), model.spec
     resid = state.resids[layer].detach().requires_grad_(True)
-    with torch.enable_grad():
-        normed = parts["norm"].forward(resid)
+    with torch.enable_grad():  # under relevance rules, the norm's rule (its Jacobian)
+        normed = norm_under_rules(parts["norm"], resid)
     rows, width, d_model = resid.shape
     chunk = receiver_chunk(rows * width * d_model * 4)  # the norm works in float32
     start = 0

@@ -27,7 +27,9 @@ from ...sweep.metrics import LONG_NAMES, UNITS
 from ...sweep.options import Options, integration_points
 from ...sweep.plan import Call, Plan, Scores, top_is_target
 from ...sweep.registry import method, run
+from ...sweep.relevance import clean_pass, rules_or_plain
 from ...sweep.result import prompt_coords, provenance
+from ..patching import check_rules
 from .graph import Graph
 from .hooks import (
     Pass,
@@ -38,7 +40,9 @@ from .hooks import (
     run_pass,
 )
 
-ESTIMATORS = ("eap", "eap-ig")
+ESTIMATORS = ("eap", "eap-ig", "relp")
+#: The estimators that integrate along the corrupt -> clean embedding path.
+PATH_ESTIMATORS = ("eap-ig",)
 #: Integration points of ``estimator="eap-ig"`` when ``steps`` is not given.
 DEFAULT_IG_STEPS = 5
 
@@ -117,9 +121,10 @@ def _step_scores(
     return scores * torch.from_numpy(graph.valid).to(scores.device)
 
 
-def _batch_scores(inputs: Inputs, batch: Batch, steps: int) -> Scores:
+def _batch_scores(inputs: Inputs, batch: Batch, steps: int, rules: str | None) -> Scores:
     """Edge scores of one batch, (batch, n_senders * n_receivers) float32 (0 off the graph),
-    and whether the model answers each clean prompt correctly.
+    and whether the model answers each clean prompt correctly; the gradients at ``steps``
+    points of the embedding path, or at the corrupt run under relevance ``rules``.
 
     One buffer of (batch, n_senders, pos, d_model) float32 holds the clean sender outputs
     minus the corrupt ones (written by the passes themselves); each gradient pass is then
@@ -131,9 +136,24 @@ def _batch_scores(inputs: Inputs, batch: Batch, steps: int) -> Scores:
     differences = torch.zeros(
         (rows, graph.shape[0], width, model.spec.d_model), device=model.device
     )
-    with torch.no_grad():
-        clean = Pass(graph, keep_senders=False, into=differences)
-        clean_logits = run_pass(model, inputs.backend, batch.clean, clean, grad=False)
+    with rules_or_plain(model, rules, backend=inputs.backend) as relevance:
+        with torch.no_grad(), clean_pass(relevance):
+            clean = Pass(graph, keep_senders=False, into=differences)
+            clean_logits = run_pass(model, inputs.backend, batch.clean, clean, grad=False)
+        scores = _path_scores(inputs, batch, steps, differences)
+    correct = top_is_target(clean_logits, batch.target).cpu()
+    return Scores((scores / steps).flatten(1).cpu(), correct)
+
+
+def _path_scores(
+    inputs: Inputs, batch: Batch, steps: int, differences: torch.Tensor
+) -> torch.Tensor:
+    """(batch, n_senders, n_receivers) scores summed over ``steps`` gradient passes along the
+    corrupt -> clean embedding path; ``differences`` holds the clean sender outputs and
+    gets the corrupt ones taken away by the first pass (the corrupt run)."""
+    assert batch.corrupt is not None
+    model, graph = inputs.model, Graph.of(inputs.model)
+    rows, width = batch.clean.input_ids.shape
     clean_embed = differences[:, 0].to(model.dtype, copy=True)
     mask = batch.corrupt.attention_mask.float()[:, :, None]
     scores: torch.Tensor | None = None
@@ -158,13 +178,14 @@ def _batch_scores(inputs: Inputs, batch: Batch, steps: int) -> Scores:
         step = _step_scores(model, state, grads, differences, mask)
         scores = step if scores is None else scores + step
     assert scores is not None
-    correct = top_is_target(clean_logits, batch.target).cpu()
-    return Scores((scores / steps).flatten(1).cpu(), correct)
+    return scores
 
 
 def check_steps(estimator: str, steps: int | None) -> int:
     """The integration points of ``estimator`` (``steps`` checked; None: its default)."""
-    return integration_points(estimator, steps, estimators=ESTIMATORS, default=DEFAULT_IG_STEPS)
+    return integration_points(
+        estimator, steps, estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=DEFAULT_IG_STEPS
+    )
 
 
 def edge_result(
@@ -217,18 +238,22 @@ def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
     corrupt passes with a backward each. No pre-pass."""
     model, tokens, options = call.model, call.tokens, call.options
     points = check_steps(options.estimator, options.steps)
+    rules = check_rules(options.estimator, options.rules)
     check_supported(model, options.backend)
     inputs = batched(model, tokens, options, level="head")
     graph = Graph.of(model)
-    effect = "EAP" if options.estimator == "eap" else f"EAP-IG ({points} steps)"
+    effect = {"eap": "EAP", "eap-ig": f"EAP-IG ({points} steps)"}.get(
+        options.estimator, f"RelP ({rules} rules)"
+    )
     attrs = {
         "long_name": f"{effect} edge score (clean -> corrupt) of {LONG_NAMES[options.metric]}",
         "units": UNITS[options.metric],
         **provenance(inputs, "edge_attribution", estimator=options.estimator, steps=points),
+        **({} if rules is None else {"rules": rules}),
     }
 
     def score(batch: Batch, step) -> Scores:
-        scores = _batch_scores(inputs, batch, points)
+        scores = _batch_scores(inputs, batch, points, rules)
         step()
         return scores
 
@@ -237,7 +262,7 @@ def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
         graph.valid.size,
         score,
         lambda values, correct, index: edge_result(inputs, graph, values, index, correct, attrs),
-        desc="edge attribution" if options.estimator == "eap" else f"EAP-IG ({points} steps)",
+        desc=f"{effect} edge scores",
     )
 
 
@@ -262,20 +287,24 @@ def edge_attribution(
     *,
     estimator: str = "eap",
     steps: int | None = None,
+    rules: str | None = None,
     per_prompt: bool = False,
     **shared,
 ) -> xr.DataArray:
-    """Score every edge sender -> receiver with EAP or EAP-IG (see ``lenscape.capture.edges``).
+    """Score every edge sender -> receiver with EAP, EAP-IG or RelP (see
+    ``lenscape.capture.edges``).
 
     Args:
         model: a ``LensModel`` (Llama, Mistral or Qwen family; grouped-query attention is
             exact: k and v receivers are key/value heads).
         prompts: prompts with a ``corrupt`` text of the same token length and single-token
             targets (and distractors for ``metric="logit_diff"``).
-        estimator: "eap" (gradient at the corrupt run) or "eap-ig" (integrated gradients
-            along the corrupt -> clean embedding path).
+        estimator: "eap" (gradient at the corrupt run), "eap-ig" (integrated gradients
+            along the corrupt -> clean embedding path) or "relp" (relevance patching: the
+            corrupt run's gradient under relevance ``rules``, at EAP's cost).
         steps: integration points of "eap-ig" (default 5, at most
-            ``options.MAX_STEPS``); "eap" takes 1.
+            ``options.MAX_STEPS``); "eap" and "relp" take 1.
+        rules: the relevance rules of "relp" (as in ``lsc.attribution_patching``).
         backend: "nnsight" (TransformerLens cannot express per-receiver inputs: an error
             says so).
         per_prompt: keep the ``prompt`` dim (with its ``correct`` flags, so
