@@ -1,8 +1,9 @@
-"""Memory plans (``sweep/memory.py``, ``lsc.estimate``): the batch ``batch_size=None``
-picks, and the refusal of a run that cannot fit."""
+"""Memory plans (``sweep/memory.py``, ``lsc.estimate``): the estimate against measured peaks,
+the batch ``batch_size=None`` picks, and the refusal of a run that cannot fit."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -19,6 +20,10 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import _shapes  # noqa: E402
+import scale_ladder  # noqa: E402
+
+#: The ladder's methods whose estimate is checked against a measured peak.
+MEASURED = [name for name in scale_ladder.METHODS if name not in scale_ladder.FLOOR]
 
 
 def _meta_model(shape: str) -> lsc.LensModel:
@@ -176,6 +181,47 @@ def test_fits_and_weight_importance_are_refused_too(monkeypatch):
     with pytest.raises(MemoryError, match="weight_importance cannot fit"):
         lsc.weight_importance(model, task, progress=False)
     assert calls == []
+
+
+def _measured(rung: str, method: str, **spec) -> dict:
+    row = scale_ladder.run_one(
+        dict(
+            sweep="test",
+            rung=rung,
+            method=method,
+            device="cpu",
+            threads=1,
+            repeats=1,
+            refine=4,
+            prompts=spec.get("prompts", 4),
+            length=spec.get("length", 0),
+            batch=spec.get("batch"),
+        ),
+        timeout=600,
+    )
+    assert "error" not in row, row["error"]
+    return row
+
+
+@pytest.mark.parametrize("method", MEASURED)
+def test_the_estimate_is_near_the_measured_peak_on_a_tiny_model(method):
+    """Measured in a fresh process (``benchmarks/scale_ladder.py --measure``) on a small
+    Llama shape with 8 prompts of 64 tokens. Stated bound: the run's memory beyond the
+    weights within 25% of the estimate plus 24 MiB (a process's fixed overhead, which
+    dominates a model this small)."""
+    row = _measured("llama-tiny", method, prompts=8, length=64, batch=8)
+    predicted = row["predicted_activations"] + row["predicted_buffers"]
+    predicted += row["predicted_optimizer"]
+    assert abs(row["needed"] - predicted) <= 0.25 * predicted + 24 * 2**20, json.dumps(row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", MEASURED)
+def test_the_estimate_is_within_25_percent_of_the_measured_peak_on_the_bundled_model(method):
+    row = _measured(_shapes.REAL, method)
+    parts = ("weights", "activations", "buffers", "optimizer")
+    predicted = sum(row[f"predicted_{part}"] for part in parts)
+    assert abs(predicted - row["peak"]) <= 0.25 * row["peak"], json.dumps(row)
 
 
 def test_bad_batch_size(tiny_llama, factual):
