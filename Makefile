@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv install demo figures test lab bench clean
+.PHONY: venv install demo figures test lab bench gpu-check clean
 
 venv: $(PY)
 
@@ -49,6 +49,12 @@ lab: install
 
 bench: install
 	$(PY) benchmarks/run_all.py
+
+# On a machine with a GPU: the device-marked tests, the scale ladder's 1B (and 8B) rung on it
+# and CPU vs GPU agreement, at most 8 minutes; writes the gpu_check section of RESULTS.md
+# (without a GPU the section says no GPU figure exists; dry run: gpu_check.py --device cpu --quick).
+gpu-check: install
+	$(PY) benchmarks/run_all.py --only gpu_check --conditions "make gpu-check"
 
 clean:
 	rm -rf $(VENV) out

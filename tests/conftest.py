@@ -9,6 +9,8 @@ marked ``slow`` (still run in CI).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -38,6 +40,17 @@ def tiny_model(request, tokenizer):
     from lenscape import models
 
     return models.tiny(request.param, n_layers=3, seed=0, tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="session")
+def device():
+    """Where tests marked ``device`` run: the device ``LENSCAPE_TEST_DEVICE`` names, else
+    CUDA when it is available, else the CPU (``benchmarks/gpu_check.py`` runs them on a
+    GPU)."""
+    name = os.environ.get("LENSCAPE_TEST_DEVICE") or (
+        "cuda" if torch.cuda.is_available() else "cpu"
+    )
+    return torch.device(name)
 
 
 @pytest.fixture(scope="session")
