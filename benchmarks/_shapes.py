@@ -60,6 +60,8 @@ def build(name: str, *, device: str = "cpu", dtype: str | None = None, seed: int
 
     Args:
         name: ``REAL`` (loaded with its weights) or a shape's file name.
+        device: where to build it; "meta" gives a shape's sizes and dtype with no memory
+            behind them (for ``lsc.estimate``; no pass can run on it).
         dtype: None: float32 for ``REAL``, the shape's own dtype otherwise.
         seed: seeds a shape's random weights.
 
@@ -80,6 +82,11 @@ def build(name: str, *, device: str = "cpu", dtype: str | None = None, seed: int
     config = transformers.AutoConfig.for_model(**record["config"])
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    if device == "meta":  # the shapes alone: nothing allocated, no pass can run
+        tokenizer = lsc.models.tokenizer_for(REAL)
+        return lsc.from_hf(
+            hf, tokenizer, name=record["name"], device=device, dtype=dtype, check=False
+        )
     hf = hf.to_empty(device=device)
     generator = torch.Generator(device).manual_seed(seed)
     with torch.no_grad():

@@ -22,8 +22,9 @@ runs out of memory does not end the ladder: on CPU the peak resident memory of t
 ``torch.cuda.max_memory_allocated``. Results are appended to a progress file as each
 finishes (``scale_ladder_data/progress-<device>.jsonl``, committed): running the ladder
 again skips what is there, so an interrupted ladder resumes. ``--rungs`` picks rungs,
-``--device`` the device, ``--quick`` one rung and two methods for a smoke check (its own
-progress file, in a temporary folder). Writes the ``scale_ladder`` section of RESULTS.md.
+``--sweep-rungs`` those of the sweeps, ``--device`` the device, ``--quick`` SmolLM2 alone
+with four methods and two prompts for a smoke check (its own progress file, in a temporary
+folder). Writes the ``scale_ladder`` section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -322,7 +323,7 @@ def plan(args: argparse.Namespace) -> list[dict]:
     """Every measurement of this ladder, in the order they run: each method on each rung
     (``sweep="ladder"``, ``batch_size=None``), then on the smaller rungs each method against
     prompt length (``--lengths``, one batch of ``--prompts``) and against batch
-    (``--batches`` prompts in one batch)."""
+    (``--batches`` prompts in one batch), on ``--sweep-rungs``."""
     common = dict(device=args.device, threads=args.threads, refine=args.refine)
     common |= {"repeats": args.repeats}
     specs = [
@@ -331,7 +332,7 @@ def plan(args: argparse.Namespace) -> list[dict]:
         for rung in args.rungs
         for name in args.methods
     ]
-    for rung in args.rungs[:-1] if len(args.rungs) > 1 else args.rungs:
+    for rung in args.sweep_rungs:
         for name in args.methods:
             specs += [
                 dict(common, sweep="length", rung=rung, method=name, prompts=args.prompts)
@@ -461,21 +462,40 @@ def growth_table(rows: list[dict], methods: list[str]) -> str:
     return _report.table(columns, out)
 
 
-def reach_table(rows: list[dict], rungs: list[str], methods: list[str]) -> str:
-    """Per method: the largest rung it ran on, and what stopped the next."""
+def planned(rung: str, method: str, args: argparse.Namespace) -> str:
+    """What ``lsc.estimate`` says of ``method`` on ``rung`` (built on the meta device: no
+    memory behind it) with this ladder's prompts, against this machine's memory."""
+    import lenscape as lsc
+
+    spec = dict(method=method, batch=None, refine=args.refine)
+    model = _shapes.build(rung, device="meta")
+    prompts = prompts_of(args.prompts, 0, model.tokenizer)
+    function, options = call_of(spec, prompts)
+    if function in FLOOR:
+        return "not measured"
+    estimate = lsc.estimate(model, function, prompts, **options)
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return (
+        f"not measured; planned peak {_gib(estimate.peak)} GiB (weights "
+        f"{_gib(estimate.weights)}) of this machine's {_gib(total)} GiB"
+    )
+
+
+def reach_table(rows: list[dict], args: argparse.Namespace) -> str:
+    """Per method: the largest rung it ran on, and what stopped the next (its error, or
+    where it was not measured, what its plan needs)."""
     out = []
-    for method in methods:
-        plain = {r["rung"]: r for r in rows if r["method"] == method and r["sweep"] == "ladder"}
-        ran = [rung for rung in rungs if "time_s" in plain.get(rung, {})]
+    for method in args.methods:
+        ladder = {r["rung"]: r for r in rows if r["method"] == method and r["sweep"] == "ladder"}
+        ran = [rung for rung in args.rungs if "time_s" in ladder.get(rung, {})]
         largest = ran[-1] if ran else "none"
-        later = rungs[rungs.index(largest) + 1 :] if ran else rungs
-        if later:
-            nxt = plain.get(later[0])
-            stop = f"{later[0]}: " + (
-                "not measured" if nxt is None else nxt.get("error", "ran")[:200].replace("|", "/")
-            )
-        else:
+        later = LADDER[LADDER.index(largest) + 1 :] if ran else args.rungs
+        if not later:
             stop = "the top rung of this ladder"
+        elif later[0] in ladder:
+            stop = f"{later[0]}: " + ladder[later[0]].get("error", "ran")[:200].replace("|", "/")
+        else:
+            stop = f"{later[0]}: {planned(later[0], method, args)}"
         out.append([method, largest, stop])
     return _report.table(["method", "largest rung run", "what stops the next"], out)
 
@@ -483,6 +503,12 @@ def reach_table(rows: list[dict], rungs: list[str], methods: list[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rungs", default=",".join(LADDER), help="models, smallest first")
+    parser.add_argument(
+        "--sweep-rungs",
+        default=None,
+        help="rungs of the length and batch sweeps (default: "
+        "every rung but the largest; the only one if there is one)",
+    )
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--prompts", type=int, default=4, help="IOI pairs per ladder run")
@@ -506,10 +532,12 @@ def main() -> None:
         print(json.dumps(measure(json.loads(args.measure))), flush=True)
         return
     args.rungs = args.rungs.split(",")
+    default_sweeps = args.rungs[:-1] if len(args.rungs) > 1 else args.rungs
+    args.sweep_rungs = args.sweep_rungs.split(",") if args.sweep_rungs else default_sweeps
     args.methods = args.methods.split(",")
     args.lengths = [int(n) for n in args.lengths.split(",") if n]
     args.batches = [int(n) for n in args.batches.split(",") if n]
-    unknown = sorted(set(args.rungs) - set(_shapes.names())) + sorted(
+    unknown = sorted(set(args.rungs + args.sweep_rungs) - set(_shapes.names())) + sorted(
         set(args.methods) - set(METHODS)
     )
     if unknown:
@@ -544,7 +572,7 @@ def main() -> None:
             "beyond the weights):",
             growth_table(rows, args.methods),
             "Reach on this machine:",
-            reach_table(rows, args.rungs, args.methods),
+            reach_table(rows, args),
         ]
     )
     intro = (

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import transformers
 
 import lenscape as lsc
 from lenscape.sweep import memory
@@ -24,19 +23,6 @@ import scale_ladder  # noqa: E402
 
 #: The ladder's methods whose estimate is checked against a measured peak.
 MEASURED = [name for name in scale_ladder.METHODS if name not in scale_ladder.FLOOR]
-
-
-def _meta_model(shape: str) -> lsc.LensModel:
-    """A model of a published shape on the meta device: its sizes and dtype without any
-    memory behind them (a pass over it could not run)."""
-    record = _shapes.shape(shape)
-    config = transformers.AutoConfig.for_model(**record["config"])
-    with torch.device("meta"):
-        hf = transformers.AutoModelForCausalLM.from_config(config)
-    tokenizer = lsc.models.tokenizer_for(_shapes.REAL)
-    return lsc.from_hf(
-        hf, tokenizer, name=record["name"], device="meta", dtype=record["dtype"], check=False
-    )
 
 
 def _forwards(model: lsc.LensModel) -> list[int]:
@@ -149,7 +135,7 @@ def test_a_run_that_cannot_fit_is_refused_before_it_allocates(monkeypatch):
     estimate, the memory available and the ways out, before any pass (the model is on the
     meta device: a pass could not even run)."""
     monkeypatch.setenv(memory.LIMIT_VARIABLE, "1GiB")
-    model = _meta_model("llama-3-8b")
+    model = _shapes.build("llama-3-8b", device="meta")
     calls = _forwards(model)
     prompts = lsc.data.prompts("ioi")[:8]
     estimate = lsc.estimate(model, "edge_attribution", prompts, batch_size=4)
@@ -173,7 +159,7 @@ def test_a_run_that_cannot_fit_is_refused_before_it_allocates(monkeypatch):
 
 def test_fits_and_weight_importance_are_refused_too(monkeypatch):
     monkeypatch.setenv(memory.LIMIT_VARIABLE, "64MiB")
-    model = _meta_model("llama-3-8b")
+    model = _shapes.build("llama-3-8b", device="meta")
     calls = _forwards(model)
     task = lsc.data.task("math")[:8]
     with pytest.raises(MemoryError, match=r"(?s)head_gating cannot fit.*rows_per_pass="):
