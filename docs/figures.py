@@ -9,7 +9,8 @@ checksum of them (``store.content_sha256`` of the data drawn). Nothing is typed 
   ``fits.recordings.f1_split``);
 - F2, F3, the circuit and the agreement chart come from runs on the bundled models, cached
   under out/figures-cache/ (ignored by git): the first ``make figures`` computes them (about
-  ten minutes on a 2-core CPU), later ones redraw at once. ``--fresh`` recomputes them.
+  half an hour on a shared 2-core CPU, most of it F3's fine-tune), later ones redraw in a
+  minute. ``--fresh`` recomputes them.
 
 ``tests/test_figures.py`` redraws the recorded figures and checks their checksums against
 ``sources.json``, so the gallery cannot drift from the recordings.
