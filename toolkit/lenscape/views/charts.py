@@ -109,16 +109,7 @@ def bars(
         if d == y and c in da.coords and da[c].dtype.kind in "OUS"
     ]
     ticks = {y: labels[0]} if labels else {}
-    colour: dict[str, Any] = {}
-    if "correct" in da.coords and da["correct"].dims == (y,):  # flag wrong answers
-        answers = list(ANSWER_COLORS)
-        for row, right in zip(data["values"], cols["correct"], strict=True):
-            row["answer"] = answers[0] if right else answers[1]
-        colour["color"] = alt.Color(
-            "answer:N",
-            scale=alt.Scale(domain=answers, range=list(ANSWER_COLORS.values())),
-            title="model's answer",
-        )
+    colour = _answer_colours(da, y, data["values"], cols)
     chart = (
         alt.Chart(data)
         .mark_bar(color="#4c78a8")
@@ -144,6 +135,25 @@ def bars(
         title=heading,
         usermeta={"embedOptions": {"actions": actions}},
     )
+
+
+def _answer_colours(
+    da: xr.DataArray, y: str, rows: list[dict[str, Any]], cols: dict[str, list[Any]]
+) -> dict[str, Any]:
+    """The bars' colour encoding flagging wrong answers (each row gains its ``answer``) when
+    ``da`` has a ``correct`` coord along ``y``; none otherwise."""
+    if "correct" not in da.coords or da["correct"].dims != (y,):
+        return {}
+    answers = list(ANSWER_COLORS)
+    for row, right in zip(rows, cols["correct"], strict=True):
+        row["answer"] = answers[0] if right else answers[1]
+    return {
+        "color": alt.Color(
+            "answer:N",
+            scale=alt.Scale(domain=answers, range=list(ANSWER_COLORS.values())),
+            title="model's answer",
+        )
+    }
 
 
 def _interval_marks(interval: xr.DataArray, axis_title: str | list[str]) -> list[alt.Chart]:
