@@ -88,6 +88,49 @@ def test_roles_match_the_two_masks_by_label():
         aggregate.always(da.to_dataset(name="facilitation"))
 
 
+def codes_by_seed(rows, seeds):
+    """Role codes (seed, layer 2, head 2) from one flat row of 4 codes per seed."""
+    values = np.array(rows, dtype=float).reshape(len(rows), 2, 2)
+    return schema.make(
+        values, dims=("seed", "layer", "head"), coords={"seed": seeds}, attrs=ATTRS, n_layers=2
+    )
+
+
+def test_agreement_among_seeds_and_against_another_fit():
+    """Among one fit's seeds every two different seeds are a pair; against another fit,
+    every seed with every seed; a cell counts only where both computed it."""
+    own = codes_by_seed([[0, 1, 2, 3], [0, 1, 2, 0], [1, 1, 1, 1]], seeds=[0, 1, 2])
+    among = aggregate.agreement(own)  # pairs (0, 1): 3/4, (0, 2): 1/4, (1, 2): 1/4
+    assert float(among) == pytest.approx((3 / 4 + 1 / 4 + 1 / 4) / 3)
+    assert (among.attrs["n_pairs"], among.attrs["lowest"], among.attrs["highest"]) == (
+        3,
+        0.25,
+        0.75,
+    )
+    assert among.attrs["units"] == "share of cells" and among.attrs["model"] == "tiny"
+    live = codes_by_seed([[0, 1, 2, np.nan]], seeds=[5])  # head (1, 1) not computed
+    against = aggregate.agreement(live, own)  # over 3 cells: 3/3, 3/3, 1/3
+    assert float(against) == pytest.approx(7 / 9) and against.attrs["n_pairs"] == 3
+    # read by label: the other fit's cells in any order give the same answer
+    moved = own.sortby("head", ascending=False).transpose("head", "seed", "layer")
+    assert float(aggregate.agreement(live, moved)) == float(against)
+    assert float(aggregate.agreement(own.sortby("seed", ascending=False))) == float(among)
+
+
+def test_agreement_refuses_what_has_no_pair_or_other_cells():
+    own = codes_by_seed([[0, 1, 2, 3]], seeds=[0])
+    with pytest.raises(ValueError, match="pairs two different seed labels; da has 1"):
+        aggregate.agreement(own)
+    with pytest.raises(ValueError, match=r"other's 'head' labels do not match"):
+        aggregate.agreement(own, own.assign_coords(head=[0, 7]))
+    with pytest.raises(ValueError, match="other has dims"):
+        aggregate.agreement(own, own.isel(head=0))
+    with pytest.raises(TypeError, match=r"other must be an xarray\.DataArray"):
+        aggregate.agreement(own, own.values)
+    with pytest.raises(ValueError, match="Cannot aggregate over 'prompt'"):
+        aggregate.agreement(own, dim="prompt")
+
+
 @pytest.mark.parametrize("threshold", [-0.1, 1.5])
 def test_bad_threshold(threshold):
     with pytest.raises(ValueError, match=r"threshold must be a finite number in \[0, 1\]"):

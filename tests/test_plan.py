@@ -57,7 +57,7 @@ open(f"{folder}/result.pkl", "wb").write(pickle.dumps(result))
         ),
         (
             patching.plan_activation_patching,
-            {"variants_per_pass": 4, "refine": 5, "estimator": "ig", "steps": 2},
+            {"variants_per_pass": 4, "refine": 5, "estimator": "ig", "steps": 2, "rules": None},
             {"columns"},
         ),
     ],

@@ -28,10 +28,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence, Sized
-from typing import Any, cast, overload
+from typing import Any, TypeVar, cast, overload
 
 import numpy as np
 import xarray as xr
+
+#: A labelled result: what ``labels`` reads and gives back, of the same type.
+Labelled = TypeVar("Labelled", xr.DataArray, xr.Dataset)
 
 
 def _shown(value: Any) -> str:
@@ -393,8 +396,8 @@ def origin(name: str, value: Any, expected: Mapping[str, Any], *, made_by: str) 
 
 
 def labels(
-    name: str, value: Any, expected: Mapping[str, Sequence[Any]], *, made_by: str
-) -> xr.DataArray | xr.Dataset:
+    name: str, value: Labelled, expected: Mapping[str, Sequence[Any]], *, made_by: str
+) -> Labelled:
     """``value`` read by label: each dim of ``expected`` selected in the order its labels
     give (a ``sortby``, ``isel`` or ``transpose`` of the input is undone) and moved last,
     in that order, after the dims ``expected`` does not name.

@@ -162,6 +162,74 @@ def roles(facilitation: xr.DataArray, interference: xr.DataArray) -> xr.DataArra
     )
 
 
+def agreement(
+    da: xr.DataArray, other: xr.DataArray | None = None, dim: str = "seed"
+) -> xr.DataArray:
+    """How often two maps give a cell the same value, e.g. the head roles of two seeds.
+
+    Per pair of labels along ``dim``: the share of the cells computed in both whose values
+    are equal. Pairs: with ``other``, every label of ``da`` with every label of ``other``
+    (a live fit against a recording); without, every two different labels of ``da`` (how
+    well the seeds of one fit agree among themselves: the scale for the first).
+
+    Args:
+        da: categorical values (e.g. ``roles`` codes; NaN not computed) over ``dim`` and
+            the cells' dims.
+        other: values over the same dims, its cells matched to ``da``'s by label (any
+            order, any transpose), with its own labels along ``dim``.
+        dim: the dim whose labels are paired.
+
+    Returns:
+        0-d: the mean share over pairs, in [0, 1]; attrs ``n_pairs``, ``lowest`` and
+        ``highest`` (the least and most agreeing pair), ``aggregation``. NaN where no pair
+        has a cell computed in both.
+
+    Raises:
+        TypeError: an input that is not a DataArray.
+        ValueError: no ``dim``, other dims or cell labels in ``other`` (named), or no pair
+            (``da`` alone with one label along ``dim``).
+    """
+    _check(da, dim)
+    cells = [d for d in da.dims if d != dim]
+    alone = other is None
+    if other is None:
+        if da.sizes[dim] < 2:
+            raise ValueError(
+                f"agreement of da with itself pairs two different {dim} labels; da has "
+                f"{da.sizes[dim]}. Pass other= to compare with another result."
+            )
+        other = da
+    else:
+        _validate.result("other", other, kind=xr.DataArray, made_by="a lenscape method")
+        if set(other.dims) != set(da.dims):
+            raise ValueError(
+                f"other has dims {list(other.dims)}, da {list(da.dims)}; pass maps over "
+                "the same dims."
+            )
+        other = _validate.labels(
+            "other", other, {str(d): da[d].values for d in cells}, made_by="the same method"
+        )
+    # other, read by label, holds the cells in da's order: (dim, *cells).
+    first, second = _rows(da, dim), _rows(other.transpose(dim, *cells), dim)
+    computed = ~np.isnan(first)[:, None] & ~np.isnan(second)[None]
+    with np.errstate(invalid="ignore"):
+        share = ((first[:, None] == second[None]) & computed).sum(-1) / computed.sum(-1)
+    pairs = share[np.triu_indices(len(first), 1)] if alone else share.ravel()
+    found = pairs[~np.isnan(pairs)]
+    mean = float(found.mean()) if found.size else np.nan
+    return xr.DataArray(mean).assign_attrs(
+        {
+            **da.attrs,
+            "long_name": f"{schema.name_from_attrs(da)}: agreement",
+            "units": "share of cells",
+            "aggregation": f"same value, mean over pairs of {dim}",
+            "n_pairs": len(pairs),
+            "lowest": float(found.min()) if found.size else np.nan,
+            "highest": float(found.max()) if found.size else np.nan,
+        }
+    )
+
+
 def normalize(da: xr.DataArray, over: str = "component") -> xr.DataArray:
     """Share of each cell in the total over ``over`` (sums to 1 along it; NaN ignored)."""
     if over not in da.dims:

@@ -28,7 +28,7 @@ import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -121,7 +121,7 @@ def _read_masks(
         methods=MASK_METHODS,
     )
     expected = {**(sets or {}), "layer": range(model.spec.n_layers), "component": COMPONENTS}
-    read = cast(xr.DataArray, _validate.labels("masks", masks, expected, made_by=MASKS_MADE_BY))
+    read = _validate.labels("masks", masks, expected, made_by=MASKS_MADE_BY)
     _validate.values("masks", read, binary=True, fix=BINARY_FIX)
     return read
 

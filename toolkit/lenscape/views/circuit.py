@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import altair as alt
 import numpy as np
@@ -576,7 +576,7 @@ def _chosen_edges(
         _validate.origin("circuit", mask, own, made_by=made_by)
         edges_of_scores = {"sender": scores["sender"].values, "receiver": scores["receiver"].values}
         read = _validate.labels("circuit", mask, edges_of_scores, made_by=made_by)
-        kept = mask_rules.kept(cast(xr.DataArray, read))
+        kept = mask_rules.kept(read)
         unscored = np.argwhere(kept.values & np.isnan(values))
         if len(unscored):
             s, r = unscored[0]
