@@ -41,7 +41,7 @@ test: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	./.ci/ensure-chromium
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=25
 
 # JupyterLab refuses to run as root without --allow-root; pass it only then.
 lab: install

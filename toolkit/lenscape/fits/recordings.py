@@ -360,6 +360,11 @@ def _fit_state(unit: Path) -> Path:
     return unit.with_name(f".{unit.stem}.fit-state")
 
 
+def _with_machine(point: xr.Dataset) -> xr.Dataset:
+    """A checkpoint with the torch thread count and CPU kind it was computed at (attrs)."""
+    return point.assign_attrs(torch_threads=torch.get_num_threads(), cpu=describe_machine().kind)
+
+
 def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.Dataset:
     """The first ``CHECKPOINT_STEPS`` updates per stage of seed 0 on the first
     ``CHECKPOINT_ITEMS`` training items: what ``tests/test_recordings.py`` recomputes.
@@ -379,8 +384,7 @@ def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.
         precision=precision,  # type: ignore[arg-type]
         progress=False,
     )
-    point.attrs.update(torch_threads=torch.get_num_threads(), cpu=describe_machine().kind)
-    return point
+    return _with_machine(point)
 
 
 def record_head_roles(
@@ -510,8 +514,7 @@ def block_masks_checkpoint(model: LensModel, *, precision: str) -> xr.Dataset:
         precision=precision,  # type: ignore[arg-type]
         progress=False,
     )
-    point.attrs.update(torch_threads=torch.get_num_threads(), cpu=describe_machine().kind)
-    return point
+    return _with_machine(point)
 
 
 def record_block_masks(
