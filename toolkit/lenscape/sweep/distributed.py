@@ -9,8 +9,9 @@ one task per prompt batch. Each worker rebuilds the plan from that data once per
 without redoing the pre-pass. Each task scores its batch
 and writes it into the zarr store itself, so results never travel back through the
 scheduler, and the store opens as one DataArray when all are done. A failing task
-cancels the rest and raises on the client with the worker's message; batches that
-finished stay in the store and a later call with the same arguments resumes.
+cancels the rest, waits for the batches already running to end (so the store no longer
+changes once the error reaches you) and raises on the client with the worker's message;
+batches that finished stay in the store and a later call with the same arguments resumes.
 
 Where it runs:
 
@@ -27,6 +28,7 @@ Where it runs:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 import uuid
@@ -45,6 +47,8 @@ from .plan import Plan, PlanData, R, write_batch
 _MODELS: dict[str, tuple[LensModel, threading.Lock]] = {}
 #: Per worker process: the last plan built on each model, with the run it belongs to.
 _PLANS: dict[str, tuple[str, Plan[Any]]] = {}
+#: Per worker process: runs stopped after a failure; their batches no longer write.
+_ABORTED: set[str] = set()
 
 
 class ModelPlugin(WorkerPlugin):
@@ -63,10 +67,21 @@ def _score_batch(key: str, run: str, data: PlanData[Any], number: int, path: str
     ``path``; the plan is built from ``data`` on the first batch of the run."""
     model, lock = _MODELS[key]
     with lock:
+        if run in _ABORTED:
+            return number
         if key not in _PLANS or _PLANS[key][0] != run:
             _PLANS[key] = (run, data.build(model))
         write_batch(_PLANS[key][1], number, Path(path))
     return number
+
+
+async def _abort(key: str, run: str) -> None:
+    """On a worker: stop run ``run`` and return once its batch in flight (if any) ended."""
+    _ABORTED.add(run)
+    if key in _MODELS:
+        lock = _MODELS[key][1]
+        await asyncio.to_thread(lock.acquire)  # off the event loop: heartbeats go on
+        lock.release()
 
 
 def run_batches(
@@ -104,6 +119,7 @@ def run_batches(
             if future.status == "error":
                 error = future.exception()
                 client.cancel(futures)
+                client.run(_abort, key, run)
                 raise RuntimeError(
                     f"A dask worker failed on a batch of '{path.name}': "
                     f"{type(error).__name__}: {error} -- Batches finished before the failure "
