@@ -34,14 +34,15 @@ figures: install
 # Static checks first, so a lint, format or type finding fails fast, before the long test run
 # (any finding fails the target; the settings live in pyproject.toml). The real-browser tests
 # need Debian's chromium: .ci/ensure-chromium installs it (as root) or fails loudly, unless
-# LENSCAPE_SKIP_BROWSER=1 opts out.
+# LENSCAPE_SKIP_BROWSER=1 opts out. Tests run on one pytest-xdist worker per core, each with one
+# torch thread (tests/conftest.py); work stealing keeps both cores busy to the end.
 test: install
 	$(VENV)/bin/ruff check toolkit tests benchmarks
 	$(VENV)/bin/ruff format --check toolkit tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	./.ci/ensure-chromium
-	$(PY) -m pytest -q -rs --durations=25
+	$(PY) -m pytest -q -rs --durations=25 -n auto --dist worksteal
 
 # JupyterLab refuses to run as root without --allow-root; pass it only then.
 lab: install

@@ -14,7 +14,13 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(2)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one pytest worker per core (pytest-xdist): one thread each, here and in
+    # the processes a test starts (notebook kernels, children killed mid-run).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(2)
 
 TINY_ARCHITECTURES = ("llama", "qwen3", "gpt2")
 
@@ -101,19 +107,20 @@ def clusters(mixed):
 
 @pytest.fixture(scope="session")
 def fresh_runs():
-    """``fresh_runs(code)`` runs ``code`` in two fresh Python processes and returns the JSON
-    each printed on its last line: for checks that a result does not depend on the process."""
+    """``fresh_runs(code)`` runs ``code`` in two fresh Python processes, at this process's
+    torch thread count (reductions split by thread), and returns the JSON each printed on its
+    last line: for checks that a result does not depend on the process."""
     import json
-    import os
     import subprocess
     import sys
 
     def run(code: str) -> list:
         env = {**os.environ, "PYTHONHASHSEED": "0"}
+        threads = f"import torch\ntorch.set_num_threads({torch.get_num_threads()})\n"
         return [
             json.loads(
                 subprocess.run(
-                    [sys.executable, "-c", code],
+                    [sys.executable, "-c", threads + code],
                     capture_output=True,
                     text=True,
                     check=True,

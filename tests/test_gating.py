@@ -99,7 +99,6 @@ def test_same_seed_same_gates(fitted, tiny_llama, small_task):
 
 FRESH = f"import sys\nsys.path.insert(0, {TESTS!r})\n" + textwrap.dedent("""
     import json, sys, torch
-    torch.set_num_threads(2)
     import lenscape as lsc
     from lenscape import models
     from _helpers import small_tokenizer

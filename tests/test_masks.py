@@ -42,7 +42,6 @@ def test_masks_are_deterministic_and_shaped(tiny_llama, mixed, clusters, learned
 
 FRESH = f"import sys\nsys.path.insert(0, {TESTS!r})\n" + textwrap.dedent("""
     import json, sys, torch
-    torch.set_num_threads(2)
     import lenscape as lsc
     from lenscape import cluster, models
     from _helpers import small_tokenizer

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Hashable, Mapping, Sequence, Sized
 from typing import Any, TypeVar, cast, overload
 
 import numpy as np
@@ -430,6 +430,24 @@ def labels(
             )
     selected = value.sel({dim: list(wanted) for dim, wanted in expected.items()})
     return selected.transpose(..., *expected)
+
+
+def unique_labels(
+    name: str, value: xr.DataArray | xr.Dataset, dim: Hashable, *, because: str
+) -> None:
+    """Check that ``value``'s labels along ``dim`` (an indexed dim) do not repeat.
+
+    Raises:
+        ValueError: they repeat; the message names some, says ``because`` (what a repeat
+            would break) and gives the fix.
+    """
+    index = value.indexes[dim]
+    if not index.is_unique:
+        repeated = index[index.duplicated()].unique().tolist()[:4]
+        raise ValueError(
+            f"{name}'s {dim!r} labels repeat ({repeated}), so {because}; keep one of each, "
+            f"e.g. {name}.drop_duplicates({dim!r})."
+        )
 
 
 def _few(items: Sequence[Any]) -> str:

@@ -371,14 +371,8 @@ def _along_labels(da: xr.DataArray, dims: list[Hashable]) -> xr.DataArray:
     for dim in dims:
         if dim not in da.indexes:
             continue
-        index = da.indexes[dim]
-        if not index.is_unique:
-            repeated = index[index.duplicated()].unique().tolist()[:4]
-            raise ValueError(
-                f"da's {dim!r} labels repeat ({repeated}), so its values cannot be read by "
-                f"label; keep one of each, e.g. da.drop_duplicates({dim!r})."
-            )
-        order[dim] = index.argsort(kind="stable")
+        _validate.unique_labels("da", da, dim, because="its values cannot be read by label")
+        order[dim] = da.indexes[dim].argsort(kind="stable")
     return da.isel(order)
 
 

@@ -50,9 +50,11 @@ from .optim import (
     Resume,
     check_precision,
     checkpoint_folder,
-    digest,
+    fit_key,
     fit_passes,
+    fit_plan,
     fit_until_still,
+    sets_per_pass,
 )
 
 CLIP = 4.0
@@ -188,13 +190,13 @@ def _stage(
     Rows go through the model ``rows_per_pass`` at a time, backward after each pass.
     ``resume``: (state file, key) to keep the stage's state in (``optim.Resume``).
     """
-    sets_per_pass = max(1, rows_per_pass // batches.batch_size)
+    per_pass = sets_per_pass(rows_per_pass, batches.batch_size)
 
     def loss_and_grad(logits: torch.Tensor, active: list[int]) -> torch.Tensor:
         losses = []
         picks = {k: batches.next(k) for k in active}
-        for first in range(0, len(active), sets_per_pass):
-            chunk = active[first : first + sets_per_pass]
+        for first in range(0, len(active), per_pass):
+            chunk = active[first : first + per_pass]
             rows = [items[i] for k in chunk for i in picks[k]]
             part = logits[chunk]
             row_gates = torch.sigmoid(part).repeat_interleave(batches.batch_size, dim=0)
@@ -353,15 +355,15 @@ def _gating_plan(
         )
         return memory.largest(fit, validation)
 
-    rows = min(2 * n_seeds, max(1, rows_per_pass // batch_size)) * batch_size
-    return memory.plan(
+    return fit_plan(
         model,
         "head_gating",
         need,
         n_prompts=len(items),
         width=width,
-        batch_size=rows,
-        batch_option="rows_per_pass",
+        n_sets=2 * n_seeds,
+        batch_size=batch_size,
+        rows_per_pass=rows_per_pass,
     )
 
 
@@ -558,15 +560,8 @@ def _fit_stages(
         (2 x seeds, layer, head): G+ of every seed, then G-.
     """
     spec, n = model.spec, len(seed_list)
-    key = dict(
-        settings,
-        model=model.name,
-        layout=spec.fingerprint,
-        weights=model.weights_fingerprint,
-        items=digest(items),
-        seeds=seed_list,
-        batch_size=batch_size,
-        precision=precision,
+    key = fit_key(
+        model, (items,), **settings, seeds=seed_list, batch_size=batch_size, precision=precision
     )
 
     def resume(stage: str) -> tuple[Path, dict[str, Any]] | None:

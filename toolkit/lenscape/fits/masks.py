@@ -43,18 +43,8 @@ from ..sweep import memory
 from ..sweep.backend import BeforeFn, Site, standing_edit
 from ..sweep.inputs import pad
 from ..sweep.options import DEFAULTS
-from .optim import (
-    MAX_FIT_BATCH,
-    MAX_FIT_STEPS,
-    Fit,
-    Precision,
-    Resume,
-    check_precision,
-    checkpoint_folder,
-    digest,
-    fit_passes,
-    fit_until_still,
-)
+from . import optim
+from .optim import MAX_FIT_BATCH, MAX_FIT_STEPS, Fit, Precision, Resume
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete temperature and stretch
 COMPONENTS = schema.BLOCK_COMPONENTS  # ("attn", "mlp")
@@ -293,13 +283,13 @@ def _fit_masks(
     rng = np.random.default_rng(seed)
     noise = torch.Generator().manual_seed(seed)
     current: dict[str, torch.Tensor] = {}
-    sets_per_pass = max(1, options.rows_per_pass // batch_size)
+    per_pass = optim.sets_per_pass(options.rows_per_pass, batch_size)
 
     def loss_and_grad(log_alpha: torch.Tensor, active: list[int]) -> torch.Tensor:
         u = torch.rand(log_alpha.shape, generator=noise).clamp(1e-6, 1 - 1e-6)
         losses = []
-        for first in range(0, len(active), sets_per_pass):
-            chunk = active[first : first + sets_per_pass]
+        for first in range(0, len(active), per_pass):
+            chunk = active[first : first + per_pass]
             rows = [items[i] for k in chunk for i in rng.choice(groups[k % n_groups], batch_size)]
             gates = _sample_gates(u[chunk], log_alpha[chunk]).to(model.device)
             current["scale"] = gates.repeat_interleave(batch_size, dim=0)
@@ -311,11 +301,9 @@ def _fit_masks(
         return torch.cat(losses)
 
     start = torch.full((len(keep), model.spec.n_layers, 2), 2.0, device=model.device)
-    key = dict(
-        model=model.name,
-        layout=model.spec.fingerprint,
-        weights=model.weights_fingerprint,
-        items=digest(items, [g.tolist() for g in groups]),
+    key = optim.fit_key(
+        model,
+        (items, [g.tolist() for g in groups]),
         sparsities=list(sparsities),
         loss=loss,
         penalty=options.penalty,
@@ -329,8 +317,9 @@ def _fit_masks(
         disable=not progress,
         desc=f"block masks ({n_groups} groups x {len(sparsities)} sparsities)",
     )
-    with _scaled_blocks(model, lambda: current["scale"]), fit_passes(model.hf, options.precision):
-        fit = fit_until_still(
+    passes = optim.fit_passes(model.hf, options.precision)
+    with _scaled_blocks(model, lambda: current["scale"]), passes:
+        fit = optim.fit_until_still(
             start,
             loss_and_grad,
             watch=_open_prob,
@@ -436,7 +425,7 @@ _FIT_CHECKS: dict[str, Callable[[str, Any], Any]] = {
         name, value, low=1, high=MAX_FIT_BATCH
     ),
     "rows_per_pass": _validate.positive_int,
-    "precision": lambda name, value: check_precision(value),
+    "precision": lambda name, value: optim.check_precision(value),
 }
 
 
@@ -509,15 +498,15 @@ def _masks_plan(
             optimizer=n_sets * spec.n_layers * 2 * 4 * 4,  # gate logits and Adam
         )
 
-    rows = min(n_sets, max(1, options.rows_per_pass // options.batch_size)) * options.batch_size
-    return memory.plan(
+    return optim.fit_plan(
         model,
         "block_masks",
         need,
         n_prompts=len(items),
         width=width,
-        batch_size=rows,
-        batch_option="rows_per_pass",
+        n_sets=n_sets,
+        batch_size=options.batch_size,
+        rows_per_pass=options.rows_per_pass,
     )
 
 
@@ -621,7 +610,7 @@ def block_masks(
     seed = _validate.integer("seed", seed, low=0)
     progress = _validate.flag("progress", progress)
     _validate.not_empty("prompts", prompts, fix="pass the texts that were clustered")
-    folder = checkpoint_folder(checkpoint)
+    folder = optim.checkpoint_folder(checkpoint)
     clusters = _check_clusters(clusters)
     members = _members(clusters, len(prompts))
     items = _encode(model, prompts)
@@ -908,7 +897,7 @@ def mask_comparison(
     seed = _validate.integer("seed", seed, low=0)
     batch_size = _validate.positive_int("batch_size", batch_size)
     progress = _validate.flag("progress", progress)
-    folder = checkpoint_folder(checkpoint)
+    folder = optim.checkpoint_folder(checkpoint)
     options = _fit_options(fit_options, caller="mask_comparison")
     clusters = _check_clusters(clusters)
     if len(held_out) < clusters.k:

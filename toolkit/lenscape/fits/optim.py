@@ -28,7 +28,9 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedModel
 
+from ..models import LensModel
 from ..store import as_path
+from ..sweep import memory
 
 Precision = Literal["float32", "bfloat16"]
 PRECISIONS: tuple[Precision, ...] = ("float32", "bfloat16")
@@ -136,6 +138,50 @@ class Resume:
 def digest(*parts: object) -> str:
     """SHA-256 (16 hex chars) of the ``repr`` of ``parts``: a fingerprint of a fit's data."""
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def sets_per_pass(rows_per_pass: int, batch_size: int) -> int:
+    """How many gate (or mask) sets, ``batch_size`` rows each, one pass stacks: as many as
+    ``rows_per_pass`` rows hold, at least one."""
+    return max(1, rows_per_pass // batch_size)
+
+
+def fit_plan(
+    model: LensModel,
+    method: str,
+    need: Callable[[int], memory.Need],
+    *,
+    n_prompts: int,
+    width: int,
+    n_sets: int,
+    batch_size: int,
+    rows_per_pass: int,
+) -> memory.Estimate:
+    """The memory plan of a fit whose passes stack ``sets_per_pass`` of its ``n_sets`` sets
+    (``need(rows)``: one pass of that many rows); a refusal proposes a smaller
+    ``rows_per_pass``."""
+    rows = min(n_sets, sets_per_pass(rows_per_pass, batch_size)) * batch_size
+    return memory.plan(
+        model,
+        method,
+        need,
+        n_prompts=n_prompts,
+        width=width,
+        batch_size=rows,
+        batch_option="rows_per_pass",
+    )
+
+
+def fit_key(model: LensModel, data: tuple[object, ...], **settings: Any) -> dict[str, Any]:
+    """What a fit's saved state is checked against before it resumes: the model (name, layer
+    layout and weights), a digest of the fit's ``data`` and its ``settings``."""
+    return dict(
+        settings,
+        model=model.name,
+        layout=model.spec.fingerprint,
+        weights=model.weights_fingerprint,
+        items=digest(*data),
+    )
 
 
 def checkpoint_folder(value: object) -> Path | None:

@@ -29,6 +29,7 @@ import numpy as np
 import xarray as xr
 from altair.utils.schemapi import debug_mode
 
+from lenscape import _validate
 from lenscape.aggregate import BOUNDS
 from lenscape.schema import COMPONENTS, DIMS
 
@@ -100,13 +101,7 @@ def in_label_order(data: _Data, *, name: str = "da") -> _Data:
     for dim in data.dims:
         if dim not in data.indexes:
             continue
-        index = data.indexes[dim]
-        if not index.is_unique:
-            repeated = index[index.duplicated()].unique().tolist()[:4]
-            raise ValueError(
-                f"{name}'s {dim!r} labels repeat ({repeated}), so two cells would be drawn in "
-                f"one place; keep one of each, e.g. {name}.drop_duplicates({dim!r})."
-            )
+        _validate.unique_labels(name, data, dim, because="two cells would be drawn in one place")
         keys = _label_keys(data, dim)
         positions = sorted(range(len(keys)), key=keys.__getitem__)
         if positions != list(range(len(keys))):
