@@ -1,0 +1,220 @@
+"""Notebook 03's live fit: candidate teaching settings, measured and compared.
+
+For each ``--setting`` (``seeds:train items:batch:most updates per stage[:precision]``) on the
+math task of the bundled model: the wall time of ``lsc.head_gating`` (with ``--val`` held-out
+items, as the notebook), the agreement of its roles (threshold 0.5) with the recorded
+reference fit's, per seed (every (live, recorded) pair) and as Always maps (the role in every
+one of the k live seeds against that in k recorded seeds, every k of them), and the role-set
+causal check on the held-out items (``lsc.gating_check``, ``--random`` sets): defined or
+not, passing or not. The scale the issue asks for: how well the recorded seeds agree among
+themselves (seed with seed; k seeds' Always with k other seeds' Always), and chance (each
+recorded seed's roles shuffled over its heads).
+
+Each finished setting is appended to ``--progress`` (JSON lines, with the fitted scores;
+``teaching_fit_data/progress.jsonl`` is committed) and skipped when the script runs again,
+so an interrupted run resumes and the report is redrawn without refitting. Writes the
+``teaching_fit`` section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import _report
+import numpy as np
+import torch
+import xarray as xr
+
+import lenscape as lsc
+from lenscape import aggregate
+
+MODEL, TASK = "smollm2-135m", "math"
+ROLES = ("facilitation", "interference")
+#: The notebook's default first, then the best candidates of a first round (RESULTS.md).
+DEFAULT_SETTINGS = ("3:64:8:60", "3:64:8:100:bfloat16", "3:128:8:80:bfloat16")
+#: Finished settings, committed: running the script again only reports them.
+PROGRESS = Path(__file__).resolve().parent / "teaching_fit_data" / "progress.jsonl"
+
+
+def seed_roles(ds):
+    """Per seed and head: the role at threshold 0.5 (``aggregate.roles`` codes)."""
+    return aggregate.roles(ds["facilitation"] >= 0.5, ds["interference"] >= 0.5)
+
+
+def share(agreement) -> str:
+    return (
+        f"{float(agreement):.0%} ({agreement.attrs['lowest']:.0%}-{agreement.attrs['highest']:.0%})"
+    )
+
+
+def parse_setting(text: str) -> dict:
+    parts = text.split(":")
+    seeds, train, batch, steps = (int(p) for p in parts[:4])
+    precision = parts[4] if len(parts) > 4 else "float32"
+    return dict(seeds=seeds, n_train=train, batch_size=batch, max_steps=steps, precision=precision)
+
+
+def measure(model, setting: str, recorded, *, n_val: int, n_random: int) -> dict:
+    """Fit one setting and check it; returns a JSON-able row."""
+    options = parse_setting(setting)
+    train = lsc.data.task(TASK)[: options.pop("n_train")]
+    held_out = lsc.data.task(TASK, split="validation")[:n_val]
+    start = time.perf_counter()
+    fit = lsc.head_gating(model, train, validation=held_out, progress=False, **options)
+    took = time.perf_counter() - start
+    check = lsc.gating_check(model, fit, held_out, n_random=n_random, progress=False)
+    verdicts = {}
+    for role in check["role"].values:
+        row = check.sel(role=role)
+        reason = str(row["reason"].values)
+        size = int(row["set_size"])
+        verdicts[str(role)] = (
+            f"undefined ({reason})"
+            if reason
+            else f"{'pass' if bool(row['passes']) else 'FAIL'} ({size} heads)"
+        )
+    return {
+        "setting": setting,
+        "fit_s": took,
+        "updates": max(int(fit[f"steps_{s}"].max()) for s in ("stage0", "plus", "minus")),
+        "converged": bool(fit.attrs["converged"]),
+        "check": verdicts,
+        # the fitted scores (seed, layer, head), so agreements are computed without refitting
+        **{role: fit[role].transpose("seed", "layer", "head").values.tolist() for role in ROLES},
+    }
+
+
+def as_fit(row: dict, recorded):
+    """A stored row's scores as a Dataset labelled like the recording."""
+    dims = ("seed", "layer", "head")
+    coords = {"seed": np.arange(len(row[ROLES[0]])), **{d: recorded[d].values for d in dims[1:]}}
+    return xr.Dataset({role: (dims, np.array(row[role])) for role in ROLES}, coords=coords)
+
+
+def always_roles(ds):
+    """Per head: the role that holds in every seed of ``ds`` (threshold 0.5)."""
+    return aggregate.roles(
+        aggregate.always(ds["facilitation"]), aggregate.always(ds["interference"])
+    )
+
+
+def subset_agreement(live, recorded) -> tuple[float, float, float]:
+    """Always over ``live``'s k seeds against Always over every k seeds of ``recorded``:
+    the mean, least and most shared role (as the notebook's picture is an Always map)."""
+    k, mine = live.sizes["seed"], always_roles(live).values
+    shares = [
+        float((always_roles(recorded.isel(seed=list(subset))).values == mine).mean())
+        for subset in itertools.combinations(range(recorded.sizes["seed"]), k)
+    ]
+    return float(np.mean(shares)), min(shares), max(shares)
+
+
+def recorded_subsets_agreement(recorded, k: int) -> tuple[float, float, float]:
+    """The scale for ``subset_agreement``: Always over k recorded seeds against Always over
+    k other recorded seeds, every such disjoint pair."""
+    seeds = range(recorded.sizes["seed"])
+    shares = [
+        float(
+            (
+                always_roles(recorded.isel(seed=list(a))).values
+                == always_roles(recorded.isel(seed=list(b))).values
+            ).mean()
+        )
+        for a in itertools.combinations(seeds, k)
+        for b in itertools.combinations([s for s in seeds if s not in a], k)
+    ]
+    return float(np.mean(shares)), min(shares), max(shares)
+
+
+def span(values: tuple[float, float, float]) -> str:
+    return f"{values[0]:.0%} ({values[1]:.0%}-{values[2]:.0%})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--setting", action="append", default=None, help="seeds:train:batch:steps[:precision]"
+    )
+    parser.add_argument("--val", type=int, default=8, help="held-out items (the notebook's 8)")
+    parser.add_argument("--random", type=int, default=200, help="random sets per role in the check")
+    parser.add_argument("--progress", type=Path, default=PROGRESS)
+    args = _report.parse_args(parser, setting=["1:4:2:2"], val=2, random=20)
+    torch.set_num_threads(2)
+    settings = args.setting or list(DEFAULT_SETTINGS)
+    recorded = lsc.recorded("head_roles", model=MODEL, task=TASK)
+    model = lsc.load(MODEL, device="cpu")
+    args.progress.parent.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if args.progress.exists() and not args.quick:
+        for line in args.progress.read_text().splitlines():
+            row = json.loads(line)
+            done[row["setting"]] = row
+    for setting in settings:
+        if setting in done:
+            print(f"{setting}: done before (in {args.progress})")
+            continue
+        row = measure(model, setting, recorded, n_val=args.val, n_random=args.random)
+        print(json.dumps(row))
+        done[setting] = row
+        if not args.quick:
+            with args.progress.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+    roles = seed_roles(recorded)
+    shuffled = np.random.default_rng(0).permuted(
+        roles.values.reshape(roles.sizes["seed"], -1), axis=1
+    )
+    chance = aggregate.agreement(roles.copy(data=shuffled.reshape(roles.shape)), roles)
+    rows, scales = [], {}
+    for setting in settings:
+        row, live = done[setting], as_fit(done[setting], recorded)
+        k = live.sizes["seed"]
+        if 2 * k <= recorded.sizes["seed"] and k not in scales:
+            scales[k] = span(recorded_subsets_agreement(recorded, k))
+        rows.append(
+            [
+                *_report.stamp(),
+                f"`{setting}`",
+                f"{row['fit_s']:.0f} s",
+                f"{row['updates']}{'' if row['converged'] else ' (cap)'}",
+                share(aggregate.agreement(seed_roles(live), roles)),
+                span(subset_agreement(live, recorded)),
+                row["check"].get("facilitating", "-"),
+                row["check"].get("interfering", "-"),
+            ]
+        )
+    scale_text = "; ".join(f"{k} seeds: {v}" for k, v in sorted(scales.items()))
+    intro = f"""\
+`python benchmarks/teaching_fit.py`: candidate settings for notebook 03's live fit on
+{MODEL}, task {TASK}; a setting is `seeds:training items:batch:most updates per
+stage[:precision]` (float32 unless said), {args.val} held-out items, the causal check with
+{args.random} random sets per role. Two agreements with the recorded reference fit
+({recorded.sizes["seed"]} seeds), each a mean with the least and most agreeing pair:
+*per seed*, the share of heads whose role (threshold 0.5) is the same in a live seed and a
+recorded seed, over every pair; *Always*, the share of heads whose Always role (the role in
+every seed, as the notebook's F4 map draws it) over the k live seeds is the same as over k
+recorded seeds, over every k recorded seeds. For scale: recorded seeds among themselves,
+per seed {share(aggregate.agreement(roles))}; Always over k recorded seeds against k other
+recorded seeds, {scale_text}; chance (roles shuffled over the heads) {float(chance):.0%}."""
+    body = _report.table(
+        [
+            "date",
+            "machine",
+            "setting",
+            "fit time",
+            "updates (max)",
+            "per-seed agreement",
+            "Always agreement",
+            "facilitating check",
+            "interfering check",
+        ],
+        rows,
+    )
+    _report.emit(args, _report.section("teaching_fit", "Notebook 03's teaching fit", intro, body))
+
+
+if __name__ == "__main__":
+    main()
