@@ -83,16 +83,32 @@ def measure(model, setting: str, recorded, *, n_val: int, n_random: int) -> dict
         "updates": max(int(fit[f"steps_{s}"].max()) for s in ("stage0", "plus", "minus")),
         "converged": bool(fit.attrs["converged"]),
         "check": verdicts,
-        # the fitted scores (seed, layer, head), so agreements are computed without refitting
+        # the fitted scores (seed, layer, head) with their labels: agreements without refitting
+        "layer": fit["layer"].values.tolist(),
+        "head": fit["head"].values.tolist(),
         **{role: fit[role].transpose("seed", "layer", "head").values.tolist() for role in ROLES},
     }
 
 
-def as_fit(row: dict, recorded):
-    """A stored row's scores as a Dataset labelled like the recording."""
-    dims = ("seed", "layer", "head")
-    coords = {"seed": np.arange(len(row[ROLES[0]])), **{d: recorded[d].values for d in dims[1:]}}
-    return xr.Dataset({role: (dims, np.array(row[role])) for role in ROLES}, coords=coords)
+def as_fit(row: dict):
+    """A stored row's scores as a labelled Dataset (seed, layer, head). Rows written before
+    the labels were stored hold ``head_gating``'s own labels: layers and heads from 0."""
+    scores = {role: np.array(row[role]) for role in ROLES}
+    n_seeds, n_layers, n_heads = scores[ROLES[0]].shape
+    coords = {
+        "seed": np.arange(n_seeds),
+        "layer": row.get("layer", list(range(n_layers))),
+        "head": row.get("head", list(range(n_heads))),
+    }
+    return xr.Dataset({r: (("seed", "layer", "head"), v) for r, v in scores.items()}, coords=coords)
+
+
+def shared(a, b) -> float:
+    """The share of heads two role maps give the same role, matched by layer and head label."""
+    if dict(a.sizes) != dict(b.sizes):
+        raise ValueError(f"role maps of different shapes: {dict(a.sizes)} and {dict(b.sizes)}")
+    b = b.sel({dim: a[dim].values for dim in a.dims}).transpose(*a.dims)
+    return float((a.values == b.values).mean())
 
 
 def always_roles(ds):
@@ -105,9 +121,9 @@ def always_roles(ds):
 def subset_agreement(live, recorded) -> tuple[float, float, float]:
     """Always over ``live``'s k seeds against Always over every k seeds of ``recorded``:
     the mean, least and most shared role (as the notebook's picture is an Always map)."""
-    k, mine = live.sizes["seed"], always_roles(live).values
+    k, mine = live.sizes["seed"], always_roles(live)
     shares = [
-        float((always_roles(recorded.isel(seed=list(subset))).values == mine).mean())
+        shared(always_roles(recorded.isel(seed=list(subset))), mine)
         for subset in itertools.combinations(range(recorded.sizes["seed"]), k)
     ]
     return float(np.mean(shares)), min(shares), max(shares)
@@ -118,12 +134,7 @@ def recorded_subsets_agreement(recorded, k: int) -> tuple[float, float, float]:
     k other recorded seeds, every such disjoint pair."""
     seeds = range(recorded.sizes["seed"])
     shares = [
-        float(
-            (
-                always_roles(recorded.isel(seed=list(a))).values
-                == always_roles(recorded.isel(seed=list(b))).values
-            ).mean()
-        )
+        shared(always_roles(recorded.isel(seed=list(a))), always_roles(recorded.isel(seed=list(b))))
         for a in itertools.combinations(seeds, k)
         for b in itertools.combinations([s for s in seeds if s not in a], k)
     ]
@@ -170,7 +181,7 @@ def main() -> None:
     chance = aggregate.agreement(roles.copy(data=shuffled.reshape(roles.shape)), roles)
     rows, scales = [], {}
     for setting in settings:
-        row, live = done[setting], as_fit(done[setting], recorded)
+        row, live = done[setting], as_fit(done[setting])
         k = live.sizes["seed"]
         if 2 * k <= recorded.sizes["seed"] and k not in scales:
             scales[k] = span(recorded_subsets_agreement(recorded, k))
