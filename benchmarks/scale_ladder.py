@@ -306,7 +306,8 @@ def run_one(spec: dict, *, timeout: float) -> dict:
     """``measure(spec)`` in a fresh process; a crash (killed for memory, say) or a timeout
     becomes an ``error``."""
     command = [sys.executable, str(Path(__file__)), "--measure", json.dumps(spec)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), **ALLOCATOR}
+    allocator = {} if spec["sweep"] == "timing" else ALLOCATOR
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), **allocator}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -321,7 +322,9 @@ def run_one(spec: dict, *, timeout: float) -> dict:
 
 def plan(args: argparse.Namespace) -> list[dict]:
     """Every measurement of this ladder, in the order they run: each method on each rung
-    (``sweep="ladder"``, ``batch_size=None``), then on the smaller rungs each method against
+    (``sweep="ladder"``, ``batch_size=None``), EAP and its floor again under the default
+    allocator (``sweep="timing"``, the fastest of at least 3 runs; ``timing_table``), then
+    on the smaller rungs each method against
     prompt length (``--lengths``, one batch of ``--prompts``) and against batch
     (``--batches`` prompts in one batch), on ``--sweep-rungs``."""
     common = dict(device=args.device, threads=args.threads, refine=args.refine)
@@ -331,6 +334,13 @@ def plan(args: argparse.Namespace) -> list[dict]:
         | {"batch": None}
         for rung in args.rungs
         for name in args.methods
+    ]
+    specs += [  # EAP against its floor under the default allocator, as users run it
+        dict(common, sweep="timing", rung=rung, method=name, prompts=args.prompts, length=0)
+        | {"batch": None, "repeats": max(3, args.repeats)}
+        for rung in args.rungs
+        for name in (*FLOOR, "eap")
+        if name in args.methods
     ]
     for rung in args.sweep_rungs:
         for name in args.methods:
@@ -424,6 +434,40 @@ def ladder_table(rows: list[dict], rungs: list[str], methods: list[str]) -> str:
         "beyond weights GiB (measured / predicted)",
         "time",
         "stopped by",
+    ]
+    return _report.table(columns, out)
+
+
+def timing_table(rows: list[dict], rungs: list[str]) -> str:
+    """Per rung: EAP's time against its floor (one forward + one forward and backward), each
+    the fastest of the ``sweep="timing"`` runs under the default allocator."""
+    out = []
+    for rung in rungs:
+        timed = {r["method"]: r for r in rows if r["rung"] == rung and r["sweep"] == "timing"}
+        if not all("time_s" in timed.get(m, {}) for m in (*FLOOR, "eap")):
+            continue
+        floor = sum(timed[m]["time_s"] for m in FLOOR)
+        eap = timed["eap"]["time_s"]
+        name = f"{rung} ({timed['eap']['parameters'] / 1e9:.2f}B)"
+        runs = timed["eap"]["repeats"]
+        out.append(
+            [
+                *_report.stamp(),
+                name,
+                str(runs),
+                f"{floor:.2f} s",
+                f"{eap:.2f} s",
+                f"{eap / floor:.2f}x",
+            ]
+        )
+    columns = [
+        "date",
+        "machine",
+        "model",
+        "runs (fastest kept)",
+        "floor (2F + 1B)",
+        "EAP",
+        "EAP / floor",
     ]
     return _report.table(columns, out)
 
@@ -567,6 +611,13 @@ def main() -> None:
             "fits run 3 updates per stage (head gating: 1 seed, 3 stages; block masks: 2 "
             "clusters). 'beyond weights': what the run held over the loaded model.",
             ladder_table([r for r in rows if r["sweep"] == "ladder"], args.rungs, args.methods),
+            "EAP against its floor as users run it: the ladder's runs above use glibc malloc "
+            f"with a fixed mmap threshold ({ALLOCATOR['MALLOC_MMAP_THRESHOLD_']} bytes) so "
+            "that a peak is that of the tensors alive together; every freed tensor then goes "
+            "back to the system and each allocation touches fresh pages, which slows code "
+            "that allocates often. Here the same runs with the default allocator, the fastest "
+            "of several:",
+            timing_table(rows, args.rungs),
             "Growth: fitted exponents of log(cost) against log(parameters) over the rungs, "
             "and against log(prompt length) and log(batch) per smaller rung (time / memory "
             "beyond the weights):",

@@ -21,6 +21,7 @@ from lenscape import data, models
 from lenscape.capture import edges
 from lenscape.capture.edges import circuits, hooks
 from lenscape.capture.edges import patching as edge_patching
+from lenscape.capture.edges import scores as edge_scores
 from lenscape.capture.edges.graph import Graph
 from lenscape.sweep.inputs import batched, tokenize
 from lenscape.sweep.options import Options
@@ -664,6 +665,35 @@ def test_chunked_scores_equal_the_per_receiver_copies(tiny_llama, monkeypatch, c
     scale = np.nanmax(np.abs(expected))
     assert scale > 1e-3
     np.testing.assert_allclose(got.values, expected, rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_scores_equal_the_per_receiver_copies(tokenizer, monkeypatch, dtype):
+    """A bfloat16 model's scores are contracted in bfloat16 (float32 accumulation; inputs
+    and scores rounded to bfloat16): within bfloat16's rounding of a float32 contraction,
+    and of the product of the model's own per-receiver copies (whose half-precision
+    gradients differ by their own rounding). A float16 model's are contracted in float32."""
+    model = models.from_hf(
+        models.tiny("llama", n_layers=3, tokenizer=tokenizer).hf,
+        tokenizer,
+        dtype=dtype,
+        device="cpu",
+    )
+    prompts = IOI[:5]
+    options = dict(per_prompt=True, batch_size=5, progress=False)
+    got = edges.edge_attribution(model, prompts, **options)
+    expected = _per_receiver_copy_scores(model, prompts)
+    scale = np.nanmax(np.abs(expected))
+    assert scale > 1e-3 and got.dtype == np.float32
+    monkeypatch.setattr(edge_scores, "contraction_dtype", lambda model: torch.float32)
+    in_float32 = edges.edge_attribution(model, prompts, **options)
+    contraction_error = np.nanmax(np.abs(got.values - in_float32.values)) / scale
+    if dtype == "bfloat16":
+        assert 0 < contraction_error < 2**-7
+    else:
+        assert contraction_error == 0
+    error = np.nanmax(np.abs(got.values - expected)) / scale
+    assert error < (2**-6 if dtype == "bfloat16" else 2**-9), error
 
 
 @pytest.mark.slow

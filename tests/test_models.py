@@ -339,6 +339,17 @@ def test_weights_fingerprint_follows_a_changed_weight(tokenizer):
     assert model.weights_fingerprint != before
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_weights_fingerprint_sums_the_float32_bit_patterns_in_any_dtype(dtype):
+    """The bit sum is that of the values read as float32 (bfloat16's is taken on its own
+    16-bit patterns, float16's on a float32 copy), wrapping modulo 2**32."""
+    values = (torch.randn(70_001, generator=torch.Generator().manual_seed(0)) * 1e4).to(dtype)
+    patterns = values.float().view(torch.int32).numpy().astype(np.int64)
+    expected = (int(patterns.sum()) + 2**31) % 2**32 - 2**31
+    assert models.lens_model._bit_sum(values) == expected
+    assert abs(int(patterns.sum())) > 2**31  # the sum wraps: the modulo is exercised
+
+
 def test_weights_fingerprint_of_weights_made_under_inference_mode(tokenizer):
     """Inference tensors keep no version counter: the fingerprint is taken anew each time."""
     with torch.inference_mode():

@@ -13,7 +13,7 @@ import lenscape as lsc
 from lenscape.sweep import metrics
 from lenscape.sweep.backend import get_backend
 from lenscape.sweep.inputs import Inputs, tokenize
-from lenscape.sweep.relevance import RULE_SETS, Rules, norm_under_rules, relevance_rules
+from lenscape.sweep.relevance import RULE_SETS, Rules, norm_input_gradient, relevance_rules
 
 FAMILIES = ("llama", "qwen3", "gemma3")
 
@@ -255,32 +255,29 @@ def test_norm_and_mlp_conserve_relevance(tiny_llama):
 
 
 @pytest.mark.parametrize("rules", ["relp", "secant"])
-def test_norm_under_rules_follows_the_block(tiny_llama, rules):
-    """A norm recomputed with ``forward`` (no hooks) gets the block's rule through
-    ``norm_under_rules``, also on per-receiver copies of its input (batch, pos, n, d), as
-    edge attribution makes them; outside a block it is the plain norm."""
+def test_norm_input_gradient_follows_the_block(tiny_llama, rules):
+    """``norm_input_gradient`` (closed form, no autograd) gives, for a batch of output
+    gradients (n, batch, pos, d) as edge attribution makes them, what autograd gives through
+    a call of the norm: inside a block its rule, outside it the plain norm's gradient."""
     norm = tiny_llama.module("input_layernorm", 0)
     generator = torch.Generator().manual_seed(1)
     x1, x = torch.randn(2, 2, 5, 64, generator=generator)
-    readout = torch.randn(2, 5, 3, 64, generator=generator)
-    copies = x[:, :, None].expand(2, 5, 3, 64)
+    readout = torch.randn(3, 2, 5, 64, generator=generator)
 
-    def grad(call, inputs, weights) -> torch.Tensor:
-        inputs = inputs.clone().requires_grad_(True)
-        return torch.autograd.grad((call(inputs) * weights).sum(), inputs)[0]
-
-    def recomputed(inputs):
-        return norm_under_rules(norm, inputs)
+    def autograd(weights) -> torch.Tensor:
+        inputs = x.clone().requires_grad_(True)
+        return torch.autograd.grad((norm(inputs) * weights).sum(), inputs)[0]
 
     with relevance_rules(tiny_llama, rules) as relevance:
         with torch.no_grad(), relevance.reference():
             norm(x1)
-        found = grad(recomputed, copies, readout)
-        for receiver in range(3):  # each copy as a call of the module gets it
-            expected = grad(norm, x, readout[:, :, receiver])
-            torch.testing.assert_close(found[:, :, receiver], expected)
-        assert not torch.allclose(grad(norm.forward, copies, readout), found)
-    torch.testing.assert_close(grad(recomputed, copies, readout), grad(norm, copies, readout))
+        found = norm_input_gradient(norm, x, readout)
+        for receiver in range(3):
+            torch.testing.assert_close(found[receiver], autograd(readout[receiver]))
+    plain = norm_input_gradient(norm, x, readout)
+    assert not torch.allclose(plain, found)
+    for receiver in range(3):
+        torch.testing.assert_close(plain[receiver], autograd(readout[receiver]))
 
 
 def test_attention_rules_scale_the_last_layers_query_key_and_value(tiny_llama, batch):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .layouts import ModelSpec
@@ -39,13 +40,29 @@ def weights_fingerprint(module: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     with torch.no_grad():
         for name, param in module.named_parameters():
-            values = param.detach().reshape(-1).float()
+            values = param.detach().reshape(-1)
             step = max(1, values.numel() // FINGERPRINT_SAMPLE)
-            sample = values[::step][:FINGERPRINT_SAMPLE].cpu().numpy().astype("<f4")
-            bits = int(values.view(torch.int32).sum(dtype=torch.int32))  # wraps: exact
-            digest.update(f"{name}{tuple(param.shape)}:{bits}:".encode())
+            sample = values[::step][:FINGERPRINT_SAMPLE].float().cpu().numpy().astype("<f4")
+            digest.update(f"{name}{tuple(param.shape)}:{_bit_sum(values)}:".encode())
             digest.update(sample.tobytes())
     return digest.hexdigest()
+
+
+def _bit_sum(values: torch.Tensor) -> int:
+    """Sum modulo 2**32 (as a signed 32-bit integer) of the float32 bit patterns of
+    ``values`` (1-D). A bfloat16 value's float32 pattern is its own 16 bits shifted up by
+    16, so its sum is taken on the 16-bit patterns, with no float32 copy; on a CPU by
+    numpy, whose integer sums are about 8 times faster than torch's (together: 18 s -> about
+    2 s on a Llama-3-8B shape in bfloat16, one thread)."""
+    if values.dtype == torch.bfloat16:
+        patterns, shift = values.view(torch.int16), 16
+    else:
+        patterns, shift = values.float().view(torch.int32), 0
+    if patterns.device.type == "cpu":
+        total = int(patterns.numpy().sum(dtype=np.int32))  # wraps: exact modulo 2**32
+    else:
+        total = int(patterns.sum(dtype=torch.int32))
+    return ((total << shift) + 2**31) % 2**32 - 2**31
 
 
 @dataclass(eq=False)  # identity semantics: the capture seam keeps per-model state by model
@@ -92,8 +109,8 @@ class LensModel:
         Taken once and kept until a parameter is replaced or changed in place (its tensor
         version moves, as with an optimizer step or ``load_state_dict``; writes through
         ``param.data`` are not seen); taken anew each time for weights made under
-        ``torch.inference_mode``, which have no versions. About 0.03 s on SmolLM2-135M (one
-        CPU thread).
+        ``torch.inference_mode``, which have no versions. About 0.03 s on SmolLM2-135M and
+        1.9 s on a Llama-3-8B shape in bfloat16 (one CPU thread).
         """
         params = list(self.hf.parameters())
         if any(p.is_inference() for p in params):  # made under inference_mode: no versions

@@ -196,11 +196,26 @@ class _Product(torch.autograd.Function):
 
 
 def _rms_norm_vjp(x: torch.Tensor, weight: torch.Tensor, eps: float, grad: torch.Tensor):
-    """J(x)^T grad for y = weight * x / rms(x): w r g - (r^3 / d) x sum_i(g_i w_i x_i)."""
+    """J(x)^T grad for y = weight * x / rms(x): w r g - (r^3 / d) x sum_i(g_i w_i x_i), in
+    ``weight``'s dtype; ``grad`` (..., d) may have leading dims ``x`` broadcasts to."""
     scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     weighted = grad * weight
-    inner = (weighted * x).sum(-1, keepdim=True)
-    return scale * weighted - scale**3 / x.shape[-1] * x * inner
+    inner = torch.linalg.vecdot(weighted, x)[..., None]
+    return weighted.mul_(scale).addcmul_(x, scale**3 / x.shape[-1] * inner, value=-1)
+
+
+def _rule_vjp(
+    x: torch.Tensor, x1: torch.Tensor | None, weight: torch.Tensor, eps: float, grad: torch.Tensor
+) -> torch.Tensor:
+    """The norm rule's input gradient: with ``x1`` None the scale held constant (w r g),
+    else J averaged along the segment x -> x1 (Gauss-Legendre)."""
+    if x1 is None:
+        return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * grad * weight
+    change = x1 - x
+    return sum(
+        w * _rms_norm_vjp(x + t * change, weight, eps, grad)
+        for t, w in zip(_NODES, _WEIGHTS, strict=True)
+    )
 
 
 class _NormRule(torch.autograd.Function):
@@ -230,15 +245,7 @@ class _NormRule(torch.autograd.Function):
         wide = x.to(weight.dtype)
         g = grad.to(weight.dtype)
         true = _rms_norm_vjp(wide, weight, ctx.eps, g)
-        if x1 is None:
-            scale = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + ctx.eps)
-            rule = scale * g * weight
-        else:
-            change = x1 - wide
-            rule = sum(
-                w * _rms_norm_vjp(wide + t * change, weight, ctx.eps, g)
-                for t, w in zip(_NODES, _WEIGHTS, strict=True)
-            )
+        rule = _rule_vjp(wide, x1, weight, ctx.eps, g)
         return grad, (rule - true).to(x.dtype), None, None, None
 
 
@@ -415,6 +422,24 @@ def _check_formula(name: str, module: torch.nn.Module, expected: Callable) -> No
             )
 
 
+def _check_rms_norm(norm: torch.nn.Module, offset: float) -> None:
+    """Refuse a norm that does not compute (offset + weight) * x / rms(x).
+
+    Raises:
+        ValueError: it has no weight and epsilon, or computes another formula.
+    """
+    eps, weight = _norm_parameters(norm, offset)
+    _check_formula(
+        "RMSNorm",
+        norm,
+        lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(x),
+    )
+
+
+#: Norms ``norm_input_gradient`` has checked -> whether they compute an RMSNorm.
+_RMS_NORMS: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
 def _check_activation(act: torch.nn.Module) -> None:
     """Refuse an activation whose closed forms (act(x) / x, act'(x)) do not match it."""
     ratio, derivative = _activation_functions(act)
@@ -493,24 +518,48 @@ def _norm_hook(norm: torch.nn.Module, offset: float, state: Relevance) -> Callab
     return hook
 
 
-def norm_under_rules(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``norm.forward(x)``, with the norm rule of the ``relevance_rules`` block that holds
-    ``norm``: for code that recomputes a norm without calling the module (a call of
-    ``forward`` runs no hooks), such as edge attribution's per-receiver q/k/v inputs.
+def norm_input_gradient(
+    norm: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, *, offset: float = 0.0
+) -> torch.Tensor:
+    """The input gradient of the RMSNorm ``norm`` at ``x`` for a batch of output gradients,
+    without autograd: J(x)^T grad, or inside a ``relevance_rules`` block holding ``norm``,
+    its norm rule's. For code that takes many gradients through one norm, such as edge
+    attribution's per-receiver q/k/v inputs (twice as fast as a batched vector-Jacobian
+    product of the recomputed norm, measured on a Llama-3-8B shape).
 
     Args:
-        norm: an RMSNorm module of a model (outside a block: its plain forward).
-        x: its input, (..., d); under the secant rule the reference input recorded for
-            ``norm`` must broadcast to it.
+        norm: an RMSNorm module of a model (weight times x / rms(x)).
+        x: its input, (..., d).
+        grad: gradients of its output, (n, ..., d) or (..., d).
+        offset: the norm's weight offset outside a block (``ArchLayout.norm_offset``).
 
     Returns:
-        The norm's output, (..., d), with the rule's gradient inside a block.
+        (n, ..., d) gradients in the norm's wide precision (float32 for a half-precision
+        model); for a norm that is not an RMSNorm (checked once on a random input), taken
+        by autograd through its ``forward``, in ``x``'s dtype.
     """
-    y = norm.forward(x)
     entry = _HELD_NORMS.get(norm)
-    if entry is None or not y.requires_grad:
-        return y
-    return _norm_rule(y, x, norm, *entry)
+    offset, state = entry if entry is not None else (offset, None)
+    if state is None and norm not in _RMS_NORMS:
+        try:
+            _check_rms_norm(norm, offset)
+            _RMS_NORMS[norm] = True
+        except ValueError:
+            _RMS_NORMS[norm] = False
+    if state is None and not _RMS_NORMS[norm]:  # another norm: a batched autograd product
+        inputs = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = norm.forward(inputs)  # ``forward``: no hooks run
+        batched = grad.dim() > x.dim()
+        return torch.autograd.grad(out, inputs, grad, is_grads_batched=batched)[0]
+    eps, weight = _norm_parameters(norm, offset)
+    wide = x.detach().to(weight.dtype)
+    if state is None:
+        return _rms_norm_vjp(wide, weight, eps, grad)
+    x1 = None
+    if state.rules.norm == "secant":
+        x1 = state._recorded(norm, "x", like=x).to(weight.dtype)
+    return _rule_vjp(wide, x1, weight, eps, grad)
 
 
 def _activation_hook(act: torch.nn.Module, state: Relevance) -> Callable:
@@ -757,14 +806,7 @@ def _install_hf(model: LensModel, state: Relevance, installed: _Installed) -> No
     attention_path = spec.layout.o_proj.rsplit(".", 1)[0]
     attentions = [model.module(attention_path, layer) for layer in range(spec.n_layers)]
     for norm in norms:
-        eps, weight = _norm_parameters(norm, offset)
-        _check_formula(
-            "RMSNorm",
-            norm,
-            lambda x, eps=eps, weight=weight: (
-                x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(x)
-            ),
-        )
+        _check_rms_norm(norm, offset)
     for mlp in mlps:
         for part in ("gate_proj", "up_proj", "down_proj", "act_fn"):
             if not hasattr(mlp, part):

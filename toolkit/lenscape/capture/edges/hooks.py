@@ -12,8 +12,8 @@ Edge attribution needs the gradient at each receiver's own input, d(metric)/d(de
 tensors added to the outputs of q_proj, k_proj and v_proj and to the inputs of the MLP's
 norm and of the final norm. A q, k or v receiver's input gradient is then its head's
 output gradient taken back through its rows of the projection and through the block's
-norm at that block's input (``receiver_gradients``: one batched vector-Jacobian product of
-the norm per chunk of receivers), the same numbers as the copies would give, in the memory
+norm at that block's input (``receiver_gradients``: the norm's input gradient in closed
+form per chunk of receivers), the same numbers as the copies would give, in the memory
 of one ordinary backward pass.
 
 Supported: sequential pre-norm blocks with separate q, k and v projections (Llama,
@@ -38,7 +38,7 @@ from ...models.parts import per_head
 from ...sweep import metrics
 from ...sweep.backend import BACKENDS, TokenBatch, get_backend
 from ...sweep.inputs import Batch, Inputs
-from ...sweep.relevance import norm_under_rules
+from ...sweep.relevance import norm_input_gradient
 from .graph import Graph
 
 #: Runs that can hook the Hugging Face module the edge hooks sit on.
@@ -63,8 +63,8 @@ class Pass:
             receiver's input (1: the edge reads the other run; 0: this run).
         embed_path: replaces the embeddings (integrated gradients' interpolation).
         keep_senders: keep this pass's sender outputs in ``senders``.
-        into: (batch, n_senders, pos, d_model) float32: this pass's sender outputs are
-            added to it, times ``sign`` (edge attribution's clean - corrupt differences).
+        into: (batch, n_senders, pos, d_model): this pass's sender outputs are added to
+            it, times ``sign`` (edge attribution's clean - corrupt differences).
         sign: the factor of ``into``.
         keep_resids: keep each block's input in ``resids`` (``receiver_gradients``).
         senders: (batch, pos, n_senders, d_model), filled with this pass's sender outputs.
@@ -254,8 +254,9 @@ def receiver_gradients(
 
     A receiver's input gradient is its head's output gradient taken back through the
     head's rows of its projection and through the block's norm at the block's input
-    (``state.resids``, kept by a pass with ``keep_resids``): one batched vector-Jacobian
-    product of the norm per chunk of at most ``receiver_chunk`` receivers.
+    (``state.resids``, kept by a pass with ``keep_resids``), in closed form
+    (``relevance.norm_input_gradient``: under relevance rules, their norm rule) per chunk of
+    at most ``receiver_chunk`` receivers.
 
     Args:
         grads: the gradients of the pass's leaves (``Pass.deltas``) by key; those of
@@ -264,12 +265,10 @@ def receiver_gradients(
     Returns:
         (columns, gradient) per chunk: the chunk's receivers among the layer's attention
         receivers (``Graph.attn_receivers``: q heads, then k, then v) and their input
-        gradients, (n, batch, pos, d_model) in the model's dtype.
+        gradients, (n, batch, pos, d_model) in float32 (or the model's dtype if wider).
     """
     parts, spec = _parts(model, layer), model.spec
-    resid = state.resids[layer].detach().requires_grad_(True)
-    with torch.enable_grad():  # under relevance rules, the norm's rule (its Jacobian)
-        normed = norm_under_rules(parts["norm"], resid)
+    resid = state.resids[layer]
     rows, width, d_model = resid.shape
     chunk = receiver_chunk(rows * width * d_model * 4)  # the norm works in float32
     start = 0
@@ -281,9 +280,7 @@ def receiver_gradients(
         for first in range(0, n, chunk):
             heads = slice(first, min(first + chunk, n))
             outer = torch.einsum("bpnk,nkd->nbpd", grad[:, :, heads], per_head[heads])
-            (inner,) = torch.autograd.grad(
-                normed, resid, outer, retain_graph=True, is_grads_batched=True
-            )
+            inner = norm_input_gradient(parts["norm"], resid, outer)
             yield slice(start + heads.start, start + heads.stop), inner
         start += n
 

@@ -84,38 +84,48 @@ def _receiver_gradients(
     yield graph.shape[1] - 1, grads["logits", -1][None]
 
 
+def contraction_dtype(model: LensModel) -> torch.dtype:
+    """The dtype edge scores are contracted in: bfloat16 for a bfloat16 model (its
+    products accumulate in float32 inside the matrix kernels; inputs and each score are
+    rounded to bfloat16, a smaller error than the model's own bfloat16 gradients carry, and
+    about 2.5 times faster on a CPU with bfloat16 dot products), float32 otherwise (a
+    float16 model too: its range is too narrow for the products)."""
+    return torch.bfloat16 if model.dtype == torch.bfloat16 else torch.float32
+
+
 def _step_scores(
-    model: LensModel, state: Pass, grads: dict, differences: torch.Tensor, mask: torch.Tensor
+    model: LensModel, state: Pass, grads: dict, differences: torch.Tensor
 ) -> torch.Tensor:
     """(batch, n_senders, n_receivers) float32 scores of one gradient pass ``state`` (its
     leaves' gradients ``grads``): sum over positions of the senders' clean - corrupt
-    ``differences`` (batch, n_senders, pos, d_model) times each receiver's input gradient,
-    with ``mask`` (batch, pos, 1) 1 at real tokens; 0 off the graph.
+    ``differences`` (batch, n_senders, pos, d_model; 0 at padding, in
+    ``contraction_dtype``) times each receiver's input gradient; 0 off the graph.
 
-    Receivers are taken in chunks of at most ``hooks.CHUNK_BYTES`` of float32 gradients
-    (never all of them at once), and each chunk is one matrix product with the senders
-    upstream of its last receiver.
+    Receivers are taken in chunks of at most ``hooks.CHUNK_BYTES`` of gradients (never all
+    of them at once), and each chunk is one matrix product per prompt with the senders
+    upstream of its last receiver (per prompt and chunk-major: the fastest layout on a CPU,
+    for bfloat16 by 2.5 times).
     """
     graph = state.graph
     rows, _, width, d_model = differences.shape
-    scores = differences.new_zeros((rows, *graph.shape))
-    capacity = receiver_chunk(rows * width * d_model * 4)
+    scores = differences.new_zeros((rows, *graph.shape), dtype=torch.float32)
+    capacity = receiver_chunk(rows * width * d_model * differences.element_size())
     chunk = differences.new_empty((rows, min(capacity, graph.shape[1]), width * d_model))
     senders = differences.flatten(2)  # (batch, n_senders, pos * d_model)
     filled, start = 0, 0
 
     def contract() -> None:
         upstream = int(graph.upstream[start + filled - 1])
-        block = torch.bmm(senders[:, :upstream], chunk[:, :filled].transpose(1, 2))
-        scores[:, :upstream, start : start + filled] = block
+        for row in range(rows):
+            block = torch.mm(chunk[row, :filled], senders[row, :upstream].T)
+            scores[row, :upstream, start : start + filled] = block.T
 
     for first, gradient in _receiver_gradients(model, state, grads):
         n = gradient.shape[0]
         if filled + n > chunk.shape[1]:
             contract()
             filled, start = 0, first
-        masked = (gradient.float() * mask).permute(1, 0, 2, 3).flatten(2)  # (batch, n, p*d)
-        chunk[:, filled : filled + n] = masked
+        chunk[:, filled : filled + n] = gradient.transpose(0, 1).flatten(2)  # (batch, n, p*d)
         filled += n
     contract()
     return scores * torch.from_numpy(graph.valid).to(scores.device)
@@ -126,15 +136,18 @@ def _batch_scores(inputs: Inputs, batch: Batch, steps: int, rules: str | None) -
     and whether the model answers each clean prompt correctly; the gradients at ``steps``
     points of the embedding path, or at the corrupt run under relevance ``rules``.
 
-    One buffer of (batch, n_senders, pos, d_model) float32 holds the clean sender outputs
-    minus the corrupt ones (written by the passes themselves); each gradient pass is then
-    contracted with it receiver chunk by receiver chunk (``_step_scores``).
+    One buffer of (batch, n_senders, pos, d_model) in ``contraction_dtype`` holds the clean
+    sender outputs minus the corrupt ones (written by the passes themselves: each element
+    is rounded once, to the buffer's dtype); each gradient pass is then contracted with it
+    receiver chunk by receiver chunk (``_step_scores``).
     """
     assert batch.corrupt is not None
     model, graph = inputs.model, Graph.of(inputs.model)
     rows, width = batch.clean.input_ids.shape
     differences = torch.zeros(
-        (rows, graph.shape[0], width, model.spec.d_model), device=model.device
+        (rows, graph.shape[0], width, model.spec.d_model),
+        dtype=contraction_dtype(model),
+        device=model.device,
     )
     with rules_or_plain(model, rules, backend=inputs.backend) as relevance:
         with torch.no_grad(), clean_pass(relevance):
@@ -155,7 +168,7 @@ def _path_scores(
     model, graph = inputs.model, Graph.of(inputs.model)
     rows, width = batch.clean.input_ids.shape
     clean_embed = differences[:, 0].to(model.dtype, copy=True)
-    mask = batch.corrupt.attention_mask.float()[:, :, None]
+    mask = batch.corrupt.attention_mask[:, None, :, None].to(differences.dtype)
     scores: torch.Tensor | None = None
     for k in range(steps):
 
@@ -175,7 +188,9 @@ def _path_scores(
         metric = metric_of(inputs, logits, batch).sum()
         leaves = list(state.deltas.values())
         grads = dict(zip(state.deltas, torch.autograd.grad(metric, leaves), strict=True))
-        step = _step_scores(model, state, grads, differences, mask)
+        if k == 0:  # the differences are complete: no position of padding counts
+            differences.mul_(mask)
+        step = _step_scores(model, state, grads, differences)
         scores = step if scores is None else scores + step
     assert scores is not None
     return scores
@@ -205,17 +220,19 @@ def edge_result(
 
 
 def edge_attribution_memory(model: LensModel, options: Options, work: Work) -> Need:
-    """Footprint of ``edge_attribution``: the float32 (batch, n_senders, pos, d_model)
-    clean - corrupt buffer throughout; during a gradient pass, its graph, the receivers'
-    gradient leaves and each block's input; during the contraction, one chunk of receiver
-    gradients (``hooks.CHUNK_BYTES``), the norm's batched product and the score blocks;
+    """Footprint of ``edge_attribution``: the (batch, n_senders, pos, d_model) clean -
+    corrupt buffer (``contraction_dtype``) throughout; during a gradient pass, its graph,
+    the receivers' gradient leaves and each block's input; during the contraction, one
+    chunk of receiver gradients (``hooks.CHUNK_BYTES``), the norm's batched product and
+    the float32 scores;
     the float32 (prompt, sender x receiver) result and its labelled copies. Options a call
     did not give (a building block's ``Options``) are taken at their defaults."""
     check_steps(options.get("estimator", ESTIMATORS[0]), options.get("steps"))
     spec, graph = model.spec, Graph.of(model)
     (n_senders, n_receivers), e = graph.shape, memory.element_bytes(model.dtype)
     tokens, d_model = work.rows * work.width, spec.d_model
-    differences = tokens * n_senders * d_model * 4
+    c = memory.element_bytes(contraction_dtype(model))
+    differences = tokens * n_senders * d_model * c
     per_layer = (spec.n_heads + 2 * spec.n_kv_heads) * spec.d_head + d_model
     leaves = 2 * tokens * (spec.n_layers * per_layer + d_model) * e  # and their gradients
     resids = spec.n_layers * tokens * d_model * e
@@ -224,8 +241,8 @@ def edge_attribution_memory(model: LensModel, options: Options, work: Work) -> N
         activations=memory.gradient_pass(model, work.rows, work.width),
         buffers=differences + leaves + resids + heads,
     )
-    per_receiver = tokens * d_model * 4
-    chunk = min(receiver_chunk(per_receiver), n_receivers) * per_receiver
+    per_receiver = tokens * d_model * 4  # the norm's batched product works in float32
+    chunk = min(receiver_chunk(tokens * d_model * c), n_receivers) * tokens * d_model * c
     norm_product = 3 * min(receiver_chunk(per_receiver), spec.n_heads) * per_receiver
     blocks = 3 * work.rows * n_senders * n_receivers * 4
     contraction = Need(buffers=differences + leaves + resids + chunk + norm_product + blocks)
