@@ -34,8 +34,9 @@ from lenscape import aggregate
 
 MODEL, TASK = "smollm2-135m", "math"
 ROLES = ("facilitation", "interference")
-#: The notebook's default first, then the best candidates of a first round (RESULTS.md).
-DEFAULT_SETTINGS = ("3:64:8:60", "3:64:8:100:bfloat16", "3:128:8:80:bfloat16")
+#: The notebook's default first, then the best candidates of a first round (RESULTS.md) and
+#: the reference protocol's batch of 32 at the same budget.
+DEFAULT_SETTINGS = ("3:64:8:60", "3:64:8:100:bfloat16", "3:128:8:80:bfloat16", "3:64:32:20")
 #: Finished settings, committed: running the script again only reports them.
 PROGRESS = Path(__file__).resolve().parent / "teaching_fit_data" / "progress.jsonl"
 
