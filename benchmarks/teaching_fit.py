@@ -1,14 +1,21 @@
 """Notebook 03's live fit: candidate teaching settings, measured and compared.
 
-For each ``--setting`` (``seeds:train items:batch:most updates per stage[:precision]``) on the
-math task of the bundled model: the wall time of ``lsc.head_gating`` (with ``--val`` held-out
-items, as the notebook), the agreement of its roles (threshold 0.5) with the recorded
-reference fit's, per seed (every (live, recorded) pair) and as Always maps (the role in every
-one of the k live seeds against that in k recorded seeds, every k of them), and the role-set
-causal check on the held-out items (``lsc.gating_check``, ``--random`` sets): defined or
-not, passing or not. The scale the issue asks for: how well the recorded seeds agree among
-themselves (seed with seed; k seeds' Always with k other seeds' Always), and chance (each
-recorded seed's roles shuffled over its heads).
+For each ``--setting`` on the math task of the bundled model: the wall time of
+``lsc.head_gating`` (with ``--val`` held-out items, as the notebook), the agreement of its
+roles (threshold 0.5) with the recorded reference fit's, per seed (every (live, recorded)
+pair) and as Always maps (the role in every one of the k live seeds against that in k
+recorded seeds, every k of them), and the role-set causal check on the held-out items
+(``lsc.gating_check``, ``--random`` sets): defined or not, passing or not. The scale the
+issue asks for: how well the recorded seeds agree among themselves (seed with seed; k seeds'
+Always with k other seeds' Always), and chance (each recorded seed's roles shuffled over its
+heads).
+
+A setting is ``seeds:items:batch:most updates per stage`` and optional tags: ``bfloat16``
+(the precision; float32 without it), ``lr0.3`` (the learning rate; the reference's 1.0
+without it), ``half`` (``init="half"``: every gate starts at 0.5; the reference's uniform
+start without it) and ``first`` (the first training and held-out items, as before
+2026-11-26: all of them additions; without it ``PromptSet.sample``, every kind of sum in
+proportion).
 
 Each finished setting is appended to ``--progress`` (JSON lines, with the fitted scores;
 ``teaching_fit_data/progress.jsonl`` is committed) and skipped when the script runs again,
@@ -34,9 +41,17 @@ from lenscape import aggregate
 
 MODEL, TASK = "smollm2-135m", "math"
 ROLES = ("facilitation", "interference")
-#: The notebook's default first, then the best candidates of a first round (RESULTS.md) and
-#: the reference protocol's batch of 32 at the same budget.
-DEFAULT_SETTINGS = ("3:64:8:60", "3:64:8:100:bfloat16", "3:128:8:80:bfloat16", "3:64:32:20")
+#: The notebook's default first, then the notebook's earlier default and the best candidates
+#: of earlier rounds (RESULTS.md), which drew the first items, and the reference protocol's
+#: batch of 32 at the same budget.
+DEFAULT_SETTINGS = (
+    "3:64:8:60:lr0.3:half",
+    "3:64:8:60",
+    "3:64:8:60:first",
+    "3:64:8:100:bfloat16:first",
+    "3:128:8:80:bfloat16:first",
+    "3:64:32:20:first",
+)
 #: Finished settings, committed: running the script again only reports them.
 PROGRESS = Path(__file__).resolve().parent / "teaching_fit_data" / "progress.jsonl"
 
@@ -53,17 +68,36 @@ def share(agreement) -> str:
 
 
 def parse_setting(text: str) -> dict:
-    parts = text.split(":")
-    seeds, train, batch, steps = (int(p) for p in parts[:4])
-    precision = parts[4] if len(parts) > 4 else "float32"
-    return dict(seeds=seeds, n_train=train, batch_size=batch, max_steps=steps, precision=precision)
+    """A setting's ``head_gating`` options, with ``n_train`` and ``first`` (see above)."""
+    numbers, tags = text.split(":")[:4], text.split(":")[4:]
+    seeds, train, batch, steps = (int(p) for p in numbers)
+    options = dict(seeds=seeds, n_train=train, batch_size=batch, max_steps=steps, first=False)
+    for tag in tags:
+        if tag == "bfloat16":
+            options["precision"] = tag
+        elif tag.startswith("lr"):
+            options["lr"] = float(tag[2:])
+        elif tag == "half":
+            options["init"] = tag
+        elif tag == "first":
+            options["first"] = True
+        else:
+            raise ValueError(f"unknown tag {tag!r} in setting {text!r}")
+    return options
 
 
 def measure(model, setting: str, recorded, *, n_val: int, n_random: int) -> dict:
     """Fit one setting and check it; returns a JSON-able row."""
     options = parse_setting(setting)
-    train = lsc.data.task(TASK)[: options.pop("n_train")]
-    held_out = lsc.data.task(TASK, split="validation")[:n_val]
+    n_train, train, held_out = (
+        options.pop("n_train"),
+        lsc.data.task(TASK),
+        lsc.data.task(TASK, split="validation"),
+    )
+    if options.pop("first"):
+        train, held_out = train[:n_train], held_out[:n_val]
+    else:
+        train, held_out = train.sample(n_train), held_out.sample(n_val)
     start = time.perf_counter()
     fit = lsc.head_gating(model, train, validation=held_out, progress=False, **options)
     took = time.perf_counter() - start
@@ -149,7 +183,7 @@ def span(values: tuple[float, float, float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--setting", action="append", default=None, help="seeds:train:batch:steps[:precision]"
+        "--setting", action="append", default=None, help="seeds:items:batch:steps[:tags]"
     )
     parser.add_argument("--val", type=int, default=8, help="held-out items (the notebook's 8)")
     parser.add_argument("--random", type=int, default=200, help="random sets per role in the check")
@@ -190,7 +224,7 @@ def main() -> None:
             [
                 *_report.stamp(),
                 f"`{setting}`",
-                f"{row['fit_s']:.0f} s",
+                "- (2 fits at once)" if row.get("parallel") else f"{row['fit_s']:.0f} s",
                 f"{row['updates']}{'' if row['converged'] else ' (cap)'}",
                 share(aggregate.agreement(seed_roles(live), roles)),
                 span(subset_agreement(live, recorded)),
@@ -201,9 +235,13 @@ def main() -> None:
     scale_text = "; ".join(f"{k} seeds: {v}" for k, v in sorted(scales.items()))
     intro = f"""\
 `python benchmarks/teaching_fit.py`: candidate settings for notebook 03's live fit on
-{MODEL}, task {TASK}; a setting is `seeds:training items:batch:most updates per
-stage[:precision]` (float32 unless said), {args.val} held-out items, the causal check with
-{args.random} random sets per role. Two agreements with the recorded reference fit
+{MODEL}, task {TASK}; a setting is `seeds:training items:batch:most updates per stage`
+and tags that change the reference protocol: `bfloat16` (precision; float32 without it),
+`lr0.3` (learning rate; 1.0 without it), `half` (every gate starts at 0.5; uniform in
+(0, 1) per seed without it), `first` (the first training and held-out items, all of them
+additions; without it a sample with every kind of sum in proportion,
+`PromptSet.sample`); {args.val} held-out items, the causal check with {args.random}
+random sets per role. Two agreements with the recorded reference fit
 ({recorded.sizes["seed"]} seeds), each a mean with the least and most agreeing pair:
 *per seed*, the share of heads whose role (threshold 0.5) is the same in a live seed and a
 recorded seed, over every pair; *Always*, the share of heads whose Always role (the role in

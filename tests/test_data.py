@@ -72,6 +72,24 @@ def test_prompt_set_slicing_and_records():
         lsc.data.from_records([{"text": "a", "target": " b", "answer": "c"}])
 
 
+def test_sample_keeps_every_category_in_proportion():
+    math = lsc.data.task("math")
+    assert set(math[:64].categories) == {"addition"}  # why a prefix is not a sample
+    picked = math.sample(64, seed=3)
+    counts = collections.Counter(picked.categories)
+    for category, total in collections.Counter(math.categories).items():
+        assert abs(counts[category] - 64 * total / len(math)) < 1
+    assert len(set(picked.texts)) == 64 and set(picked.texts) <= set(math.texts)
+    order = {text: i for i, text in enumerate(math.texts)}
+    assert [order[t] for t in picked.texts] == sorted(order[t] for t in picked.texts)
+    assert picked.name == math.name and math.sample(64, seed=3).texts == picked.texts
+    assert math.sample(64, seed=4).texts != picked.texts
+    assert math.sample(len(math)).texts == math.texts
+    for bad, error in ((0, ValueError), (len(math) + 1, ValueError), (6.0, TypeError)):
+        with pytest.raises(error, match="n must be an integer from 1"):
+            math.sample(bad)
+
+
 def test_unknown_set_and_task():
     with pytest.raises(ValueError, match="Unknown prompt set 'poetry'; available"):
         lsc.data.prompts("poetry")

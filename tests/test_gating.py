@@ -81,6 +81,21 @@ def test_uniform_start():
     assert not torch.equal(gating._uniform_logits(0, (3, 3)), gating._uniform_logits(1, (3, 3)))
 
 
+def test_half_start_puts_every_gate_at_one_half(fitted, tiny_llama, small_task):
+    """init="half": every seed starts with every gate at 0.5 (steps too small to move them
+    leave them there), and with a batch of every item the seeds' gates stay equal: they
+    differ only in their minibatches. The start is said in attrs."""
+    still = lsc.head_gating(tiny_llama, small_task, **FAST, lr=1e-6, init="half")
+    np.testing.assert_allclose(still["gate"].values, 0.5, atol=1e-4)
+    whole = lsc.head_gating(
+        tiny_llama, small_task, **{**FAST, "batch_size": len(small_task)}, init="half"
+    )
+    np.testing.assert_allclose(whole["gate"].isel(seed=0), whole["gate"].isel(seed=1), atol=1e-4)
+    assert float(abs(whole["gate"] - 0.5).max()) > 0.1  # and they did move
+    assert whole.attrs["init"] == "every gate 0.5"
+    assert fitted.attrs["init"] == "gates uniform in (0, 1)"
+
+
 def test_tolerance_decides_when_a_stage_stops(tiny_llama, small_task):
     loose = lsc.head_gating(tiny_llama, small_task, **{**FAST, "max_steps": 9}, tol=1.0)
     assert loose.attrs["converged"] == 1
@@ -354,6 +369,7 @@ def test_bad_gate_shape(tiny_llama, small_task):
         ({"tol": -1}, ValueError, r"tol must be a finite number >= 0"),
         ({"progress": "no"}, TypeError, r"progress must be True or False, got 'no'"),
         ({"validation": []}, ValueError, r"validation is empty"),
+        ({"init": "zeros"}, ValueError, r"Unknown init 'zeros'; choose one of \['uniform'"),
     ],
 )
 def test_fit_options_are_checked_before_any_fit(tiny_llama, small_task, kwargs, error, message):

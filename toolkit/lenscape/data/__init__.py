@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, overload
 
+from .. import _validate
 from .corpus import mixed_items
 from .tables import load_table
 from .tasks import TASKS
@@ -90,6 +91,28 @@ class PromptSet(Sequence[Prompt]):
     def __repr__(self) -> str:
         cats = sorted({p.category for p in self._prompts})
         return f"PromptSet({self.name!r}, {len(self)} prompts, categories={cats})"
+
+    def sample(self, n: int, *, seed: int = 0) -> PromptSet:
+        """``n`` prompts with every category in proportion to its share (largest
+        remainders), drawn within each category by a seeded shuffle, kept in this set's
+        order. Take this, not a prefix, for a small subset of a task: the built-in tasks
+        list their items kind by kind, so ``task("math")[:64]`` holds additions only.
+
+        Raises:
+            TypeError, ValueError: ``n`` not a whole number from 1 to ``len(self)``.
+        """
+        n = _validate.integer("n", n, low=1, high=len(self))
+        by_category: dict[str, list[int]] = {}
+        for index, prompt in enumerate(self._prompts):
+            by_category.setdefault(prompt.category, []).append(index)
+        exact = {cat: n * len(members) / len(self) for cat, members in by_category.items()}
+        counts = {cat: int(share) for cat, share in exact.items()}
+        by_remainder = sorted(exact, key=lambda cat: counts[cat] - exact[cat])
+        for cat in by_remainder[: n - sum(counts.values())]:
+            counts[cat] += 1
+        rng = random.Random(seed)
+        chosen = [i for cat, group in by_category.items() for i in rng.sample(group, counts[cat])]
+        return PromptSet([self._prompts[i] for i in sorted(chosen)], name=self.name)
 
     @property
     def texts(self) -> list[str]:

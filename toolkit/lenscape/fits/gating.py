@@ -392,10 +392,21 @@ def _gating_estimate(model: LensModel, task: Prompts, options: dict[str, Any]) -
     )
 
 
+#: ``head_gating``'s starts, as its ``init`` attr says them.
+INITS = {"uniform": "gates uniform in (0, 1)", "half": "every gate 0.5"}
+
+
 def _uniform_logits(seed: int, shape: tuple[int, int]) -> torch.Tensor:
     """Gate logits whose gates are uniform in (0, 1), drawn from ``seed``."""
     u = torch.rand(shape, generator=torch.Generator().manual_seed(seed)).clamp(1e-6, 1 - 1e-6)
     return torch.logit(u)
+
+
+def _start_logits(init: str, seeds: list[int], shape: tuple[int, int]) -> torch.Tensor:
+    """(seeds, layer, head) stage-0 logits: each seed's uniform draw, or 0 (gates 0.5)."""
+    if init == "half":
+        return torch.zeros(len(seeds), *shape)
+    return torch.stack([_uniform_logits(seed, shape) for seed in seeds])
 
 
 # long: the reference protocol's options, each checked before a fit of minutes
@@ -414,6 +425,7 @@ def head_gating(
     rows_per_pass: int = 64,
     validation: Prompts | None = None,
     precision: Precision = "float32",
+    init: str = "uniform",
     checkpoint: str | Path | None = None,
     progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
@@ -442,6 +454,11 @@ def head_gating(
             under bfloat16 autocast, as the reference trainer's mixed precision; gates,
             Adam and the validation losses stay float32). benchmarks/RESULTS.md records
             how much faster it is and how well its roles agree with float32.
+        init: where stage 0 starts. ``"uniform"`` (reference): each seed draws its gates
+            uniform in (0, 1). ``"half"``: every gate starts at 0.5 and seeds differ only in
+            their minibatches; a short fit then keeps no trace of a random start
+            (benchmarks/RESULTS.md "Notebook 03's teaching fit" measures how much closer
+            its roles come to the reference's).
         checkpoint: a folder where each stage keeps its state every ``window`` updates; a
             fit interrupted and started again with the same folder and arguments continues
             from its last check (same numbers at the same torch thread count). None keeps
@@ -483,6 +500,7 @@ def head_gating(
             fix="pass held-out prompts, or None",
         )
     precision = check_precision(precision)
+    init = _validate.choice("init", init, list(INITS))
     folder = checkpoint_folder(checkpoint)
     prompts = as_prompt_set(task, name="task")
     if len(prompts) == 0:
@@ -518,6 +536,7 @@ def head_gating(
             settings,
             batch_size=batch_size,
             precision=precision,
+            init=init,
             folder=folder,
             progress=progress,
         )
@@ -529,7 +548,7 @@ def head_gating(
         metric="loss",
         prompt_set=prompts.name,
         n_prompts=len(prompts),
-        **_gating_attrs(settings, batch_size, precision, base, signed, val),
+        **_gating_attrs(settings, batch_size, precision, init, base, signed, val),
     )
     return _gating_result(model, seed_list, all_gates, val, base, signed, attrs)
 
@@ -543,10 +562,12 @@ def _fit_stages(
     *,
     batch_size: int,
     precision: Precision,
+    init: str,
     folder: Path | None,
     progress: bool,
 ) -> tuple[Fit, Fit]:
-    """Stage 0 (lambda 0) from each seed's uniform start, then G+ and G- from its result.
+    """Stage 0 (lambda 0) from each seed's start (``INITS[init]``), then G+ and G- from
+    its result.
 
     Args:
         settings: ``_stage``'s options (lambda_, lr, grad_clip, max_steps, window, tol,
@@ -561,13 +582,19 @@ def _fit_stages(
     """
     spec, n = model.spec, len(seed_list)
     key = fit_key(
-        model, (items,), **settings, seeds=seed_list, batch_size=batch_size, precision=precision
+        model,
+        (items,),
+        **settings,
+        seeds=seed_list,
+        batch_size=batch_size,
+        precision=precision,
+        init=init,
     )
 
     def resume(stage: str) -> tuple[Path, dict[str, Any]] | None:
         return None if folder is None else (folder / f"{stage}.pt", {**key, "stage": stage})
 
-    starts = torch.stack([_uniform_logits(s, (spec.n_layers, spec.n_heads)) for s in seed_list])
+    starts = _start_logits(init, seed_list, (spec.n_layers, spec.n_heads))
     bar = tqdm(
         total=2 * settings["max_steps"],
         disable=not progress,
@@ -607,6 +634,7 @@ def _gating_attrs(
     settings: dict[str, Any],
     batch_size: int,
     precision: Precision,
+    init: str,
     base: Fit,
     signed: Fit,
     val: torch.Tensor,
@@ -624,7 +652,7 @@ def _gating_attrs(
         max_steps=settings["max_steps"],
         window=settings["window"],
         tol=float(settings["tol"]),
-        init="gates uniform in (0, 1)",
+        init=INITS[init],
         precision=precision,
         steps_stage0=int(base.steps.max()),
         steps_plus=int(signed.steps[:n].max()),
