@@ -476,6 +476,16 @@ def test_an_interrupted_fit_continues_from_its_checkpoint(
         lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, **{**FAST, "lambda_": 0.2})
 
 
+def test_a_checkpoint_is_refused_after_an_edit_through_data(small_task, tokenizer, tmp_path):
+    """The model of a finished fit, edited through ``param.data`` (no version counter
+    moves), does not get the old fit back from its checkpoint: the weights differ."""
+    model = models.tiny("llama", n_layers=3, tokenizer=tokenizer)
+    lsc.head_gating(model, small_task, checkpoint=tmp_path, **FAST)
+    model.hf.model.layers[1].self_attn.o_proj.weight.data[0] += 1
+    with pytest.raises(ValueError, match=r"holds the state of another fit .*\(weights: written"):
+        lsc.head_gating(model, small_task, checkpoint=tmp_path, **FAST)
+
+
 def test_a_checkpoint_of_other_weights_or_damaged_is_refused(
     fitted, tiny_llama, small_task, tokenizer, tmp_path
 ):

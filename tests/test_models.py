@@ -339,6 +339,51 @@ def test_weights_fingerprint_follows_a_changed_weight(tokenizer):
     assert model.weights_fingerprint != before
 
 
+def test_weights_fingerprint_sees_writes_through_data_and_is_hashed_once_per_call(
+    tokenizer, factual, monkeypatch
+):
+    """A write through ``param.data`` moves no version counter: outside a call the
+    fingerprint is taken anew on every read, so it is seen; a public call hashes the
+    weights once however often its parts read the fingerprint, and records that hash."""
+    model = models.tiny("llama", tokenizer=tokenizer)
+    before = model.weights_fingerprint
+    weight = model.hf.model.layers[0].self_attn.q_proj.weight
+    version = weight._version
+    weight.data[0] += 1
+    assert weight._version == version  # the write is invisible to the version counter
+    edited = model.weights_fingerprint
+    assert edited != before
+    hashes = []
+    real_hash = models.lens_model.weights_fingerprint
+    monkeypatch.setattr(
+        models.lens_model, "weights_fingerprint", lambda m: hashes.append(1) or real_hash(m)
+    )
+    scores = lsc.direct_logit_attribution(model, factual[:2], progress=False)
+    assert len(hashes) == 1
+    assert scores.attrs["weights_fingerprint"] == edited
+    with model.one_call():
+        first = model.weights_fingerprint
+        assert model.weights_fingerprint == first and len(hashes) == 2
+        with torch.no_grad():
+            weight.add_(1.0)  # a tracked write inside a call: hashed again
+        assert model.weights_fingerprint != first and len(hashes) == 3
+
+
+def test_dtype_and_device_are_read_from_the_parameters(tokenizer, factual):
+    """A model cast behind the ``LensModel`` is seen: its dtype, what results record and
+    what the memory plan counts follow the parameters, not the loading arguments."""
+    model = models.tiny("llama", tokenizer=tokenizer)
+    plan32 = lsc.estimate(model, "ablation", factual[:2], batch_size=2)
+    assert (model.dtype, model.device) == (torch.float32, torch.device("cpu"))
+    model.hf.to(torch.bfloat16)
+    assert model.dtype == torch.bfloat16
+    assert model.provenance("x")["dtype"] == "bfloat16"
+    plan16 = lsc.estimate(model, "ablation", factual[:2], batch_size=2)
+    assert plan16.weights * 2 == plan32.weights
+    scores = lsc.direct_logit_attribution(model, factual[:2], progress=False)
+    assert scores.attrs["dtype"] == "bfloat16"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_weights_fingerprint_sums_the_float32_bit_patterns_in_any_dtype(dtype):
     """The bit sum is that of the values read as float32 (bfloat16's is taken on its own

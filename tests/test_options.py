@@ -4,14 +4,18 @@ public signature that takes a shared option shows that default."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import inspect
+import math
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import lenscape as lsc
-from lenscape.sweep import options
+from lenscape.sweep import options, registry
 from lenscape.sweep.options import DEFAULTS
 
 SHARED = [f.name for f in dataclasses.fields(DEFAULTS)]
@@ -112,3 +116,113 @@ def test_choices_are_checked_once():
         options.check_options({"padding_side": "middle"})
     with pytest.raises(TypeError, match="variants_per_pass"):
         options.check_options({"variants_per_pass": 2.5})
+
+
+# ------------------------------------------------- every option checked before any pass
+
+
+@contextlib.contextmanager
+def _counted_passes(model: lsc.LensModel) -> Iterator[list[int]]:
+    """Count the forward passes of ``model.hf`` (every backend's passes but
+    TransformerLens's, which none of these calls uses) run inside the block."""
+    count = [0]
+    handle = model.hf.register_forward_pre_hook(
+        lambda module, args: count.__setitem__(0, count[0] + 1)
+    )
+    try:
+        yield count
+    finally:
+        handle.remove()
+
+
+def _bad_values(name: str, default: Any) -> list[Any]:
+    """Values no option ``name`` with this default takes: a bare object always; a
+    made-up name for a choice; a negative count or NaN for a number; a bool where a count
+    is asked; a count below 1 or a made-up rule set for the options whose default is None."""
+    values: list[Any] = [object()]
+    if isinstance(default, bool):
+        return [*values, "yes"]
+    if isinstance(default, str):
+        return [*values, "bogus"]
+    if isinstance(default, (int, float)):
+        return [*values, -1, math.nan, True]
+    return values + {"refine": [0, "bogus"], "steps": [0], "rules": ["bogus"]}.get(name, [])
+
+
+@pytest.fixture(scope="module")
+def calls(tiny_llama, factual, clusters):
+    """Public function -> (positional arguments, valid keyword options), each call of which
+    runs when its options are good; the options a test leaves alone are their defaults."""
+    prompts = factual[:2]
+    scores = lsc.edge_attribution(tiny_llama, prompts, progress=False)
+    task = lsc.data.task("syntax")[:6]
+    gating = lsc.head_gating(tiny_llama, task, seeds=1, max_steps=2, window=1, progress=False)
+    texts = lsc.data.prompts("mixed")[::10]
+    made = {name: ((tiny_llama, prompts), {}) for name in registry.METHODS}
+    made.pop("_edge_variants")
+    made["attention_pattern"] = ((tiny_llama, prompts), {"layer": 0})
+    made["edge_patching"] = ((tiny_llama, prompts, lsc.circuit(scores, edges=5)), {})
+    made["circuit_faithfulness"] = ((tiny_llama, prompts, scores), {})
+    made["head_gating"] = ((tiny_llama, task), {})
+    made["gating_check"] = ((tiny_llama, gating, task), {})
+    made["task_loss"] = ((tiny_llama, task), {})
+    made["block_masks"] = ((tiny_llama, texts), {"clusters": clusters})
+    made["block_mask_estimate"] = ((tiny_llama, texts), {"clusters": clusters})
+    made["mask_comparison"] = ((tiny_llama, texts, texts), {"clusters": clusters})
+    made["weight_importance"] = ((tiny_llama, prompts), {})
+    made["finetune"] = ((tiny_llama, prompts), {})
+    made["check"] = ((tiny_llama,), {})
+    return made
+
+
+def test_every_bad_option_is_refused_before_any_forward_pass(calls, tiny_llama):
+    """For every public function that runs a model and every one of its options: each bad
+    value raises a TypeError or ValueError naming the option, and no forward pass of the
+    model has run by then (composites check all their parts' options first)."""
+    slipped = []
+    for name, (args, valid) in calls.items():
+        parameters = inspect.signature(getattr(lsc, name)).parameters
+        quiet = {"progress": False} if "progress" in parameters else {}
+        for option, parameter in parameters.items():
+            if parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+                continue
+            for bad in _bad_values(option, parameter.default):
+                with _counted_passes(tiny_llama) as passes:
+                    try:
+                        getattr(lsc, name)(*args, **{**quiet, **valid, option: bad})
+                    except (TypeError, ValueError) as err:
+                        if option not in str(err) or passes[0]:
+                            slipped.append((name, option, bad, passes[0], str(err)[:150]))
+                    else:
+                        slipped.append((name, option, bad, passes[0], "accepted"))
+    assert not slipped, "\n".join(map(str, slipped))
+
+
+@pytest.mark.parametrize(
+    "function, options, message",
+    [
+        ("activation_patching", dict(rules="bogus"), r"rules='bogus'"),
+        ("activation_patching", dict(rules="secant"), r"rules='secant' chooses the relevance"),
+        ("activation_patching", dict(estimator="relp", rules="secant"), r"without refine"),
+        ("activation_patching", dict(estimator="ig", steps=4), r"without refine"),
+        ("ablation", dict(refine=10**6), r"refine must be an integer from 1 to"),
+    ],
+)
+def test_options_that_clash_are_refused_before_any_pass(
+    tiny_llama, factual, function, options, message
+):
+    with _counted_passes(tiny_llama) as passes, pytest.raises(ValueError, match=message):
+        getattr(lsc, function)(tiny_llama, factual[:2], progress=False, **options)
+    assert passes[0] == 0
+
+
+@pytest.mark.parametrize("report", ["faithfulness", "edge_agreement"])
+def test_a_report_refuses_relevance_rules_its_model_cannot_run_before_any_part(
+    tokenizer, factual, report
+):
+    """A report whose estimators include RelP, on a family the rules do not support,
+    refuses before its first part runs (it used to after 10 and 2 passes)."""
+    gpt2 = lsc.models.tiny("gpt2", tokenizer=tokenizer)
+    with _counted_passes(gpt2) as passes, pytest.raises(ValueError, match=r"relp|Edge attribution"):
+        getattr(lsc, report)(gpt2, factual[:2], estimators=["relp"], progress=False)
+    assert passes[0] == 0

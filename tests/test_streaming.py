@@ -112,6 +112,33 @@ def test_store_made_by_another_capture_is_refused(tiny_llama, factual, tmp_path,
     assert fresh.attrs["metric"] == "logprob"
 
 
+def test_a_store_is_resumed_only_by_the_model_that_made_it(tokenizer, factual, tmp_path):
+    """Same name and layout but other weights, a bfloat16 copy, or the same model edited
+    through ``param.data``: each is refused naming what differs, never handed the stored
+    scores; the model that made the store resumes it."""
+    path = tmp_path / "r.zarr"
+    args = dict(batch_size=2, progress=False)
+    made = lsc.ablation(
+        lsc.models.tiny("llama", tokenizer=tokenizer), factual[:4], store=path, **args
+    )
+    other = lsc.models.tiny("llama", seed=1, tokenizer=tokenizer)
+    assert other.name == made.attrs["model"]
+    with pytest.raises(ValueError, match=r"holds a different capture.*weights_sha256: store"):
+        lsc.ablation(other, factual[:4], store=path, **args)
+    cast = lsc.models.tiny("llama", tokenizer=tokenizer)
+    cast.hf.to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"dtype: store 'float32', now 'bfloat16'"):
+        lsc.ablation(cast, factual[:4], store=path, **args)
+    edited = lsc.models.tiny("llama", tokenizer=tokenizer)
+    edited.hf.model.layers[0].mlp.up_proj.weight.data[0] += 1
+    with pytest.raises(ValueError, match=r"weights_sha256: store"):
+        lsc.ablation(edited, factual[:4], store=path, **args)
+    again = lsc.ablation(
+        lsc.models.tiny("llama", tokenizer=tokenizer), factual[:4], store=path, **args
+    )
+    xr.testing.assert_identical(again.load(), made.load())
+
+
 def test_unusable_store_paths(tiny_llama, factual, tmp_path):
     def capture(path):
         return lsc.capture_to(path, "ablation", tiny_llama, factual[:2], progress=False)

@@ -25,7 +25,7 @@ from .. import _validate, bootstrap, schema
 from ..data import Prompts
 from ..models import LensModel
 from ..sweep.inputs import Tokens, tokenize
-from ..sweep.registry import method, part_store
+from ..sweep.registry import check_part, method, part_store
 from .patching import (
     DEFAULT_IG_STEPS,
     ESTIMATORS,
@@ -354,6 +354,18 @@ def faithfulness(
     top_k = _validate.positive_int("top_k", top_k)
     ci = bootstrap.check_ci(ci)
     store, metric = shared.pop("store"), shared["metric"]
+    for level in ("head", "block"):  # every part's options, before the first part runs
+        check_part(activation_patching, model, level=level, **shared)
+    for name, steps, rules in parsed.values():
+        check_part(
+            attribution_patching,
+            model,
+            level="all",
+            estimator=name,
+            steps=steps,
+            rules=rules,
+            **shared,
+        )
     tokens = tokenize(model, prompts, needs_corrupt=True, needs_distractor=metric == "logit_diff")
     exact, exact_seconds = _exact_maps(model, tokens, shared, store)
     estimates, seconds = _estimates(model, tokens, parsed, shared, store)

@@ -381,6 +381,67 @@ def check_rules(estimator: str, rules: str | None, *, relevance: str = "relp") -
     return _validate.choice("rules", DEFAULT_RULES if rules is None else rules, list(RULE_SETS))
 
 
+def check_relevance(model: LensModel, rules: str | None) -> None:
+    """Refuse relevance ``rules`` on a model they cannot run on, before any pass.
+
+    Raises:
+        ValueError: the family or one of its modules is not one the rules support.
+    """
+    why = None if rules is None else unsupported(model)
+    if why is not None:
+        raise ValueError(
+            f"estimator='relp' (rules={rules!r}) cannot run on {model.name}: {why} "
+            "Use estimator='atp' or 'ig' on it."
+        )
+
+
+def check_estimate(model: LensModel, options: Options) -> None:
+    """``attribution_patching``'s own options: ``estimator``, ``steps`` and ``rules``
+    together, and the rules against the model (``Method.checks``)."""
+    _check_estimator(options.estimator, options.steps)
+    check_relevance(model, check_rules(options.estimator, options.rules))
+
+
+def _check_refine(model: LensModel, options: Options) -> None:
+    """``refine`` against the number of components of ``options.level``."""
+    refine = options.refine
+    if refine is None:
+        return
+    spec = model.spec
+    n_components = spec.n_layers * (spec.n_heads if options.level == "head" else 2)
+    if refine > n_components:
+        raise ValueError(
+            f"refine must be an integer from 1 to {n_components} (the number of "
+            f"components at level={options.level!r}), got {refine!r}; None measures all."
+        )
+
+
+def _check_ablation(model: LensModel, options: Options) -> None:
+    """``ablation``'s own options (``Method.checks``)."""
+    _validate.choice("kind", options.kind, ABLATION_KINDS)
+    _check_refine(model, options)
+
+
+def _check_activation_patching(model: LensModel, options: Options) -> None:
+    """``activation_patching``'s own options (``Method.checks``): the estimator that ranks
+    components only means something with ``refine``."""
+    check_estimate(model, options)
+    _check_refine(model, options)
+    chosen = {
+        name: options.get(name)
+        for name, default in (("estimator", "atp"), ("steps", None), ("rules", None))
+        if options.get(name) != default
+    }
+    if options.refine is None and chosen:
+        given = ", ".join(f"{name}={value!r}" for name, value in chosen.items())
+        raise ValueError(
+            f"{given} choose(s) how refine ranks components; without refine nothing is "
+            "ranked and they would change nothing. Pass refine=k to measure exactly only "
+            "the k components that estimator ranks highest, or leave them at their defaults "
+            "(for the estimate itself, use lsc.attribution_patching)."
+        )
+
+
 def _patching_estimator(
     inputs: Inputs, variants: list[Variant], *, steps: int, rules: str | None = None
 ) -> Callable[[Batch], Scores]:
@@ -591,8 +652,6 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
     model, tokens, options = call.model, call.tokens, call.options
     prepass, progress = call.prepass, call.progress
     kind, refine = options.kind, options.refine
-    if kind not in ABLATION_KINDS:
-        raise ValueError(f"Unknown ablation kind {kind!r}; choose one of {list(ABLATION_KINDS)}.")
     inputs = batched(model, tokens, options)
     variants = components(inputs)
     goal, replacement_for = _ablation_targets(inputs, variants, kind, prepass, progress)
@@ -621,7 +680,7 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
     )
 
 
-@method(plan_ablation, levels=LEVELS, shared=EXACT, memory=ablation_memory)
+@method(plan_ablation, levels=LEVELS, shared=EXACT, memory=ablation_memory, checks=_check_ablation)
 def ablation(
     model: LensModel, prompts: Prompts, *, kind: str = "zero", refine: int | None = None, **shared
 ) -> xr.DataArray:
@@ -684,6 +743,7 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     needs_corrupt=True,
     shared=EXACT,
     memory=activation_patching_memory,
+    checks=_check_activation_patching,
 )
 def activation_patching(
     model: LensModel,
@@ -779,6 +839,7 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
     needs_corrupt=True,
     shared=LEVELLED,
     memory=attribution_patching_memory,
+    checks=check_estimate,
 )
 def attribution_patching(
     model: LensModel,

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from .. import _validate, schema
 from ..data import Prompts, PromptSet, as_prompt_set
-from ..models import LensModel
+from ..models import LensModel, in_one_call
 from ..sweep import memory
 from ..sweep.backend import Site, standing_edit
 from ..sweep.inputs import pad
@@ -251,6 +251,7 @@ def _check_gates(model: LensModel, gates) -> torch.Tensor:
     return gates.float().to(model.device)
 
 
+@in_one_call
 def task_loss(
     model: LensModel,
     prompts: Prompts,
@@ -410,6 +411,7 @@ def _start_logits(init: str, seeds: list[int], shape: tuple[int, int]) -> torch.
 
 
 # long: the reference protocol's options, each checked before a fit of minutes
+@in_one_call
 def head_gating(
     model: LensModel,
     task: Prompts,
@@ -772,6 +774,7 @@ def _random_sets(others: np.ndarray, size: int, n: int, rng: np.random.Generator
 
 
 # long: every option checked before any pass; each step after that is a helper
+@in_one_call
 def gating_check(
     model: LensModel,
     gating: xr.Dataset,

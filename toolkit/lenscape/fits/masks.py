@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from .. import _validate, schema
 from ..cluster import Clustering
 from ..data import PromptSet, as_texts
-from ..models import LensModel
+from ..models import LensModel, in_one_call
 from ..sweep import memory
 from ..sweep.backend import BeforeFn, Site, standing_edit
 from ..sweep.inputs import pad
@@ -534,6 +534,7 @@ def _masks_estimate(
 
 
 # long: the fit's options, checked once and recorded in attrs
+@in_one_call
 def block_masks(
     model: LensModel,
     prompts: PromptSet,
@@ -701,6 +702,7 @@ def _by_sparsity(
     )
 
 
+@in_one_call
 def block_mask_estimate(
     model: LensModel,
     prompts: PromptSet,
@@ -803,6 +805,7 @@ def _losses_per_row(
 
 
 @torch.no_grad()
+@in_one_call
 def masked_loss(
     model: LensModel,
     prompts: PromptSet,
@@ -848,6 +851,7 @@ def masked_loss(
 
 
 # long: the options checked before the fit; the steps after it are helpers
+@in_one_call
 def mask_comparison(
     model: LensModel,
     train: PromptSet,

@@ -174,12 +174,13 @@ def fit_plan(
 
 def fit_key(model: LensModel, data: tuple[object, ...], **settings: Any) -> dict[str, Any]:
     """What a fit's saved state is checked against before it resumes: the model (name, layer
-    layout and weights), a digest of the fit's ``data`` and its ``settings``."""
+    layout, weights and dtype), a digest of the fit's ``data`` and its ``settings``."""
     return dict(
         settings,
         model=model.name,
         layout=model.spec.fingerprint,
         weights=model.weights_fingerprint,
+        dtype=str(model.dtype).removeprefix("torch."),
         items=digest(*data),
     )
 

@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 
 from .. import _validate, cluster, data, schema, store
 from ..data import PromptSet
-from ..models import LensModel
+from ..models import LensModel, in_one_call
 from ..models.host import describe_machine
 from .gating import check_seeds, gating_check, head_gating
 from .masks import block_masks, mask_comparison
@@ -270,6 +270,7 @@ def _open(path: Path) -> xr.Dataset:
     return ds
 
 
+@in_one_call
 def recorded(
     name: str,
     *,
@@ -387,6 +388,7 @@ def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.
     return _with_machine(point)
 
 
+@in_one_call
 def record_head_roles(
     model: LensModel,
     tasks: Sequence[str] = HEAD_ROLES_TASKS,
@@ -458,6 +460,7 @@ def record_head_roles(
     return written
 
 
+@in_one_call
 def record_head_roles_check(
     model: LensModel,
     task: str,
@@ -517,6 +520,7 @@ def block_masks_checkpoint(model: LensModel, *, precision: str) -> xr.Dataset:
     return _with_machine(point)
 
 
+@in_one_call
 def record_block_masks(
     model: LensModel,
     *,

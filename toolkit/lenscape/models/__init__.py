@@ -9,7 +9,7 @@
 from .bundled import BUNDLED, DEFAULT_MODEL, ENCODERS, bundled_folder, install_models, tokenizer_for
 from .host import Machine, describe_machine
 from .layouts import ARCHITECTURES, ArchLayout, ModelSpec
-from .lens_model import LensModel
+from .lens_model import LensModel, in_one_call
 from .loader import from_hf, load, resolve_device, tiny
 from .selfcheck import LayoutCheckError, check
 
@@ -27,6 +27,7 @@ __all__ = [
     "check",
     "describe_machine",
     "from_hf",
+    "in_one_call",
     "install_models",
     "load",
     "resolve_device",

@@ -8,10 +8,12 @@ no import circle, not even a type-only one.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -65,6 +67,10 @@ def _bit_sum(values: torch.Tensor) -> int:
     return ((total << shift) + 2**31) % 2**32 - 2**31
 
 
+#: A public function's type, kept by ``in_one_call``.
+F = TypeVar("F", bound=Callable[..., Any])
+
+
 @dataclass(eq=False)  # identity semantics: the capture seam keeps per-model state by model
 class LensModel:
     """A causal LM ready for capture.
@@ -74,7 +80,8 @@ class LensModel:
         tokenizer: its tokenizer (a pad token is always set).
         spec: sizes and layout.
         name: bundled name, HF id or folder it came from.
-        device, dtype: where and in which precision it runs.
+        device, dtype (read-only): where and in which precision it runs, read from the
+            parameters each time (a ``model.hf.to(torch.bfloat16)`` is seen at once).
         recipe: a picklable zero-argument callable that loads this model again (set by
             ``load`` and ``tiny``; None for models wrapped with ``from_hf``). Distributed
             capture sends it to each worker, which calls it once.
@@ -86,14 +93,15 @@ class LensModel:
     tokenizer: Any
     spec: ModelSpec
     name: str
-    device: torch.device
-    dtype: torch.dtype
     recipe: Callable[[], LensModel] | None = field(default=None, repr=False)
     layout_checked: bool = False
-    #: ``weights_fingerprint`` with the parameters' (address, version) it was taken at.
+    #: ``weights_fingerprint`` with the parameters' (address, version) it was taken at,
+    #: kept only inside a call (``one_call``).
     _weights: tuple[tuple[tuple[int, int], ...], str] | None = field(
         default=None, init=False, repr=False
     )
+    #: How many ``one_call`` blocks are open (calls nest: a report runs its parts).
+    _calls: int = field(default=0, init=False, repr=False)
 
     def module(self, path: str, layer: int | None = None) -> torch.nn.Module:
         """The submodule at ``path`` (relative to block ``layer`` when given)."""
@@ -102,16 +110,35 @@ class LensModel:
         return self.hf.get_submodule(path)
 
     @property
+    def device(self) -> torch.device:
+        """The device of the parameters (of the first one; ``lsc.load`` puts all on one)."""
+        return next(self.hf.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating-point dtype holding most of the parameters' values, read now."""
+        counts: dict[torch.dtype, int] = {}
+        for param in self.hf.parameters():
+            if param.is_floating_point():
+                counts[param.dtype] = counts.get(param.dtype, 0) + param.numel()
+        return max(counts, key=counts.__getitem__) if counts else torch.float32
+
+    @property
     def weights_fingerprint(self) -> str:
         """SHA-256 of the weights (``weights_fingerprint``): the same for the same weights
-        loaded again, another for a model of the same name and layout with other weights.
+        loaded again, another for a model of the same name and layout with other weights
+        (values are read as float32: a cast that rounds any value changes it; stores and
+        checkpoints record ``dtype`` beside it).
 
-        Taken once and kept until a parameter is replaced or changed in place (its tensor
-        version moves, as with an optimizer step or ``load_state_dict``; writes through
-        ``param.data`` are not seen); taken anew each time for weights made under
-        ``torch.inference_mode``, which have no versions. About 0.03 s on SmolLM2-135M and
-        1.9 s on a Llama-3-8B shape in bfloat16 (one CPU thread).
+        Outside a call it is taken anew on every read, so any change is seen, writes
+        through ``param.data`` too (they move no version counter). Inside a call
+        (``one_call``: every public function runs in one) it is taken once when first read
+        and kept while no parameter is replaced or changed in place by a tracked write; so
+        each call hashes the weights once: about 0.03 s on SmolLM2-135M and 1.9 s on a
+        Llama-3-8B shape in bfloat16 (one CPU thread; benchmarks/RESULTS.md "Model identity").
         """
+        if self._calls == 0:
+            return weights_fingerprint(self.hf)
         params = list(self.hf.parameters())
         if any(p.is_inference() for p in params):  # made under inference_mode: no versions
             return weights_fingerprint(self.hf)
@@ -119,6 +146,20 @@ class LensModel:
         if self._weights is None or self._weights[0] != state:
             self._weights = (state, weights_fingerprint(self.hf))
         return self._weights[1]
+
+    @contextlib.contextmanager
+    def one_call(self) -> Iterator[LensModel]:
+        """The block one public call runs in: the weights are hashed once, at the first
+        read of ``weights_fingerprint`` inside the outermost block, and kept for the
+        call's results, stores and checkpoints (a call that edits its own weights in
+        place by a tracked write, as ``finetune``'s optimizer, gets a new hash)."""
+        if self._calls == 0:
+            self._weights = None
+        self._calls += 1
+        try:
+            yield self
+        finally:
+            self._calls -= 1
 
     @property
     def origin(self) -> dict[str, str]:
@@ -190,3 +231,19 @@ class LensModel:
             f"LensModel({self.name!r}, {s.architecture}, {s.n_layers} layers x {s.n_heads} "
             f"heads ({s.n_kv_heads} KV), d_model {s.d_model}, {self.device}, {self.dtype})"
         )
+
+
+def in_one_call(function: F) -> F:
+    """Run ``function`` inside ``LensModel.one_call`` of every ``LensModel`` among its
+    arguments: a public function that takes models hashes each model's weights once per
+    call, however often its parts read the fingerprint."""
+
+    @functools.wraps(function)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        models = [value for value in (*args, *kwargs.values()) if isinstance(value, LensModel)]
+        with contextlib.ExitStack() as stack:
+            for model in dict.fromkeys(models):  # each model once (identity)
+                stack.enter_context(model.one_call())
+            return function(*args, **kwargs)
+
+    return wrapped  # type: ignore[return-value]

@@ -114,12 +114,7 @@ def from_hf(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = LensModel(
-        hf_model,
-        tokenizer,
-        spec,
-        name or hf_model.config.name_or_path or spec.architecture,
-        device,
-        dtype,
+        hf_model, tokenizer, spec, name or hf_model.config.name_or_path or spec.architecture
     )
     if check:
         selfcheck.check(model)

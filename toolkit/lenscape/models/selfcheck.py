@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from .. import schema
+from .. import _validate, schema
 from .lens_model import LensModel
 from .parts import head_outputs, norm_weight, rms_scale
 
@@ -216,6 +216,7 @@ def check(model: LensModel, *, strict: bool = True) -> xr.Dataset:
         LayoutCheckError: (a ValueError) naming the identity, the first layer where it
             fails and the size of the mismatch.
     """
+    strict = _validate.flag("strict", strict)
     input_ids = torch.tensor([model.tokenizer(PROBE_TEXT)["input_ids"]], device=model.device)
     acts, logits = _capture(model, input_ids)
     values = _residuals(model, acts, logits)

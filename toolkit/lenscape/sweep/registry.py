@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from .. import _validate
-from ..models import LensModel
+from ..models import LensModel, in_one_call
+from ..store import as_path
 from . import memory
 from .inputs import Tokens, plan_memory, tokenize
 from .options import BATCHING, RUN_ARGUMENTS, Options, describe, signature
@@ -73,6 +74,10 @@ class Method:
         memory: its footprint, ``(model, options, memory.Work) -> memory.Need``: what one
             batch holds beyond the weights, which picks ``batch_size=None`` and refuses a
             run that cannot fit (``inputs.batched``); ``lsc.estimate`` reports it.
+        checks: ``(model, options) -> None``: the method's own checks of its options,
+            against each other and the model (raising ``ValueError``/``TypeError``), run
+            with the shared ones (``check``) before the prompts are tokenised; a composite
+            method runs those of its parts (``check_part``) before its first part runs.
     """
 
     name: str
@@ -88,6 +93,7 @@ class Method:
     store: str = "one .zarr store"
     public: bool = True
     memory: memory.Footprint = memory.one_gradient_pass
+    checks: Callable[[LensModel, Options], None] | None = None
 
     @property
     def options(self) -> list[str]:
@@ -129,6 +135,7 @@ def method(
         full = signature(function, shared)
 
         @functools.wraps(function)
+        @in_one_call  # the weights hashed once per call, parts of a report included
         def bound(*args: Any, **kwargs: Any) -> Any:
             call = full.bind(*args, **kwargs)
             call.apply_defaults()
@@ -184,13 +191,7 @@ def _estimate(spec: Method, model: Any, prompts: Any, given: dict[str, Any]) -> 
     Raises:
         TypeError: an option ``spec`` does not take; as ``check`` and ``prepare``.
     """
-    unknown = sorted(set(given) - set(spec.options) - set(RUN_ARGUMENTS))
-    if unknown:
-        raise TypeError(
-            f"{spec.name} takes no option(s) {unknown}; its options are {spec.options}."
-        )
-    chosen = {name: value for name, value in given.items() if name not in RUN_ARGUMENTS}
-    options = check(spec, model, {**spec.defaults, **chosen})
+    options = check_part(spec.function, model, **given)
     tokens = prepare(spec, model, spec.read_prompts(prompts, options), options)
     return plan_memory(model, tokens, options)
 
@@ -209,7 +210,27 @@ def check(spec: Method, model: Any, given: dict[str, Any]) -> Options:
     options = Options.of(spec.name, given)
     if spec.levels:
         _validate.choice("level", options.level, spec.levels)
+    if spec.checks is not None:
+        spec.checks(model, options)
     return options
+
+
+def check_part(function: Callable[..., Any], model: Any, **options: Any) -> Options:
+    """The options of a call of the registered ``function`` checked as the call would check
+    them (its defaults where not given; where it would run, ``RUN_ARGUMENTS``, is set
+    aside): a composite checks every part this way before it runs the first.
+
+    Raises:
+        TypeError: an option ``function`` does not take; as ``check``.
+    """
+    spec = METHODS[function.__name__]
+    unknown = sorted(set(options) - set(spec.options) - set(RUN_ARGUMENTS))
+    if unknown:
+        raise TypeError(
+            f"{spec.name} takes no option(s) {unknown}; its options are {spec.options}."
+        )
+    chosen = {name: value for name, value in options.items() if name not in RUN_ARGUMENTS}
+    return check(spec, model, {**spec.defaults, **chosen})
 
 
 def prepare(spec: Method, model: LensModel, prompts: Any, options: Options) -> Tokens:
@@ -235,7 +256,7 @@ def part_store(store: str | Path | None, part: str) -> Path | None:
     """
     if store is None:
         return None
-    folder = Path(store)
+    folder = as_path(store, argument="store")
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"store={str(store)!r} is a file; give a folder for the report's parts.")
     if not folder.parent.is_dir():

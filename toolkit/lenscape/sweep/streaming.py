@@ -132,14 +132,19 @@ def settings_of(
     """What identifies a run: a store is only resumed by a run with equal settings.
 
     Returns:
-        ``{"method", "model", "n_prompts", "prompts_sha256", "options"}``, ``options`` being
-        every option of the method but ``SPEED_OPTIONS`` and ``ignore``, by name (an option
-        whose JSON is long, such as a list of edges, by its SHA-256): the keys existing
-        stores hold, so they still resume.
+        ``{"method", "model", "layout", "weights_sha256", "dtype", "n_prompts",
+        "prompts_sha256", "options"}``: the model by name, layout, weights (as the call
+        reads them: ``LensModel.weights_fingerprint``) and dtype, so a model of the same
+        name with other weights, or a cast copy, never resumes another's store; ``options``
+        being every option of the method but ``SPEED_OPTIONS`` and ``ignore``, by name (an
+        option whose JSON is long, such as a list of edges, by its SHA-256).
     """
     return {
         "method": options.method,
         "model": model.name,
+        "layout": model.spec.fingerprint,
+        "weights_sha256": model.weights_fingerprint,
+        "dtype": str(model.dtype).removeprefix("torch."),
         "n_prompts": len(tokens),
         "prompts_sha256": tokens.fingerprint,
         "options": {

@@ -11,7 +11,8 @@ from tqdm.auto import tqdm
 
 from .. import _validate
 from ..data import Prompt, as_texts
-from ..models import LensModel, from_hf
+from ..models import LensModel, from_hf, in_one_call
+from ..store import as_path
 from ..sweep.options import DEFAULTS
 
 #: Most optimizer steps (``steps``): a brief fine-tune to get a second checkpoint runs 200
@@ -20,6 +21,7 @@ from ..sweep.options import DEFAULTS
 MAX_STEPS = 10_000
 
 
+@in_one_call
 def finetune(
     model: LensModel,
     prompts: Iterable[Prompt | str],
@@ -55,6 +57,7 @@ def finetune(
     _validate.number("lr", lr, low=0)
     seed = _validate.integer("seed", seed, low=0)
     progress = _validate.flag("progress", progress)
+    out_dir = None if out_dir is None else as_path(out_dir, argument="out_dir")
     model.check_context([len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target")
     torch.manual_seed(seed)
     hf = copy.deepcopy(model.hf).train().requires_grad_(True)

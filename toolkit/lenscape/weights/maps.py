@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from .. import _validate, schema
 from ..data import Prompt, as_texts
-from ..models import LensModel
+from ..models import LensModel, in_one_call
 from ..sweep import memory
 from ..sweep.options import DEFAULTS
 
@@ -184,6 +184,7 @@ def _texts(model: LensModel, prompts: Iterable[Prompt | str]) -> list[str]:
 
 
 # long: the gradient loop restores requires_grad in a finally; per-aggregation labels
+@in_one_call
 def weight_importance(
     model: LensModel,
     prompts: Iterable[Prompt | str],
@@ -406,6 +407,7 @@ def _read_maps(maps: object) -> dict[str, xr.Dataset]:
 
 
 @torch.no_grad()
+@in_one_call
 def weight_change(
     base: LensModel, tuned: LensModel, *, kind: str = "relative", tol: float = 1e-3
 ) -> xr.Dataset:

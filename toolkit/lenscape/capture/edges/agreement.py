@@ -21,7 +21,7 @@ from ...data import Prompts
 from ...models import LensModel
 from ...schema import RECEIVER_KINDS
 from ...sweep.inputs import Tokens, tokenize
-from ...sweep.registry import method, part_store
+from ...sweep.registry import check_part, method, part_store
 from ..faithfulness import agreement_variables
 from ..patching import parse_estimator, with_relevance
 from .graph import Graph
@@ -50,23 +50,26 @@ def _sample_edges(
     return valid[sorted(chosen)]
 
 
+def _parts(estimators: list[str], steps: int) -> dict[str, tuple[str, int, str | None]]:
+    """Estimator label ("eap", "eap-ig", "relp:secant" ...: ``patching.parse_estimator``;
+    "eap-ig" without its steps takes ``steps``) -> (estimator, steps, rules)."""
+    return {
+        label: parse_estimator(label, estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=steps)
+        for label in estimators
+    }
+
+
 def _scores(
     model: LensModel,
     tokens: Tokens,
-    estimators: list[str],
-    steps: int,
+    parts: dict[str, tuple[str, int, str | None]],
     store: str | Path | None,
     shared: dict[str, Any],
 ) -> dict[str, xr.DataArray]:
-    """Per-prompt edge scores of each estimator label ("eap", "eap-ig", "relp:secant" ...:
-    ``patching.parse_estimator``; "eap-ig" without its steps takes ``steps``), each in its
-    own part of ``store``."""
-    scores = {}
-    for label in estimators:
-        name, points, rules = parse_estimator(
-            label, estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=steps
-        )
-        scores[label] = edge_attribution(
+    """Per-prompt edge scores of each estimator (``_parts``), each in its own part of
+    ``store``."""
+    return {
+        label: edge_attribution(
             model,
             tokens,
             estimator=name,
@@ -76,7 +79,8 @@ def _scores(
             store=part_store(store, label.replace(":", "-")),
             **shared,
         ).load()
-    return scores
+        for label, (name, points, rules) in parts.items()
+    }
 
 
 def _compared_maps(
@@ -191,10 +195,14 @@ def edge_agreement(
         estimators, steps, n_top, n_random, top_k, seed, ci
     )
     store = shared.pop("store")
+    parts = _parts(estimators, steps)
+    for name, points, rules in parts.values():  # every part's options, before any runs
+        check_part(edge_attribution, model, estimator=name, steps=points, rules=rules, **shared)
+    check_part(_edge_variants, model, variants=(), base="corrupt", **shared)
     tokens = tokenize(
         model, prompts, needs_corrupt=True, needs_distractor=shared["metric"] == "logit_diff"
     )
-    scores = _scores(model, tokens, estimators, steps, store, shared)
+    scores = _scores(model, tokens, parts, store, shared)
     graph = Graph.of(model)
     edges = _sample_edges(graph, list(scores.values()), n_top, n_random, seed)
     effects = _edge_variants(

@@ -100,8 +100,6 @@ def _patched_metrics(
 def plan_edge_variants(call: Call) -> Plan[xr.Dataset]:
     """``_edge_variants`` as a plan: per batch, two unedited passes and one per variant."""
     model, tokens, options = call.model, call.tokens, call.options
-    _validate.choice("base", options.base, BASES)
-    check_supported(model, options.backend)
     inputs = batched(model, tokens, options, level="head")
     graph = Graph.of(model)
     weights = [_weights(graph, variant) for variant in options.variants]
@@ -144,7 +142,19 @@ def edge_variants_memory(model: LensModel, options: Options, work: memory.Work) 
     )
 
 
-@method(plan_edge_variants, memory=edge_variants_memory, needs_corrupt=True, public=False)
+def _check_edge_variants(model: LensModel, options: Options) -> None:
+    """``_edge_variants``' own options (``Method.checks``): the base run and the backend."""
+    _validate.choice("base", options.base, BASES)
+    check_supported(model, options.backend)
+
+
+@method(
+    plan_edge_variants,
+    memory=edge_variants_memory,
+    needs_corrupt=True,
+    public=False,
+    checks=_check_edge_variants,
+)
 def _edge_variants(
     model: LensModel,
     prompts: Prompts,

@@ -29,7 +29,7 @@ from ...sweep.plan import Call, Plan, Scores, top_is_target
 from ...sweep.registry import method, run
 from ...sweep.relevance import clean_pass, rules_or_plain
 from ...sweep.result import prompt_coords, provenance
-from ..patching import check_rules
+from ..patching import check_relevance, check_rules
 from .graph import Graph
 from .hooks import (
     Pass,
@@ -257,7 +257,6 @@ def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
     model, tokens, options = call.model, call.tokens, call.options
     points = check_steps(options.estimator, options.steps)
     rules = check_rules(options.estimator, options.rules)
-    check_supported(model, options.backend)
     inputs = batched(model, tokens, options, level="head")
     graph = Graph.of(model)
     effect = {"eap": "EAP", "eap-ig": f"EAP-IG ({points} steps)"}.get(
@@ -292,8 +291,17 @@ def _prompt_mean(scores: xr.DataArray, options: Options, prompts: Any) -> xr.Dat
     return scores.load().astype(np.float64).mean("prompt", skipna=False, keep_attrs=True)
 
 
+def check_edge_attribution(model: LensModel, options: Options) -> None:
+    """``edge_attribution``'s own options (``Method.checks``): the estimator with its steps
+    and rules, the rules and the backend against the model."""
+    check_steps(options.estimator, options.steps)
+    check_relevance(model, check_rules(options.estimator, options.rules))
+    check_supported(model, options.backend)
+
+
 @method(
     plan_edge_attribution,
+    checks=check_edge_attribution,
     memory=edge_attribution_memory,
     needs_corrupt=True,
     view=_prompt_mean,
