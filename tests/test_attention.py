@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from _helpers import answered_prompts, reference_correct
 
 import lenscape as lsc
 from lenscape import models
@@ -94,3 +95,27 @@ def test_a_text_longer_than_the_context_is_refused(tiny_gqa):
 def test_booleans_are_not_layers_or_heads(tiny_gqa, kwargs):
     with pytest.raises(ValueError, match=r"(layer|head)=(True|False) is not a"):
         attention_pattern(tiny_gqa, TEXT, **kwargs)
+
+
+def test_correct_is_measured_from_the_targets_not_made_up(tiny_llama, factual):
+    """Issue 43: given prompts with targets, ``correct`` is the model's answer (its top
+    token at the read position is the target), not True for every prompt."""
+    prompts = answered_prompts(tiny_llama, factual[:4])
+    expected = reference_correct(tiny_llama, prompts)
+    assert expected.any() and not expected.all()
+    pattern = attention_pattern(tiny_llama, list(prompts), layer=0, batch_size=3, progress=False)
+    np.testing.assert_array_equal(pattern["correct"].values, expected)
+    assert list(pattern["category"].values) == prompts.categories
+    kept = lsc.aggregate.correct_only(pattern)
+    assert kept.sizes["prompt"] == expected.sum()
+    assert kept.attrs["correct_only"] == f"{expected.sum()} of 4 prompts the model gets right"
+
+
+def test_texts_without_targets_record_no_correct_and_say_why(tiny_llama):
+    pattern = attention_pattern(tiny_llama, [TEXT, "The cat sat"], layer=0, progress=False)
+    assert "correct" not in pattern.coords
+    assert "no target" in pattern.attrs["correct_note"]
+    with pytest.raises(ValueError, match="no target"):
+        lsc.aggregate.correct_only(pattern)
+    mixed = [lsc.data.Prompt(TEXT, " Paris"), "The cat sat"]
+    assert "correct" not in attention_pattern(tiny_llama, mixed, layer=0).coords

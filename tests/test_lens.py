@@ -4,6 +4,7 @@ layers match a plain-hook reference, and bad input is refused with the fix."""
 import numpy as np
 import pytest
 import torch
+from _helpers import answered_prompts, reference_correct
 
 import lenscape as lsc
 from lenscape import models
@@ -92,6 +93,20 @@ def test_plain_text_follows_the_models_own_answer(tiny_llama):
     assert lens.attrs["target_source"] == "model's top prediction"
     assert int(lens.isel(layer=-1, pos=-1)["target_rank"]) == 0
     assert lens.attrs["target"] == str(lens.isel(layer=-1, pos=-1)["top_token"].values)
+
+
+def test_correct_is_recorded_only_where_the_prompts_have_targets(tiny_llama, factual):
+    """Issue 43: a text without a target is followed by the model's own prediction, so
+    whether the model answers it right is unknown: no ``correct`` coord (``correct_note``
+    says why), never True by construction; with targets it is the model's answer."""
+    lens = logit_lens(tiny_llama, [TEXT, "The cat sat"], progress=False)
+    assert "correct" not in lens.coords and "no target" in lens.attrs["correct_note"]
+    with pytest.raises(ValueError, match="no target"):
+        lsc.aggregate.correct_only(lens)
+    prompts = answered_prompts(tiny_llama, factual[:4])
+    given = logit_lens(tiny_llama, prompts, progress=False)
+    np.testing.assert_array_equal(given["correct"].values, reference_correct(tiny_llama, prompts))
+    assert "correct_note" not in given.attrs
 
 
 @pytest.mark.parametrize(

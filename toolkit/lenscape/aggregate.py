@@ -275,19 +275,22 @@ def combine_models(arrays: dict[str, xr.DataArray]) -> xr.DataArray:
 
 def correct_only(da: xr.DataArray) -> xr.DataArray:
     """Keep the prompts the model answers right: those whose ``correct`` coord is True
-    (the model's own top prediction at the read position is the target's first token).
+    (the model's own top prediction at the read position is the target token).
 
     Args:
         da: a result with a ``prompt`` dim and a boolean ``correct`` coord on it, e.g.
-            (prompt, layer, head) from a capture function.
+            (prompt, layer, head) from a capture function. A method records ``correct``
+            only when every prompt has a target (the logit lens of plain texts and
+            attention patterns of texts have none, and say why in ``correct_note``).
 
     Returns:
         ``da`` without the wrongly answered prompts; ``correct_only`` in attrs names how many
         of how many prompts were kept ("13 of 16 prompts the model gets right").
 
     Raises:
-        ValueError: if ``da`` has no ``prompt`` dim or no boolean ``correct`` coord on it,
-            or the model gets no prompt right (nothing would be left to draw).
+        ValueError: if ``da`` has no ``prompt`` dim or no boolean ``correct`` coord on it
+            (the message quotes ``correct_note`` where the method said why), or the model
+            gets no prompt right (nothing would be left to draw).
     """
     if "prompt" not in da.dims:
         raise ValueError(
@@ -295,10 +298,16 @@ def correct_only(da: xr.DataArray) -> xr.DataArray:
             "pass a result that still has its prompt dim (before .mean('prompt'))."
         )
     if "correct" not in da.coords or da["correct"].dims != ("prompt",):
+        why = da.attrs.get("correct_note")
         raise ValueError(
-            "correct_only needs a boolean 'correct' coord on the prompt dim, and da has coords "
-            f"{tuple(map(str, da.coords))}; recompute the result with a capture function "
-            "(they record it), or assign one: da.assign_coords(correct=('prompt', flags))."
+            "correct_only needs a boolean 'correct' coord on the prompt dim, and da has "
+            + (
+                f"none ({why})."
+                if why
+                else f"coords {tuple(map(str, da.coords))}; recompute the result with a "
+                "capture function given prompts with targets (they record it), or assign "
+                "one: da.assign_coords(correct=('prompt', flags))."
+            )
         )
     if da["correct"].dtype != bool:
         odd = list(np.unique(da["correct"].values.astype(str))[:3])

@@ -29,7 +29,7 @@ from ..sweep import memory
 from ..sweep.backend import get_backend
 from ..sweep.inputs import Batch, Tokens, batched
 from ..sweep.options import UNMEASURED, Options
-from ..sweep.plan import Call, Plan, Scores
+from ..sweep.plan import Call, Plan, Scores, top_is_target
 from ..sweep.registry import method, run
 from ..sweep.result import prompt_coords, provenance
 
@@ -82,7 +82,9 @@ def _single(prompts: Any) -> bool:
 
 
 def _as_prompts(prompts: Any, options: Options) -> Any:
-    """One prompt or a list (texts or ``Prompt``s) as a ``PromptSet`` with no targets read."""
+    """One prompt or a list (texts or ``Prompt``s) as a ``PromptSet``: a ``Prompt`` keeps
+    its text, target and category (the target says whether the model answers it right), a
+    text has no target."""
     if isinstance(prompts, Tokens):
         return prompts
     given = [prompts] if _single(prompts) else prompts
@@ -94,7 +96,12 @@ def _as_prompts(prompts: Any, options: Options) -> Any:
     for p in given:
         if not isinstance(p, (str, Prompt)) or not (p if isinstance(p, str) else p.text).strip():
             raise ValueError(f"prompt must be a non-empty string or lsc.data.Prompt, got {p!r}.")
-    return PromptSet([Prompt(p if isinstance(p, str) else p.text, "") for p in given])
+    return PromptSet(
+        [
+            Prompt(p, "") if isinstance(p, str) else Prompt(p.text, p.target, category=p.category)
+            for p in given
+        ]
+    )
 
 
 def plan_attention_pattern(call: Call) -> Plan[xr.DataArray]:
@@ -126,7 +133,9 @@ def plan_attention_pattern(call: Call) -> Plan[xr.DataArray]:
             n = int(mask.sum())
             out[row, :, :n, :n] = pattern[row][:, mask][:, :, mask]
         step()
-        return Scores(out.flatten(1), torch.ones(len(batch.index), dtype=torch.bool))
+        # the pass's own logits at the read position: whether the model answers right
+        # (kept as the ``correct`` coord only when every prompt has a target)
+        return Scores(out.flatten(1), top_is_target(run.logits, batch.target).cpu())
 
     def finish(values, correct, index) -> xr.DataArray:
         values = np.asarray(values, dtype=np.float32).reshape(-1, len(heads), width, width)
@@ -163,7 +172,8 @@ def _one_or_all(result: xr.DataArray, options: Options, prompts: Any) -> xr.Data
     if _single(prompts):
         one = result.isel(prompt=0).load()
         attrs = {**one.attrs, "text": str(one["text"].values)}
-        one = one.drop_vars(["prompt", "text", "category", "correct"]).assign_attrs(attrs)
+        labels = [n for n in ("prompt", "text", "category", "correct") if n in one.coords]
+        one = one.drop_vars(labels).assign_attrs(attrs)
         result = one
     if isinstance(options.head, (int, np.integer)):
         return result.squeeze("head")
@@ -198,7 +208,8 @@ def attention_pattern(
     """Attention weights at one layer, for one prompt or a list.
 
     Args:
-        prompts: a text or a ``Prompt`` (its clean ``text`` is used), or a list of them.
+        prompts: a text or a ``Prompt`` (its clean ``text`` is run; its ``target``, one
+            token, says whether the model answers it right), or a list of them.
         layer: the block, 0..n_layers-1.
         head: a query head, a list of them, or None for every query head.
         backend: "nnsight" or "transformer_lens"; both give the same numbers.
@@ -209,10 +220,13 @@ def attention_pattern(
         positions it may see (the rest are 0: causal masking). Coords ``query_token`` and
         ``key_token`` hold the tokens; attrs the provenance and the ``text``. For a list:
         a ``prompt`` dim first, each prompt at its own positions from 0 (NaN past its end,
-        tokens ""), with ``text``, ``category`` and ``correct`` on ``prompt``.
+        tokens ""), with ``text`` and ``category`` on ``prompt``, and ``correct`` (the
+        model's top token at the last position is the target, from the same pass) when
+        every prompt has a target; otherwise no ``correct`` and the attr ``correct_note``
+        says why (``aggregate.correct_only`` refuses such a result).
 
     Raises:
         ValueError: empty text, a text longer than the model's context, unknown backend,
-            or a layer or head the model lacks.
+            a layer or head the model lacks, or a target that is not one token.
     """
     return run(attention_pattern, locals())

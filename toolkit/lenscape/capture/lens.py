@@ -145,7 +145,9 @@ def plan_logit_lens(call: Call) -> Plan[xr.DataArray]:
         placed = _at_prompt_positions(cells.cpu(), batch.clean.attention_mask.cpu(), width)
         values = torch.cat([placed.flatten(1), target.cpu().float()[:, None]], dim=1)
         step()
-        return Scores(values, top_is_target(run.logits, target).cpu())
+        # against the given target only: the model's own prediction is right by
+        # construction (``prompt_coords`` records no ``correct`` for such a call)
+        return Scores(values, top_is_target(run.logits, batch.target).cpu())
 
     return Plan(
         inputs,
@@ -282,7 +284,10 @@ def logit_lens(
         probabilities, "' Paris' 0.41 | ' London' 0.12 | ..."). Attrs: provenance,
         ``text``, ``target``, ``target_source``. For a list: (prompt, layer, pos), each
         prompt from position 0, NaN past its end (``target_rank`` -1, tokens ""), with
-        ``text``, ``category``, ``correct``, ``target`` and ``target_source`` on ``prompt``.
+        ``text``, ``category``, ``target`` and ``target_source`` on ``prompt``, and
+        ``correct`` (the model's top prediction is the target) when every prompt has a
+        target; a prompt that follows the model's own prediction has no answer to judge,
+        so then there is no ``correct`` and the attr ``correct_note`` says why.
 
     Raises:
         TypeError: a prompt or target of the wrong type.

@@ -13,7 +13,10 @@ prompt list (the mean activations of mean-ablation) and returns
 
 Wrong answers are data: every result carries a boolean ``correct`` coord on ``prompt``,
 True where the model's own top prediction at the read position of the clean, unedited
-prompt is the target token. Each method reads it from a clean pass it already makes.
+prompt is the target token. Each method reads it from a clean pass it already makes. A
+call with a prompt that has no target (the logit lens of a plain text, attention patterns
+of texts) has no ``correct``, and its ``correct_note`` attr says why: a flag there would
+be made up (``result.prompt_coords``).
 
 A plan runs in memory (``run_in_memory``), into a zarr store (``streaming``) or on dask
 workers (``distributed``), the last two one ``write_batch`` at a time. Because batches are

@@ -34,16 +34,42 @@ def components(inputs: Inputs) -> list[tuple[Site, int | None]]:
     ]
 
 
+def untargeted(inputs: Inputs) -> int:
+    """How many of the call's prompts have no target (a method that takes texts alone:
+    the logit lens of a plain text, attention patterns)."""
+    return int((inputs.tokens.target < 0).sum())
+
+
 def prompt_coords(inputs: Inputs, index: Sequence[int] | None, correct: Any) -> dict[str, Any]:
     """Coords of the ``prompt`` dim for prompts ``index`` (None: all): ``prompt`` (their
-    positions in the prompt list), ``text``, ``category`` and ``correct`` ((k,) bool)."""
+    positions in the prompt list), ``text``, ``category`` and ``correct`` ((k,) bool).
+
+    ``correct`` is there only when every prompt of the call has a target: without one,
+    whether the model answers a prompt right is unknown, and a flag would be made up
+    (``provenance`` then writes ``correct_note``). The whole call decides, so every batch
+    of a streamed result has the coords of its layout."""
     prompts = inputs.prompts
     rows = range(len(prompts)) if index is None else [int(i) for i in index]
-    return {
+    coords: dict[str, Any] = {
         "prompt": np.asarray(rows, dtype=np.int64),
         "text": ("prompt", [prompts[i].text for i in rows]),
         "category": ("prompt", [prompts[i].category for i in rows]),
-        "correct": ("prompt", np.asarray(correct, dtype=bool)),
+    }
+    if not untargeted(inputs):
+        coords["correct"] = ("prompt", np.asarray(correct, dtype=bool))
+    return coords
+
+
+def correct_note(inputs: Inputs) -> dict[str, str]:
+    """The attr saying why a result has no ``correct`` coord (``prompt_coords``); empty
+    when it has one."""
+    missing = untargeted(inputs)
+    if not missing:
+        return {}
+    return {
+        "correct_note": f"no correct coord: {missing} of {len(inputs.prompts)} prompts have "
+        "no target, so whether the model answers them right is unknown; give every prompt "
+        "a target (lsc.data.Prompt(text, target)) to record it"
     }
 
 
@@ -65,6 +91,7 @@ def provenance(
         prompts_sha256=inputs.fingerprint,
         batch_size=inputs.batch_size,
         padding_side=inputs.padding_side,
+        **correct_note(inputs),
         **params,
     )
 

@@ -515,9 +515,12 @@ def _check_explorer(
             + (f"pick one of {choices}." if choices else "a DataArray takes no variable=.")
         )
     if _validate.flag("correct_only", correct_only) and "correct" not in data.coords:
+        why = data.attrs.get("correct_note")
         raise ValueError(
-            "correct_only=True needs a 'correct' coord on prompt (capture results carry "
-            "one); this data has none, so draw all prompts (correct_only=False)."
+            "correct_only=True needs a 'correct' coord on prompt (capture results of "
+            "prompts with targets carry one); this data has none"
+            + (f" ({why})" if why else "")
+            + ", so draw all prompts (correct_only=False)."
         )
     dims = _dims(data)
     for role, name in (("x", x), ("y", y)):
