@@ -240,3 +240,142 @@ def test_checkpoint_folder_is_checked(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="is a file; pass a folder"):
         optim.checkpoint_folder(tmp_path / "file")
+
+
+# ------------------------------------------------------------ a wall-time budget (issue 43)
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """``optim.clock`` on a fake clock: ``tick()`` advances it (one call per update below),
+    so a deadline stops a fit at the same update on any machine."""
+    now = [0.0]
+    monkeypatch.setattr(optim, "clock", lambda: now[0])
+
+    def tick(seconds: float = 1.0) -> None:
+        now[0] += seconds
+
+    return tick
+
+
+def _two_sets(tick, *, deadline=None, max_steps=20):
+    """The fit of ``test_a_still_set_stops_while_others_go_on``, each update taking 1 s."""
+    target = torch.tensor([[0.0], [50.0]])
+
+    def loss_and_grad(params, active):
+        tick()
+        loss = ((params[active] - target[active]) ** 2).sum(1)
+        loss.sum().backward()
+        return loss.detach()
+
+    return optim.fit_until_still(
+        torch.zeros(2, 1),
+        loss_and_grad,
+        watch=lambda p: p,
+        lr=0.5,
+        grad_clip=None,
+        max_steps=max_steps,
+        window=5,
+        tol=1e-3,
+        deadline=deadline,
+    )
+
+
+def test_a_deadline_stops_every_set_still_moving_and_says_so(fake_clock):
+    """Updates of 1 s and a deadline at 7.5 s: no update starts that the last one's time
+    would take past it, so 7 updates; set 0 was still at update 5, set 1 stops moving."""
+    fit = _two_sets(fake_clock, deadline=7.5)
+    assert fit.stopped == "time budget" and fit.updates == 7 and fit.seconds == 7.0
+    assert fit.steps.tolist() == [5, 7] and fit.converged.tolist() == [True, False]
+    assert fit.seconds_per_update == 1.0
+    note = optim.longer_run(fit, max_steps=20, tol=1e-3, sets="gate sets")
+    assert note.startswith("stopped at its time budget after 7 of at most 20 updates (7 s, ")
+    assert "1 of 2 gate sets still moving" in note and "up to 13 more updates" in note
+    assert "about 0.2 min at this speed" in note and "larger time_budget" in note
+
+
+def test_a_fit_within_its_deadline_is_the_fit_without_one(fake_clock):
+    free = _two_sets(fake_clock)
+    timed = _two_sets(fake_clock, deadline=1e9)
+    torch.testing.assert_close(timed.params, free.params, rtol=0, atol=0)
+    assert timed.steps.tolist() == free.steps.tolist() == [5, 20]
+    assert timed.stopped == free.stopped == "max_steps" and timed.updates == 20
+    assert optim.longer_run(timed, max_steps=20, tol=1e-3) == ""
+
+
+def test_the_first_update_runs_even_past_the_deadline(fake_clock):
+    """Its time is not known before it runs: one update, then the stop."""
+    fit = _two_sets(fake_clock, deadline=-1.0)
+    assert (fit.updates, fit.stopped, fit.steps.tolist()) == (1, "time budget", [1, 1])
+    assert fit.movement.isinf().all()  # no window was compared yet
+    assert "the largest last change" not in optim.longer_run(fit, max_steps=20, tol=1e-3)
+
+
+def test_a_fit_stopped_by_its_deadline_continues_with_the_same_numbers(tmp_path, fake_clock):
+    """The budget is not in the state's key: stopped between two checks (update 6, window
+    4), the fit continues on the next call, without a budget or with another, to the numbers
+    of a fit never stopped; minibatch noise included."""
+    whole = _noisy_fit(None)
+    state = tmp_path / "fit.pt"
+
+    def ticking(params):  # the noisy fit's passes take 1 s each on the fake clock
+        fake_clock()
+
+    stopped = _timed_noisy_fit(state, ticking, deadline=6.5)
+    assert (stopped.stopped, stopped.updates) == ("time budget", 6)
+    saved = optim._read_state(state)
+    assert (saved["step"], saved["done"]) == (6, False)
+    resumed = _timed_noisy_fit(state, ticking, deadline=1e9)
+    assert (resumed.updates, resumed.stopped) == (6, "max_steps")
+    torch.testing.assert_close(resumed.params, whole.params, rtol=0, atol=0)
+    assert resumed.steps.tolist() == whole.steps.tolist()
+    assert optim._read_state(state)["done"] is True
+
+
+def _timed_noisy_fit(state, on_pass, *, deadline):
+    """``_noisy_fit`` (12 updates, window 4) with ``on_pass`` before each update's pass."""
+    rng = torch.Generator().manual_seed(0)
+
+    def loss_and_grad(params, active):
+        on_pass(params)
+        noise = torch.randn(params.shape, generator=rng)
+        loss = ((params - noise) ** 2).flatten(1).sum(1)
+        loss.sum().backward()
+        return loss.detach()
+
+    resume = optim.Resume(
+        state,
+        {"data": "noise"},
+        lambda: {"rng": rng.get_state()},
+        lambda s: rng.set_state(s["rng"]),
+    )
+    return optim.fit_until_still(
+        torch.zeros(3, 2),
+        loss_and_grad,
+        watch=lambda p: p,
+        lr=0.1,
+        grad_clip=1.0,
+        max_steps=12,
+        window=4,
+        tol=0.0,
+        resume=resume,
+        deadline=None if deadline is None else optim.clock() + deadline,
+    )
+
+
+@pytest.mark.parametrize(
+    "value, error, message",
+    [
+        (0, ValueError, r"time_budget must be a finite number > 0, got 0"),
+        (-5.0, ValueError, r"time_budget must be a finite number > 0, got -5\.0"),
+        (float("nan"), ValueError, r"time_budget must be a finite number > 0, got nan"),
+        (float("inf"), ValueError, r"time_budget must be a finite number > 0, got inf"),
+        (True, TypeError, r"time_budget must be a number > 0, got True"),
+        ("300", TypeError, r"time_budget must be a number > 0, got '300'"),
+    ],
+)
+def test_a_time_budget_is_seconds_above_zero_or_none(value, error, message):
+    assert optim.check_time_budget(None) is None
+    assert optim.check_time_budget(120) == 120.0
+    with pytest.raises(error, match=message):
+        optim.check_time_budget(value)

@@ -14,7 +14,7 @@ from _helpers import TESTS
 
 import lenscape as lsc
 from lenscape import models
-from lenscape.fits import gating
+from lenscape.fits import gating, optim
 
 FAST = dict(seeds=2, batch_size=3, max_steps=6, window=3, progress=False)
 
@@ -511,3 +511,79 @@ def test_a_checkpoint_of_other_weights_or_damaged_is_refused(
     stage0.write_bytes(stage0.read_bytes()[:100])
     with pytest.raises(ValueError, match=rf"{re.escape(str(stage0))} in the checkpoint folder is"):
         lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, **FAST)
+
+
+# ------------------------------------------------------------ a wall-time budget (issue 43)
+
+
+def _timed_passes(monkeypatch):
+    """Each gated pass takes 1 s on a fake ``optim.clock`` (one pass per update here)."""
+    now = [0.0]
+    row_nll = gating._row_nll
+
+    def timed(*args, **kwargs):
+        now[0] += 1.0
+        return row_nll(*args, **kwargs)
+
+    monkeypatch.setattr(optim, "clock", lambda: now[0])
+    monkeypatch.setattr(gating, "_row_nll", timed)
+
+
+def test_a_time_budget_stops_both_stages_and_says_what_more_would_add(
+    fitted, tiny_llama, small_task, monkeypatch
+):
+    """A 4.5 s budget: stage 0 may use a third (1.5 s: one update), the G+ and G- stage the
+    rest (three updates); every set stopped is not converged, and the result says so."""
+    _timed_passes(monkeypatch)
+    with pytest.warns(optim.TimeBudgetWarning, match=r"head_gating: stage 0 stopped at its"):
+        ds = lsc.head_gating(tiny_llama, small_task, time_budget=4.5, **FAST)
+    assert ds["steps_stage0"].values.tolist() == [1, 1]
+    assert ds["steps_plus"].values.tolist() == ds["steps_minus"].values.tolist() == [3, 3]
+    assert ds.attrs["stopped"] == "time budget" and ds.attrs["converged"] == 0
+    assert ds.attrs["time_budget"] == 4.5
+    note = ds.attrs["longer_run"]
+    assert note.startswith("stage 0 stopped at its time budget after 1 of at most 6 updates")
+    assert "the G+ and G- stage stopped at its time budget after 3 of at most 6" in note
+    assert "4 of 4 gate sets still moving" in note
+    assert fitted.attrs["stopped"] in ("still", "max_steps")  # no budget: none of its attrs
+    assert "time_budget" not in fitted.attrs and "longer_run" not in fitted.attrs
+
+
+def test_a_fit_within_its_time_budget_is_the_fit_without_one(
+    fitted, tiny_llama, small_task, monkeypatch
+):
+    _timed_passes(monkeypatch)
+    timed = lsc.head_gating(tiny_llama, small_task, time_budget=1000, **FAST)
+    for name in ("gate", "gate_plus", "gate_minus", "steps_stage0", "steps_minus"):
+        np.testing.assert_array_equal(timed[name].values, fitted[name].values)
+    assert timed.attrs["stopped"] == fitted.attrs["stopped"]
+    assert (timed.attrs["time_budget"], timed.attrs["longer_run"]) == (1000.0, "")
+
+
+def test_a_fit_stopped_by_its_budget_continues_from_its_checkpoint(
+    fitted, tiny_llama, small_task, tmp_path, monkeypatch
+):
+    """Stage 0 stopped after one update (its state kept there; the G+ and G- stage, started
+    from an unfinished stage 0, keeps none); called again without a budget, the fit
+    continues stage 0 and gives the gates of a fit never stopped."""
+    with monkeypatch.context() as patch:
+        _timed_passes(patch)
+        with pytest.warns(optim.TimeBudgetWarning):
+            lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, time_budget=4.5, **FAST)
+    assert optim._read_state(tmp_path / "stage0.pt")["step"] == 1
+    assert not (tmp_path / "signed.pt").exists()
+    resumed = lsc.head_gating(tiny_llama, small_task, checkpoint=tmp_path, **FAST)
+    for name in ("gate", "gate_plus", "gate_minus", "steps_stage0", "steps_minus"):
+        np.testing.assert_array_equal(resumed[name].values, fitted[name].values)
+
+
+@pytest.mark.parametrize(
+    "budget, error",
+    [(0, ValueError), (float("nan"), ValueError), (True, TypeError), ("60", TypeError)],
+)
+def test_a_time_budget_is_checked_before_any_pass(
+    tiny_llama, small_task, monkeypatch, budget, error
+):
+    monkeypatch.setattr(gating, "_encode", None)  # any pass, even encoding, would fail
+    with pytest.raises(error, match="time_budget must be"):
+        lsc.head_gating(tiny_llama, small_task, time_budget=budget, **FAST)

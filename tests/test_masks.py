@@ -16,6 +16,7 @@ from _helpers import TESTS
 import lenscape as lsc
 from lenscape import cluster
 from lenscape.fits import masks as masks_module
+from lenscape.fits import optim
 from lenscape.fits.masks import apply_mask, block_masks, mask_comparison, masked_loss
 
 FAST = dict(max_steps=3, window=3, lr=0.5, batch_size=2, progress=False)
@@ -448,3 +449,77 @@ def test_a_checkpoint_of_other_weights_is_refused(tiny_llama, mixed, clusters, t
         "checkpoint folder",
     ):
         block_masks(other, mixed, **fit)
+
+
+# ------------------------------------------------------------ a wall-time budget (issue 43)
+
+
+def _timed_passes(monkeypatch):
+    """Each masked training pass takes 1 s on a fake ``optim.clock`` (one per update here)."""
+    now = [0.0]
+    row_loss = masks_module._row_loss
+
+    def timed(*args, **kwargs):
+        now[0] += 1.0
+        return row_loss(*args, **kwargs)
+
+    monkeypatch.setattr(optim, "clock", lambda: now[0])
+    monkeypatch.setattr(masks_module, "_row_loss", timed)
+
+
+def test_a_time_budget_stops_the_mask_fit_and_a_rerun_continues_it(
+    tiny_llama, mixed, clusters, tmp_path, monkeypatch
+):
+    """2.5 s of 1-s updates: two updates, every set still moving and said so; called again
+    with the same checkpoint and a larger budget, the fit continues to the masks of a fit
+    never stopped (gate noise and minibatches included)."""
+    options = dict(clusters=clusters, target_sparsity=0.5, **{**FAST, "max_steps": 5})
+    whole = block_masks(tiny_llama, mixed, **options)
+    with monkeypatch.context() as patch:
+        _timed_passes(patch)
+        with pytest.warns(optim.TimeBudgetWarning, match=r"The block-mask fit stopped at its"):
+            stopped = block_masks(
+                tiny_llama, mixed, checkpoint=tmp_path, time_budget=2.5, **options
+            )
+        assert stopped.attrs["stopped"] == "time budget" and stopped.attrs["converged"] == 0
+        np.testing.assert_array_equal(stopped["steps"].values, 2)
+        assert "after 2 of at most 5 updates" in stopped.attrs["longer_run"]
+        assert "4 of 4 mask sets still moving" in stopped.attrs["longer_run"]
+        resumed = block_masks(tiny_llama, mixed, checkpoint=tmp_path, time_budget=60, **options)
+    np.testing.assert_array_equal(resumed["keep_prob"].values, whole["keep_prob"].values)
+    np.testing.assert_array_equal(resumed["mask"].values, whole["mask"].values)
+    assert resumed.attrs["stopped"] == whole.attrs["stopped"] == "max_steps"
+    assert (resumed.attrs["time_budget"], resumed.attrs["longer_run"]) == (60.0, "")
+
+
+def test_the_comparison_takes_a_time_budget(tiny_llama, mixed, monkeypatch):
+    train, held_out = cluster.split(mixed, held_out=0.25)
+    clusters = cluster.kmeans(cluster.embed(train), 3, prompts=train)
+    _timed_passes(monkeypatch)
+    with pytest.warns(optim.TimeBudgetWarning):
+        result = mask_comparison(
+            tiny_llama,
+            train,
+            held_out,
+            clusters=clusters,
+            sparsities=[0.5],
+            n_random=1,
+            max_steps=4,
+            window=2,
+            train_batch_size=2,
+            time_budget=1.5,
+            progress=False,
+        )
+    assert (result.attrs["steps"], result.attrs["stopped"]) == (1, "time budget")
+    assert result.attrs["time_budget"] == 1.5 and result.attrs["converged"] == 0
+
+
+@pytest.mark.parametrize("budget, error", [(-1, ValueError), (False, TypeError)])
+def test_a_time_budget_is_checked_before_the_fit(
+    tiny_llama, mixed, clusters, monkeypatch, budget, error
+):
+    monkeypatch.setattr(masks_module, "_encode", None)  # any pass, even encoding, would fail
+    with pytest.raises(error, match="time_budget must be"):
+        block_masks(tiny_llama, mixed, clusters=clusters, time_budget=budget, **FAST)
+    with pytest.raises(error, match="time_budget must be"):
+        mask_comparison(tiny_llama, mixed, mixed[:8], clusters=clusters, time_budget=budget)

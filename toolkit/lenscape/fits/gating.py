@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -42,6 +43,7 @@ from ..sweep import memory
 from ..sweep.backend import Site, standing_edit
 from ..sweep.inputs import pad
 from ..sweep.options import DEFAULTS
+from . import optim
 from .optim import (
     MAX_FIT_BATCH,
     MAX_FIT_STEPS,
@@ -59,6 +61,10 @@ from .optim import (
 
 CLIP = 4.0
 STAGES = ("stage0", "plus", "minus")
+#: Stage 0's share of a fit's ``time_budget``: it fits one gate set per seed and the G+ and
+#: G- stage two, so at equal updates stage 0 costs a third of the fit; the G+ and G- stage
+#: gets the rest, with whatever stage 0 left unused.
+STAGE0_SHARE = 1 / 3
 #: Most seeds one fit takes: the reference and the recorded roles use 10, and 100 seeds
 #: resolve "in what share of seeds" to 1%; each seed is three more gate sets in every pass.
 MAX_SEEDS = 100
@@ -183,12 +189,14 @@ def _stage(
     rows_per_pass: int,
     bar,
     resume: tuple[Path, dict[str, Any]] | None = None,
+    deadline: float | None = None,
 ):
     """Fit stacked gate logits (sets, layer, head) until each set's gates stop moving.
 
     Set ``k`` uses regulariser ``-signs[k] * lambda_ * mean(clip(g_k))`` and its own batches.
     Rows go through the model ``rows_per_pass`` at a time, backward after each pass.
-    ``resume``: (state file, key) to keep the stage's state in (``optim.Resume``).
+    ``resume``: (state file, key) to keep the stage's state in (``optim.Resume``);
+    ``deadline``: an ``optim.clock()`` time the stage's updates stop at (or None).
     """
     per_pass = sets_per_pass(rows_per_pass, batches.batch_size)
 
@@ -218,6 +226,7 @@ def _stage(
         tol=tol,
         on_step=bar.update,
         resume=None if resume is None else Resume(*resume, batches.get_state, batches.set_state),
+        deadline=deadline,
     )
 
 
@@ -429,6 +438,7 @@ def head_gating(
     precision: Precision = "float32",
     init: str = "uniform",
     checkpoint: str | Path | None = None,
+    time_budget: float | None = None,
     progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Fit causal head gates on a task at the reference protocol and score every head's role.
@@ -465,6 +475,16 @@ def head_gating(
             fit interrupted and started again with the same folder and arguments continues
             from its last check (same numbers at the same torch thread count). None keeps
             nothing. Other files in the folder are ignored.
+        time_budget: seconds the fit's updates may take (wall time; encoding the prompts
+            and the validation losses after the fit aside), or None for no budget. Stage 0
+            may use a third of it (at equal updates it fits a third of the gate sets), the
+            G+ and G- stage the rest; a stage whose budget is spent stops with its gate sets
+            still moving, not converged (attrs ``stopped == "time budget"``; a
+            ``TimeBudgetWarning`` and the ``longer_run`` attr say what a longer run would
+            add). A fit that ends within its budget is the same as without one. The budget
+            is not part of the checkpoint's key: with ``checkpoint``, a fit stopped by its
+            budget continues from where it stopped when called again (with any budget);
+            the G+ and G- stage then starts over from the continued stage 0.
         progress: show a progress bar.
 
     Returns:
@@ -473,7 +493,9 @@ def head_gating(
         over (seed,): ``val_loss``/``val_loss_plus``/``val_loss_minus`` and the updates
         used ``steps_stage0``/``steps_plus``/``steps_minus``; settings, the ungated
         validation loss, the most updates per stage (``steps_stage0``, ``steps_plus``,
-        ``steps_minus``) and whether every set converged (``converged``) in attrs.
+        ``steps_minus``), whether every set converged (``converged``) and why the fit
+        stopped (``stopped``: "still", "max_steps" or "time budget"; with a budget,
+        ``time_budget`` and ``longer_run``) in attrs.
 
     Raises:
         TypeError, ValueError: an option of the wrong type or out of range (more than
@@ -504,6 +526,7 @@ def head_gating(
     precision = check_precision(precision)
     init = _validate.choice("init", init, list(INITS))
     folder = checkpoint_folder(checkpoint)
+    time_budget = optim.check_time_budget(time_budget)
     prompts = as_prompt_set(task, name="task")
     if len(prompts) == 0:
         raise ValueError("The task has no prompts; use lsc.data.task('math') or pass prompts.")
@@ -540,6 +563,7 @@ def head_gating(
             precision=precision,
             init=init,
             folder=folder,
+            deadlines=_deadlines(time_budget),
             progress=progress,
         )
         all_gates = torch.sigmoid(torch.cat([base.params, signed.params]))
@@ -551,7 +575,10 @@ def head_gating(
         prompt_set=prompts.name,
         n_prompts=len(prompts),
         **_gating_attrs(settings, batch_size, precision, init, base, signed, val),
+        **_budget_attrs(time_budget, base, signed, settings),
     )
+    if attrs.get("longer_run"):
+        warnings.warn(f"head_gating: {attrs['longer_run']}", optim.TimeBudgetWarning, stacklevel=2)
     return _gating_result(model, seed_list, all_gates, val, base, signed, attrs)
 
 
@@ -566,6 +593,7 @@ def _fit_stages(
     precision: Precision,
     init: str,
     folder: Path | None,
+    deadlines: tuple[float | None, float | None] = (None, None),
     progress: bool,
 ) -> tuple[Fit, Fit]:
     """Stage 0 (lambda 0) from each seed's start (``INITS[init]``), then G+ and G- from
@@ -576,7 +604,10 @@ def _fit_stages(
             rows_per_pass).
         folder: where each stage keeps its state (``optim.Resume``, keyed by the settings,
             the model's name, layout and weights fingerprint and a fingerprint of the
-            items), or None.
+            items), or None. The G+ and G- stage keeps none after a stage 0 stopped by its
+            budget: its start would change when stage 0 continues.
+        deadlines: the ``optim.clock()`` times stage 0 and the G+ and G- stage stop at
+            (``_deadlines``; None: no deadline).
 
     Returns:
         Stage 0's fit, params (seeds, layer, head), and the signed stages' fit, params
@@ -596,7 +627,7 @@ def _fit_stages(
     def resume(stage: str) -> tuple[Path, dict[str, Any]] | None:
         return None if folder is None else (folder / f"{stage}.pt", {**key, "stage": stage})
 
-    starts = _start_logits(init, seed_list, (spec.n_layers, spec.n_heads))
+    signed_keys = [(s, stage) for stage in (1, 2) for s in seed_list]  # G+ of each seed, G-
     bar = tqdm(
         total=2 * settings["max_steps"],
         disable=not progress,
@@ -606,12 +637,13 @@ def _fit_stages(
         base = _stage(
             model,
             gates,
-            starts.to(model.device),
+            _start_logits(init, seed_list, (spec.n_layers, spec.n_heads)).to(model.device),
             torch.zeros(n),
             items,
             _Batches(len(items), [(s, 0) for s in seed_list], batch_size),
             bar=bar,
             resume=resume("stage0"),
+            deadline=deadlines[0],
             **settings,
         )
         bar.set_description(f"head gating ({n} seeds), G+ and G- stages")
@@ -621,15 +653,45 @@ def _fit_stages(
             base.params.repeat(2, 1, 1),
             torch.tensor([1.0] * n + [-1.0] * n),
             items,
-            _Batches(
-                len(items), [(s, 1) for s in seed_list] + [(s, 2) for s in seed_list], batch_size
-            ),
+            _Batches(len(items), signed_keys, batch_size),
             bar=bar,
-            resume=resume("signed"),
+            resume=resume("signed") if base.stopped != "time budget" else None,
+            deadline=deadlines[1],
             **settings,
         )
     bar.close()
     return base, signed
+
+
+def _deadlines(time_budget: float | None) -> tuple[float | None, float | None]:
+    """The ``optim.clock()`` times stage 0 and the G+ and G- stage stop at: ``STAGE0_SHARE``
+    of ``time_budget`` from now, and all of it (None and None without a budget)."""
+    if time_budget is None:
+        return None, None
+    began = optim.clock()
+    return began + STAGE0_SHARE * time_budget, began + time_budget
+
+
+def _budget_attrs(
+    time_budget: float | None, base: Fit, signed: Fit, settings: dict[str, Any]
+) -> dict[str, Any]:
+    """Why the fit stopped (``stopped``: "time budget" when a stage ran out of it, else
+    "max_steps" when a gate set was still moving at the cap, else "still") and, with a
+    budget, ``time_budget`` and ``longer_run`` (what a longer run would add, "" if
+    nothing)."""
+    stops = {base.stopped, signed.stopped}
+    attrs: dict[str, Any] = {
+        "stopped": next((s for s in ("time budget", "max_steps") if s in stops), "still")
+    }
+    if time_budget is not None:
+        rule = dict(max_steps=settings["max_steps"], tol=settings["tol"], sets="gate sets")
+        notes = [
+            f"{name} {optim.longer_run(fit, **rule)}"
+            for name, fit in (("stage 0", base), ("the G+ and G- stage", signed))
+            if fit.stopped == "time budget"
+        ]
+        attrs.update(time_budget=time_budget, longer_run=" ".join(notes))
+    return attrs
 
 
 def _gating_attrs(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -267,6 +268,7 @@ def _fit_masks(
     seed: int,
     progress: bool,
     checkpoint: Path | None = None,
+    time_budget: float | None = None,
 ):
     """Fit gate logits for every (sparsity, group) pair in one stacked run.
 
@@ -274,6 +276,7 @@ def _fit_masks(
         items: token ids per text; groups: per group, the indices of its texts.
         options: the fit's options (checked).
         checkpoint: a folder to keep the fit's state in (``optim.Resume``), or None.
+        time_budget: seconds the updates may take (checked), or None.
 
     Returns:
         ``Fit`` whose params are (sparsity * group, layer, component) gate logits.
@@ -318,6 +321,7 @@ def _fit_masks(
         desc=f"block masks ({n_groups} groups x {len(sparsities)} sparsities)",
     )
     passes = optim.fit_passes(model.hf, options.precision)
+    deadline = None if time_budget is None else optim.clock() + time_budget
     with _scaled_blocks(model, lambda: current["scale"]), passes:
         fit = optim.fit_until_still(
             start,
@@ -330,9 +334,22 @@ def _fit_masks(
             tol=options.tol,
             on_step=bar.update,
             resume=None if checkpoint is None else _resume(checkpoint, key, rng, noise),
+            deadline=deadline,
         )
     bar.close()
     return fit
+
+
+def _budget_attrs(fit: Fit, options: FitOptions, time_budget: float | None) -> dict[str, Any]:
+    """Why the mask fit stopped (``stopped``, ``optim.STOPS``) and, with a budget,
+    ``time_budget`` and ``longer_run`` (what a longer run would add; "" if nothing), warning
+    (``optim.TimeBudgetWarning``) when the budget stopped it."""
+    if time_budget is None:
+        return {"stopped": fit.stopped}
+    note = optim.longer_run(fit, max_steps=options.max_steps, tol=options.tol, sets="mask sets")
+    if note:
+        warnings.warn(f"The block-mask fit {note}", optim.TimeBudgetWarning, stacklevel=3)
+    return {"stopped": fit.stopped, "time_budget": time_budget, "longer_run": note}
 
 
 def _resume(
@@ -552,6 +569,7 @@ def block_masks(
     rows_per_pass: int = FIT_DEFAULTS.rows_per_pass,
     precision: Precision = FIT_DEFAULTS.precision,
     checkpoint: str | Path | None = None,
+    time_budget: float | None = None,
     progress: bool = DEFAULTS.progress,
 ) -> xr.Dataset:
     """Learn one block mask per cluster (and per target sparsity), to convergence.
@@ -577,11 +595,19 @@ def block_masks(
         checkpoint: a folder where the fit keeps its state every ``window`` updates; a
             fit interrupted and started again with the same folder and arguments continues
             from its last check. None keeps nothing. Other files in the folder are ignored.
+        time_budget: seconds the fit's updates may take (wall time), or None for no
+            budget. When it is spent, the sets still moving stop, not converged (attrs
+            ``stopped == "time budget"``; a ``TimeBudgetWarning`` and the ``longer_run``
+            attr say what a longer run would add); the masks are the top blocks of the gate
+            logits reached. A fit that ends within its budget is the same as without one.
+            Not part of the checkpoint's key: with ``checkpoint``, a fit stopped by its
+            budget continues from there when called again (with any budget).
 
     Returns:
         Dataset over ([target_sparsity,] cluster, layer, component): ``mask`` (bool, True =
         kept) and ``keep_prob`` (probability that the gate is open); ``steps`` over
-        ([target_sparsity,] cluster); settings in attrs.
+        ([target_sparsity,] cluster); settings, ``converged`` and ``stopped`` (``"still"``,
+        ``"max_steps"`` or ``"time budget"``) in attrs.
 
     Raises:
         TypeError, ValueError: an option of the wrong type or out of range.
@@ -610,6 +636,7 @@ def block_masks(
     )
     seed = _validate.integer("seed", seed, low=0)
     progress = _validate.flag("progress", progress)
+    time_budget = optim.check_time_budget(time_budget)
     _validate.not_empty("prompts", prompts, fix="pass the texts that were clustered")
     folder = optim.checkpoint_folder(checkpoint)
     clusters = _check_clusters(clusters)
@@ -626,6 +653,7 @@ def block_masks(
         seed=seed,
         progress=progress,
         checkpoint=folder,
+        time_budget=time_budget,
     )
     k = clusters.k
     attrs = model.provenance(
@@ -645,6 +673,7 @@ def block_masks(
         precision=precision,
         steps=int(fit.steps.max()),
         converged=int(fit.converged.all()),
+        **_budget_attrs(fit, options, time_budget),
     )
     parts = [
         _learned_masks(
@@ -864,6 +893,7 @@ def mask_comparison(
     seed: int = 0,
     batch_size: int = 16,
     checkpoint: str | Path | None = None,
+    time_budget: float | None = None,
     progress: bool = DEFAULTS.progress,
     **fit_options,
 ) -> xr.Dataset:
@@ -887,13 +917,16 @@ def mask_comparison(
             ``penalty``, ``rows_per_pass``, ``precision``; ``batch_size`` is the evaluation
             batch, use ``train_batch_size``); the rest keep ``FIT_DEFAULTS``.
         checkpoint: a folder where the fit keeps its state (as in ``block_masks``).
+        time_budget: seconds the fit's updates may take, or None (as in ``block_masks``;
+            the held-out scoring after the fit is not counted).
 
     Returns:
         Dataset: ``ppl_ratio`` (strategy, target_sparsity) with strategies routed, global,
         random; ``loss_routed``/``loss_global`` (target_sparsity, cluster) mean held-out NLL
         of the texts routed to each cluster and ``n_held_out`` (cluster,); the masks
         ``routed_mask`` (target_sparsity, cluster, layer, component) and ``global_mask``
-        (target_sparsity, layer, component); the unmasked held-out NLL in attrs.
+        (target_sparsity, layer, component); the unmasked held-out NLL, ``converged`` and
+        ``stopped`` (with a budget, ``time_budget`` and ``longer_run``) in attrs.
     """
     sparsities = _check_sparsities(sparsities, "sparsities")
     n_random = _validate.integer("n_random", n_random, low=1, high=MAX_RANDOM_MASKS)
@@ -902,6 +935,7 @@ def mask_comparison(
     batch_size = _validate.positive_int("batch_size", batch_size)
     progress = _validate.flag("progress", progress)
     folder = optim.checkpoint_folder(checkpoint)
+    time_budget = optim.check_time_budget(time_budget)
     options = _fit_options(fit_options, caller="mask_comparison")
     clusters = _check_clusters(clusters)
     if len(held_out) < clusters.k:
@@ -920,6 +954,7 @@ def mask_comparison(
         seed=seed,
         progress=progress,
         checkpoint=folder,
+        time_budget=time_budget,
     )
     routes = torch.as_tensor(clusters.route(held_out))
     items = _encode(model, held_out)
@@ -948,6 +983,7 @@ def mask_comparison(
         "loss_unmasked": float(base.mean()),
         "steps": int(fit.steps.max()),
         "converged": int(fit.converged.all()),
+        **_budget_attrs(fit, options, time_budget),
         **{f"fit_{name}": value for name, value in asdict(options).items()},
     }
     return _comparison_result(model, sparsities, masks, ratio, by_cluster, routes, attrs)

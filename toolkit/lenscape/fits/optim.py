@@ -12,6 +12,13 @@ killed continues from its last check instead of from zero, with the same numbers
 uninterrupted fit at the same torch thread count. The state is keyed by what the fit depends
 on (the model's name, layout and weights fingerprint, a fingerprint of the data, the
 settings): the state of another fit, or a damaged file, is refused with what differs.
+
+A fit may also be given a ``deadline`` (a wall-time budget, on ``clock``): no update starts
+that would end past it (judged by the last update's time), every set still moving stops
+there, not converged, and the ``Fit`` says so (``stopped == "time budget"``). The deadline
+is a speed option: it never enters the state's key, and a fit stopped by it keeps its state
+like an interrupted one, so a rerun with the same checkpoint continues it (with the same
+numbers as a fit never stopped); a fit that finishes within it is unchanged by it.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +37,7 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedModel
 
+from .. import _validate
 from ..models import LensModel
 from ..store import as_path
 from ..sweep import memory
@@ -94,22 +104,60 @@ def fit_passes(hf: PreTrainedModel, precision: Precision) -> Iterator[None]:
             hf.set_attn_implementation(attention)
 
 
+#: The clock wall-time budgets are measured on (seconds); tests put a fake clock here.
+clock: Callable[[], float] = time.perf_counter
+
+#: Why a fit stopped: every set still, the update cap, or its wall-time budget.
+STOPS = ("still", "max_steps", "time budget")
+
+
+class TimeBudgetWarning(UserWarning):
+    """A fit stopped at its wall-time budget with sets still moving; the message says what a
+    longer run would add (``longer_run``)."""
+
+
+def check_time_budget(value: object) -> float | None:
+    """A fit's ``time_budget``: None (no budget) or seconds, a finite number > 0.
+
+    Raises:
+        TypeError: not a number (a bool, a string ...). ValueError: zero, negative, NaN or
+            infinite (None is the way to say "no budget").
+    """
+    if value is None:
+        return None
+    return _validate.number("time_budget", value, above=0)
+
+
 @dataclass
 class Fit:
     """Result of ``fit_until_still``.
 
     Attributes:
         params: (sets, ...) fitted parameters, detached.
-        steps: (sets,) Adam updates each set took before it stopped moving (or hit the cap).
+        steps: (sets,) Adam updates each set took before it stopped moving (or hit the cap
+            or the deadline).
         movement: (sets,) mean absolute change of each set's watched values over its last
-            window.
-        converged: (sets,) whether each set stopped moving before ``max_steps``.
+            window (inf before the first window).
+        converged: (sets,) whether each set stopped moving (before ``max_steps`` and the
+            deadline).
+        stopped: why the fit stopped (``STOPS``): ``"still"`` (every set converged),
+            ``"max_steps"`` or ``"time budget"``.
+        updates: updates made by this call (0 when a finished fit's state was read back).
+        seconds: wall time of those updates (``clock``).
     """
 
     params: torch.Tensor
     steps: torch.Tensor
     movement: torch.Tensor
     converged: torch.Tensor
+    stopped: str = "still"
+    updates: int = 0
+    seconds: float = 0.0
+
+    @property
+    def seconds_per_update(self) -> float:
+        """Mean wall time of this call's updates (NaN when it made none)."""
+        return self.seconds / self.updates if self.updates else math.nan
 
 
 @dataclass
@@ -337,7 +385,29 @@ def clip_per_set(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
     return grad * scale.view(-1, *([1] * (grad.dim() - 1)))
 
 
-# long: one Adam loop (per-set clipping, convergence, resumable state), read top to bottom
+def _restore(
+    saved: dict[str, Any],
+    params: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    on_step: Callable[[], None] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Put a saved fit state back (``_load_state``): the parameters and Adam's moments in
+    place, ``on_step`` called once per update already made.
+
+    Returns:
+        The per-set ``active``, ``steps``, ``movement``, the watched values at the last
+        check (``previous``) and the next update's number.
+    """
+    with torch.no_grad():
+        params.copy_(saved["params"])
+    optimizer.load_state_dict(saved["optimizer"])
+    for _ in range(saved["step"]):
+        if on_step is not None:
+            on_step()
+    return saved["active"], saved["steps"], saved["movement"], saved["previous"], saved["step"] + 1
+
+
+# long: one Adam loop (per-set clipping, convergence, deadline, resumable state), read top to bottom
 def fit_until_still(
     start: torch.Tensor,
     loss_and_grad: Callable[[torch.Tensor, list[int]], torch.Tensor],
@@ -350,6 +420,7 @@ def fit_until_still(
     tol: float,
     on_step: Callable[[], None] | None = None,
     resume: Resume | None = None,
+    deadline: float | None = None,
 ) -> Fit:
     """Adam on stacked parameters; each set stops updating once its watched values are still.
 
@@ -371,10 +442,14 @@ def fit_until_still(
             update already made when a fit is resumed.
         resume: where to keep the fit's state at every convergence check and to continue
             from (``Resume``); None keeps nothing.
+        deadline: a ``clock()`` time: no update after the first starts when the last
+            update's duration would take it past the deadline; the sets still moving then
+            stop, not converged (``stopped="time budget"``), and the state is kept (with
+            ``resume``) so a rerun continues. Not part of the state's key. None: no deadline.
 
     Returns:
         A ``Fit`` with the parameters and, per set, its updates, last movement and whether
-        it converged.
+        it converged; why it stopped, and the updates and wall time of this call.
     """
     params = start.detach().clone().requires_grad_(True)
     optimizer = torch.optim.Adam([params], lr=lr)
@@ -396,16 +471,10 @@ def fit_until_still(
     saved = _load_state(resume, start) if resume is not None else None
     first = 1
     if saved is not None:
-        with torch.no_grad():
-            params.copy_(saved["params"])
-        optimizer.load_state_dict(saved["optimizer"])
-        active, steps, movement = saved["active"], saved["steps"], saved["movement"]
-        previous, first = saved["previous"], saved["step"] + 1
-        for _ in range(saved["step"]):
-            if on_step is not None:
-                on_step()
+        active, steps, movement, previous, first = _restore(saved, params, optimizer, on_step)
         if saved["done"]:
-            return Fit(params.detach(), steps, movement, ~active)
+            stopped = "max_steps" if active.any() else "still"
+            return Fit(params.detach(), steps, movement, ~active, stopped=stopped)
 
     def keep(step: int, done: bool) -> None:
         if resume is not None:
@@ -422,16 +491,23 @@ def fit_until_still(
                 ),
             )
 
+    began, last, made, stopped = clock(), 0.0, 0, "max_steps"
     for step in range(first, max_steps + 1):
+        if deadline is not None and made and clock() + last > deadline:
+            keep(step - 1, done=False)  # a rerun continues from here
+            stopped = "time budget"
+            break
+        update_began = clock()
         optimizer.zero_grad()
         loss_and_grad(params, active.nonzero().flatten().tolist())
         if grad_clip is not None and params.grad is not None:
             params.grad = clip_per_set(params.grad, grad_clip)
-        stopped = params.detach()[~active].clone()
+        frozen = params.detach()[~active].clone()
         optimizer.step()
         with torch.no_grad():
-            params[~active] = stopped  # Adam momentum must not move a stopped set
+            params[~active] = frozen  # Adam momentum must not move a stopped set
         steps[active] = step
+        made, last = made + 1, clock() - update_began
         if on_step is not None:
             on_step()
         if step % window == 0:
@@ -443,8 +519,37 @@ def fit_until_still(
             active &= ~(moved < tol)
             if not active.any():
                 keep(step, done=True)
+                stopped = "still"
                 break
             keep(step, done=step == max_steps)
         elif step == max_steps:
             keep(step, done=True)
-    return Fit(params.detach(), steps, movement, ~active)
+    return Fit(params.detach(), steps, movement, ~active, stopped, made, clock() - began)
+
+
+def longer_run(fit: Fit, *, max_steps: int, tol: float, sets: str = "sets") -> str:
+    """What a longer run would add to a fit stopped by its time budget, in words (for a
+    warning, a notebook, a result's ``longer_run`` attr); "" for a fit stopped otherwise.
+
+    Args:
+        fit: the ``Fit`` (its ``seconds_per_update`` prices the updates left).
+        max_steps: the fit's update cap; tol: its stopping rule.
+        sets: what a set is, plural ("gate sets", "mask sets").
+    """
+    if fit.stopped != "time budget":
+        return ""
+    moving = ~fit.converged
+    done = int(fit.steps.max())
+    left = max_steps - done
+    measured = fit.movement[moving][torch.isfinite(fit.movement[moving])]
+    change = f"; the largest last change {float(measured.max()):.3g}" if len(measured) else ""
+    cost = fit.seconds_per_update * left
+    return (
+        f"stopped at its time budget after {done} of at most {max_steps} updates "
+        f"({fit.seconds:.0f} s, {fit.seconds_per_update:.2g} s per update): "
+        f"{int(moving.sum())} of {len(moving)} {sets} still moving (the rule stops them "
+        f"below a change of {tol:g} per window{change}). A longer run would let them settle "
+        f"or reach the cap: up to {left} more updates, at most about {cost / 60:.1f} min at "
+        "this speed (less as sets stop); pass a larger time_budget, or None, and the same "
+        "checkpoint folder to continue from here."
+    )
