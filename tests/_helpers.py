@@ -335,3 +335,311 @@ def torch_threads(count: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- per-receiver edge references
+# Each family's computation written by hand from the Hugging Face source
+# (transformers/models/*/modeling_*.py), without lenscape's layouts, descriptions or hooks:
+# which modules hold a block's q/k/v, its norms and its outputs, and which columns of the
+# q/k/v source module hold each head. A receiver's own copy of the residual stream is made
+# with plain forward hooks, its q/k/v computed by the Hugging Face modules themselves.
+
+#: Families whose attention and MLP outputs pass a norm before the residual stream, and
+#: the offset of that norm's gain (Gemma: 1 + weight).
+_POST_NORMED = {"gemma2": 1.0, "gemma3_text": 1.0, "olmo2": 0.0}
+
+
+def hand_block(model, layer):
+    """A block's modules by hand: dict with block, attn, qkv_norm (None: q/k/v read the
+    stream as it is), o_proj, post_attn (None: none), mlp_in (its input is the MLP's
+    residual input), mlp_out (its output is the MLP's contribution)."""
+    hf, arch = model.hf, model.hf.config.model_type
+    if arch == "gpt2":
+        b = hf.transformer.h[layer]
+        return dict(
+            block=b,
+            attn=b.attn,
+            qkv_norm=b.ln_1,
+            o_proj=b.attn.c_proj,
+            post_attn=None,
+            mlp_in=b.ln_2,
+            mlp_out=b.mlp,
+        )
+    if arch == "gpt_neox":
+        b = hf.gpt_neox.layers[layer]
+        return dict(
+            block=b,
+            attn=b.attention,
+            qkv_norm=b.input_layernorm,
+            o_proj=b.attention.dense,
+            post_attn=None,
+            mlp_in=b.post_attention_layernorm,
+            mlp_out=b.mlp,
+        )
+    b = hf.model.layers[layer]
+    parts = dict(
+        block=b,
+        attn=b.self_attn,
+        qkv_norm=getattr(b, "input_layernorm", None),
+        o_proj=b.self_attn.o_proj,
+        post_attn=None,
+        mlp_in=b.post_attention_layernorm,
+        mlp_out=b.mlp,
+    )
+    if arch in ("gemma2", "gemma3_text"):
+        parts.update(
+            post_attn=b.post_attention_layernorm,
+            mlp_in=b.pre_feedforward_layernorm,
+            mlp_out=b.post_feedforward_layernorm,
+        )
+    if arch == "olmo2":
+        parts.update(
+            qkv_norm=None,
+            post_attn=b.post_attention_layernorm,
+            mlp_in=b.mlp,
+            mlp_out=b.post_feedforward_layernorm,
+        )
+    return parts
+
+
+def hand_final_norm(model):
+    hf = model.hf
+    if hf.config.model_type == "gpt2":
+        return hf.transformer.ln_f
+    if hf.config.model_type == "gpt_neox":
+        return hf.gpt_neox.final_layer_norm
+    return hf.model.norm
+
+
+def hand_parallel(model):
+    """GPT-NeoX's MLP reads the block's input when its config says so."""
+    return bool(getattr(model.hf.config, "use_parallel_residual", False))
+
+
+def hand_qkv_source(model, layer, kind, head):
+    """(module, compute, columns): the module whose output holds head ``head``'s ``kind``
+    values (kind "q", "k" or "v"; k/v heads are key/value heads), a function computing that
+    module's output from a normed input with the HF modules, and the head's columns there."""
+    arch, attn = model.hf.config.model_type, hand_block(model, layer)["attn"]
+    n_q, n_kv, d = model.spec.n_heads, model.spec.n_kv_heads, model.spec.d_head
+    i = "qkv".index(kind)
+    if arch == "gpt2":  # c_attn(x).split(embed_dim): [q | k | v]
+        start = i * n_q * d + head * d
+        return attn.c_attn, attn.c_attn.forward, slice(start, start + d)
+    if arch == "gpt_neox":  # query_key_value(x).view(..., n, 3 d).chunk(3): per head q, k, v
+        start = head * 3 * d + i * d
+        return attn.query_key_value, attn.query_key_value.forward, slice(start, start + d)
+    if arch == "phi3":  # qkv_proj(x)[..., :query_pos], [query_pos : +kv d], [...:]
+        start = [0, n_q * d, n_q * d + n_kv * d][i] + head * d
+        return attn.qkv_proj, attn.qkv_proj.forward, slice(start, start + d)
+    proj = getattr(attn, f"{kind}_proj")
+    if arch == "olmo2" and kind != "v":  # q_norm(q_proj(x)) over all heads at once
+        norm = getattr(attn, f"{kind}_norm")
+        return norm, lambda x: norm.forward(proj.forward(x)), slice(head * d, head * d + d)
+    return proj, proj.forward, slice(head * d, head * d + d)
+
+
+def hand_receivers(model):
+    """Receiver labels in lenscape's order, with (kind, layer, head)."""
+    spec, out = model.spec, []
+    for layer in range(spec.n_layers):
+        out += [(f"L{layer}.H{h}.q", ("q", layer, h)) for h in range(spec.n_heads)]
+        out += [(f"L{layer}.KV{h}.k", ("k", layer, h)) for h in range(spec.n_kv_heads)]
+        out += [(f"L{layer}.KV{h}.v", ("v", layer, h)) for h in range(spec.n_kv_heads)]
+        out.append((f"L{layer}.MLP", ("mlp", layer, -1)))
+    return [*out, ("logits", ("logits", spec.n_layers, -1))]
+
+
+def hand_edge_exists(model, sender, receiver):
+    """Whether ``receiver`` (kind, layer, head) reads ``sender`` ("embed" | (layer, head) |
+    (layer, "mlp"))."""
+    kind, r_layer, _ = receiver
+    s_layer = -1 if sender == "embed" else sender[0]
+    if s_layer < r_layer:
+        return True
+    head = sender != "embed" and sender[1] != "mlp"
+    return kind == "mlp" and head and s_layer == r_layer and not hand_parallel(model)
+
+
+def _hidden_of(args, kwargs):
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _replace_hidden(args, kwargs, value):
+    return ((value, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": value})
+
+
+def hand_senders(model, ids, embed=None):
+    """One unedited pass: (sender label -> (pos, d_model) float64 output, logits at the last
+    position). Heads through a post-norm are its output linearised at this run's scale:
+    head output x rsqrt(mean(y^2) + eps) x gain, y the whole attention output."""
+    spec, arch, d = model.spec, model.hf.config.model_type, model.spec.d_head
+    out, hooks = {}, []
+
+    def first(module, args, kwargs):
+        hidden = _hidden_of(args, kwargs)
+        if embed is not None:
+            hidden = embed(hidden)
+        out["embed"] = hidden[0].detach().double()
+        return _replace_hidden(args, kwargs, hidden) if embed is not None else None
+
+    hooks.append(hand_block(model, 0)["block"].register_forward_pre_hook(first, with_kwargs=True))
+    for layer in range(spec.n_layers):
+        parts = hand_block(model, layer)
+
+        def heads(module, args, layer=layer):
+            z, w = args[0][0].detach().double(), module.weight.detach().double()
+            for h in range(spec.n_heads):
+                w_h = w[h * d : (h + 1) * d] if arch == "gpt2" else w[:, h * d : (h + 1) * d].T
+                out[f"L{layer}.H{h}"] = z[:, h * d : (h + 1) * d] @ w_h
+
+        def post(module, args, output, layer=layer):
+            y = args[0][0].detach().double()
+            eps = getattr(module, "eps", None) or module.variance_epsilon
+            scale = torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+            gain = module.weight.detach().double() + _POST_NORMED[arch]
+            for h in range(spec.n_heads):
+                out[f"L{layer}.H{h}"] = out[f"L{layer}.H{h}"] * scale * gain
+
+        def mlp(module, args, output, layer=layer):
+            out[f"L{layer}.MLP"] = output[0].detach().double()
+
+        hooks.append(parts["o_proj"].register_forward_pre_hook(heads))
+        if parts["post_attn"] is not None:
+            hooks.append(parts["post_attn"].register_forward_hook(post))
+        hooks.append(parts["mlp_out"].register_forward_hook(mlp))
+    try:
+        with torch.no_grad():
+            logits = model.hf(ids).logits[0, -1].double()
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return out, logits
+
+
+def hand_receiver_hooks(model, receiver, delta):
+    """Plain hooks giving ``receiver`` (kind, layer, head) the residual stream plus ``delta``
+    (1, pos, d_model) as its own input, every other reader the stream as it is."""
+    kind, layer, head = receiver
+    if kind == "logits":
+        return [
+            (
+                hand_final_norm(model),
+                lambda m, a, k: _replace_hidden(a, k, _hidden_of(a, k) + delta),
+            )
+        ]
+    parts = hand_block(model, layer)
+    if kind == "mlp":
+        return [(parts["mlp_in"], lambda m, a, k: _replace_hidden(a, k, _hidden_of(a, k) + delta))]
+    resid = {}
+    module, compute, columns = hand_qkv_source(model, layer, kind, head)
+
+    def keep(m, a, k):
+        resid["x"] = _hidden_of(a, k)
+
+    def splice(m, a, output):
+        own = resid["x"] + delta
+        normed = own if parts["qkv_norm"] is None else parts["qkv_norm"].forward(own)
+        output = output.clone()
+        output[..., columns] = compute(normed)[..., columns]
+        return output
+
+    return [(parts["block"], keep), (module, splice, "forward")]
+
+
+def hand_metric(model, ids, target, distractor, hooks=(), embed=None):
+    """Logit difference at the last position with ``hooks`` ((module, fn) pre-hooks with
+    kwargs, or (module, fn, "forward")) and the block-0 input replaced by ``embed``."""
+    handles = []
+    if embed is not None:
+        # first, so that a receiver's copy of block 0's input is the replaced one
+        hooks = [
+            (
+                hand_block(model, 0)["block"],
+                lambda m, a, k: _replace_hidden(a, k, embed(_hidden_of(a, k))),
+            ),
+            *hooks,
+        ]
+    for hook in hooks:
+        if len(hook) == 3:
+            handles.append(hook[0].register_forward_hook(hook[1]))
+        else:
+            handles.append(hook[0].register_forward_pre_hook(hook[1], with_kwargs=True))
+    try:
+        logits = model.hf(ids).logits[0, -1]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits[target] - logits[distractor]
+
+
+def _pair(model, prompt):
+    tok = model.tokenizer
+    clean = torch.tensor([tok(prompt.text)["input_ids"]])
+    corrupt = torch.tensor([tok(prompt.corrupt)["input_ids"]])
+    target, distractor = (
+        tok(t, add_special_tokens=False)["input_ids"][0] for t in (prompt.target, prompt.distractor)
+    )
+    return clean, corrupt, target, distractor
+
+
+def reference_edge_patching(model, prompt, edges):
+    """Exact single-edge patching by hand: per (sender, receiver) label pair of ``edges``, the
+    corrupt run's metric with only that receiver reading that sender's clean output
+    (float64 of a float model's logits)."""
+    clean_ids, corrupt_ids, target, distractor = _pair(model, prompt)
+    clean, _ = hand_senders(model, clean_ids)
+    corrupt, _ = hand_senders(model, corrupt_ids)
+    receivers = dict(hand_receivers(model))
+    out = {}
+    for sender, receiver in edges:
+        delta = (clean[sender] - corrupt[sender])[None].to(model.dtype)
+        hooks = hand_receiver_hooks(model, receivers[receiver], delta)
+        with torch.no_grad():
+            out[sender, receiver] = float(
+                hand_metric(model, corrupt_ids, target, distractor, hooks)
+            )
+    return out
+
+
+def reference_edge_scores(model, prompt, steps=1):
+    """EAP (steps=1) or EAP-IG by hand: per receiver, the gradient of the metric at a zero
+    leaf added to its own copy of the stream, averaged over the corrupt -> clean path of
+    block 0's input (k / steps, k = 0..steps-1), dotted with each sender's clean - corrupt
+    output summed over positions. Returns {(sender, receiver): score} for real edges."""
+    clean_ids, corrupt_ids, target, distractor = _pair(model, prompt)
+    clean, _ = hand_senders(model, clean_ids)
+    corrupt, _ = hand_senders(model, corrupt_ids)
+    clean_embed = clean["embed"][None].to(model.dtype)
+    scores = {}
+    for label, receiver in hand_receivers(model):
+        grad = 0.0
+        for k in range(steps):
+            leaf = torch.zeros((1, *clean["embed"].shape), dtype=model.dtype, requires_grad=True)
+
+            def path(x, alpha=k / steps):
+                return x + alpha * (clean_embed - x)
+
+            metric = hand_metric(
+                model,
+                corrupt_ids,
+                target,
+                distractor,
+                hand_receiver_hooks(model, receiver, leaf),
+                embed=path if k else None,
+            )
+            (g,) = torch.autograd.grad(metric, leaf)
+            grad = grad + g[0].double() / steps
+        for sender in clean:
+            s = (
+                "embed"
+                if sender == "embed"
+                else (
+                    (int(sender[1:].split(".")[0]), "mlp")
+                    if sender.endswith("MLP")
+                    else (int(sender[1:].split(".")[0]), int(sender.split(".H")[1]))
+                )
+            )
+            if hand_edge_exists(model, s, receiver):
+                scores[sender, label] = float(((clean[sender] - corrupt[sender]) * grad).sum())
+    return scores

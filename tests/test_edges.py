@@ -380,10 +380,30 @@ def test_agreement_options_are_checked_before_any_pass(tiny_llama, options, erro
     assert not passes
 
 
-def test_unsupported_architecture_is_refused(tokenizer):
-    gpt2 = models.tiny("gpt2", n_layers=2, seed=0, tokenizer=tokenizer)
-    with pytest.raises(ValueError, match=r"lsc\.attribution_patching"):
-        edges.edge_attribution(gpt2, IOI[:2], progress=False)
+def test_a_module_the_description_lacks_is_refused_before_any_pass(tiny_llama):
+    """A layout naming a fused q/k/v projection the model does not have (the self-check
+    skipped): refused before any pass, naming the module and the field that describes it."""
+    import dataclasses
+
+    circuit = lsc.circuit(edges.edge_attribution(tiny_llama, IOI[:2], progress=False), fraction=0.5)
+    layout = dataclasses.replace(tiny_llama.spec.layout, qkv=("self_attn.qkv_proj",))
+    model = models.from_hf(
+        tiny_llama.hf, tiny_llama.tokenizer, name=tiny_llama.name, layout=layout, check=False
+    )
+    passes = []
+    handle = model.hf.register_forward_hook(lambda *args: passes.append(1))
+    try:
+        for call in (
+            lambda: edges.edge_attribution(model, IOI[:2], progress=False),
+            lambda: edges.edge_patching(model, IOI[:2], circuit, progress=False),
+        ):
+            with pytest.raises(
+                ValueError, match=r"'self_attn\.qkv_proj'.*lsc\.ArchLayout\(\.\.\., qkv="
+            ):
+                call()
+    finally:
+        handle.remove()
+    assert not passes
 
 
 def test_eap_equals_transformer_lens_edge_attribution(tokenizer):

@@ -72,3 +72,37 @@ def test_check_in_bfloat16(tokenizer):
     low = models.from_hf(model.hf, tokenizer, dtype="bfloat16")
     result = lsc.check(low)
     assert result.attrs["dtype"] == "bfloat16" and result.attrs["tolerance"] == 5e-2
+
+
+@pytest.mark.parametrize(
+    "family, changes, identity",
+    [
+        ("gpt_neox", {"qkv_order": "blocks"}, "receivers"),  # NeoX interleaves q/k/v per head
+        ("phi3", {"qkv_order": "per_head"}, "receivers"),
+        ("olmo2", {"qk_norm": "head"}, "receivers"),  # its QK-norm spans every head
+        ("olmo2", {"qk_norm": None, "q_norm": None, "k_norm": None}, "receivers"),
+        ("gemma2", {"attn_norm": None}, "receivers"),
+        ("llama", {"parallel_residual": True}, "mlp_input"),
+        ("gpt_neox", {"parallel_residual": False}, "mlp_input"),
+        ("gemma2", {"mlp_norm": "post_attention_layernorm"}, "mlp_input"),
+        ("gpt2", {"position": "rotary", "position_embed": None}, "embed"),
+        ("gpt2", {"transposed": False}, "heads"),
+        ("gpt_neox", {"layer_norm": False}, "logits"),
+    ],
+)
+def test_check_catches_a_description_that_does_not_match_the_model(
+    tokenizer, family, changes, identity
+):
+    """What the edge graph, its hooks and the rules rely on, each described wrongly: the
+    self-check on load names the identity that broke."""
+    model = models.tiny(family, tokenizer=tokenizer)
+    with pytest.raises(lsc.LayoutCheckError, match=f"'{identity}'"):
+        rewired(model, **changes)
+
+
+def test_check_reports_every_identity(tiny_llama):
+    result = lsc.check(tiny_llama)
+    assert set(result.data_vars) == set(lsc.models.selfcheck.IDENTITIES)
+    for name in ("receivers", "mlp_input", "norms"):
+        assert result[name].dims == ("layer",) and float(result[name].max()) < 1e-5
+    assert float(result["embed"]) == 0.0

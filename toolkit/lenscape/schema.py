@@ -75,17 +75,25 @@ RECEIVER_KINDS: tuple[str, ...] = ("q", "k", "v", "mlp", "logits")
 
 
 def edge_exists(
-    sender_kind: Any, sender_layer: Any, receiver_kind: Any, receiver_layer: Any
+    sender_kind: Any,
+    sender_layer: Any,
+    receiver_kind: Any,
+    receiver_layer: Any,
+    *,
+    parallel: bool = False,
 ) -> np.ndarray:
     """Whether a receiver reads a sender: the sender lies upstream of it, in an earlier layer
     (the embeddings are layer -1, the logits layer ``n_layers``), or it is a head of the
-    layer whose MLP receives.
+    layer whose MLP receives, unless the model's residual is parallel (GPT-NeoX, GPT-J:
+    a block's MLP reads the block's input, as its attention does).
 
     Args:
         sender_kind, sender_layer: the senders' ``sender_kind`` and ``sender_layer`` coords.
         receiver_kind, receiver_layer: the receivers' ``receiver_kind`` and
             ``receiver_layer`` coords; all four broadcast together (e.g. senders as a column,
             receivers as a row).
+        parallel: the model's blocks have a parallel residual (an edge result's
+            ``residual`` attr is "parallel").
 
     Returns:
         A bool array of the broadcast shape: True where the edge exists.
@@ -93,7 +101,7 @@ def edge_exists(
     s_kind, s_layer = np.asarray(sender_kind), np.asarray(sender_layer)
     r_kind, r_layer = np.asarray(receiver_kind), np.asarray(receiver_layer)
     same_layer_mlp = (r_kind == "mlp") & (s_kind == "head") & (s_layer == r_layer)
-    return np.asarray((s_layer < r_layer) | same_layer_mlp)
+    return np.asarray((s_layer < r_layer) | (same_layer_mlp & (not parallel)))
 
 
 #: Non-dimension coords and the dim they hang on.

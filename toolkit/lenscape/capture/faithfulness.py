@@ -278,6 +278,25 @@ def agreement_variables(
     return variables
 
 
+def _check_parts(
+    model: LensModel, parsed: dict[str, tuple[str, int, str | None]], shared: dict[str, Any]
+) -> None:
+    """Every part's options checked (``registry.check_part``) before the first part runs:
+    exact patching at both levels and each estimator's ``attribution_patching``."""
+    for level in ("head", "block"):
+        check_part(activation_patching, model, level=level, **shared)
+    for name, steps, rules in parsed.values():
+        check_part(
+            attribution_patching,
+            model,
+            level="all",
+            estimator=name,
+            steps=steps,
+            rules=rules,
+            **shared,
+        )
+
+
 def _costs(
     parsed: dict[str, tuple[str, int, str | None]],
     seconds: dict[str, float],
@@ -354,18 +373,7 @@ def faithfulness(
     top_k = _validate.positive_int("top_k", top_k)
     ci = bootstrap.check_ci(ci)
     store, metric = shared.pop("store"), shared["metric"]
-    for level in ("head", "block"):  # every part's options, before the first part runs
-        check_part(activation_patching, model, level=level, **shared)
-    for name, steps, rules in parsed.values():
-        check_part(
-            attribution_patching,
-            model,
-            level="all",
-            estimator=name,
-            steps=steps,
-            rules=rules,
-            **shared,
-        )
+    _check_parts(model, parsed, shared)
     tokens = tokenize(model, prompts, needs_corrupt=True, needs_distractor=metric == "logit_diff")
     exact, exact_seconds = _exact_maps(model, tokens, shared, store)
     estimates, seconds = _estimates(model, tokens, parsed, shared, store)

@@ -348,6 +348,16 @@ def _tiny_configs(vocab: int, n_layers: int) -> dict[str, Callable[[], Any]]:
         "olmo2": lambda: transformers.Olmo2Config(**common),
         "phi3": lambda: transformers.Phi3Config(**common, pad_token_id=0),
         "gemma2": lambda: transformers.Gemma2Config(**common, head_dim=16),
+        # a sliding window short enough to act on test prompts, on layer 0 of every pair
+        "gemma3_text": lambda: transformers.Gemma3TextConfig(
+            **common,
+            head_dim=16,
+            sliding_window=4,
+            layer_types=(["sliding_attention", "full_attention"] * n_layers)[:n_layers],
+        ),
+        "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+            **common, **experts, num_experts=4, shared_expert_intermediate_size=32
+        ),
         "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**common, **experts, num_experts=4),
         "mixtral": lambda: transformers.MixtralConfig(
             **common, num_local_experts=4, num_experts_per_tok=2
@@ -367,7 +377,7 @@ def tiny(
 
     Args:
         architecture: "llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox" (Pythia),
-            "olmo2", "phi3", "gemma2", "qwen3_moe" or "mixtral".
+            "olmo2", "phi3", "gemma2", "gemma3_text", "qwen2_moe", "qwen3_moe" or "mixtral".
         n_layers: number of blocks.
         seed: seeds the weights.
         tokenizer: defaults to the bundled SmolLM2 tokenizer (vocab 49,152).

@@ -518,7 +518,9 @@ def _norm_hook(norm: torch.nn.Module, offset: float, state: Relevance) -> Callab
     return hook
 
 
-def norm_input_gradient(norm: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+def norm_input_gradient(
+    norm: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, *, offset: float = 0.0
+) -> torch.Tensor:
     """The input gradient of the RMSNorm ``norm`` at ``x`` for a batch of output gradients,
     without autograd: J(x)^T grad, or inside a ``relevance_rules`` block holding ``norm``,
     its norm rule's. For code that takes many gradients through one norm, such as edge
@@ -526,18 +528,19 @@ def norm_input_gradient(norm: torch.nn.Module, x: torch.Tensor, grad: torch.Tens
     product of the recomputed norm, measured on a Llama-3-8B shape).
 
     Args:
-        norm: an RMSNorm module of a model (weight times x / rms(x)).
+        norm: an RMSNorm module of a model ((offset + weight) times x / rms(x)).
         x: its input, (..., d).
         grad: gradients of its output, (n, ..., d) or (..., d).
+        offset: the gain's offset the model's description gives (Gemma: 1); a rule in
+            force on ``norm`` brings its own.
 
     Returns:
         (n, ..., d) gradients in the norm's wide precision (float32 for a half-precision
-        model); for a norm that is not weight * x / rms(x) (checked once on a random
-        input; a weight offset such as Gemma's included), taken by autograd through its
-        ``forward``, in ``x``'s dtype.
+        model); for a norm that is not (offset + weight) * x / rms(x) (checked once on a
+        random input), taken by autograd through its ``forward``, in ``x``'s dtype.
     """
     entry = _HELD_NORMS.get(norm)
-    offset, state = entry if entry is not None else (0.0, None)
+    offset, state = entry if entry is not None else (offset, None)
     if state is None and norm not in _RMS_NORMS:
         try:
             _check_rms_norm(norm, offset)

@@ -2,11 +2,14 @@
 
 Senders in order: ``embed``, then per layer its heads and its MLP. Receivers: per layer its
 q heads, k heads (key/value heads), v heads and MLP, then ``logits``. An edge ``s -> r``
-exists when ``s`` is upstream of ``r`` (an earlier layer, or the same layer's heads for an
-MLP). Results over edges are labelled: ``sender`` ("embed", "L3.H2", "L3.MLP") and
-``receiver`` ("L3.H2.q", "L3.KV1.k", "L3.MLP", "logits"). Everything that reads an edge
-result back reads it by these labels (``aligned``), never by position, so a ``sortby``,
-``isel`` or ``transpose`` of the input never changes an answer.
+exists when ``s`` is upstream of ``r``: an earlier layer, or the same layer's heads for an
+MLP in a sequential block (under a parallel residual, GPT-NeoX's, a block's MLP reads the
+block's input, so no edge runs from a layer's heads to its own MLP; the labels are the
+same). Edge results say which in their ``residual`` attr. Results over edges are
+labelled: ``sender`` ("embed", "L3.H2", "L3.MLP") and ``receiver`` ("L3.H2.q", "L3.KV1.k",
+"L3.MLP", "logits"). Everything that reads an edge result back reads it by these labels
+(``aligned``), never by position, so a ``sortby``, ``isel`` or ``transpose`` of the input
+never changes an answer.
 """
 
 from __future__ import annotations
@@ -28,16 +31,23 @@ EDGE_DIMS = ("sender", "receiver")
 
 @dataclass(frozen=True)
 class Graph:
-    """Senders, receivers and which edges exist, for one model's sizes."""
+    """Senders, receivers and which edges exist, for one model's sizes and residual
+    topology (``parallel``: a block's MLP does not read its own heads)."""
 
     n_layers: int
     n_heads: int
     n_kv_heads: int
+    parallel: bool = False
 
     @classmethod
     def of(cls, model: LensModel) -> Graph:
         spec = model.spec
-        return cls(spec.n_layers, spec.n_heads, spec.n_kv_heads)
+        return cls(spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.computation.parallel)
+
+    @property
+    def residual(self) -> str:
+        """ "parallel" or "sequential" (an edge result's ``residual`` attr)."""
+        return "parallel" if self.parallel else "sequential"
 
     @property
     def per_layer(self) -> int:
@@ -90,7 +100,7 @@ class Graph:
             if kind == "logits":
                 counts.append(len(self.senders))
             elif kind == "mlp":
-                counts.append(self.head_sender(layer) + self.n_heads)
+                counts.append(self.head_sender(layer) + (0 if self.parallel else self.n_heads))
             else:
                 counts.append(self.head_sender(layer))
         return np.asarray(counts)
@@ -106,6 +116,7 @@ class Graph:
             np.asarray(s_layer)[:, None],
             np.asarray(r_kind)[None, :],
             np.asarray(r_layer)[None, :],
+            parallel=self.parallel,
         )
 
     @functools.cached_property
@@ -168,8 +179,8 @@ class Graph:
     def describe(self) -> str:
         """ "30 layers x 9 heads (3 key/value): 301 senders x 481 receivers"."""
         return (
-            f"{self.n_layers} layers x {self.n_heads} heads ({self.n_kv_heads} key/value): "
-            f"{self.shape[0]} senders x {self.shape[1]} receivers"
+            f"{self.n_layers} layers x {self.n_heads} heads ({self.n_kv_heads} key/value), "
+            f"{self.residual} residual: {self.shape[0]} senders x {self.shape[1]} receivers"
         )
 
     @classmethod
@@ -191,6 +202,7 @@ class Graph:
             n_layers,
             int((kinds == "head").sum()) // layers,
             int((result["receiver_kind"].values == "k").sum()) // layers,
+            _parallel(result),
         )
         if sorted(graph.sender_labels) != sorted(map(str, result["sender"].values)) or sorted(
             graph.receiver_labels
@@ -201,6 +213,19 @@ class Graph:
                 "lsc.edge_attribution returned them."
             )
         return graph
+
+
+def _parallel(result: xr.DataArray) -> bool:
+    """Whether an edge result was measured on a parallel-residual model: its ``residual``
+    attr, or (attrs dropped) scores NaN on every edge from a layer's heads to its own MLP."""
+    if "residual" in result.attrs:
+        return result.attrs["residual"] == "parallel"
+    if result.dtype == bool or "sender_layer" not in result.coords:
+        return False
+    same = (result["sender_kind"] == "head") & (result["receiver_kind"] == "mlp")
+    same = same & (result["sender_layer"] == result["receiver_layer"])
+    cells = result.where(same)
+    return bool(same.any()) and bool(cells.isnull().sum() == result.size)
 
 
 def aligned(name: str, result: Any, graph: Graph, *, made_by: str, dims=EDGE_DIMS) -> xr.DataArray:

@@ -1,24 +1,33 @@
 """The hooks that give every receiver its own copy of the residual stream.
 
 Each receiver gets its own copy of the residual stream: module hooks on the Hugging Face
-model recompute q, k and v head by head from ``norm(resid + delta_r)`` and add ``delta_r``
-to the input of the MLP's norm and of the final norm (only the receiver sees it; the
-residual stream itself flows on unchanged). With ``delta_r = -sum over patched senders s of
-(current_s - other_s)``, ``r`` reads those senders' values from another run and every other
-sender as it is in this one: exact edge patching of any set of edges in one forward pass.
+model rebuild q, k and v head by head from that copy through the block's q/k/v input norm
+and the head's rows of its projection (``models.parts.rebuild``: separate or fused,
+interleaved or not, stored (out, in) or (in, out), with a projection-wide QK-norm where the
+model has one), and add ``delta_r`` to the input of the MLP's norm (or of the MLP) and of
+the final norm (only the receiver sees it; the residual stream itself flows on unchanged).
+With ``delta_r = -sum over patched senders s of (current_s - other_s)``, ``r`` reads those
+senders' values from another run and every other sender as it is in this one: exact edge
+patching of any set of edges in one forward pass.
+
+What each hook does is read from the model's ``Computation`` (``models.layouts``), never
+from a family name: the residual topology (under a parallel residual a block's MLP reads
+the block's input, so its receiver's patch counts only the senders upstream of the block),
+the norms' places, the projection's column order, the post-norms (a head's sender output
+is linearised at the run's own scale: ``models.parts.post_norm_shares``, so the senders
+sum exactly to the block's output and patching every edge gives the other run).
 
 Edge attribution needs the gradient at each receiver's own input, d(metric)/d(delta_r) at
 ``delta_r = 0``, without the per-receiver copies: the pass runs unedited, with zero leaf
-tensors added to the outputs of q_proj, k_proj and v_proj and to the inputs of the MLP's
-norm and of the final norm. A q, k or v receiver's input gradient is then its head's
-output gradient taken back through its rows of the projection and through the block's
-norm at that block's input (``receiver_gradients``: the norm's input gradient in closed
-form per chunk of receivers), the same numbers as the copies would give, in the memory
-of one ordinary backward pass.
+tensors added to the outputs of the q/k/v projections (or of a projection-wide QK-norm) and
+to the inputs of the MLP's norm and of the final norm. A q, k or v receiver's input
+gradient is then its head's output gradient taken back through its rows of the projection
+and through the block's norm at that block's input (``receiver_gradients``: the norm's
+input gradient in closed form per chunk of receivers), the same numbers as the copies
+would give, in the memory of one ordinary backward pass.
 
-Supported: sequential pre-norm blocks with separate q, k and v projections (Llama,
-Mistral, Qwen 2 and 3 families), on the nnsight backend, whose passes run the Hugging
-Face module these hooks sit on.
+Supported: every family whose ``Computation`` the layout self-check verified, on the
+nnsight backend, whose passes run the Hugging Face module these hooks sit on.
 """
 
 from __future__ import annotations
@@ -27,14 +36,24 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 from ... import _validate
 from ...models import LensModel
-from ...models.parts import per_head
+from ...models.parts import (
+    Projection,
+    layer_norm_input_gradient,
+    linear_weight,
+    output_columns,
+    per_head,
+    post_norm_shares,
+    projections,
+    rebuild,
+    receiver_rows,
+)
 from ...sweep import metrics
 from ...sweep.backend import BACKENDS, TokenBatch, get_backend
 from ...sweep.inputs import Batch, Inputs
@@ -53,15 +72,17 @@ class Pass:
         graph: the model's edges.
         deltas: zero leaves whose gradients are the receivers' gradients: ("mlp", layer)
             and ("logits", -1) -> (batch, pos, d_model) added to the MLP's and the final
-            norm's input; (kind, layer) for kind "q", "k", "v" -> (batch, pos, n * d_head)
-            added to that projection's output (n: query or key/value heads; see
-            ``receiver_gradients``), or ("attn", layer) -> (batch, pos, n_heads + 2
-            n_kv_heads, d_model) added to each q, k, v receiver's own copy of its input.
+            norm's input; (kind, layer) for each projection's kind ("q", "k", "v", or
+            "qkv" when fused: ``models.parts.Projection``) -> (batch, pos, n * d_head)
+            added to that projection's receiver values (see ``receiver_gradients``), or
+            ("attn", layer) -> (batch, pos, n_heads + 2 n_kv_heads, d_model) added to each
+            q, k, v receiver's own copy of its input.
         other: (batch, pos, n_senders, d_model) sender outputs of another run; with
             ``patched``, receivers read the patched senders from it.
         patched: (n_senders, n_receivers) weight of ``other - current`` added to each
             receiver's input (1: the edge reads the other run; 0: this run).
-        embed_path: replaces the embeddings (integrated gradients' interpolation).
+        embed_path: replaces the ``embed`` sender, the residual stream entering block 0
+            (integrated gradients' interpolation).
         keep_senders: keep this pass's sender outputs in ``senders``.
         into: (batch, n_senders, pos, d_model): this pass's sender outputs are added to
             it, times ``sign`` (edge attribution's clean - corrupt differences).
@@ -70,6 +91,9 @@ class Pass:
         senders: (batch, pos, n_senders, d_model), filled with this pass's sender outputs.
         resids: layer -> (batch, pos, d_model) the residual stream entering the block.
         differences: with ``patched``, (n_senders, batch, pos, d_model) other - current.
+        total: with ``patched``, the sum of ``differences`` recorded so far; ``at_block``
+            keeps it as it was when the current block began (a parallel block's MLP reads
+            only the senders upstream of the block), with the count of senders then.
     """
 
     graph: Graph
@@ -85,8 +109,11 @@ class Pass:
     resids: dict[int, torch.Tensor] = field(default_factory=dict)
     resid: torch.Tensor | None = None
     qkv_delta: torch.Tensor | None = None
+    qkv_ready: bool = False
+    pending: torch.Tensor | None = None
     differences: torch.Tensor | None = None
     total: torch.Tensor | None = None
+    at_block: tuple[int, torch.Tensor] | None = None
     recorded: int = 0
 
     def start(self, embeddings: torch.Tensor) -> None:
@@ -100,6 +127,15 @@ class Pass:
             # receiver's patch is one matrix product over the senders it treats specially.
             self.differences = embeddings.new_zeros((len(self.graph.senders), rows, width, d_model))
             self.total = embeddings.new_zeros((rows, width, d_model))
+
+    def enter_block(self, layer: int, resid: torch.Tensor) -> None:
+        """Block ``layer`` begins with the residual stream ``resid`` (batch, pos, d_model)."""
+        self.resid = resid
+        self.qkv_delta, self.qkv_ready = None, False
+        if self.keep_resids:
+            self.resids[layer] = resid.detach()
+        if self.total is not None and self.graph.parallel:
+            self.at_block = (self.recorded, self.total.clone())
 
     def record(self, first: int, outputs: torch.Tensor) -> None:
         """Keep senders ``first..`` of this pass: outputs (batch, pos, n, d_model)."""
@@ -117,6 +153,15 @@ class Pass:
             self.differences[first : first + count] = difference.permute(2, 0, 1, 3)
             self.total += difference.sum(2)
 
+    def _total(self, count: int) -> torch.Tensor:
+        """The sum of the first ``count`` senders' differences: the running total, or the
+        one kept when the block began (a parallel block's MLP)."""
+        assert self.total is not None
+        if count == self.recorded:
+            return self.total
+        assert self.at_block is not None and self.at_block[0] == count
+        return self.at_block[1]
+
     def receiver_delta(self, key: tuple[str, int], columns: slice) -> torch.Tensor | None:
         """What receivers ``columns`` add to their input: (batch, pos, n, d_model), or
         (batch, pos, d_model) for a single receiver, or None.
@@ -128,13 +173,13 @@ class Pass:
         """
         delta = self.deltas.get(key)
         if self.patched is not None:
-            assert self.differences is not None and self.total is not None
-            count = int(self.graph.upstream[columns.start])
-            assert count == self.recorded  # receivers read every sender recorded so far
-            weights = self.patched[:count, columns].to(self.total.dtype)
+            assert self.differences is not None
+            count = int(self.graph.upstream[columns.start])  # receivers read a prefix
+            total = self._total(count)
+            weights = self.patched[:count, columns].to(total.dtype)
             typical = weights.median(0).values  # (receivers,)
             rows = torch.nonzero((weights != typical).any(1)).flatten()
-            patch = typical[:, None, None, None] * self.total
+            patch = typical[:, None, None, None] * total
             if len(rows):
                 upstream = self.differences[rows]
                 n_rows, batch, width, d_model = upstream.shape
@@ -146,105 +191,208 @@ class Pass:
         return delta
 
 
-def _per_head(projection: torch.nn.Linear, normed: torch.Tensor) -> torch.Tensor:
-    """Each head's projection of its own input: (batch, pos, n, d_model) -> (batch, pos,
-    n * d_head), as ``projection`` (a Linear over all n heads) lays it out."""
-    n = normed.shape[2]
-    weight = projection.weight
-    out = torch.einsum("bpnd,nkd->bpnk", normed, weight.view(n, -1, weight.shape[1]))
-    if projection.bias is not None:
-        out = out + projection.bias.view(n, -1)
-    return out.flatten(2)
+def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """A module call's first input (positional, or ``hidden_states``)."""
+    return args[0] if args else kwargs["hidden_states"]
 
 
-def _parts(model: LensModel, layer: int) -> dict[str, torch.nn.Module]:
-    """The modules of block ``layer`` the hooks use.
+def _with_hidden(
+    args: tuple[Any, ...], kwargs: dict[str, Any], hidden: torch.Tensor
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's inputs with its first one replaced by ``hidden``."""
+    if args:
+        return (hidden, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": hidden}
+
+
+def _module(model: LensModel, path: str, layer: int | None, role: str) -> torch.nn.Module:
+    """The module at ``path`` (in block ``layer``), or a ValueError naming what is missing.
 
     Raises:
-        ValueError: a family without sequential pre-norm blocks and separate q/k/v.
+        ValueError: no module there: the layout's ``role`` field must be described.
     """
-    layout = model.spec.layout
-    attention = layout.o_proj.rsplit(".", 1)[0]
-    names = {
-        "norm": "input_layernorm",
-        "q": f"{attention}.q_proj",
-        "k": f"{attention}.k_proj",
-        "v": f"{attention}.v_proj",
-        "o": layout.o_proj,
-        "mlp_norm": "post_attention_layernorm",
-        "mlp": layout.mlp_out,
-    }
     try:
-        parts = {key: model.module(path, layer) for key, path in names.items()}
+        return model.module(path, layer)
     except AttributeError:
-        parts = {}
-    if not parts or layout.post_attn_norm or layout.qkv_split or layout.norm_offset:
+        where = "" if layer is None else f" in block {layer}"
         raise ValueError(
-            f"Edge attribution needs sequential pre-norm blocks with separate q_proj, "
-            f"k_proj and v_proj and heads added straight to the residual stream (Llama, "
-            f"Mistral, Qwen 2/3); {model.spec.architecture!r} ({model.name}) is not one. "
-            "Use lsc.attribution_patching for head-level scores on it."
+            f"The edge graph of {model.name} ({model.spec.architecture}) needs the module "
+            f"'{path}'{where} (the layout's {role}), which this model does not have; "
+            f"describe where it is with lsc.ArchLayout(..., {role}=...) (lsc.load(..., "
+            "layout=...)), and the self-check verifies it."
+        ) from None
+
+
+def _parts(model: LensModel, layer: int) -> dict[str, Any]:
+    """The modules of block ``layer`` the hooks use, from the model's ``Computation``.
+
+    Returns:
+        "block", "o" (o_proj), "attn_norm", "post_attn", "mlp_in" (the module whose input
+        the MLP receiver reads), "mlp_out" (whose output the MLP sender is) and
+        "projections": (Projection, splice module) per q/k/v projection.
+
+    Raises:
+        ValueError: a module the description names is missing, or a projection whose rows
+            are not its receivers' (its width is not n * d_head): named, with how to
+            describe it.
+    """
+    spec, c = model.spec, model.spec.computation
+    optional = {
+        "attn_norm": c.attn_norm,
+        "post_attn": c.post_attn_norm,
+    }
+    parts: dict[str, Any] = {
+        "block": _module(model, f"{spec.layout.layers}.{layer}", None, "layers"),
+        "o": _module(model, spec.layout.o_proj, layer, "o_proj"),
+        "mlp_in": _module(model, c.mlp_norm or c.mlp, layer, "mlp_norm" if c.mlp_norm else "mlp"),
+        "mlp_out": _module(model, spec.layout.mlp_out, layer, "mlp_out"),
+    }
+    for key, path in optional.items():
+        parts[key] = None if path is None else _module(model, path, layer, key)
+    found = []
+    for projection in projections(spec):
+        module = _module(model, projection.path, layer, "qkv")
+        rows = tuple(linear_weight(module, c).shape)
+        if rows != (projection.count * spec.d_head, spec.d_model):
+            raise ValueError(
+                f"{projection.path} in block {layer} of {model.name} maps {rows[1]} inputs to "
+                f"{rows[0]} outputs, not the {projection.count} heads x {spec.d_head} its "
+                f"receivers need from d_model {spec.d_model}; describe its storage and column "
+                "order with lsc.ArchLayout(qkv=..., qkv_order=..., transposed=...)."
+            )
+        splice = (
+            module if projection.norm is None else _module(model, projection.norm, layer, "q_norm")
         )
+        found.append((projection, splice))
+    parts["projections"] = found
     return parts
 
 
-def _layer_hooks(model: LensModel, state: Pass, layer: int) -> list[RemovableHandle]:
-    """Hooks of block ``layer``: its q/k/v receivers rebuilt from their own input (or given
-    their gradient leaves), its heads' and MLP's outputs recorded as senders, its MLP
-    receiver's input patched."""
-    graph, spec = state.graph, model.spec
-    n_heads, n_kv = spec.n_heads, spec.n_kv_heads
-    parts = _parts(model, layer)
-    first = graph.head_sender(layer)
-    columns = {
-        "q": slice(0, n_heads),
-        "k": slice(n_heads, n_heads + n_kv),
-        "v": slice(n_heads + n_kv, n_heads + 2 * n_kv),
-    }
+def _attention_hooks(
+    model: LensModel, state: Pass, layer: int, parts: dict[str, Any]
+) -> list[RemovableHandle]:
+    """Block ``layer``'s q/k/v receivers rebuilt from their own input (or given their
+    gradient leaves) and its heads' outputs recorded as senders (through the post-norm,
+    linearised at the run's scale, where there is one)."""
+    graph, spec, c = state.graph, model.spec, model.spec.computation
+    first, attn = graph.head_sender(layer), graph.attn_receivers(layer)
+    n_heads, norm = spec.n_heads, parts["attn_norm"]
 
-    def keep_resid(module, args):
-        state.resid = args[0]
-        state.qkv_delta = None
-        if state.keep_resids:
-            state.resids[layer] = args[0].detach()
-
-    def qkv_hook(module, args, output, *, kind):
-        if kind == "q":
-            state.qkv_delta = state.receiver_delta(("attn", layer), graph.attn_receivers(layer))
+    def splice(module, args, output, *, projection: Projection):
+        if not state.qkv_ready:
+            state.qkv_delta = state.receiver_delta(("attn", layer), attn)
+            state.qkv_ready = True
         delta = state.qkv_delta
         if delta is not None:
             assert state.resid is not None
-            # ``forward``, not a call: the norm's own hook keeps the block's input.
-            normed = parts["norm"].forward(state.resid[:, :, None] + delta[:, :, columns[kind]])
-            output = _per_head(module, normed)
-        leaf = state.deltas.get((kind, layer))
+            own = state.resid[:, :, None] + delta[:, :, projection.receivers]
+            # ``forward``, not a call: no hook of the norm runs for a receiver's copy.
+            normed = own if norm is None else norm.forward(own)
+            output = rebuild(model, layer, projection, normed, output)
+        leaf = state.deltas.get((projection.kind, layer))
         return output if leaf is None else output + leaf
 
     def head_outputs(module, args):
         z = args[0]
-        w_o = module.weight.view(spec.d_model, n_heads, spec.d_head)
         with torch.no_grad():  # recorded detached: no graph for it
-            heads = per_head(z.view(*z.shape[:2], n_heads, spec.d_head), w_o)
-        state.record(first, heads)
+            heads = per_head(
+                z.view(*z.shape[:2], n_heads, spec.d_head), output_columns(model, layer)
+            )
+        if parts["post_attn"] is None:
+            state.record(first, heads)
+        else:
+            state.pending = heads
 
-    def mlp_input(module, args):
+    def post_norm(module, args, output):
+        assert state.pending is not None
+        heads, state.pending = state.pending, None
+        bias = getattr(parts["o"], "bias", None)
+        if bias is not None:
+            heads = heads + bias / n_heads
+        with torch.no_grad():
+            shares = post_norm_shares(heads, args[0].detach(), module, c)
+        state.record(first, shares.to(heads.dtype))
+
+    handles = [
+        splice_module.register_forward_hook(functools.partial(splice, projection=projection))
+        for projection, splice_module in parts["projections"]
+    ]
+    handles.append(parts["o"].register_forward_pre_hook(head_outputs))
+    if parts["post_attn"] is not None:
+        handles.append(parts["post_attn"].register_forward_hook(post_norm))
+    return handles
+
+
+def _layer_hooks(model: LensModel, state: Pass, layer: int) -> list[RemovableHandle]:
+    """Hooks of block ``layer``: its input kept (block 0: the ``embed`` sender recorded),
+    its attention receivers and senders (``_attention_hooks``), its MLP receiver's input
+    patched and its MLP's output recorded as a sender."""
+    graph, spec = state.graph, model.spec
+    parts = _parts(model, layer)
+    first = graph.head_sender(layer)
+
+    def block_input(module, args, kwargs):
+        hidden = _hidden(args, kwargs)
+        changed = None
+        if layer == 0:  # the embed sender: the stream entering block 0
+            if state.embed_path is not None:
+                hidden = changed = state.embed_path(hidden)
+            state.start(hidden)
+            state.record(0, hidden[:, :, None])
+        state.enter_block(layer, hidden)
+        return None if changed is None else _with_hidden(args, kwargs, changed)
+
+    def mlp_input(module, args, kwargs):
         receiver = graph.mlp_receiver(layer)
         delta = state.receiver_delta(("mlp", layer), slice(receiver, receiver + 1))
-        return None if delta is None else (args[0] + delta, *args[1:])
+        if delta is None:
+            return None
+        return _with_hidden(args, kwargs, _hidden(args, kwargs) + delta)
 
     def mlp_output(module, args, output):
-        state.record(first + n_heads, output[:, :, None])
+        out = output[0] if isinstance(output, tuple) else output
+        state.record(first + spec.n_heads, out[:, :, None])
 
     return [
-        parts["norm"].register_forward_pre_hook(keep_resid),
-        *(
-            parts[kind].register_forward_hook(functools.partial(qkv_hook, kind=kind))
-            for kind in ("q", "k", "v")
-        ),
-        parts["o"].register_forward_pre_hook(head_outputs),
-        parts["mlp_norm"].register_forward_pre_hook(mlp_input),
-        parts["mlp"].register_forward_hook(mlp_output),
+        parts["block"].register_forward_pre_hook(block_input, with_kwargs=True),
+        *_attention_hooks(model, state, layer, parts),
+        parts["mlp_in"].register_forward_pre_hook(mlp_input, with_kwargs=True),
+        parts["mlp_out"].register_forward_hook(mlp_output),
     ]
+
+
+def _projection_gradient(
+    model: LensModel, layer: int, projection: Projection, normed: torch.Tensor, grad: torch.Tensor
+) -> Callable[[slice], torch.Tensor]:
+    """For receivers ``heads`` of ``projection``: their gradients at the q/k/v input norm's
+    output, (n, batch, pos, d_model), from ``grad`` (batch, pos, width), the gradient at the
+    projection's receiver values (the splice module's output), and ``normed`` (batch, pos,
+    d_model), the norm's output in this pass."""
+    d_head, n = model.spec.d_head, projection.count
+    weight, _ = receiver_rows(model, layer, projection)
+    if projection.columns is not None:
+        grad = grad[..., list(projection.columns)]
+    grad = grad.unflatten(-1, (n, d_head))  # (batch, pos, n, d_head)
+    if projection.norm is None:
+        rows = weight.reshape(n, d_head, -1)
+        return lambda heads: torch.einsum("bpnk,nkd->nbpd", grad[:, :, heads], rows[heads])
+    # A projection-wide norm: receiver h's gradient is taken back through the norm's
+    # Jacobian at the whole projection (every head's rows), then through every row.
+    module = model.module(projection.path, layer)
+    qk_norm = model.module(projection.norm, layer)
+
+    def through_norm(heads: slice) -> torch.Tensor:
+        count = heads.stop - heads.start
+        own = grad.new_zeros((count, *grad.shape))  # (n', batch, pos, n, d_head)
+        index = torch.arange(count)
+        own[index, :, :, heads.start + index] = grad[:, :, heads].permute(2, 0, 1, 3)
+        with torch.enable_grad():
+            projected = module.forward(normed.detach()).requires_grad_(True)
+            out = qk_norm.forward(projected)
+        (back,) = torch.autograd.grad(out, projected, own.flatten(-2), is_grads_batched=True)
+        return back @ weight.to(back.dtype)
+
+    return through_norm
 
 
 def receiver_gradients(
@@ -252,37 +400,44 @@ def receiver_gradients(
 ) -> Iterator[tuple[slice, torch.Tensor]]:
     """The input gradients of block ``layer``'s q, k and v receivers, chunk by chunk.
 
-    A receiver's input gradient is its head's output gradient taken back through the
-    head's rows of its projection and through the block's norm at the block's input
+    A receiver's input gradient is its head's gradient at its projection's receiver values
+    taken back through the head's rows of the projection (and a projection-wide QK-norm's
+    Jacobian) and through the block's q/k/v input norm at the block's input
     (``state.resids``, kept by a pass with ``keep_resids``), in closed form
-    (``relevance.norm_input_gradient``: under relevance rules, their norm rule) per chunk of
-    at most ``receiver_chunk`` receivers.
+    (``relevance.norm_input_gradient`` for an RMSNorm: under relevance rules, their norm
+    rule; ``models.parts.layer_norm_input_gradient`` for a LayerNorm) per chunk of at most
+    ``receiver_chunk`` receivers.
 
     Args:
-        grads: the gradients of the pass's leaves (``Pass.deltas``) by key; those of
-            ("q" | "k" | "v", ``layer``) are read.
+        grads: the gradients of the pass's leaves (``Pass.deltas``) by key; those of each
+            projection's (kind, ``layer``) are read.
 
     Returns:
         (columns, gradient) per chunk: the chunk's receivers among the layer's attention
         receivers (``Graph.attn_receivers``: q heads, then k, then v) and their input
         gradients, (n, batch, pos, d_model) in float32 (or the model's dtype if wider).
     """
-    parts, spec = _parts(model, layer), model.spec
+    parts, c = _parts(model, layer), model.spec.computation
+    norm = parts["attn_norm"]
     resid = state.resids[layer]
     rows, width, d_model = resid.shape
     chunk = receiver_chunk(rows * width * d_model * 4)  # the norm works in float32
-    start = 0
-    for kind in ("q", "k", "v"):
-        weight = cast(torch.Tensor, parts[kind].weight)  # (n * d_head, d_model)
-        grad = grads[kind, layer].view(rows, width, -1, spec.d_head)  # (batch, pos, n, d_head)
-        n = grad.shape[2]
-        per_head = weight.view(n, spec.d_head, d_model)
-        for first in range(0, n, chunk):
-            heads = slice(first, min(first + chunk, n))
-            outer = torch.einsum("bpnk,nkd->nbpd", grad[:, :, heads], per_head[heads])
-            inner = norm_input_gradient(parts["norm"], resid, outer)
+    normed = resid if norm is None else norm.forward(resid)
+    for projection, _ in parts["projections"]:
+        gradient = _projection_gradient(
+            model, layer, projection, normed, grads[projection.kind, layer]
+        )
+        for first in range(0, projection.count, chunk):
+            heads = slice(first, min(first + chunk, projection.count))
+            outer = gradient(heads)
+            if norm is None:
+                inner = outer.float() if outer.dtype.itemsize < 4 else outer
+            elif c.norm == "layer":
+                inner = layer_norm_input_gradient(norm, resid, outer)
+            else:
+                inner = norm_input_gradient(norm, resid, outer, offset=c.norm_offset)
+            start = projection.receivers.start
             yield slice(start + heads.start, start + heads.stop), inner
-        start += n
 
 
 #: Most bytes of one chunk of receiver input gradients (``receiver_gradients``): its batched
@@ -301,19 +456,12 @@ def edge_hooks(model: LensModel, state: Pass) -> Iterator[None]:
     """Install the edge hooks on ``model.hf`` for the passes run inside the block."""
     graph, layout = state.graph, model.spec.layout
 
-    def embed_hook(module, args, output):
-        if state.embed_path is not None:
-            output = state.embed_path(output)
-        state.start(output)
-        state.record(0, output[:, :, None])
-        return output
-
     def logits_input(module, args):
         last = len(graph.receivers) - 1
         delta = state.receiver_delta(("logits", -1), slice(last, last + 1))
         return None if delta is None else (args[0] + delta, *args[1:])
 
-    handles = [model.module(layout.embed).register_forward_hook(embed_hook)]
+    handles: list[RemovableHandle] = []
     for layer in range(graph.n_layers):
         handles += _layer_hooks(model, state, layer)
     handles.append(model.module(layout.final_norm).register_forward_pre_hook(logits_input))
@@ -333,11 +481,13 @@ def run_pass(
 
 
 def check_supported(model: LensModel, backend: str) -> None:
-    """Refuse a backend or an architecture the edge hooks cannot serve.
+    """Refuse a backend, or a model whose description the edge hooks cannot follow,
+    before any pass.
 
     Raises:
-        ValueError: backend="transformer_lens", or a family without sequential pre-norm
-            blocks and separate q/k/v projections.
+        ValueError: backend="transformer_lens", or a module the model's ``Computation``
+            names that is missing or not shaped as described (named, with the
+            ``lsc.ArchLayout`` field that describes it).
     """
     _validate.choice("backend", backend, BACKENDS)
     if backend not in EDGE_BACKENDS:
@@ -348,7 +498,8 @@ def check_supported(model: LensModel, backend: str) -> None:
             "4.3's split q/k/v inputs are per query head, which double-counts key/value heads "
             "shared under grouped-query attention. Use backend='nnsight'."
         )
-    _parts(model, 0)
+    for layer in range(model.spec.n_layers):
+        _parts(model, layer)
 
 
 def metric_of(inputs: Inputs, logits: torch.Tensor, batch: Batch) -> torch.Tensor:

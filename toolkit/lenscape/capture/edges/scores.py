@@ -20,6 +20,7 @@ import xarray as xr
 from ... import _validate, schema
 from ...data import Prompts
 from ...models import LensModel
+from ...models.parts import projections
 from ...sweep import memory
 from ...sweep.inputs import Batch, Inputs, batched
 from ...sweep.memory import Need, Work
@@ -49,15 +50,12 @@ DEFAULT_IG_STEPS = 5
 
 def _zero_leaves(model: LensModel, rows: int, width: int) -> dict[tuple[str, int], torch.Tensor]:
     """Zero leaves (``hooks.Pass.deltas``) whose gradients give every receiver's: at each
-    block's q, k and v projection outputs, at the inputs of its MLP's norm and of the final
-    norm; (batch, pos, size) in the model's dtype."""
+    block's q/k/v receiver values (each projection's output, or its projection-wide
+    QK-norm's: ``models.parts.projections``), at the inputs of its MLP's norm and of the
+    final norm; (batch, pos, size) in the model's dtype."""
     spec = model.spec
-    sizes = {
-        "q": spec.n_heads * spec.d_head,
-        "k": spec.n_kv_heads * spec.d_head,
-        "v": spec.n_kv_heads * spec.d_head,
-        "mlp": spec.d_model,
-    }
+    sizes = {projection.kind: projection.count * spec.d_head for projection in projections(spec)}
+    sizes["mlp"] = spec.d_model
     keys = [(kind, layer) for layer in range(spec.n_layers) for kind in sizes]
     return {
         key: torch.zeros(
@@ -266,6 +264,7 @@ def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
         "long_name": f"{effect} edge score (clean -> corrupt) of {LONG_NAMES[options.metric]}",
         "units": UNITS[options.metric],
         **provenance(inputs, "edge_attribution", estimator=options.estimator, steps=points),
+        "residual": graph.residual,
         **({} if rules is None else {"rules": rules}),
     }
 
