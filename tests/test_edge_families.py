@@ -273,9 +273,7 @@ def test_a_per_head_fused_projection_under_grouped_query_attention_is_refused(to
     import dataclasses
 
     llama = models.tiny("llama", n_layers=2, tokenizer=tokenizer, check=False)
-    layout = dataclasses.replace(
-        llama.spec.layout, qkv=("self_attn.q_proj",), qkv_order="per_head"
-    )
+    layout = dataclasses.replace(llama.spec.layout, qkv=("self_attn.q_proj",), qkv_order="per_head")
     model = models.from_hf(llama.hf, tokenizer, layout=layout, check=False)
     with pytest.raises(ValueError, match="as many key/value heads as query heads"):
         edges.edge_attribution(model, IOI[:1], progress=False)
