@@ -200,6 +200,13 @@ def built(rung: str, device: str) -> tuple:
     import nnsight  # noqa: F401  imported before the baseline: the backend's first use needs it
     import torch
 
+    import lenscape as lsc
+
+    # lenscape imports its parts on first use (lenscape._lazy): all of them (transformers'
+    # model code with them) are imported before the baseline, as ``import lenscape`` once
+    # did, so that it counts the model's bytes, not the code's.
+    for name in lsc.__all__:
+        getattr(lsc, name)
     cuda = torch.device(device).type == "cuda"
     gc.collect()
     base = torch.cuda.memory_allocated(device) if cuda else _status("VmRSS")

@@ -8,7 +8,8 @@ clean/corrupt pairs keep equal lengths; any other text still tokenizes (into sho
 pieces, down to bytes). Tiny models built on it have a vocabulary of about 2,000 instead of
 49,152, which makes their embeddings, logits and backward passes cheap.
 
-Fresh-process scripts import it with ``sys.path.insert(0, TESTS)`` (``TESTS`` below).
+Fresh-process scripts import it with ``sys.path.insert(0, TESTS)`` (``TESTS`` below);
+``fresh_python`` runs such a script with the lenscape under test.
 
 The rest are reference computations written with plain PyTorch hooks (no lenscape
 internals), shared by the capture tests and the bundled-model tests.
@@ -21,12 +22,37 @@ import functools
 import hashlib
 import itertools
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import lenscape
 from lenscape import schema
+
+
+def fresh_python(code: str, *, timeout: float = 600) -> str:
+    """Run ``code`` in a new Python process that imports the lenscape under test (its folder
+    first on ``PYTHONPATH``), so nothing this test session imported is loaded there.
+
+    Returns:
+        The process's stdout; a failing process fails the test with its stderr.
+    """
+    toolkit = str(Path(lenscape.__file__).resolve().parents[1])
+    path = os.pathsep.join([toolkit, *filter(None, [os.environ.get("PYTHONPATH")])])
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
 
 #: Provenance attrs of the synthetic results the view tests draw.
 ATTRS = dict(

@@ -1,13 +1,16 @@
 """``da.lsc``: every method gives what the plain function gives on the same array, with the
-same options (the accessor forwards only)."""
+same options (the accessor forwards only); it is there from ``import lenscape`` on, whichever
+of lenscape and xarray is imported first (``lenscape._accessor``)."""
 
 from __future__ import annotations
 
 import inspect
+import json
+import textwrap
 
 import numpy as np
 import pytest
-from _helpers import ATTRS
+from _helpers import ATTRS, fresh_python
 
 import lenscape as lsc
 from lenscape import aggregate, schema
@@ -18,6 +21,39 @@ def scores():
     values = np.random.default_rng(0).normal(size=(2, 4, 3))  # (seed, layer, head)
     values[0, 2, 1] = 9.0  # one cell stands out
     return schema.make(values, dims=("seed", "layer", "head"), attrs=ATTRS, n_layers=4)
+
+
+PLAIN_IMPORT = textwrap.dedent("""
+    import json, sys, warnings
+    warnings.simplefilter("error")  # xarray warns when an accessor is registered twice
+    {imports}
+    before = sorted(name for name in ("altair", "lenscape.views") if name in sys.modules)
+    da = xr.DataArray(np.arange(6.0).reshape(2, 3), dims=("layer", "head"),
+                      coords={{"layer": [0, 1], "head": [0, 1, 2]}})
+    chart = da.lsc.heatmap(x="head", y="layer").to_dict()
+    print(json.dumps({{"views_before_use": before, "accessor": type(da.lsc).__name__,
+                      "mark": chart["mark"]["type"], "registered": xr.DataArray.lsc.__name__}}))
+""")
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import lenscape; assert 'xarray' not in sys.modules; import numpy as np, xarray as xr",
+        "import numpy as np, xarray as xr; import lenscape",
+    ],
+    ids=["lenscape-first", "xarray-first"],
+)
+def test_da_lsc_works_after_a_plain_import_lenscape(imports):
+    """``import lenscape`` registers ``da.lsc`` (once, at once or when xarray is imported)
+    without importing the views; the first ``da.lsc`` imports them."""
+    found = json.loads(fresh_python(PLAIN_IMPORT.format(imports=imports)))
+    assert found == {
+        "views_before_use": [],
+        "accessor": "LenscapeAccessor",
+        "mark": "rect",
+        "registered": "lazy_accessor",
+    }
 
 
 def test_the_accessor_offers_only_forwarding_methods():

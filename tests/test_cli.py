@@ -2,12 +2,15 @@
 arguments, and the demo job run end to end on a tiny model saved to a folder."""
 
 import argparse
+import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import fresh_python
 
 import lenscape as lsc
 from lenscape import cli
@@ -110,10 +113,40 @@ def test_version(capsys):
     )
 
 
+CLI_IMPORTS = textwrap.dedent("""
+    import json, sys
+    from lenscape.cli import main
+    for argv in {commands}:
+        try:
+            main(argv)
+        except SystemExit as done:
+            assert done.code == 0, argv
+    print(json.dumps(sorted(name for name in {heavy} if name in sys.modules)))
+""")
+#: Seconds to import each on a 2-core machine (benchmarks/startup.py), or the library's parts.
+HEAVY = ("torch", "transformers", "xarray", "altair", "lenscape.capture", "lenscape.views")
+
+
+@pytest.mark.parametrize(
+    "commands, heavy",
+    [
+        ([["--version"], ["--help"], ["install-models", "--help"]], HEAVY),
+        ([["demo", "--help"]], tuple(name for name in HEAVY if name != "xarray")),
+    ],
+    ids=["version-and-help", "demo-help"],
+)
+def test_help_and_version_import_neither_torch_nor_the_methods(commands, heavy):
+    """``lenscape --version`` and ``--help`` answer at once: the parser is built without
+    torch, transformers, xarray or Altair, the capture methods or the views (``demo --help``
+    counts the factual prompts, which imports xarray, but not torch)."""
+    out = fresh_python(CLI_IMPORTS.format(commands=commands, heavy=heavy))
+    assert json.loads(out.splitlines()[-1]) == []
+
+
 def test_the_installed_command_runs_and_fails_cleanly(tmp_path):
     """The console script from pyproject's [project.scripts] reaches ``main``, and a command
     that fails while working (a model folder that does not exist) exits 1 naming it. One
-    process: each start imports torch and transformers (--version is checked in-process)."""
+    process: the demo imports torch and transformers (--version is checked in-process)."""
     script = Path(sys.executable).with_name("lenscape")
     if not script.exists():
         pytest.skip(f"no console script next to {sys.executable} (package not installed)")

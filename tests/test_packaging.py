@@ -1,16 +1,24 @@
-"""Packaging agreements: environment.yml matches pyproject.toml; the two commands exist."""
+"""Packaging agreements: environment.yml matches pyproject.toml; the two commands exist;
+the top-level API is curated and imported lazily."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import json
 import pkgutil
 import re
+import textwrap
 from pathlib import Path
 
+import pytest
 import tomllib
+from _helpers import fresh_python
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import lenscape as lsc
+from lenscape import models
 from lenscape.models import BUNDLED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,3 +96,90 @@ def test_top_level_api():
         info.name for info in pkgutil.iter_modules(lsc.__path__) if not info.name.startswith("_")
     }
     assert public - set(lsc.__all__) <= modules
+
+
+#: What ``import lenscape`` imported before it was lazy, each now left for its first use.
+DEFERRED = (
+    "torch",
+    "transformers",
+    "xarray",
+    "altair",
+    "nnsight",
+    "transformer_lens",
+    "dask",
+    "lenscape.capture",
+    "lenscape.views",
+    "lenscape.fits",
+    "lenscape.weights",
+    "lenscape.cluster",
+    "lenscape.sweep",
+    "lenscape.models.loader",
+)
+
+
+def test_import_lenscape_imports_nothing_heavy():
+    """A teacher's ``import lenscape`` (and the ``lenscape`` command) starts at once: no
+    torch, transformers, xarray or Altair, no capture module, view or fit until used."""
+    loaded = json.loads(
+        fresh_python("import json, sys; import lenscape; print(json.dumps(sorted(sys.modules)))")
+    )
+    assert sorted(set(DEFERRED) & set(loaded)) == []
+
+
+FIRST_USE = textwrap.dedent("""
+    import json, sys
+    import lenscape as lsc
+    lsc.estimate  # first: it needs every method package's registrations, loaded or not
+    from lenscape.sweep.memory import ESTIMATES
+    estimates = sorted(ESTIMATES)
+    failed = {}
+    for name in lsc.__all__:
+        try:
+            getattr(lsc, name)
+        except Exception as err:
+            failed[name] = repr(err)
+    print(json.dumps({"estimates": estimates, "failed": failed, "dir": dir(lsc),
+                      "all": lsc.__all__}))
+""")
+
+
+def test_every_public_name_resolves_on_first_use():
+    """In a fresh process every name of ``__all__`` imports on first use, ``dir(lsc)`` (tab
+    completion) lists them all, and ``lsc.estimate`` plans every method by name even when
+    it is the first name used."""
+    found = json.loads(fresh_python(FIRST_USE))
+    assert found["failed"] == {}
+    assert set(found["all"]) | {"cli", "models", "sweep", "views"} <= set(found["dir"])
+    assert {"ablation", "edge_attribution", "head_gating", "block_masks", "weight_importance"} <= (
+        set(found["estimates"])
+    )
+    assert found["all"] == lsc.__all__
+
+
+def type_checking_imports(package) -> dict[str, str]:
+    """The names a package's ``if TYPE_CHECKING:`` block imports, as ``"module:attribute"``
+    (``"module"`` for a submodule) relative to the package; ``*`` for a star import."""
+    tree = ast.parse(Path(package.__file__).read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.dump(n)]
+    names = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.dump(node)
+        for alias in node.names:
+            target = f"{node.module}:{alias.name}" if node.module else alias.name
+            names[alias.asname or alias.name] = target if alias.name != "*" else node.module
+    return names
+
+
+@pytest.mark.parametrize("package", [lsc, models], ids=["lenscape", "lenscape.models"])
+def test_the_static_imports_are_the_lazy_table(package):
+    """Type checkers and IDEs see the ``TYPE_CHECKING`` imports, ``__getattr__`` the
+    ``_EXPORTS`` table: the two name the same objects, and each name resolves to it."""
+    static = type_checking_imports(package)
+    if package is lsc:
+        assert static.pop("*") == "capture"  # the registered methods
+    assert static == package._EXPORTS
+    for name, target in static.items():
+        module, _, attribute = target.partition(":")
+        source = importlib.import_module(f"{package.__name__}.{module}")
+        assert getattr(package, name) is (getattr(source, attribute) if attribute else source)
+    assert set(lsc.__all__) == set(lsc.capture.__all__) | set(lsc._EXPORTS)

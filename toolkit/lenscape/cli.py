@@ -12,6 +12,10 @@ with status 1; ``--traceback`` shows the full traceback instead.
 
 ``demo`` writes only into ``--out`` (``make demo``: out/, which git ignores), so running it
 leaves a clone clean; the README's pictures come from ``make figures`` (docs/figures.py).
+
+``lenscape --help`` and ``--version`` answer at once: building the parser imports neither
+torch nor the library's methods (``import lenscape`` is lazy, the table of bundled weights
+is torch-free), and a command imports what it uses when it runs.
 """
 
 from __future__ import annotations
@@ -21,19 +25,28 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import lenscape as lsc
 
-from .capture.faithfulness import faithfulness
-from .models import resolve_device
+from ._version import package_version
 from .models.bundled import BUNDLED, DEFAULT_MODEL, ENCODERS
-from .schema import package_version
 
 #: Bundled causal language models: what ``--model`` may name (the encoders are not).
 LANGUAGE_MODELS = tuple(name for name in BUNDLED if name not in ENCODERS)
 #: Error types whose message names the problem and the fix (bad input found while working).
 INPUT_ERRORS = (LookupError, ValueError, TypeError, OSError)
+
+
+class _AllFactual:
+    """``--prompts``'s default, every factual prompt: shown as "all N" in ``demo --help``, N
+    counted only when that help is printed (the prompt sets import numpy and xarray, which
+    ``lenscape --help`` and ``--version`` do without)."""
+
+    def __str__(self) -> str:
+        return f"all {len(lsc.data.prompts('factual'))}"
+
+
+#: ``lenscape demo`` without ``--prompts``: all the factual prompts.
+ALL_PROMPTS = _AllFactual()
 
 
 def _role(name: str) -> str:
@@ -79,8 +92,10 @@ def _prompt_count(text: str) -> int:
 
 def _device(text: str) -> str:
     """``text`` if it names a device this machine has ("auto", "cpu", "cuda", "cuda:1" ...)."""
+    import torch  # slow (seconds): only when a command that takes --device runs
+
     try:
-        device = resolve_device(text)
+        device = lsc.models.resolve_device(text)
     except RuntimeError:  # torch.device cannot parse it
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a device name; use auto, cpu, cuda or cuda:N (mps on a Mac)."
@@ -118,10 +133,10 @@ def _demo(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     model = lsc.load(args.model, device=args.device)
     prompts = lsc.data.prompts("factual")
-    prompts = prompts if args.prompts is None else prompts[: args.prompts]
+    prompts = prompts if args.prompts is ALL_PROMPTS else prompts[: args.prompts]
     print(f"{model}\n{len(prompts)} factual prompts")
     # Exact activation patching of every head and block, and the two gradient estimates.
-    report = faithfulness(model, prompts)
+    report = lsc.faithfulness(model, prompts)
     store = out / "demo.zarr"
     lsc.save(report, store)
     exact = report["exact_heads"]
@@ -221,9 +236,9 @@ def _demo_parser(demo: argparse.ArgumentParser) -> None:
     demo.add_argument(
         "--prompts",
         type=_prompt_count,
+        default=ALL_PROMPTS,
         metavar="N",
-        help=f"use the first N factual prompts, N >= 1 (default: all "
-        f"{len(lsc.data.prompts('factual'))})",
+        help="use the first N factual prompts, N >= 1",
     )
     demo.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda, cuda:1 ...")
     demo.set_defaults(func=_demo)

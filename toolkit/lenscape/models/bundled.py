@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
@@ -150,6 +148,8 @@ def bundled_folder(name: str) -> Path:
 
 
 def _convert_gguf(bundle: Bundled, package: Path, target: Path) -> Path:
+    # torch and transformers: slow imports, on use (the table above is the CLI's, torch-free)
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)

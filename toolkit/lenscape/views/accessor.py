@@ -5,7 +5,8 @@ same array, and ``scores.lsc.mean("prompt", ci=0.95)`` is ``lenscape.aggregate.m
 mean with a bootstrap interval); nothing here has logic of its own. Each method is wrapped
 (``functools.wraps``, as xarray's ``da.plot`` accessor is) with the function it forwards to,
 so ``da.lsc.heatmap?`` shows that function's signature (without the array) and docstring.
-Importing this module registers the accessor.
+``import lenscape`` registers the accessor (``lenscape._accessor``: a stand-in that imports
+this module, with Altair, on the first ``da.lsc``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from .explorer import Explorer
 from .heatmaps import heatmap
 
 
-@xr.register_dataarray_accessor("lsc")
 class LenscapeAccessor:
     """lenscape methods on any DataArray, e.g. ``da.lsc.explore(x="head", y="layer")``."""
 
