@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 
 import lenscape as lsc
 from lenscape.sweep import memory
@@ -87,6 +88,75 @@ def test_every_method_has_an_estimate(tiny_llama, factual, mixed, clusters):
         prompts = mixed if name == "block_masks" else pairs
         estimate = lsc.estimate(tiny_llama, name, prompts, **calls.get(name, {}))
         assert estimate.fits and estimate.needed > 0, name
+
+
+#: Methods planned through each kind of footprint: per-prompt (with and without a
+#: backward, stacked copies, kept patterns) and the whole-call estimate of weight importance.
+LARGE_BATCH = [
+    ("ablation", {}),
+    ("attribution_patching", {}),
+    ("edge_attribution", {}),
+    ("attention_pattern", {"layer": 1}),
+    ("logit_lens", {}),
+    ("weight_importance", {}),
+]
+
+
+@pytest.mark.parametrize("name, options", LARGE_BATCH)
+def test_a_batch_larger_than_the_prompts_is_planned_as_the_prompts(
+    tiny_llama, factual, name, options
+):
+    """Issue 43: a pass holds at most the call's prompts, so ``batch_size`` beyond them
+    plans the run it describes (it was 16 times the memory at 64 and 4 prompts, and 400,000
+    GiB at 10**9)."""
+    prompts = factual[:4]
+    exact = lsc.estimate(tiny_llama, name, prompts, batch_size=4, **options)
+    for batch_size in (5, 64, 10**9):
+        large = lsc.estimate(tiny_llama, name, prompts, batch_size=batch_size, **options)
+        assert (large.activations, large.buffers, large.optimizer) == (
+            exact.activations,
+            exact.buffers,
+            exact.optimizer,
+        ), (name, batch_size)
+        assert large.batch_size == batch_size and large.rows == 4
+        assert "a pass holds the 4 prompts" in str(large)
+    assert exact.rows == 4 and "a pass holds" not in str(exact)
+
+
+def test_a_fit_plans_the_rows_it_draws_even_from_fewer_items(tiny_llama):
+    """A fit's ``batch_size`` is items per gate set per update, drawn again when the task
+    has fewer (``gating._Batches``), so its passes really hold that many rows: its plan
+    grows with the batch, up to what ``rows_per_pass`` stacks."""
+    from lenscape.fits.gating import _Batches
+
+    assert len(_Batches(4, [(0, 0)], batch_size=16).next(0)) == 16
+    task = lsc.data.task("math")[:4]
+    small = lsc.estimate(tiny_llama, "head_gating", task, seeds=1, batch_size=4)
+    large = lsc.estimate(tiny_llama, "head_gating", task, seeds=1, batch_size=16)
+    assert large.rows == large.batch_size == 32 and large.needed > small.needed
+
+
+def test_a_run_that_fits_is_not_refused_for_a_large_batch_size(tiny_llama, factual, monkeypatch):
+    prompts = factual[:4]
+    needed = lsc.estimate(tiny_llama, "attribution_patching", prompts, batch_size=4).needed
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, str(int(needed * 1.5)))
+    expected = lsc.attribution_patching(tiny_llama, prompts, batch_size=4, progress=False)
+    for batch_size in (64, 10**9):
+        assert lsc.estimate(tiny_llama, "attribution_patching", prompts, batch_size=batch_size).fits
+        got = lsc.attribution_patching(tiny_llama, prompts, batch_size=batch_size, progress=False)
+        np.testing.assert_allclose(got.values, expected.values, atol=1e-6)
+        assert got.attrs["batch_size"] == batch_size
+
+
+def test_a_large_batch_size_streams_into_a_store_of_the_prompts(tiny_llama, factual, tmp_path):
+    """The store's chunks are at most the prompts, so a huge ``batch_size`` allocates no
+    huge chunk, and a resumed run takes the same ``batch_size`` back."""
+    prompts = factual[:3]
+    path = tmp_path / "large.zarr"
+    first = lsc.ablation(tiny_llama, prompts, batch_size=10**9, store=path, progress=False)
+    again = lsc.ablation(tiny_llama, prompts, batch_size=10**9, store=path, progress=False)
+    xr.testing.assert_identical(first.load(), again.load())
+    assert sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) < 10**6
 
 
 def _limit_between(model, name, prompts, low: int, high: int, **options) -> str:

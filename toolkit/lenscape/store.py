@@ -474,11 +474,14 @@ def create(
     Args:
         template: the whole result with NaN data (ideally broadcast views: nothing is
             materialised; data is written lazily, coords eagerly).
-        chunk: prompts per part; every ``write_part`` starts at a multiple of it.
+        chunk: prompts per part; every ``write_part`` starts at a multiple of it. A part
+            larger than the prompts is one chunk of the prompts: zarr would write (and
+            allocate) a chunk of the size asked for, however few prompts it holds.
         settings: JSON-serialisable description of the capture, read back by ``progress``.
     """
     ds = _as_dataset(template, "zarr")
     n_prompts = ds.sizes["prompt"]
+    chunk = max(1, min(chunk, n_prompts))
     ds[_DONE] = ("prompt", np.broadcast_to(np.False_, (n_prompts,)))
     ds.attrs[_SETTINGS] = json.dumps(settings, sort_keys=True)
     data = _per_prompt_data(ds)

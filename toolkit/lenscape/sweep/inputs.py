@@ -282,7 +282,8 @@ def _reuse(model: LensModel, tokens: Tokens, *, needs_corrupt: bool) -> Tokens:
 
 def plan_memory(model: LensModel, tokens: Tokens, options: Options) -> memory.Estimate:
     """The memory plan of running the method ``options.method`` over ``tokens``: its
-    registered footprint (``memory.FOOTPRINTS``) at the batch size ``options`` ask for, or
+    registered footprint (``memory.FOOTPRINTS``) at the batch size ``options`` ask for (a
+    batch holds at most every prompt once: a larger one is planned as the prompts), or
     with ``batch_size=None`` the largest that fits (``memory.plan``)."""
     footprint = memory.FOOTPRINTS.get(options.method, memory.one_gradient_pass)
     width, n_prompts = tokens.width, len(tokens)
@@ -293,6 +294,7 @@ def plan_memory(model: LensModel, tokens: Tokens, options: Options) -> memory.Es
         n_prompts=n_prompts,
         width=width,
         batch_size=options.get("batch_size"),
+        max_rows=n_prompts,
     )
 
 

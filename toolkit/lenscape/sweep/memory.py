@@ -239,7 +239,8 @@ class Estimate:
     Attributes:
         method, model, device, dtype: what runs where.
         n_prompts, width: the prompts and the tokens of the longest.
-        batch_size: prompts (or rows) per pass the run uses.
+        batch_size: prompts (or rows) per pass the run uses, as asked (a resumed store
+            checks it).
         batch_option: the option that sets it ("batch_size", "rows_per_pass").
         chosen: whether the batch was chosen from memory (the option was None).
         weights: bytes of the loaded weights.
@@ -247,6 +248,8 @@ class Estimate:
         available: bytes available for the run (``available_bytes``).
         largest_fitting: the largest batch whose need fits ``available`` (0: none).
         need_one: bytes needed with a batch of one.
+        rows: rows the largest pass holds, what the need is planned for: ``batch_size``,
+            or the prompts when the batch asks for more than there are.
     """
 
     method: str
@@ -265,6 +268,7 @@ class Estimate:
     available: int
     largest_fitting: int
     need_one: int
+    rows: int
 
     @property
     def needed(self) -> int:
@@ -282,6 +286,8 @@ class Estimate:
 
     def __str__(self) -> str:
         how = "chosen from memory" if self.chosen else "given"
+        if self.rows < self.batch_size:
+            how += f"; a pass holds the {self.rows} prompts"
         return (
             f"{self.method} on {self.model} ({self.device}, {self.dtype}), "
             f"{self.n_prompts} prompts of up to {self.width} tokens, "
@@ -331,6 +337,7 @@ def plan(
     batch_size: int | None,
     batch_option: str = "batch_size",
     max_batch: int | None = None,
+    max_rows: int | None = None,
 ) -> Estimate:
     """The memory plan of a call: its batch size and what it needs at its peak.
 
@@ -342,6 +349,10 @@ def plan(
             ``max_batch`` (default: ``n_prompts`` and ``MAX_BATCH`` of the device) whose need
             fits ``BUDGET_SHARE`` of the available memory (at least 1).
         batch_option: the option that sets the batch (for messages).
+        max_rows: the most rows a pass holds whatever the batch asks: a batch of prompts
+            holds each prompt once, so pass ``n_prompts`` and a larger ``batch_size`` is
+            planned (and checked) as that many, never as more than the run holds. None:
+            ``batch_size`` rows (a fit's gate sets draw their items again to fill a batch).
 
     Returns:
         The ``Estimate``; ``check`` refuses it when it cannot fit.
@@ -351,7 +362,8 @@ def plan(
     cap = max(1, max_batch or min(n_prompts, MAX_BATCH.get(device.type, MAX_BATCH["cpu"])))
     budget = available * BUDGET_SHARE.get(device.type, BUDGET_SHARE["cpu"])
     rows = batch_size or max(1, _largest_within(need, budget, cap))
-    chosen_need = need(rows)
+    held = rows if max_rows is None else min(rows, max_rows)
+    chosen_need = need(held)
     return Estimate(
         method,
         model.name,
@@ -367,8 +379,9 @@ def plan(
         chosen_need.buffers,
         chosen_need.optimizer,
         available,
-        _largest_within(need, available, max(rows, cap)),
+        _largest_within(need, available, max(held, cap)),
         need(1).total,
+        held,
     )
 
 

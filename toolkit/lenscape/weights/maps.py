@@ -152,6 +152,7 @@ def _importance_plan(model: LensModel, texts: list[str], batch_size: int) -> mem
         n_prompts=len(texts),
         width=width,
         batch_size=batch_size,
+        max_rows=len(texts),  # a batch of texts holds each once
     )
 
 
