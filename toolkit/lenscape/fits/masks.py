@@ -607,7 +607,7 @@ def block_masks(
         ),
         caller="block_masks",
     )
-    seed = _validate.integer("seed", seed, low=0)
+    seed = _validate.seed("seed", seed)
     progress = _validate.flag("progress", progress)
     _validate.not_empty("prompts", prompts, fix="pass the texts that were clustered")
     folder = optim.checkpoint_folder(checkpoint)
@@ -894,7 +894,7 @@ def mask_comparison(
     sparsities = _check_sparsities(sparsities, "sparsities")
     n_random = _validate.integer("n_random", n_random, low=1, high=MAX_RANDOM_MASKS)
     _validate.choice("loss", loss, LOSSES)
-    seed = _validate.integer("seed", seed, low=0)
+    seed = _validate.seed("seed", seed)
     batch_size = _validate.positive_int("batch_size", batch_size)
     progress = _validate.flag("progress", progress)
     folder = optim.checkpoint_folder(checkpoint)
