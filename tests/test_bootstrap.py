@@ -45,7 +45,7 @@ def test_options_are_checked_by_name():
         bootstrap.check(0.95, bootstrap.MAX_RESAMPLES + 1, 0)
     with pytest.raises(TypeError, match="n_resamples must be an integer"):
         bootstrap.check(0.95, 1000.0, 0)
-    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+    with pytest.raises(ValueError, match="seed must be a whole number from 0"):
         bootstrap.check(0.95, 1000, -1)
     attrs = bootstrap.attrs("prompt", 0.95, 1000, 0)
     assert attrs["interval"].startswith("percentile bootstrap over prompts: 1000 resamples")

@@ -41,7 +41,11 @@ def test_split_holds_out_each_kind(mixed):
     "call, error, message",
     [
         (lambda e: cluster.kmeans(e, 2.0), TypeError, r"k must be a positive integer, got 2\.0"),
-        (lambda e: cluster.kmeans(e, 2, seed=-1), ValueError, r"seed must be an integer >= 0"),
+        (
+            lambda e: cluster.kmeans(e, 2, seed=-1),
+            ValueError,
+            r"seed must be a whole number from 0",
+        ),
         (lambda e: cluster.kmeans(e * np.nan, 2), ValueError, r"embeddings holds \d+ NaN"),
         (lambda e: cluster.kmeans(e[0], 2), ValueError, r"embeddings must be \(prompt, d\)"),
         (lambda e: cluster.kmeans("abc", 2), TypeError, r"embeddings must be an array of numbers"),

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,6 +89,20 @@ def test_sample_keeps_every_category_in_proportion():
     for bad, error in ((0, ValueError), (len(math) + 1, ValueError), (6.0, TypeError)):
         with pytest.raises(error, match="n must be an integer from 1"):
             math.sample(bad)
+
+
+@pytest.mark.parametrize("bad", [-1, True, None, 2.0, "3", 2**32])
+def test_sample_and_task_seeds_follow_the_one_rule(bad):
+    """Issue 43: ``seed=-1`` and ``seed=True`` drew seed 1's sample, ``seed=None`` a new one
+    each call, ``seed=np.int64(3)`` failed in the standard library."""
+    math = lsc.data.task("math")
+    assert math.sample(8, seed=np.int64(3)).texts == math.sample(8, seed=3).texts
+    assert lsc.data.task("math", seed=np.int64(3)).texts == lsc.data.task("math", seed=3).texts
+    for call in (lambda: math.sample(8, seed=bad), lambda: lsc.data.task("math", seed=bad)):
+        with pytest.raises((TypeError, ValueError), match=r"seed must be a whole number from 0"):
+            call()
+    with pytest.raises((TypeError, ValueError), match=r"seed must be a whole number from 0"):
+        lsc.models.tiny("llama", n_layers=1, seed=bad, check=False)
 
 
 def test_unknown_set_and_task():

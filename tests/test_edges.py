@@ -350,8 +350,8 @@ def test_bad_circuits_budgets_and_seeds_are_refused_by_name(tiny_llama):
         ({"fractions": None}, TypeError, "fractions must be a list"),
         ({"fractions": ["a"]}, TypeError, r"fractions\[0\] must be a number"),
         ({"fractions": (0.5, 0.2)}, ValueError, "fractions must be increasing"),
-        ({"seed": -1}, ValueError, "seed must be an integer >= 0"),
-        ({"seed": 0.0}, TypeError, "seed must be an integer >= 0"),
+        ({"seed": -1}, ValueError, "seed must be a whole number from 0"),
+        ({"seed": 0.0}, TypeError, "seed must be a whole number from 0"),
     ]:
         with pytest.raises(error, match=match):
             edges.circuit_faithfulness(
@@ -366,7 +366,7 @@ def test_bad_circuits_budgets_and_seeds_are_refused_by_name(tiny_llama):
         ({"estimators": ["eap", "eap"]}, ValueError, "estimators names one twice"),
         ({"top_k": 0}, ValueError, "top_k must be a positive integer"),
         ({"steps": 1.5}, TypeError, "steps must be a positive integer"),
-        ({"seed": -1}, ValueError, "seed must be an integer >= 0"),
+        ({"seed": -1}, ValueError, "seed must be a whole number from 0"),
     ],
 )
 def test_agreement_options_are_checked_before_any_pass(tiny_llama, options, error, match):

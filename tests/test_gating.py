@@ -357,7 +357,11 @@ def test_bad_gate_shape(tiny_llama, small_task):
         ({"seeds": 2.5}, TypeError, r"seeds must be a number of seeds or a list.*2\.5"),
         ({"seeds": "3"}, TypeError, r"seeds must be a number of seeds or a list.*'3'"),
         ({"seeds": [0, 0]}, ValueError, r"seeds must hold at least one seed, each once"),
-        ({"seeds": [0, -1]}, ValueError, r"seeds\[1\] must be an integer >= 0, got -1"),
+        (
+            {"seeds": [0, -1]},
+            ValueError,
+            r"seeds\[1\] must be a whole number from 0 to 4294967295, got -1",
+        ),
         ({"max_steps": 0}, ValueError, r"max_steps must be an integer from 1 to 10000, got 0"),
         ({"max_steps": 10**9}, ValueError, r"max_steps must be an integer from 1 to 10000"),
         ({"batch_size": "32"}, TypeError, r"batch_size must be an integer from 1 .*'32'"),

@@ -248,7 +248,7 @@ def test_bad_inputs_name_the_fix(tiny_llama, tokenizer, mixed, clusters, learned
         ({"lr": float("nan")}, ValueError, r"lr must be a finite number > 0, got nan"),
         ({"penalty": -1.0}, ValueError, r"penalty must be a finite number >= 0"),
         ({"tol": "0.1"}, TypeError, r"tol must be a number >= 0, got '0\.1'"),
-        ({"seed": -1}, ValueError, r"seed must be an integer >= 0, got -1"),
+        ({"seed": -1}, ValueError, r"seed must be a whole number from 0 to 4294967295, got -1"),
         ({"progress": 1}, TypeError, r"progress must be True or False, got 1"),
     ],
 )

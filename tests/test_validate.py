@@ -141,8 +141,29 @@ def test_integer_and_seed_list_helpers():
     assert _validate.seed_list("seeds", (4, np.int64(7))) == [4, 7]
     with pytest.raises(TypeError, match=r"seeds must be a number of seeds or a list"):
         _validate.seed_list("seeds", "012")
-    with pytest.raises(TypeError, match=r"seeds\[1\] must be an integer >= 0, got 1\.5"):
+    with pytest.raises(
+        TypeError, match=r"seeds\[1\] must be a whole number from 0 to \d+, got 1\.5"
+    ):
         _validate.seed_list("seeds", [0, 1.5])
+
+
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        (-1, ValueError, r"got -1; pass e\.g\. seed=0"),  # random.Random(-1) is Random(1)
+        (True, TypeError, r"got True \(bool\)"),  # True would be seed 1
+        (None, TypeError, r"got None \(NoneType\) \(lenscape's draws are always seeded\)"),
+        (1.0, TypeError, r"got 1\.0"),
+        ("3", TypeError, r"got '3'"),
+        (_validate.MAX_SEED + 1, ValueError, r"got 4294967296"),
+    ],
+)
+def test_one_rule_for_every_seed(bad, error, match):
+    """Issue 43: a seed is a whole number from 0 to ``MAX_SEED``, numpy integers too."""
+    assert _validate.seed("seed", np.int64(3)) == 3 and _validate.seed("seed", 0) == 0
+    assert type(_validate.seed("seed", np.uint32(_validate.MAX_SEED))) is int
+    with pytest.raises(error, match=r"seed must be a whole number from 0 to 4294967295, " + match):
+        _validate.seed("seed", bad)
 
 
 def test_number_with_an_open_bound():

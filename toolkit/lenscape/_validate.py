@@ -7,8 +7,9 @@ A value of the wrong type raises ``TypeError``; a value of the right type outsid
 allowed range raises ``ValueError``.
 
 - ``positive_int``: counts and sizes (``batch_size``, ``variants_per_pass``, ``steps``);
-- ``integer``: other whole numbers with a range (``seed``, ``n_random``);
-- ``seed_list``: a number of seeds or an explicit list of them;
+- ``integer``: other whole numbers with a range (``n_random``, ``top_k``);
+- ``seed``: every ``seed=``: one rule for the package (``MAX_SEED``);
+- ``seed_list``: a number of seeds or an explicit list of them (each a ``seed``);
 - ``number``: real-valued options with a closed range (``threshold``, ``lambda_``);
 - ``flag``: True or False (``progress``, ``check``);
 - ``choice``: one of a fixed set of strings (``metric``, ``level``, ``backend``);
@@ -35,6 +36,9 @@ import xarray as xr
 
 #: A labelled result: what ``labels`` reads and gives back, of the same type.
 Labelled = TypeVar("Labelled", xr.DataArray, xr.Dataset)
+#: The largest seed: numpy's legacy ``RandomState`` (scikit-learn's k-means) takes no
+#: larger one, and one rule holds for every ``seed=`` of the package.
+MAX_SEED = 2**32 - 1
 
 
 def _shown(value: Any) -> str:
@@ -104,8 +108,32 @@ def integer(name: str, value: Any, *, low: int | None = None, high: int | None =
     return whole
 
 
+def seed(name: str, value: Any) -> int:
+    """Check a seed, the one rule for every ``seed=`` in lenscape: a whole number from 0 to
+    ``MAX_SEED`` (numpy integers too). ``None`` is refused, as every draw in lenscape is
+    seeded (the same call gives the same answer); so are a bool (``True`` would be seed 1)
+    and a negative number (Python's ``random`` would read -1 as 1).
+
+    Returns:
+        ``int(value)``.
+
+    Raises:
+        TypeError: not a whole number (None, a bool, a float, a string ...).
+        ValueError: a negative number or one above ``MAX_SEED``.
+    """
+    wanted = f"a whole number from 0 to {MAX_SEED}"
+    fix = f"pass e.g. {name}=0; the same seed gives the same draw"
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        why = " (lenscape's draws are always seeded)" if value is None else ""
+        raise TypeError(f"{name} must be {wanted}, got {_shown(value)}{why}; {fix}.")
+    if not 0 <= int(value) <= MAX_SEED:
+        raise ValueError(f"{name} must be {wanted}, got {value!r}; {fix}.")
+    return int(value)
+
+
 def seed_list(name: str, value: Any) -> list[int]:
-    """A number of seeds (``n`` -> 0..n-1) or an explicit list of distinct seeds >= 0.
+    """A number of seeds (``n`` -> 0..n-1) or an explicit list of distinct seeds (each a
+    ``seed``).
 
     Raises:
         TypeError: neither an integer nor a list of integers (a float, a string ...).
@@ -120,7 +148,7 @@ def seed_list(name: str, value: Any) -> list[int]:
         raise TypeError(
             f"{name} must be a number of seeds or a list of seeds, got {_shown(value)}; {fix}."
         )
-    seeds = [integer(f"{name}[{i}]", seed, low=0) for i, seed in enumerate(value)]
+    seeds = [seed(f"{name}[{i}]", one) for i, one in enumerate(value)]
     if not seeds or len(set(seeds)) < len(seeds):
         raise ValueError(f"{name} must hold at least one seed, each once, got {value!r}; {fix}.")
     return seeds

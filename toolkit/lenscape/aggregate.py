@@ -602,7 +602,7 @@ def reliability(
     sizes = _split_sizes(sizes, n)
     n_splits = _validate.integer("n_splits", n_splits, low=2, high=MAX_SPLITS)
     top_k = _validate.positive_int("top_k", top_k)
-    ci, seed = bootstrap.check_ci(ci), _validate.integer("seed", seed, low=0)
+    ci, seed = bootstrap.check_ci(ci), _validate.seed("seed", seed)
     da = _along_labels(da, list(da.dims))
     rows = _rows(da.transpose(*sorted(da.dims, key=str)), dim)
     orders = np.argsort(np.random.default_rng(seed).random((n_splits, n)), axis=1)

@@ -56,7 +56,7 @@ def check(ci: Any, n_resamples: Any, seed: Any) -> tuple[float, int, int]:
     n_resamples = _validate.integer(
         "n_resamples", n_resamples, low=MIN_RESAMPLES, high=MAX_RESAMPLES
     )
-    return check_ci(ci), n_resamples, _validate.integer("seed", seed, low=0)
+    return check_ci(ci), n_resamples, _validate.seed("seed", seed)
 
 
 def check_ci(ci: Any) -> float:

@@ -166,7 +166,7 @@ def kmeans(
     from sklearn.cluster import KMeans
 
     k = _validate.positive_int("k", k)
-    seed = _validate.integer("seed", seed, low=0)
+    seed = _validate.seed("seed", seed)
     shape = _validate.values("embeddings", embeddings, fix="pass cluster.embed(prompts)").shape
     if len(shape) != 2:
         raise ValueError(
@@ -209,7 +209,7 @@ def split(
         seed: seeds the shuffle.
     """
     held_out = _validate.number("held_out", held_out, above=0)
-    seed = _validate.integer("seed", seed, low=0)
+    seed = _validate.seed("seed", seed)
     if not held_out < 1:
         raise ValueError(f"held_out must lie in (0, 1), got {held_out}; e.g. 0.25.")
     rng = np.random.default_rng(seed)

@@ -98,10 +98,17 @@ class PromptSet(Sequence[Prompt]):
         order. Take this, not a prefix, for a small subset of a task: the built-in tasks
         list their items kind by kind, so ``task("math")[:64]`` holds additions only.
 
+        Args:
+            n: how many prompts, 1 to ``len(self)``.
+            seed: seeds the draw (``_validate.seed``: a whole number from 0, numpy
+                integers too; the same seed gives the same sample, so None is refused).
+
         Raises:
-            TypeError, ValueError: ``n`` not a whole number from 1 to ``len(self)``.
+            TypeError, ValueError: ``n`` not a whole number from 1 to ``len(self)``, or
+                ``seed`` not a seed.
         """
         n = _validate.integer("n", n, low=1, high=len(self))
+        seed = _validate.seed("seed", seed)
         by_category: dict[str, list[int]] = {}
         for index, prompt in enumerate(self._prompts):
             by_category.setdefault(prompt.category, []).append(index)
@@ -286,15 +293,21 @@ def task(
     Args:
         split: "train", "validation" or "all"; the split is a seeded shuffle.
         validation_fraction: share of items held out for validation.
-        seed: seeds the shuffle.
+        seed: seeds the shuffle (a whole number from 0, ``_validate.seed``).
+
+    Raises:
+        TypeError, ValueError: an unknown task or split, a ``validation_fraction``
+            outside [0, 1], or ``seed`` not a seed.
     """
     if name not in TASKS:
         raise ValueError(f"Unknown task {name!r}; available: {sorted(TASKS)}.")
     if split not in TASK_SPLITS:
         raise ValueError(f"Unknown split {split!r}; choose one of {list(TASK_SPLITS)}.")
+    fraction = _validate.number("validation_fraction", validation_fraction, low=0, high=1)
+    seed = _validate.seed("seed", seed)
     items = [Prompt(text, target, category=category) for text, target, category in TASKS[name]()]
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
-    n_val = round(validation_fraction * len(items))
+    n_val = round(fraction * len(items))
     chosen = {"train": order[n_val:], "validation": order[:n_val], "all": order}[split]
     return PromptSet([items[i] for i in sorted(chosen)], name=f"{name}:{split}")

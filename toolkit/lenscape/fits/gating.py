@@ -895,7 +895,7 @@ def gating_check(
     n_random = _validate.integer("n_random", n_random, low=1, high=MAX_RANDOM_SETS)
     threshold = _validate.number("threshold", threshold, low=0, high=1)
     k = _validate.positive_int("k", k, none_means="use the role sets")
-    seed = _validate.integer("seed", seed, low=0)
+    seed = _validate.seed("seed", seed)
     batch_size = _validate.positive_int("batch_size", batch_size)
     progress = _validate.flag("progress", progress)
     spec = model.spec

@@ -634,7 +634,7 @@ def block_masks(
         ),
         caller="block_masks",
     )
-    seed = _validate.integer("seed", seed, low=0)
+    seed = _validate.seed("seed", seed)
     progress = _validate.flag("progress", progress)
     time_budget = optim.check_time_budget(time_budget)
     _validate.not_empty("prompts", prompts, fix="pass the texts that were clustered")
@@ -931,7 +931,7 @@ def mask_comparison(
     sparsities = _check_sparsities(sparsities, "sparsities")
     n_random = _validate.integer("n_random", n_random, low=1, high=MAX_RANDOM_MASKS)
     _validate.choice("loss", loss, LOSSES)
-    seed = _validate.integer("seed", seed, low=0)
+    seed = _validate.seed("seed", seed)
     batch_size = _validate.positive_int("batch_size", batch_size)
     progress = _validate.flag("progress", progress)
     folder = optim.checkpoint_folder(checkpoint)

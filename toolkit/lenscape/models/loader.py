@@ -379,12 +379,13 @@ def tiny(
         architecture: "llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox" (Pythia),
             "olmo2", "phi3", "gemma2", "gemma3_text", "qwen2_moe", "qwen3_moe" or "mixtral".
         n_layers: number of blocks.
-        seed: seeds the weights.
+        seed: seeds the weights (a whole number from 0, ``_validate.seed``).
         tokenizer: defaults to the bundled SmolLM2 tokenizer (vocab 49,152).
         check: run the layout self-check.
     """
     import transformers
 
+    seed = _validate.seed("seed", seed)
     tokenizer = tokenizer or tokenizer_for(DEFAULT_MODEL)
     configs = _tiny_configs(len(tokenizer), n_layers)
     if architecture not in configs:

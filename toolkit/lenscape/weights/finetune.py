@@ -55,7 +55,7 @@ def finetune(
     steps = _validate.integer("steps", steps, low=1, high=MAX_STEPS)
     _validate.positive_int("batch_size", batch_size)
     _validate.number("lr", lr, low=0)
-    seed = _validate.integer("seed", seed, low=0)
+    seed = _validate.seed("seed", seed)
     progress = _validate.flag("progress", progress)
     out_dir = None if out_dir is None else as_path(out_dir, argument="out_dir")
     model.check_context([len(model.tokenizer(t)["input_ids"]) for t in texts], what="text + target")

@@ -132,7 +132,7 @@ def _checked(
         n_top,
         n_random,
         _validate.positive_int("top_k", top_k),
-        _validate.integer("seed", seed, low=0),
+        _validate.seed("seed", seed),
         bootstrap.check_ci(ci),
     )
 

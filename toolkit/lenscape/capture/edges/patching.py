@@ -336,7 +336,7 @@ def circuit_faithfulness(
     """
     fractions = check_fractions(fractions)
     n_random = _validate.integer("n_random", n_random, low=0, high=MAX_RANDOM)
-    seed = _validate.integer("seed", seed, low=0)
+    seed = _validate.seed("seed", seed)
     check_kind("scores", scores, methods=SCORE_METHODS, made_by="lsc.edge_attribution")
     _validate.origin("scores", scores, model.origin, made_by="lsc.edge_attribution")
     graph = Graph.of(model)
