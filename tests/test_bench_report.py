@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import _report
 import run_all
+
+import notebooks
 
 
 def test_table_layout():
@@ -110,3 +113,36 @@ def test_conditions_close_the_section_and_survive_a_reparse():
     text = run_all.with_conditions("a", section("a", "body"), "two recordings paused")
     assert text.endswith("Conditions of this run: two recordings paused\n<!-- /bench:a -->\n")
     assert run_all.parse_sections(text) == {"a": text}
+
+
+# --------------------------------------------- the notebooks' Run All benchmark (issue 43)
+
+
+def test_notebook_kernels_run_at_the_thread_count_asked_and_the_environment_comes_back(
+    monkeypatch,
+):
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    with notebooks.kernel_threads(1):
+        assert os.environ["OMP_NUM_THREADS"] == os.environ["MKL_NUM_THREADS"] == "1"
+    assert os.environ["OMP_NUM_THREADS"] == "7" and "MKL_NUM_THREADS" not in os.environ
+    with notebooks.kernel_threads(None):  # "default": as this process
+        assert os.environ["OMP_NUM_THREADS"] == "7" and "MKL_NUM_THREADS" not in os.environ
+    assert notebooks.parse_threads("default,1") == [None, 1]
+    for bad in ("0", "two", ""):
+        with pytest.raises(SystemExit, match="--threads takes 'default' or positive"):
+            notebooks.parse_threads(bad)
+
+
+def test_the_budget_lines_a_notebook_printed_are_collected():
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print(...)")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="x\nBudget: 240 s for the fit\n"),
+        nbformat.v4.new_output("stream", name="stderr", text="  Budget: stopped at 30 s\n"),
+        nbformat.v4.new_output("execute_result", data={"text/plain": "Budget: no"}),
+    ]
+    nb.cells = [nbformat.v4.new_markdown_cell("Budget: not code"), cell]
+    assert notebooks.budget_lines(nb) == ["Budget: 240 s for the fit", "Budget: stopped at 30 s"]

