@@ -28,7 +28,7 @@ from ...sweep.metrics import LONG_NAMES, UNITS
 from ...sweep.options import Options, integration_points
 from ...sweep.plan import Call, Plan, Scores, top_is_target
 from ...sweep.registry import method, run
-from ...sweep.relevance import clean_pass, rules_or_plain
+from ...sweep.relevance import check_covered, clean_pass, rules_or_plain
 from ...sweep.result import prompt_coords, provenance
 from ..patching import check_rules
 from .graph import Graph
@@ -256,6 +256,8 @@ def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
     points = check_steps(options.estimator, options.steps)
     rules = check_rules(options.estimator, options.rules)
     check_supported(model, options.backend)
+    if rules is not None:
+        check_covered(model)
     inputs = batched(model, tokens, options, level="head")
     graph = Graph.of(model)
     effect = {"eap": "EAP", "eap-ig": f"EAP-IG ({points} steps)"}.get(
