@@ -418,7 +418,10 @@ def _check_refine(model: LensModel, options: Options) -> None:
 
 def _check_ablation(model: LensModel, options: Options) -> None:
     """``ablation``'s own options (``Method.checks``)."""
-    _validate.choice("kind", options.kind, ABLATION_KINDS)
+    if not isinstance(options.kind, str) or options.kind not in ABLATION_KINDS:
+        raise ValueError(
+            f"Unknown ablation kind {options.kind!r}; choose one of {list(ABLATION_KINDS)}."
+        )
     _check_refine(model, options)
 
 
