@@ -127,7 +127,8 @@ def test_import_lenscape_imports_nothing_heavy():
 
 
 FIRST_USE = textwrap.dedent("""
-    import json, sys
+    import importlib, json, sys
+    import nnsight  # mounts a ``save`` method on every object, modules included
     import lenscape as lsc
     lsc.estimate  # first: it needs every method package's registrations, loaded or not
     from lenscape.sweep.memory import ESTIMATES
@@ -135,18 +136,24 @@ FIRST_USE = textwrap.dedent("""
     failed = {}
     for name in lsc.__all__:
         try:
-            getattr(lsc, name)
+            value = getattr(lsc, name)
         except Exception as err:
             failed[name] = repr(err)
+            continue
+        module, _, attribute = lsc._table()[name].partition(":")
+        source = importlib.import_module(f"lenscape.{module}")
+        if value is not (getattr(source, attribute) if attribute else source):
+            failed[name] = f"{value!r} is not lenscape.{module}.{attribute}"
     print(json.dumps({"estimates": estimates, "failed": failed, "dir": dir(lsc),
                       "all": lsc.__all__}))
 """)
 
 
 def test_every_public_name_resolves_on_first_use():
-    """In a fresh process every name of ``__all__`` imports on first use, ``dir(lsc)`` (tab
-    completion) lists them all, and ``lsc.estimate`` plans every method by name even when
-    it is the first name used."""
+    """In a fresh process every name of ``__all__`` imports on first use and is the object
+    its module defines (``lsc.save`` is lenscape's even after nnsight mounted a ``save`` on
+    every object), ``dir(lsc)`` (tab completion) lists them all, and ``lsc.estimate`` plans
+    every method by name even when it is the first name used."""
     found = json.loads(fresh_python(FIRST_USE))
     assert found["failed"] == {}
     assert set(found["all"]) | {"cli", "models", "sweep", "views"} <= set(found["dir"])

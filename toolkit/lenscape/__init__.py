@@ -136,3 +136,6 @@ def _public_names() -> list[str]:
     if "__all__" not in globals():
         globals()["__all__"] = list(_table())
     return globals()["__all__"]
+
+
+_lazy.make_lazy(__name__)

@@ -65,3 +65,6 @@ def __getattr__(name: str) -> _typing.Any:
 
 def __dir__() -> list[str]:
     return _lazy.listing(__name__, __all__)
+
+
+_lazy.make_lazy(__name__)
