@@ -5,9 +5,10 @@ start included, as a person waits for it); a row is the fastest of ``--repeats``
 (default 3), the runs of all rows interleaved. ``lenscape --version`` and ``--help`` run the
 console script's entry point (``lenscape.cli:main``, pyproject's ``[project.scripts]``) on the
 lenscape of this repository (``toolkit/`` first on ``PYTHONPATH``). The first-use rows time
-``import lenscape`` followed by one attribute that loads a part lazily (the views and Altair;
-the capture methods with torch and transformers). ``import torch, transformers`` imports the
-classes ``lsc.load`` uses. Target: ``--version`` and ``--help`` well under a second, and
+``import lenscape`` followed by one use that imports a part lazily: ``lsc.load`` (torch and
+transformers), ``lsc.heatmap`` (the views and Altair), ``dir(lsc)`` (tab completion: the
+capture methods, to list them). ``import torch, transformers`` imports the classes
+``lsc.load`` uses. Target: ``--version`` and ``--help`` well under a second, and
 ``import lenscape`` no more than ``import torch, transformers``.
 
 ``--baseline DIR`` also times another version of the package, e.g. the commit before a change
@@ -45,8 +46,9 @@ COMMANDS: dict[str, list[str]] = {
     "import lenscape": ["-c", "import lenscape"],
     "lenscape --version": ["-c", ENTRY_POINT, "--version"],
     "lenscape --help": ["-c", ENTRY_POINT, "--help"],
+    "import lenscape; lsc.load (first use)": ["-c", "import lenscape as lsc; lsc.load"],
     "import lenscape; lsc.heatmap (first use)": ["-c", "import lenscape as lsc; lsc.heatmap"],
-    "import lenscape; lsc.ablation (first use)": ["-c", "import lenscape as lsc; lsc.ablation"],
+    "import lenscape; dir(lsc) (tab completion)": ["-c", "import lenscape as lsc; dir(lsc)"],
 }
 #: Rows timed once per run, the same for every version of the package: the ratios' base.
 REFERENCE = ("import torch", "import torch, transformers")
