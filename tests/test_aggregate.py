@@ -131,6 +131,41 @@ def test_agreement_refuses_what_has_no_pair_or_other_cells():
         aggregate.agreement(own, dim="prompt")
 
 
+def test_agreement_refuses_continuous_values_and_says_binarize_first():
+    """Issue 43: two seeds differing by 1e-7 everywhere agreed on 0% of cells, silently.
+    Agreement compares categories; scores are refused with the fix, and once binarized
+    the two seeds agree everywhere."""
+    first = scores().isel(seed=0)
+    close = xr.concat([first, first + 1e-7], dim="seed")
+    with pytest.raises(ValueError, match=r"da holds continuous values.*aggregate\.binarize"):
+        aggregate.agreement(close)
+    masks = aggregate.binarize(close, 0.5)
+    assert masks.dtype == bool and masks.attrs["long_name"] == "Facilitation >= 0.5"
+    assert float(aggregate.agreement(masks)) == 1.0
+    with pytest.raises(ValueError, match=r"other holds continuous values"):
+        aggregate.agreement(masks, close)
+    # masks with NaN (float, units "bool") and whole-number codes are categories
+    with_nan = aggregate.binarize(scores(), 0.5, side="above")
+    assert with_nan.attrs["units"] == "bool" and np.isnan(with_nan.values).any()
+    assert 0 <= float(aggregate.agreement(with_nan)) <= 1
+    assert float(aggregate.agreement(codes_by_seed([[0, 1, 2, 3], [0, 1, 2, 3]], [0, 1]))) == 1
+    with pytest.raises(TypeError, match="must hold numbers"):
+        aggregate.agreement(close.astype(str))
+
+
+def test_binarize_follows_the_mask_rules_and_refuses_bad_input():
+    da = scores()
+    assert (aggregate.binarize(da, 0.5, side="below") == (da <= 0.5)).where(da.notnull()).all()
+    strong = aggregate.binarize(da - 0.5, 0.3, side="abs")
+    assert strong.attrs["long_name"].startswith("|") and strong.attrs["units"] == "bool"
+    with pytest.raises(TypeError, match=r"da must be an xarray\.DataArray"):
+        aggregate.binarize(da.values, 0.5)
+    with pytest.raises(TypeError, match="threshold must be a number"):
+        aggregate.binarize(da, "0.5")
+    with pytest.raises(ValueError, match=r"side='up' is not a binarize rule"):
+        aggregate.binarize(da, 0.5, side="up")
+
+
 @pytest.mark.parametrize("threshold", [-0.1, 1.5])
 def test_bad_threshold(threshold):
     with pytest.raises(ValueError, match=r"threshold must be a finite number in \[0, 1\]"):

@@ -582,6 +582,9 @@ BY_LABEL: dict[str, ByLabel] = {
         },
         ("da", "other"),
     ),
+    "aggregate.binarize": ByLabel(
+        aggregate.binarize, lambda w: {"da": w.scores, "threshold": 0.0, "side": "abs"}, ("da",)
+    ),
     "aggregate.normalize": ByLabel(
         aggregate.normalize, lambda w: {"da": w.masks["keep_prob"]}, ("da",)
     ),

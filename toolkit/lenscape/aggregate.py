@@ -162,6 +162,46 @@ def roles(facilitation: xr.DataArray, interference: xr.DataArray) -> xr.DataArra
     )
 
 
+def binarize(da: xr.DataArray, threshold: float, side: str = "above") -> xr.DataArray:
+    """Scores to a mask, cell by cell, by a ``mask_rules.SIDES`` rule: ``above`` (value >=
+    threshold), ``below`` (<=) or ``abs`` (|value| >=); NaN (not computed) stays NaN.
+
+    Args:
+        da: scores, any dims (e.g. per-seed gates before ``agreement``).
+        threshold: the value the rule compares with.
+        side: "above", "below" or "abs".
+
+    Returns:
+        A mask with the dims, coords and attrs of ``da`` (bool, or float 1/0/NaN with
+        ``units`` "bool" where some cell is NaN); ``long_name`` names the rule.
+
+    Raises:
+        TypeError: ``da`` not a DataArray, or ``threshold`` not a number.
+        ValueError: a NaN or infinite ``threshold``, or an unknown ``side``.
+    """
+    _validate.result("da", da, kind=xr.DataArray, made_by="a lenscape method")
+    threshold = _validate.number("threshold", threshold)
+    return mask_rules.binarize(da, threshold, mask_rules.check_side(side))
+
+
+def _categories(name: str, da: xr.DataArray) -> None:
+    """Refuse continuous values where categories are compared (``agreement``): a mask, an
+    integer or bool array, or float codes that are whole numbers (NaN: not computed)."""
+    if mask_rules.is_mask(da) or da.dtype.kind in "biu":
+        return
+    if da.dtype.kind != "f":
+        raise TypeError(f"{name} must hold numbers (masks or category codes), got {da.dtype}.")
+    values = da.values[np.isfinite(da.values)]
+    odd = values[values != np.round(values)]
+    if odd.size:
+        raise ValueError(
+            f"{name} holds continuous values (such as {odd[:3].tolist()}), and agreement "
+            "counts the cells whose values are equal, so two seeds that differ by 1e-7 would "
+            f"agree nowhere. Compare masks or categories: binarize first, e.g. "
+            f"lsc.aggregate.binarize({name}, 0.5), or lsc.aggregate.roles(...) codes."
+        )
+
+
 def agreement(
     da: xr.DataArray, other: xr.DataArray | None = None, dim: str = "seed"
 ) -> xr.DataArray:
@@ -172,9 +212,14 @@ def agreement(
     (a live fit against a recording); without, every two different labels of ``da`` (how
     well the seeds of one fit agree among themselves: the scale for the first).
 
+    It compares categories, never scores: equal values of continuous scores are chance
+    (two seeds differing by 1e-7 everywhere would agree on no cell), so such input is
+    refused with the fix (``binarize`` first).
+
     Args:
-        da: categorical values (e.g. ``roles`` codes; NaN not computed) over ``dim`` and
-            the cells' dims.
+        da: categorical values over ``dim`` and the cells' dims: a mask (``binarize``,
+            ``always``), bools or integers, or float codes that are whole numbers (e.g.
+            ``roles`` codes; NaN not computed).
         other: values over the same dims, its cells matched to ``da``'s by label (any
             order, any transpose), with its own labels along ``dim``.
         dim: the dim whose labels are paired.
@@ -185,11 +230,13 @@ def agreement(
         has a cell computed in both.
 
     Raises:
-        TypeError: an input that is not a DataArray.
-        ValueError: no ``dim``, other dims or cell labels in ``other`` (named), or no pair
-            (``da`` alone with one label along ``dim``).
+        TypeError: an input that is not a DataArray, or of values that are not numbers.
+        ValueError: continuous values (not a mask nor categories: binarize first), no
+            ``dim``, other dims or cell labels in ``other`` (named), or no pair (``da``
+            alone with one label along ``dim``).
     """
     _check(da, dim)
+    _categories("da", da)
     cells = [d for d in da.dims if d != dim]
     alone = other is None
     if other is None:
@@ -201,6 +248,7 @@ def agreement(
         other = da
     else:
         _validate.result("other", other, kind=xr.DataArray, made_by="a lenscape method")
+        _categories("other", other)
         if set(other.dims) != set(da.dims):
             raise ValueError(
                 f"other has dims {list(other.dims)}, da {list(da.dims)}; pass maps over "
