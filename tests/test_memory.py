@@ -72,6 +72,31 @@ def test_the_estimate_splits_the_peak_and_names_the_batch(tiny_llama, factual):
         lsc.estimate(tiny_llama, "faithfulness", factual[:6])
 
 
+def test_a_method_goes_by_name_or_by_its_function(tiny_llama, factual):
+    """Issue 43: ``lsc.estimate(model, lsc.ablation, ...)`` said only "No memory estimate
+    for <function ablation ...>", and a list raised "unhashable type"."""
+    pairs = factual[:3]
+    for function in (lsc.ablation, lsc.edge_attribution, lsc.weight_importance):
+        by_function = lsc.estimate(tiny_llama, function, pairs)
+        by_name = lsc.estimate(tiny_llama, function.__name__, pairs)
+        assert by_function.method == function.__name__ and by_function.needed == by_name.needed
+    for bad in (["ablation"], None, 3, lsc.LensModel):
+        with pytest.raises(TypeError, match=r"method must be a method's name or its function"):
+            lsc.estimate(tiny_llama, bad, pairs)
+    with pytest.raises(
+        ValueError, match=r"the function 'faithfulness'.*'ablation' or lsc\.ablation"
+    ):
+        lsc.estimate(tiny_llama, lsc.faithfulness, pairs)
+    with pytest.raises(ValueError, match=r"No memory estimate for 'ablate'; method= takes"):
+        lsc.estimate(tiny_llama, "ablate", pairs)
+
+    def ablation(model, prompts):  # not lenscape's, named like a method
+        return None
+
+    with pytest.raises(ValueError, match="No memory estimate for the function 'ablation'"):
+        lsc.estimate(tiny_llama, ablation, pairs)
+
+
 def test_every_method_has_an_estimate(tiny_llama, factual, mixed, clusters):
     """Every registered per-prompt method (but those that run others), the fits and weight
     importance: an estimate that fits a small model."""

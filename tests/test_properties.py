@@ -263,6 +263,10 @@ PASSED_BACK = {
 }
 
 
+#: Positional arguments that are options, not data: fuzzed like the keyword options.
+POSITIONAL_OPTIONS = {"estimate": ["method"]}
+
+
 def _reliability(w: World, scores: xr.DataArray | None = None) -> xr.Dataset:
     """The split-half reliability of the world's scores (two prompts: halves of one)."""
     return aggregate.reliability(w.scores if scores is None else scores, n_splits=4, top_k=2)
@@ -285,7 +289,7 @@ def _fuzzed_arguments(name: str) -> list[str]:
         for p in params
         if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in NOT_FUZZED
     ]
-    return options + PASSED_BACK.get(name, [])
+    return options + PASSED_BACK.get(name, []) + POSITIONAL_OPTIONS.get(name, [])
 
 
 def test_every_public_function_is_covered():
@@ -339,8 +343,9 @@ def _param(name: str) -> Any:
     return pytest.param(name, marks=marks, id=name)
 
 
-#: Every public function with keyword options to fuzz (``estimate`` has none of its own: it
-#: takes the options of the method it plans, under that method's checks).
+#: Every public function with options to fuzz (``estimate``'s are the method it plans,
+#: given by name or by function, ``POSITIONAL_OPTIONS``; the method's own options are
+#: under that method's checks).
 FUZZED = [
     _param(name)
     for name in _public_functions()

@@ -428,7 +428,36 @@ def estimator(name: str) -> Callable[[E], E]:
     return register
 
 
-def estimate(model: LensModel, method: str, prompts: Any, **options: Any) -> Estimate:
+def _method_name(method: Any) -> str:
+    """``method`` as ``ESTIMATES`` knows it: a name as it is, a lenscape function
+    (``lsc.ablation``, ``lsc.head_gating``) by its name.
+
+    Raises:
+        TypeError: neither a name nor a function.
+        ValueError: a name or function with no estimate (the message lists those with one).
+    """
+    known = sorted(name for name in ESTIMATES if not name.startswith("_"))
+    how = (
+        "method= takes the name of a method with one or its function (e.g. 'ablation' or "
+        f"lsc.ablation): {known}. A method that runs others (faithfulness, edge_agreement) is "
+        "estimated by its parts"
+    )
+    if isinstance(method, str):
+        if method not in ESTIMATES:
+            raise ValueError(f"No memory estimate for {method!r}; {how}.")
+        return method
+    if not callable(method) or isinstance(method, type):
+        raise TypeError(
+            f"method must be a method's name or its function, e.g. 'ablation' or lsc.ablation, "
+            f"got {method!r} ({type(method).__name__}); those with an estimate: {known}."
+        )
+    name = getattr(method, "__name__", "")
+    if name not in ESTIMATES or not str(getattr(method, "__module__", "")).startswith("lenscape"):
+        raise ValueError(f"No memory estimate for the function {name or method!r}; {how}.")
+    return name
+
+
+def estimate(model: LensModel, method: Any, prompts: Any, **options: Any) -> Estimate:
     """Plan a call's memory without running it: the predicted peak and the batch size.
 
     ``lsc.estimate(model, "edge_attribution", prompts, batch_size=None)`` says what
@@ -439,8 +468,8 @@ def estimate(model: LensModel, method: str, prompts: Any, **options: Any) -> Est
 
     Args:
         model: a ``LensModel``.
-        method: a method's name: a per-prompt method (``lsc.ablation``, ...), ``head_gating``,
-            ``block_masks`` or ``weight_importance``.
+        method: a method by name or by its function: a per-prompt method ("ablation" or
+            ``lsc.ablation``, ...), ``head_gating``, ``block_masks`` or ``weight_importance``.
         prompts: the prompts the call would take.
         **options: the call's options (defaults: the method's own).
 
@@ -449,16 +478,11 @@ def estimate(model: LensModel, method: str, prompts: Any, **options: Any) -> Est
         ``str()`` gives a summary).
 
     Raises:
-        ValueError: an unknown method, or options and prompts the method refuses.
-        TypeError: an option the method does not take, or a model that is not a
-            ``LensModel``.
+        ValueError: a method with no estimate, or options and prompts the method refuses.
+        TypeError: a method that is neither a name nor a function, an option the method
+            does not take, or a model that is not a ``LensModel``.
     """
-    if method not in ESTIMATES:
-        raise ValueError(
-            f"No memory estimate for {method!r}; methods with one: {sorted(ESTIMATES)}. A "
-            "method that runs others (faithfulness, edge_agreement) is estimated by its parts."
-        )
-    return ESTIMATES[method](model, prompts, options)
+    return ESTIMATES[_method_name(method)](model, prompts, options)
 
 
 def auto_variants_per_pass(model: LensModel, *, rows: int, width: int, wanted: int) -> int:
