@@ -3,7 +3,9 @@ the batch ``batch_size=None`` picks, and the refusal of a run that cannot fit.""
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -252,16 +254,36 @@ def test_a_run_that_cannot_fit_is_refused_before_it_allocates(monkeypatch):
     assert calls == []
 
 
-def test_fits_and_weight_importance_are_refused_too(monkeypatch):
+def test_fits_and_weight_importance_are_refused_too(monkeypatch, tiny_llama, mixed, clusters):
+    """Each refusal offers the ways out its function has (issue 43: the fits and weight
+    importance suggested store=, which they do not take)."""
     monkeypatch.setenv(memory.LIMIT_VARIABLE, "64MiB")
     model = _shapes.build("llama-3-8b", device="meta")
     calls = _forwards(model)
     task = lsc.data.task("math")[:8]
-    with pytest.raises(MemoryError, match=r"(?s)head_gating cannot fit.*rows_per_pass="):
+    with pytest.raises(MemoryError, match=r"(?s)head_gating cannot fit.*rows_per_pass=") as gating:
         lsc.head_gating(model, task, seeds=1, progress=False)
-    with pytest.raises(MemoryError, match="weight_importance cannot fit"):
+    with pytest.raises(MemoryError, match=r"(?s)block_masks cannot fit.*rows_per_pass=") as masks:
+        lsc.block_masks(model, mixed, clusters=clusters, progress=False)
+    with pytest.raises(MemoryError, match="weight_importance cannot fit") as importance:
         lsc.weight_importance(model, task, progress=False)
     assert calls == []
+    for refused, takes in ((gating, "head_gating"), (masks, "block_masks")):
+        message = str(refused.value)
+        for way in ("batch_size=", "shorter texts", "another device"):
+            assert way in message, (takes, way)
+        assert "precision=" not in message  # the model is bfloat16 already
+    float32 = lsc.estimate(tiny_llama, "head_gating", task, seeds=1).refusal()
+    assert "precision='bfloat16'" in float32 and "store=" not in float32
+    autocast = lsc.estimate(tiny_llama, "head_gating", task, seeds=1, precision="bfloat16")
+    assert "precision=" not in autocast.refusal()
+    message = str(importance.value)
+    assert "batch_size=" in message and "shorter texts" in message
+    for refused in (gating, masks, importance):
+        assert "store=" not in str(refused.value)
+        parameters = inspect.signature(getattr(lsc, str(refused.value).split()[0])).parameters
+        named = re.findall(r"\b([a-z_]+)=", str(refused.value).split("Ways out:")[1])
+        assert set(named) <= set(parameters) | {"dtype", "device"}, named
 
 
 def _measured(rung: str, method: str, **spec) -> dict:

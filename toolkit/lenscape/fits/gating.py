@@ -365,7 +365,7 @@ def _gating_plan(
         )
         return memory.largest(fit, validation)
 
-    return fit_plan(
+    plan = fit_plan(
         model,
         "head_gating",
         need,
@@ -375,6 +375,7 @@ def _gating_plan(
         batch_size=batch_size,
         rows_per_pass=rows_per_pass,
     )
+    return memory.fit_ways(plan, batch_size=batch_size, autocast=precision == "bfloat16")
 
 
 @memory.estimator("head_gating")

@@ -515,7 +515,7 @@ def _masks_plan(
             optimizer=n_sets * spec.n_layers * 2 * 4 * 4,  # gate logits and Adam
         )
 
-    return optim.fit_plan(
+    plan = optim.fit_plan(
         model,
         "block_masks",
         need,
@@ -525,6 +525,8 @@ def _masks_plan(
         batch_size=options.batch_size,
         rows_per_pass=options.rows_per_pass,
     )
+    autocast = options.precision == "bfloat16"
+    return memory.fit_ways(plan, batch_size=options.batch_size, autocast=autocast)
 
 
 @memory.estimator("block_masks")

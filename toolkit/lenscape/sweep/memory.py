@@ -30,6 +30,7 @@ tests pretend to have 1 GiB).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -250,6 +251,9 @@ class Estimate:
         need_one: bytes needed with a batch of one.
         rows: rows the largest pass holds, what the need is planned for: ``batch_size``,
             or the prompts when the batch asks for more than there are.
+        ways: the method's own ways out of a refusal, between the smaller batch and the
+            other device, in words naming its options; empty: those of a per-prompt method
+            (fewer or shorter prompts per call, or ``store=``). A fit's are ``fit_ways``.
     """
 
     method: str
@@ -269,6 +273,7 @@ class Estimate:
     largest_fitting: int
     need_one: int
     rows: int
+    ways: tuple[str, ...] = ()
 
     @property
     def needed(self) -> int:
@@ -304,13 +309,16 @@ class Estimate:
             smaller = f"{option}={self.largest_fitting} fits"
         else:
             smaller = f"even {option}=1 needs {_gib(self.need_one)}"
+        own = self.ways or (
+            f"fewer or shorter prompts per call (the longest has {self.width} tokens), or "
+            "store='results.zarr' to stream per-prompt results to disk batch by batch",
+        )
         ways = [
             f"a smaller batch: {smaller}",
             "bfloat16: lsc.load(..., dtype='bfloat16') halves the weights and activations"
             if self.dtype == "float32"
             else "a smaller dtype or a smaller model",
-            f"fewer or shorter prompts per call (the longest has {self.width} tokens), or "
-            "store='results.zarr' to stream per-prompt results to disk batch by batch",
+            *own,
             "another device with more free memory (lsc.load(..., device='cuda'), or a GPU "
             "with more memory)",
         ]
@@ -396,6 +404,26 @@ def _largest_within(need: Callable[[int], Need], budget: float, cap: int) -> int
         else:
             high = middle - 1
     return low
+
+
+def fit_ways(estimate: Estimate, *, batch_size: int, autocast: bool) -> Estimate:
+    """``estimate`` of a learned fit (``head_gating``, ``block_masks``) with the fit's own
+    ways out of a refusal: it streams nothing (no ``store=``); a pass stacks whole gate sets
+    of ``batch_size`` items each, so below that many rows ``rows_per_pass`` alone cannot
+    help; ``precision='bfloat16'`` runs the passes of a float32 model under autocast.
+
+    Args:
+        batch_size: the fit's items per gate set per update.
+        autocast: the fit already runs under bfloat16 autocast.
+    """
+    halves = estimate.dtype == "float32" and not autocast
+    ways = (
+        f"fewer items per gate set per update: a pass holds at least batch_size={batch_size} "
+        "rows whatever rows_per_pass says (a smaller batch_size changes the fit's minibatches)",
+        *(("precision='bfloat16': the fit's passes under bfloat16 autocast",) if halves else ()),
+        f"shorter texts (the longest has {estimate.width} tokens)",
+    )
+    return dataclasses.replace(estimate, ways=ways)
 
 
 def check(estimate: Estimate) -> None:

@@ -17,6 +17,7 @@ and the attr ``tied_embeddings`` is True.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
@@ -145,7 +146,7 @@ def _importance_plan(model: LensModel, texts: list[str], batch_size: int) -> mem
             buffers=largest * (e + 2 * 4 + (2 * 4 if e < 4 else 0)),
         )
 
-    return memory.plan(
+    plan = memory.plan(
         model,
         "weight_importance",
         need,
@@ -154,6 +155,9 @@ def _importance_plan(model: LensModel, texts: list[str], batch_size: int) -> mem
         batch_size=batch_size,
         max_rows=len(texts),  # a batch of texts holds each once
     )
+    # the texts go through batch_size at a time: their number does not change the memory
+    ways = (f"shorter texts (the longest has {width} tokens)",)
+    return dataclasses.replace(plan, ways=ways)
 
 
 @memory.estimator("weight_importance")
