@@ -565,7 +565,8 @@ def hand_receiver_hooks(model, receiver, delta):
 
     def splice(m, a, output):
         own = resid["x"] + delta
-        normed = own if parts["qkv_norm"] is None else parts["qkv_norm"].forward(own)
+        # called, not ``forward``: relevance rules hook the norm (nothing else does here)
+        normed = own if parts["qkv_norm"] is None else parts["qkv_norm"](own)
         output = output.clone()
         output[..., columns] = compute(normed)[..., columns]
         return output
@@ -628,17 +629,35 @@ def reference_edge_patching(model, prompt, edges):
     return out
 
 
-def reference_edge_scores(model, prompt, steps=1):
+def reference_edge_scores(model, prompt, steps=1, receivers=None, rules=None):
+    """As ``reference_edge_scores_plain``; with ``rules`` (a relevance rule set) the
+    gradients are taken under ``lenscape.sweep.relevance.relevance_rules`` (the secant
+    rules' reference pass is the clean prompt): RelP."""
+    if rules is None:
+        return reference_edge_scores_plain(model, prompt, steps, receivers)
+    from lenscape.sweep.relevance import relevance_rules
+
+    with relevance_rules(model, rules) as relevance:
+        if relevance.rules.needs_reference:
+            with relevance.reference(), torch.no_grad():
+                model.hf(_pair(model, prompt)[0])
+        return reference_edge_scores_plain(model, prompt, steps, receivers)
+
+
+def reference_edge_scores_plain(model, prompt, steps=1, receivers=None):
     """EAP (steps=1) or EAP-IG by hand: per receiver, the gradient of the metric at a zero
     leaf added to its own copy of the stream, averaged over the corrupt -> clean path of
     block 0's input (k / steps, k = 0..steps-1), dotted with each sender's clean - corrupt
-    output summed over positions. Returns {(sender, receiver): score} for real edges."""
+    output summed over positions. Returns {(sender, receiver): score} for the real edges
+    into ``receivers`` (labels; None: every receiver)."""
     clean_ids, corrupt_ids, target, distractor = _pair(model, prompt)
     clean, _ = hand_senders(model, clean_ids)
     corrupt, _ = hand_senders(model, corrupt_ids)
     clean_embed = clean["embed"][None].to(model.dtype)
     scores = {}
     for label, receiver in hand_receivers(model):
+        if receivers is not None and label not in receivers:
+            continue
         grad = 0.0
         for k in range(steps):
             leaf = torch.zeros((1, *clean["embed"].shape), dtype=model.dtype, requires_grad=True)

@@ -277,3 +277,50 @@ def test_a_per_head_fused_projection_under_grouped_query_attention_is_refused(to
     model = models.from_hf(llama.hf, tokenizer, layout=layout, check=False)
     with pytest.raises(ValueError, match="as many key/value heads as query heads"):
         edges.edge_attribution(model, IOI[:1], progress=False)
+
+
+#: Families whose computation the relevance rules cover, and the rest with a word of the
+#: reason their refusal gives.
+RULED = ("llama", "qwen3", "olmo2", "gemma3_text")
+REFUSED = {
+    "gpt2": "LayerNorms",
+    "gpt_neox": "LayerNorms",
+    "gemma2": "soft-capped",
+    "phi3": "gate_up_proj",
+    "qwen2_moe": "experts",
+    "qwen3_moe": "experts",
+    "mixtral": "experts",
+}
+
+
+@pytest.mark.parametrize("rules", ["relp", "secant"])
+def test_relp_edges_equal_the_per_receiver_reference_under_the_rules(family, rules):
+    """RelP: the same per-receiver reference, its backward passes under the rules."""
+    from _helpers import reference_edge_scores
+
+    name = family.spec.architecture
+    if name not in RULED:
+        pytest.skip(f"relevance rules refuse {name} (test_relp_is_refused_with_the_reason)")
+    prompt = IOI[0]
+    scores = edges.edge_attribution(family, [prompt], estimator="relp", rules=rules, progress=False)
+    reference = reference_edge_scores(family, prompt, rules=rules)
+    ours = np.array([float(scores.sel(sender=s, receiver=r)) for s, r in reference])
+    error = _relative(ours, np.array(list(reference.values())))
+    assert error < TOLERANCE["eap"], error
+
+
+@pytest.mark.parametrize("architecture", sorted(REFUSED))
+def test_relp_is_refused_with_the_reason_before_any_pass(tokenizer, architecture):
+    model = models.tiny(architecture, n_layers=1, tokenizer=tokenizer)
+    passes = []
+    handle = model.hf.register_forward_hook(lambda *args: passes.append(1))
+    try:
+        for call in (
+            lambda: edges.edge_attribution(model, IOI[:1], estimator="relp", progress=False),
+            lambda: lsc.attribution_patching(model, IOI[:1], estimator="relp", progress=False),
+        ):
+            with pytest.raises(ValueError, match=f"is not covered: .*{REFUSED[architecture]}"):
+                call()
+    finally:
+        handle.remove()
+    assert not passes

@@ -15,7 +15,7 @@ from lenscape.sweep.backend import get_backend
 from lenscape.sweep.inputs import Inputs, tokenize
 from lenscape.sweep.relevance import RULE_SETS, Rules, norm_input_gradient, relevance_rules
 
-FAMILIES = ("llama", "qwen3", "gemma3")
+FAMILIES = ("llama", "qwen3", "gemma3", "olmo2")
 
 
 def _tiny_gemma3(tokenizer, dtype):

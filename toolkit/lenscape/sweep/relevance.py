@@ -47,8 +47,14 @@ the other run as reference; integrated gradients taken operation by operation).
 Linear layers, the embedding, rotary embeddings and residual additions keep their gradient
 (LRP's 0-rule is Gradient x Input on a linear map; a linear map is its own secant).
 
-Supported: ``SUPPORTED_ARCHITECTURES`` (Llama, Mistral, Qwen 2 and 3, Gemma 3: RMSNorms, a
-gated MLP, softmax attention without logit soft-capping), on direct calls of ``model.hf``
+Supported: every model whose ``Computation`` (``lenscape.models.layouts``) the rules cover:
+RMSNorms (any offset, wherever they sit: input norms, post-norms, QK-norms per head or over
+the whole projection), a gated MLP with separate gate, up and down projections, softmax
+attention without logit soft-capping (Llama, Mistral, Qwen 2 and 3, Gemma 3, OLMo 2). The
+rest is refused before any pass with the mathematical reason (``check_covered``):
+LayerNorm's centring, attention soft-capping, routed experts, a fused or absent gate x up
+product. Rules act on modules, so the residual topology and fused q/k/v projections do not
+matter to them. On direct calls of ``model.hf``
 and the nnsight backend (module hooks, and an attention function registered with
 transformers' ``AttentionInterface`` around the model's own) and on the TransformerLens
 backend (its bridge computes norms and attention in its own code: hooks on its norm
@@ -74,8 +80,6 @@ from torch.utils.hooks import RemovableHandle
 from ..models import LensModel
 from .backend import TransformerLensBackend, get_backend
 
-#: HF ``model_type`` of the families whose modules the rules are checked against.
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 NORM_RULES = ("held", "secant", "gradient")
 ACTIVATION_RULES = ("identity", "secant", "gradient")
 PRODUCT_RULES = ("half", "secant", "gradient")
@@ -803,7 +807,7 @@ def _install_hf(model: LensModel, state: Relevance, installed: _Installed) -> No
     hf, spec, rules = model.hf, model.spec, state.rules
     offset = spec.layout.norm_offset
     norms = [m for m in hf.modules() if type(m).__name__.endswith("RMSNorm")]
-    mlps = [model.module("mlp", layer) for layer in range(spec.n_layers)]
+    mlps = [model.module(spec.computation.mlp, layer) for layer in range(spec.n_layers)]
     attention_path = spec.layout.o_proj.rsplit(".", 1)[0]
     attentions = [model.module(attention_path, layer) for layer in range(spec.n_layers)]
     for norm in norms:
@@ -964,7 +968,7 @@ def relevance_rules(
             grads = torch.autograd.grad(metric(run.logits).sum(), [run.acts[s] for s in sites])
 
     Args:
-        model: a model of a family in ``SUPPORTED_ARCHITECTURES``.
+        model: a model whose computation the rules cover (``check_covered``).
         rules: a name in ``RULE_SETS`` or a ``Rules``.
         backend: the backend whose passes must follow the rules as well as ``model.hf``'s:
             "nnsight" (which runs ``model.hf``) or "transformer_lens".
@@ -976,11 +980,7 @@ def relevance_rules(
         ValueError: an unsupported family, an unknown rule set or backend, a module whose
             formula is not the one the rules assume, or a block already active on the model.
     """
-    if model.spec.architecture not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"Relevance rules support {list(SUPPORTED_ARCHITECTURES)}; "
-            f"{model.spec.architecture!r} ({model.name}) is not one of them."
-        )
+    check_covered(model)
     if isinstance(rules, str):
         if rules not in RULE_SETS:
             raise ValueError(f"Unknown rule set {rules!r}; choose one of {list(RULE_SETS)}.")
@@ -1005,6 +1005,65 @@ def relevance_rules(
     finally:
         _uninstall(model, installed)
         _ACTIVE_MODELS.discard(model)
+
+
+def _uncovered(model: LensModel) -> list[str]:
+    """What in ``model``'s computation no rule covers, one sentence each (empty: none)."""
+    c, reasons = model.spec.computation, []
+    if c.norm == "layer":
+        reasons.append(
+            "its norms are LayerNorms, which subtract each position's mean before scaling and "
+            "add a bias: the norm rules hold or average an RMSNorm's 1/rms scale and give no "
+            "share to the mean the centring removes"
+        )
+    if c.attn_softcap:
+        reasons.append(
+            f"its attention logits are soft-capped ({c.attn_softcap:g} tanh(s / "
+            f"{c.attn_softcap:g})) before the softmax: the attention rules split q k^T and the "
+            "softmax, and no rule passes relevance through the tanh between them"
+        )
+    if c.n_experts:
+        reasons.append(
+            f"each MLP sends a token to {c.experts_per_token} of {c.n_experts} experts "
+            "weighted by the router's softmax: relevance would have to be split between the "
+            "routing weights and the experts' outputs, which no rule does (the product rule "
+            "covers one act(gate) x up product)"
+        )
+        return reasons
+    mlp = model.module(c.mlp, 0)
+    missing = [
+        part for part in ("gate_proj", "up_proj", "down_proj", "act_fn") if not hasattr(mlp, part)
+    ]
+    if missing and hasattr(mlp, "gate_up_proj"):
+        reasons.append(
+            "its MLP computes gate and up in one fused projection (gate_up_proj) and splits "
+            "them inside its forward: the product rule acts on act(gate) x up through the "
+            "separate gate and up projections' outputs, which this MLP never exposes"
+        )
+    elif missing:
+        reasons.append(
+            f"its MLP has no act(gate) x up product (no {', '.join(missing)}): the MLP rules "
+            "are a gated MLP's"
+        )
+    return reasons
+
+
+def check_covered(model: LensModel) -> None:
+    """Refuse a model whose computation the rules do not cover, with the reason, before
+    any pass.
+
+    Raises:
+        ValueError: naming each part no rule covers and what to use instead.
+    """
+    reasons = _uncovered(model)
+    if reasons:
+        raise ValueError(
+            "Relevance rules support RMSNorm models with a gated MLP and softmax attention; "
+            f"{model.name} ({model.spec.architecture}) is not covered: "
+            + "; ".join(reasons)
+            + ". Use a gradient estimator instead (edges: 'eap' or 'eap-ig'; nodes: 'atp' "
+            "or 'ig')."
+        )
 
 
 def unsupported(model: LensModel) -> str | None:
