@@ -324,3 +324,68 @@ def test_relp_is_refused_with_the_reason_before_any_pass(tokenizer, architecture
     finally:
         handle.remove()
     assert not passes
+
+
+@pytest.mark.slow
+def test_gemma3_270m_edges_equal_the_per_receiver_reference():
+    """The bundled gemma3-270m (post-norms, 1 + weight, per-head QK-norm, one key/value
+    head, sliding windows): a seeded sample of 24 edges into 6 receivers, EAP and exact
+    single-edge patching against the references; every / no edge patched. The benchmark
+    (benchmarks/edge_families.py) runs 232 edges and EAP-IG."""
+    from _helpers import reference_edge_patching, reference_edge_scores
+
+    model = lsc.load("gemma3-270m", device="cpu")
+    prompts = [p for p in IOI[:8] if _same_length(model, p)][:1]
+    graph = Graph.of(model)
+    rng = np.random.default_rng(0)
+    receivers = [len(graph.receivers) - 1]
+    for kind in ("q", "k", "v", "mlp"):
+        of_kind = [r for r, (k, layer, _) in enumerate(graph.receivers) if k == kind and layer > 3]
+        receivers.append(int(rng.choice(of_kind)))
+    receivers.append(graph.attn_receivers(0).start)  # a layer-0 receiver: reads the embedding
+    flat = sorted(
+        int(s) * graph.shape[1] + r
+        for r in receivers
+        for s in rng.choice(
+            np.flatnonzero(graph.valid[:, r]),
+            size=min(4, int(graph.valid[:, r].sum())),
+            replace=False,
+        )
+    )
+    senders, columns = np.unravel_index(flat, graph.shape)
+    labels = [
+        (graph.sender_labels[s], graph.receiver_labels[r])
+        for s, r in zip(senders, columns, strict=True)
+    ]
+    scores = edges.edge_attribution(model, prompts, progress=False)
+    reference = reference_edge_scores(
+        model, prompts[0], receivers={graph.receiver_labels[r] for r in receivers}
+    )
+    ours = [float(scores.sel(sender=s, receiver=r)) for s, r in labels]
+    assert _relative(np.array(ours), np.array([reference[label] for label in labels])) < 1e-4
+    exact = edge_patching._edge_variants(
+        model,
+        prompts,
+        variants=tuple(("only", (i,)) for i in flat),
+        base="corrupt",
+        progress=False,
+    )
+    patched = reference_edge_patching(model, prompts[0], labels)
+    expected = np.array([patched[label] for label in labels])
+    base = float(exact["base"][0])
+    scale = np.abs(expected - base).max()
+    assert _relative(exact["patched"].values[0], expected, scale) < 1e-3
+    ends = edge_patching._edge_variants(
+        model, prompts, variants=(("outside", ()), ("only", ())), base="corrupt", progress=False
+    )
+    every, none = ends["patched"].values[0]
+    gap = abs(float(ends["other"][0]) - base)
+    assert abs(every - float(ends["other"][0])) < 1e-4 * gap and abs(none - base) < 1e-5 * gap
+
+
+def _same_length(model, prompt) -> bool:
+    try:
+        tokenize(model, [prompt], needs_corrupt=True, needs_distractor=True)
+    except ValueError:
+        return False
+    return True

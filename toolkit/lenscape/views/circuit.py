@@ -640,6 +640,7 @@ def edge_heatmap(scores: xr.DataArray, **options: Any) -> ChartType:
         edges["sender_layer"].values[:, None],
         edges["receiver_kind"].values[None, :],
         edges["receiver_layer"].values[None, :],
+        parallel=edges.attrs.get("residual") == "parallel",
     )
     missing = np.isnan(edges.values.astype(float))
     unscored = int((missing & exists).sum())

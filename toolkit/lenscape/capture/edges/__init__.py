@@ -1,12 +1,25 @@
 """Edges: which component reads what from which, through its query, key or value input.
 
-The residual stream is a sum of *senders*' outputs: the embeddings, every attention head's
-output (its slice of the ``o_proj`` input times its columns of W_O) and every MLP's.
-*Receivers* read it: each query head's q projection, each key/value head's k and v
-projections (under grouped-query attention the key/value head itself, shared by its query
-group, so nothing is counted once per query head), each MLP and the logits. An edge
-``s -> r`` is sender ``s`` as read by receiver ``r``; ``r`` reads every sender upstream of it
-(an earlier layer, or the same layer's heads for an MLP).
+The residual stream is a sum of *senders*' outputs: the embeddings (the stream entering
+block 0: tokens, and learned positions where the family has them), every attention head's
+output (its slice of the ``o_proj`` input times its columns of W_O) and every MLP's (a
+mixture-of-experts block, router and experts together, is one MLP). *Receivers* read it:
+each query head's q projection, each key/value head's k and v projections (under
+grouped-query attention the key/value head itself, shared by its query group, so nothing is
+counted once per query head), each MLP and the logits. An edge ``s -> r`` is sender ``s``
+as read by receiver ``r``; ``r`` reads every sender upstream of it (an earlier layer, or
+the same layer's heads for an MLP in a sequential block; not under a parallel residual).
+
+Every family is read from its description (``lenscape.models.layouts.Computation``, which
+the self-check verifies on load): where the norms sit and their formula, fused q/k/v
+projections and their column order, QK-norms, the residual topology. Post-norms (Gemma 2
+and 3, OLMo 2) make a head's own output ambiguous, the norm not being linear across heads:
+a head's sender output is its o_proj share times the norm's per-position scale and gain
+*in that run* (computed from the whole attention output), so the heads sum exactly to the
+block's output, patching every edge gives the other run, and patching all of a block's
+heads' edges is patching the block; patching one head's outgoing edges is not patching the
+head (which also moves the scale the other heads share: README, section Edges, gives the
+size of the difference on gemma3-270m).
 
 One module per job:
 

@@ -131,11 +131,15 @@ def plan_edge_variants(call: Call) -> Plan[xr.Dataset]:
 def edge_variants_memory(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
     """Footprint of ``_edge_variants``: the other run's sender outputs, a patched pass's own
     and its (sender, batch, pos, d_model) differences, and one block's q, k and v receivers
-    rebuilt from their own inputs."""
+    rebuilt from their own inputs (with a projection-wide QK-norm, every q and k receiver's
+    whole projection, twice: before and after the norm)."""
     spec, graph = model.spec, Graph.of(model)
     tokens, e = work.rows * work.width, memory.element_bytes(model.dtype)
     senders = tokens * graph.shape[0] * spec.d_model * e
     receivers = 4 * tokens * (graph.per_layer - 1) * spec.d_model * e
+    if spec.computation.qk_norm == "projection":
+        squares = spec.n_heads**2 + spec.n_kv_heads**2
+        receivers += 2 * tokens * squares * spec.d_head * e
     return memory.Need(
         activations=memory.forward_pass(model, work.rows, work.width),
         buffers=3 * senders + receivers,

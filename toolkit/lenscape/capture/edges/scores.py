@@ -320,8 +320,11 @@ def edge_attribution(
     ``lenscape.capture.edges``).
 
     Args:
-        model: a ``LensModel`` (Llama, Mistral or Qwen family; grouped-query attention is
-            exact: k and v receivers are key/value heads).
+        model: a ``LensModel`` of any family whose computation its layout describes
+            (``lsc.models.ARCHITECTURES``, checked on load; grouped-query attention is
+            exact: k and v receivers are key/value heads; under a parallel residual a
+            layer's heads send nothing to its own MLP; through a post-norm a head's output
+            is linearised at the run's scale: ``lenscape.models.layouts.Computation``).
         prompts: prompts with a ``corrupt`` text of the same token length and single-token
             targets (and distractors for ``metric="logit_diff"``).
         estimator: "eap" (gradient at the corrupt run), "eap-ig" (integrated gradients
@@ -329,7 +332,9 @@ def edge_attribution(
             corrupt run's gradient under relevance ``rules``, at EAP's cost).
         steps: integration points of "eap-ig" (default 5, at most
             ``options.MAX_STEPS``); "eap" and "relp" take 1.
-        rules: the relevance rules of "relp" (as in ``lsc.attribution_patching``).
+        rules: the relevance rules of "relp" (as in ``lsc.attribution_patching``); a model
+            whose computation no rule covers (LayerNorms, attention soft-capping, routed
+            experts, a fused gate/up) is refused before any pass, with the reason.
         backend: "nnsight" (TransformerLens cannot express per-receiver inputs: an error
             says so).
         per_prompt: keep the ``prompt`` dim (with its ``correct`` flags, so
