@@ -461,7 +461,8 @@ def hand_qkv_source(model, layer, kind, head):
     proj = getattr(attn, f"{kind}_proj")
     if arch == "olmo2" and kind != "v":  # q_norm(q_proj(x)) over all heads at once
         norm = getattr(attn, f"{kind}_norm")
-        return norm, lambda x: norm.forward(proj.forward(x)), slice(head * d, head * d + d)
+        # called: relevance rules hook the norm (the splice hook on it steps aside)
+        return norm, lambda x: norm(proj.forward(x)), slice(head * d, head * d + d)
     return proj, proj.forward, slice(head * d, head * d + d)
 
 
@@ -557,18 +558,25 @@ def hand_receiver_hooks(model, receiver, delta):
     parts = hand_block(model, layer)
     if kind == "mlp":
         return [(parts["mlp_in"], lambda m, a, k: _replace_hidden(a, k, _hidden_of(a, k) + delta))]
-    resid = {}
+    resid = {"busy": False}
     module, compute, columns = hand_qkv_source(model, layer, kind, head)
 
     def keep(m, a, k):
         resid["x"] = _hidden_of(a, k)
 
     def splice(m, a, output):
+        if resid["busy"]:  # the receiver's own call of the module
+            return None
         own = resid["x"] + delta
-        # called, not ``forward``: relevance rules hook the norm (nothing else does here)
-        normed = own if parts["qkv_norm"] is None else parts["qkv_norm"](own)
+        # called, not ``forward``: relevance rules hook the norms (nothing else does here)
+        resid["busy"] = True
+        try:
+            normed = own if parts["qkv_norm"] is None else parts["qkv_norm"](own)
+            values = compute(normed)
+        finally:
+            resid["busy"] = False
         output = output.clone()
-        output[..., columns] = compute(normed)[..., columns]
+        output[..., columns] = values[..., columns]
         return output
 
     return [(parts["block"], keep), (module, splice, "forward")]

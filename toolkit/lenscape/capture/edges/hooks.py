@@ -377,19 +377,19 @@ def _projection_gradient(
         rows = weight.reshape(n, d_head, -1)
         return lambda heads: torch.einsum("bpnk,nkd->nbpd", grad[:, :, heads], rows[heads])
     # A projection-wide norm: receiver h's gradient is taken back through the norm's
-    # Jacobian at the whole projection (every head's rows), then through every row.
+    # Jacobian at the whole projection (every head's rows; under relevance rules, their
+    # norm rule's), then through every row.
     module = model.module(projection.path, layer)
     qk_norm = model.module(projection.norm, layer)
+    offset = model.spec.computation.norm_offset
 
     def through_norm(heads: slice) -> torch.Tensor:
         count = heads.stop - heads.start
         own = grad.new_zeros((count, *grad.shape))  # (n', batch, pos, n, d_head)
         index = torch.arange(count)
         own[index, :, :, heads.start + index] = grad[:, :, heads].permute(2, 0, 1, 3)
-        with torch.enable_grad():
-            projected = module.forward(normed.detach()).requires_grad_(True)
-            out = qk_norm.forward(projected)
-        (back,) = torch.autograd.grad(out, projected, own.flatten(-2), is_grads_batched=True)
+        projected = module.forward(normed.detach())
+        back = norm_input_gradient(qk_norm, projected, own.flatten(-2), offset=offset)
         return back @ weight.to(back.dtype)
 
     return through_norm
@@ -422,7 +422,9 @@ def receiver_gradients(
     resid = state.resids[layer]
     rows, width, d_model = resid.shape
     chunk = receiver_chunk(rows * width * d_model * 4)  # the norm works in float32
-    normed = resid if norm is None else norm.forward(resid)
+    # the norm's output: only a projection-wide QK-norm's Jacobian needs it
+    wide = any(projection.norm for projection, _ in parts["projections"])
+    normed = resid if norm is None or not wide else norm.forward(resid)
     for projection, _ in parts["projections"]:
         gradient = _projection_gradient(
             model, layer, projection, normed, grads[projection.kind, layer]
