@@ -13,11 +13,14 @@ import lenscape as lsc
 from lenscape.capture.edges.graph import Graph
 from lenscape.schema import RECEIVER_KINDS
 from lenscape.views.circuit import (
+    DASHES,
     GRID_STEP,
     KV_DROP,
     NO_EDGE,
     NODE_SHAPES,
     NOT_MEASURED,
+    OPACITY_RANGE,
+    SYMLOG_SHARE,
     circuit_graph,
     edge_heatmap,
     faithfulness_curve,
@@ -35,8 +38,17 @@ def scores() -> xr.DataArray:
     )
 
 
+def _layers(spec: dict) -> list[dict]:
+    """Every single-mark layer of a layered spec, nested layers opened."""
+    return [
+        leaf
+        for layer in spec["layer"]
+        for leaf in (_layers(layer) if "layer" in layer else [layer])
+    ]
+
+
 def _layer(spec: dict, mark: str) -> dict:
-    return next(layer for layer in spec["layer"] if layer["mark"]["type"] == mark)
+    return next(layer for layer in _layers(spec) if layer["mark"]["type"] == mark)
 
 
 def test_graph_draws_the_top_edges_with_score_tooltips(scores):
@@ -55,10 +67,12 @@ def test_graph_draws_the_top_edges_with_score_tooltips(scores):
     assert circuit_graph(scores, actions=True).to_dict()["usermeta"]["embedOptions"]["actions"]
 
 
-def test_every_node_is_named_and_kv_heads_sit_below_their_query_heads(scores):
-    """Columns H0.. and MLP, rows embeddings, L0.., logits; a node per query head, key/value
-    head and MLP, each named in its tooltip; the embeddings below layer 0, the logits above
-    the last layer; a key/value head below the middle of the query heads that share it."""
+def test_every_node_is_named_and_layers_run_down_as_in_every_heatmap(scores):
+    """Columns H0.. and MLP, rows L0.. from the top (layer 0 at the top, as heatmaps and the
+    edge grid draw it); a node per query head, key/value head and MLP, each named in its
+    tooltip; the embeddings above layer 0 and the logits below the last layer, each named
+    beside its triangle; a key/value head just above the middle of the query heads that
+    share it."""
     spec = circuit_graph(scores, edges=7).to_dict()
     points = _layer(spec, "point")
     nodes = {n["node"]: n for n in points["data"]["values"]}
@@ -75,8 +89,12 @@ def test_every_node_is_named_and_kv_heads_sit_below_their_query_heads(scores):
     assert shapes["domain"] == list(NODE_SHAPES) and len(set(shapes["range"])) == len(NODE_SHAPES)
     x_axis, y_axis = points["encoding"]["x"]["axis"], points["encoding"]["y"]["axis"]
     assert x_axis["values"] == [0, 1, 2, 3, 4] and "'MLP'" in x_axis["labelExpr"]
-    assert y_axis["values"] == [-1, 0, 1, 2]
-    assert "'embeddings'" in y_axis["labelExpr"] and "'logits'" in y_axis["labelExpr"]
+    assert y_axis["values"] == [0, 1] and points["encoding"]["y"]["scale"]["reverse"] is True
+    names = [layer for layer in _layers(spec) if layer["mark"]["type"] == "text"]
+    assert [
+        (n["data"]["values"][0]["name"], n["data"]["values"][0]["x"], n["mark"]["dy"])
+        for n in names
+    ] == [("embeddings", 2.0, -7), ("logits", 2.0, 7)]  # with its triangle, on its outer side
     used = {r["sender"] for r in _layer(spec, "rule")["data"]["values"]}
     assert all(nodes[s if s != "embed" else "embeddings"]["used"] for s in used)
 
@@ -365,3 +383,106 @@ def test_a_nan_faithfulness_curve_is_said_never_drawn_as_a_number():
     assert faithfulness_curve(shuffled).to_dict() == faithfulness_curve(holed).to_dict()
     with pytest.raises(ValueError, match=r"result is a result of 'faithfulness', not of"):
         faithfulness_curve(holed.assign_attrs(method="faithfulness"))
+
+
+def test_weak_edges_show_on_a_symmetric_log_scale_with_the_linear_one_an_option_away(scores):
+    """By default colour is symmetric-log (linear within SYMLOG_SHARE of the limit, the
+    legend ticked at its powers of ten) and width square root, and the subtitle says so;
+    ``scale="linear"`` makes both linear. The edge grid takes the same colour scale."""
+    heavy = scores.copy()
+    heavy.loc[{"sender": "embed", "receiver": "logits"}] = 100.0  # one edge dwarfs the rest
+    spec = circuit_graph(heavy, edges=7).to_dict()
+    lines = _layer(spec, "rule")["encoding"]
+    colour = lines["color"]["scale"]
+    assert colour["type"] == "symlog" and colour["constant"] == pytest.approx(100 * SYMLOG_SHARE)
+    assert colour["domain"] == [-100.0, 100.0] and colour["domainMid"] == 0
+    ticks = [0.1, 1.0, 10.0, 100.0]  # the powers of ten from the linear part to the limit
+    assert lines["color"]["legend"]["values"] == [-t for t in ticks[::-1]] + [0.0] + ticks
+    assert lines["strokeWidth"]["scale"]["type"] == "sqrt"
+    assert any(
+        note.startswith("scales: colour symmetric log") for note in spec["title"]["subtitle"]
+    )
+    linear = _layer(circuit_graph(heavy, edges=7, scale="linear").to_dict(), "rule")["encoding"]
+    assert linear["color"]["scale"]["type"] == "linear"
+    assert linear["strokeWidth"]["scale"]["type"] == "linear"
+    assert "values" not in linear["color"]["legend"]
+    grid = edge_heatmap(heavy).to_dict()
+    assert grid["encoding"]["color"]["scale"]["type"] == "symlog"
+    assert grid["encoding"]["color"]["scale"]["scheme"] == "blueorange"  # the graph's colours
+    assert any(line.startswith("colour: symmetric log") for line in grid["title"]["subtitle"])
+    flat = edge_heatmap(heavy, scale="linear").to_dict()["encoding"]["color"]["scale"]
+    assert "type" not in flat
+    unknown = r"Unknown scale 'log'; choose one of \['symlog', 'linear'\]"
+    with pytest.raises(ValueError, match=unknown):
+        circuit_graph(heavy, scale="log")
+    with pytest.raises(ValueError, match=unknown):
+        edge_heatmap(heavy, scale="log")
+
+
+def test_line_styles_differ_in_kind_not_only_in_length():
+    """MLP and logits edges were dash-dot patterns of different lengths, hard to tell apart:
+    each kind now has its own pattern (solid, dashes, dots, long dashes, dash-dot)."""
+    patterns = {kind: tuple(DASHES[kind]) for kind in RECEIVER_KINDS}
+    assert len(set(patterns.values())) == len(patterns)
+    segments = {kind: len(dash) for kind, dash in patterns.items()}
+    assert segments["mlp"] != segments["logits"]  # a dash against a dash-dot
+    assert max(DASHES["mlp"]) >= 2 * max(DASHES["k"])  # long dashes against short ones
+
+
+def _stability(scores, shares, **attrs):
+    stable = xr.zeros_like(scores).where(Graph(2, 4, 2).valid)
+    for (sender, receiver), share in shares.items():
+        stable.loc[{"sender": sender, "receiver": receiver}] = share
+    base = {"method": "circuit_stability", "n_resamples": 200, "n_prompts": 16, "budget": 3}
+    return stable.assign_attrs({**base, **attrs})
+
+
+def test_stability_is_drawn_as_opacity_and_named_in_the_title(scores):
+    graph = Graph(2, 4, 2)
+    kept = np.zeros(graph.valid.shape, dtype=bool)
+    kept[0, graph.receiver_labels.index("logits")] = True
+    kept[0, graph.receiver_labels.index("L1.KV1.k")] = True
+    circuit = xr.zeros_like(scores, dtype=bool).copy(data=kept)
+    stable = _stability(scores, {("embed", "logits"): 1.0, ("embed", "L1.KV1.k"): 0.35})
+    spec = circuit_graph(scores, circuit, stability=stable).to_dict()
+    lines = _layer(spec, "rule")
+    shares = {r["receiver"]: r["stability"] for r in lines["data"]["values"]}
+    assert shares == {"logits": 1.0, "L1.KV1.k": 0.35}
+    opacity = lines["encoding"]["opacity"]
+    assert opacity["field"] == "stability" and opacity["scale"]["domain"] == [0, 1]
+    assert opacity["scale"]["range"] == list(OPACITY_RANGE)
+    assert "stability" in {t["field"] for t in lines["encoding"]["tooltip"]}
+    assert spec["title"]["text"].endswith("· stability over 200 resamples")
+    assert any(
+        "share of 200 bootstrap resamples of the 16 prompts" in n for n in spec["title"]["subtitle"]
+    )
+    moved = circuit_graph(scores, circuit, stability=stable.sortby("receiver").T).to_dict()
+    assert moved == spec  # read by label
+    plain = _layer(circuit_graph(scores, circuit).to_dict(), "rule")
+    assert "opacity" not in plain["encoding"] and "stability" not in plain["data"]["values"][0]
+    with pytest.raises(ValueError, match="stability is a result of 'circuit', not of"):
+        circuit_graph(scores, stability=circuit.assign_attrs(method="circuit"))
+    with pytest.raises(ValueError, match="stability must be the"):
+        circuit_graph(scores, stability=circuit)
+    with pytest.raises(ValueError, match="outside"):
+        circuit_graph(scores, stability=stable * 2)
+    with pytest.raises(TypeError, match=r"stability must be an xarray\.DataArray"):
+        circuit_graph(scores, stability=stable.values)
+    with pytest.raises(ValueError, match=r"model 'other' \(the result\) vs 'tiny'"):
+        circuit_graph(
+            scores.assign_attrs(model="tiny"), stability=stable.assign_attrs(model="other")
+        )
+
+
+def test_a_consensus_circuit_says_so_in_the_title(scores):
+    graph = Graph(2, 4, 2)
+    kept = np.zeros(graph.valid.shape, dtype=bool)
+    kept[0, graph.receiver_labels.index("logits")] = True
+    circuit = xr.zeros_like(scores, dtype=bool).copy(data=kept)
+    circuit.attrs.update(
+        method="circuit", consensus_share=0.5, n_resamples=200, budget=3, n_edges=1
+    )
+    title = circuit_graph(scores, circuit).to_dict()["title"]["text"]
+    assert title.startswith(
+        "Consensus circuit of 1 edges (in ≥ 50% of 200 resampled top-3 circuits, on paths"
+    )

@@ -9,7 +9,7 @@ import pytest
 import xarray as xr
 
 from lenscape.capture.edges.graph import Graph
-from lenscape.views.circuit_explorer import CircuitExplorer
+from lenscape.views.circuit_explorer import CircuitExplorer, budget_steps
 
 
 def _scores() -> xr.DataArray:
@@ -30,12 +30,12 @@ def test_slider_and_kind_filter_redraw_the_same_chart_widget():
     explorer = CircuitExplorer(_scores(), edges=5)
     shown = explorer._chart
     assert len(_edges(explorer)) == 5
-    explorer.budget.value = 12
-    assert explorer._chart is shown and len(_edges(explorer)) == 12
+    explorer.budget.value = 15
+    assert explorer._chart is shown and len(_edges(explorer)) == 15
     explorer.kinds.value = "v"
     rows = _edges(explorer)
     assert rows and {row["kind"] for row in rows} == {"v"}
-    assert explorer.budget.max == int(Graph(2, 4, 2).valid.sum())
+    assert explorer.budget.options[-1] == int(Graph(2, 4, 2).valid.sum())
     assert "q" in explorer.kinds.options and "logits" in explorer.kinds.options
 
 
@@ -68,6 +68,26 @@ def test_one_colour_scale_across_views_and_a_title_that_follows_the_controls():
     explorer.budget.value = 2
     assert _colour_domain(explorer) == [-largest, largest]
     assert CircuitExplorer(scores, limit=1.0).options["limit"] == 1.0
+    notes = explorer.chart.to_dict()["title"]["subtitle"]
+    assert any("shared by every view of these scores" in note for note in notes)
+    scale = next(
+        layer for layer in explorer.chart.to_dict()["layer"] if layer["mark"]["type"] == "rule"
+    )["encoding"]["color"]["scale"]
+    assert scale["type"] == "symlog"
+
+
+def test_the_slider_steps_evenly_on_a_log_scale():
+    """Half of the slider's length lies below 30 edges, where a circuit is read, not at its
+    far left; the first budget asked for and the largest are steps of their own."""
+    steps = budget_steps(2000, 40)
+    assert steps[:12] == [1, 2, 3, 5, 7, 10, 15, 20, 30, 40, 50, 70]
+    assert steps[-1] == 2000 and steps == sorted(set(steps))
+    ratios = np.diff(np.log10(steps))
+    assert ratios.max() <= np.log10(2)  # no step more than doubles the budget
+    below_30 = sum(step <= 30 for step in steps) / len(steps)
+    assert below_30 > 0.4
+    explorer = CircuitExplorer(_scores(), edges=4)
+    assert 4 in explorer.budget.options and explorer.budget.value == 4
 
 
 def test_the_explorer_displays_with_a_picture_of_its_graph():

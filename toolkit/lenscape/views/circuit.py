@@ -8,15 +8,32 @@ coords are read, so this module never imports torch. Every chart exports with
 ``lsc.export`` and offers no actions menu (its "Open in Vega Editor" goes online) unless
 ``actions=True``.
 
-The graph is a grid of named nodes: layers bottom to top (``L0`` ... with the embeddings
-below and the logits above), a layer's query heads side by side (``H0`` ...) with its MLP
-at the right, and each key/value head (a diamond, ``L3.KV1``) just below the query heads
-that share it. An edge is a line from its sender to the node that reads it: a q edge ends
-at its query head, a k or v edge at its key/value head, an MLP edge at the MLP, a logits
-edge at the logits. Colour and width encode the score on one scale (``limit``, which the
-circuit explorer keeps across its views), the line style the receiver kind, and the
-tooltip names the edge, its score and, where ``lsc.edge_agreement`` measured it, its exact
-effect. The title says what is drawn: the budget, the receiver kinds and the estimator.
+The graph is a grid of named nodes: layers top to bottom (the embeddings above ``L0``, the
+logits below the last layer: the model computes downwards, as every heatmap of lenscape
+draws layer 0 at the top and the edge grid draws its senders down from the embeddings), a
+layer's query heads side by side (``H0`` ...) with its MLP at the right, and each key/value
+head (a diamond, ``L3.KV1``) just above the query heads that share it, on the side its
+inputs come from. The embeddings and the logits are triangles named beside them. An edge is
+a line from its sender to the node that reads it: a q edge ends at its query head, a k or v
+edge at its key/value head, an MLP edge at the MLP, a logits edge at the logits. The line
+style says the receiver kind (solid q, dashed k, dotted v, long dashes MLP, dash-dot
+logits), colour and width the score, and the tooltip names the edge, its score and, where
+``lsc.edge_agreement`` measured it, its exact effect. Given a ``lsc.circuit_stability``
+result, each line's opacity is the share of bootstrap resamples whose circuit keeps the
+edge, and the title says over how many resamples. The title says what is drawn: the
+budget, the receiver kinds and the estimator.
+
+**Scales.** Edge scores are heavy-tailed (on the indirect-object task one edge, embeddings
+-> L0.MLP, scores 11 while most circuit edges score below 1), so by default
+(``scale="symlog"``) colour follows a symmetric-log scale (linear within ``SYMLOG_SHARE`` of
+the limit, logarithmic beyond: three powers of ten, ticked in the legend) and width a
+square-root one: weak edges show in colour beside the strong one, which keeps the darkest
+colour and by far the widest line. The legend and tooltips give true scores, and
+``scale="linear"`` makes both linear. **When a scale is shared**: views of one result share
+one scale, that of the whole result (``limit``: its largest |score|; ``CircuitExplorer``
+passes it to every budget and receiver kind, and the subtitle says it is shared); views of
+different results each take their own unless the caller passes one ``limit``. The edge
+grid (``edge_heatmap``) takes the same symmetric-log colour scale.
 
 Every input is read by label (``encoding.in_label_order``; a circuit by the labels of its
 scores), so a ``sortby``, ``isel`` or ``transpose`` draws the same picture, and its kind
@@ -44,14 +61,26 @@ from .heatmaps import TITLE_LIMIT, heatmap, label_from_attrs, legend_title
 
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
 MAX_EDGES = 2000
-#: Line style (Vega ``strokeDash``) of each receiver kind, all different.
-DASHES = {
+#: Line style (Vega ``strokeDash``) of each receiver kind, all different in kind, not only
+#: in length: solid, short dashes, dots, long dashes, dash-dot.
+DASHES: dict[str, list[float]] = {
     "q": [1, 0],
-    "k": [8, 4],
-    "v": [2, 3],
-    "mlp": [8, 3, 2, 3],
-    "logits": [14, 3, 2, 3, 2, 3],
+    "k": [5, 4],
+    "v": [1.5, 3],
+    "mlp": [14, 5],
+    "logits": [9, 3, 1.5, 3],
 }
+#: The scales of colour and width: symmetric-log colour and square-root width (the
+#: default), or both linear.
+SCALES = ("symlog", "linear")
+#: The symmetric-log scale is linear within this share of the limit (Vega's ``constant``),
+#: so it spans three powers of ten: an edge at 1% of the limit takes a third of the colour
+#: range, at 10% two thirds (a linear scale: 1% and 10%).
+SYMLOG_SHARE = 0.001
+#: Opacity of an edge in no resample's circuit and in every one (``stability=``).
+OPACITY_RANGE = (0.12, 1.0)
+#: The ``method`` attr of ``lsc.circuit_stability``'s results.
+STABILITY_METHODS = ("circuit_stability",)
 #: What each receiver kind reads into, for the legend and the tooltips.
 RECEIVER_NAMES = {
     "q": "q: a query head",
@@ -67,7 +96,7 @@ NODE_SHAPES = {
     "MLP": "square",
     "embeddings, logits": "triangle-up",
 }
-#: How far below its layer's row a key/value head is drawn (in layers).
+#: How far before its layer's row (towards the embeddings) a key/value head is drawn.
 KV_DROP = 0.4
 #: Tooltip of an edge ``lsc.edge_agreement`` did not measure.
 NOT_MEASURED = "not measured (lsc.edge_agreement)"
@@ -89,7 +118,7 @@ _EDGE_RESULTS = {
     None: ("lsc.edge_attribution or lsc.circuit", SCORE_METHODS + CIRCUIT_METHODS),
 }
 #: What a grey cell of the edge grid is: a pair of components with no edge between them.
-NO_EDGE = "no such edge (a receiver reads only components below it)"
+NO_EDGE = "no such edge (a receiver reads only components before it)"
 #: Narrowest cell of the edge grid, in pixels: its rotated receiver labels never overlap.
 GRID_STEP = 12
 #: Widest edge grid drawn at ``GRID_STEP``; a wider one keeps the heatmap's cells and hides
@@ -228,11 +257,10 @@ class _Layout:
         y = alt.Y(
             "y:Q",
             title=None,
-            scale=alt.Scale(domain=[-1.6, top + 0.6], nice=False, zero=False),
+            scale=alt.Scale(domain=[-2.1, top + 1.1], nice=False, zero=False, reverse=True),
             axis=alt.Axis(
-                values=list(range(-1, top + 1)),
-                labelExpr=f"datum.value == -1 ? 'embeddings' : datum.value == {top} ? "
-                "'logits' : 'L' + datum.value",
+                values=list(range(top)),
+                labelExpr="'L' + datum.value",
                 grid=False,
                 ticks=False,
                 domain=False,
@@ -240,15 +268,38 @@ class _Layout:
         )
         return {"x": x, "y": y}
 
+    def end_labels(self) -> alt.LayerChart:
+        """The names of the embeddings and the logits, on their triangles' outer side (above
+        the embeddings, below the logits: no edge crosses there), not at the axis."""
+        embed, logits = self.node("embed", -1, -1), self.node("logits", self.n_layers, -1)
+
+        def name(node: _Node) -> alt.Chart:
+            return alt.Chart(alt.Data(values=[{"x": node.x, "y": node.y, "name": node.name}]))
+
+        style: dict[str, Any] = {"fontSize": 12, "fontWeight": "bold", "color": "#222222"}
+        above = name(embed).mark_text(baseline="bottom", dy=-7, **style)
+        below = name(logits).mark_text(baseline="top", dy=7, **style)
+        return alt.LayerChart(
+            layer=[mark.encode(**self.axes(), text="name:N") for mark in (above, below)]
+        )
+
 
 def _check_graph_options(
-    kinds: Any, title: Any, width: Any, height: Any, edges: Any, limit: Any, actions: Any
-) -> tuple[list[str], int, int, int, float | None, bool]:
-    """``circuit_graph``'s options, checked: (kinds, width, height, edges, limit, actions).
+    kinds: Any,
+    title: Any,
+    width: Any,
+    height: Any,
+    edges: Any,
+    limit: Any,
+    scale: Any,
+    actions: Any,
+) -> tuple[list[str], int, int, int, float | None, str, bool]:
+    """``circuit_graph``'s options, checked: (kinds, width, height, edges, limit, scale,
+    actions).
 
     Raises:
-        TypeError: an option of the wrong type. ValueError: an unknown receiver kind, a
-            count or size out of range.
+        TypeError: an option of the wrong type. ValueError: an unknown receiver kind or
+            scale, a count or size out of range.
     """
     kinds = _validate.strings("kinds", kinds, example="('q', 'k')")
     bad = sorted(set(kinds) - set(RECEIVER_KINDS))
@@ -265,6 +316,7 @@ def _check_graph_options(
         _validate.positive_int("height", height),
         _validate.integer("edges", edges, low=1, high=MAX_EDGES),
         limit,
+        _validate.choice("scale", scale, SCALES),
         _validate.flag("actions", actions),
     )
 
@@ -276,51 +328,62 @@ def circuit_graph(
     edges: int = 50,
     kinds: Sequence[str] = RECEIVER_KINDS,
     exact: xr.Dataset | None = None,
+    stability: xr.DataArray | None = None,
     limit: float | None = None,
+    scale: str = "symlog",
     title: str | None = None,
     width: int = 560,
     height: int = 640,
     actions: bool = False,
 ) -> ChartType:
-    """Draw edges as lines between named components, layers bottom to top.
+    """Draw edges as lines between named components, layers top to bottom.
 
     Args:
         scores: (sender, receiver) edge scores (colour and width of each line), read by
             label.
-        circuit: boolean (sender, receiver) from ``lsc.circuit``, read by the labels of
-            ``scores``: draw its kept edges (``lenscape.mask_rules.kept``: non-zero and
-            computed, never NaN); None: draw the ``edges`` edges with the largest |score|
-            (ties broken in graph order, and the subtitle names the edges left out at a
-            tie).
+        circuit: boolean (sender, receiver) from ``lsc.circuit`` or
+            ``lsc.consensus_circuit``, read by the labels of ``scores``: draw its kept edges
+            (``lenscape.mask_rules.kept``: non-zero and computed, never NaN); None: draw the
+            ``edges`` edges with the largest |score| (ties broken in graph order, and the
+            subtitle names the edges left out at a tie).
         edges: how many top edges to draw without a circuit (at most ``MAX_EDGES``).
         kinds: receiver kinds to draw (a subset of q, k, v, mlp, logits).
         exact: a report of ``lsc.edge_agreement`` on the same model: the tooltip of each
             edge it measured shows its exact effect (mean over its prompts).
+        stability: (sender, receiver) from ``lsc.circuit_stability`` on the same model:
+            each line's opacity is the share of resamples whose circuit keeps the edge
+            (faint: unstable), the tooltip gives it and the title the number of resamples.
         limit: the |score| drawn at full colour and width (larger ones too), so that views
             of one result share a scale; default the largest |score| drawn.
-        title: chart title; default says what is drawn (budget, receiver kinds, estimator).
+        scale: "symlog" (colour on a symmetric-log scale, linear within ``SYMLOG_SHARE`` x
+            ``limit``, and width on a square-root one, so weak edges show beside a strong
+            one) or "linear" (both linear).
+        title: chart title; default says what is drawn (budget, receiver kinds, estimator,
+            resamples).
         width, height: chart size in pixels.
         actions: show Vega's actions menu (its "Open in Vega Editor" goes online).
 
     Returns:
         A layered Altair chart: the nodes (every query head, key/value head and MLP, the
-        embeddings and the logits, named on the axes and in their tooltips) and the edges
-        with tooltips (edge, receiver kind, score, exact effect where measured).
+        embeddings and the logits, named on the axes, beside them and in their tooltips)
+        and the edges with tooltips (edge, receiver kind, score, exact effect where
+        measured, share of resamples).
 
     Raises:
         TypeError: an argument of the wrong type (scores not a DataArray, edges not an
             integer, kinds not a list of strings, exact not a Dataset ...).
         ValueError: inputs that are not edge results or of the wrong kind (a circuit as
-            scores, scores as the circuit, exact not from ``lsc.edge_agreement``), a
-            circuit or exact effects of another model, a circuit of other edges, infinite
-            scores, a kept edge without a score, nothing to draw, an unknown kind, too many
-            edges, a limit <= 0.
+            scores, scores as the circuit, exact not from ``lsc.edge_agreement``, stability
+            not from ``lsc.circuit_stability``), a circuit, exact effects or stability of
+            another model, a circuit of other edges, infinite scores, a kept edge without a
+            score, nothing to draw, an unknown kind or scale, too many edges, a limit <= 0.
     """
     scores = check_edges(scores, "scores")
-    kinds, width, height, edges, limit, actions = _check_graph_options(
-        kinds, title, width, height, edges, limit, actions
+    kinds, width, height, edges, limit, scale, actions = _check_graph_options(
+        kinds, title, width, height, edges, limit, scale, actions
     )
     measured = _exact_effects(exact, scores)
+    shares = _stability_shares(stability, scores)
     chosen, tie_note = _chosen_edges(scores, circuit, kinds=kinds, edges=edges)
     if len(chosen) > MAX_EDGES:
         raise ValueError(
@@ -328,17 +391,18 @@ def circuit_graph(
             "smaller budget or fewer receiver kinds."
         )
     layout = _Layout.of(scores)
-    rows = _edge_rows(scores, chosen, layout, measured)
-    limit = limit or max(row["magnitude"] for row in rows) or 1.0
+    rows = _edge_rows(scores, chosen, layout, measured, shares)
+    ramp = _Ramp(limit or max(row["magnitude"] for row in rows) or 1.0, scale, limit is not None)
     used = {row["from"] for row in rows} | {row["to"] for row in rows}
-    chart = alt.layer(
-        _lines(rows, layout, limit=limit, legend=legend_title(f"score ({_units(scores)})")),
-        _points(layout, used),
-    )
+    lines = _lines(rows, layout, ramp=ramp, legend=legend_title(f"score ({_units(scores)})"))
+    chart = alt.layer(lines, _points(layout, used), layout.end_labels())
     notes = _graph_notes(scores, kinds, layout, measured is not None, tie_note)
+    notes.insert(1, ramp.note())
+    if stability is not None:
+        notes.insert(2, _stability_note(stability))
     return chart.properties(
         title=alt.TitleParams(
-            title or _graph_title(scores, circuit, len(rows), kinds),
+            title or _graph_title(scores, circuit, len(rows), kinds, stability),
             subtitle=notes,
             anchor="start",
             limit=TITLE_LIMIT,
@@ -347,6 +411,103 @@ def circuit_graph(
         height=height,
         usermeta={"embedOptions": {"actions": actions}},
     ).configure_view(stroke=None)
+
+
+@dataclass(frozen=True)
+class _Ramp:
+    """The colour and width scale of the edges: up to ``limit``, symmetric-log or linear;
+    ``shared``: the limit was given (one scale for several views), else the largest |score|
+    drawn."""
+
+    limit: float
+    kind: str
+    shared: bool = False
+
+    @property
+    def constant(self) -> float:
+        """Where the symmetric-log scale turns from linear to logarithmic."""
+        return self.limit * SYMLOG_SHARE
+
+    def scale(self, **options: Any) -> alt.Scale:
+        """An Altair scale of this kind with ``options`` (domain, range, scheme ...)."""
+        if self.kind == "symlog":
+            return alt.Scale(type="symlog", constant=self.constant, clamp=True, **options)
+        return alt.Scale(type="linear", clamp=True, **options)
+
+    def width(self) -> alt.Scale:
+        """The line width's scale, 0.75 to 6 pixels up to the limit: square root beside a
+        symmetric-log colour (weak edges visible, a strong edge still the widest by far),
+        linear beside a linear one."""
+        ends: dict[str, Any] = {"domain": [0, self.limit], "range": [0.75, 6], "clamp": True}
+        if self.kind == "symlog":
+            return alt.Scale(type="sqrt", **ends)
+        return alt.Scale(type="linear", **ends)
+
+    def ticks(self) -> list[float] | None:
+        """Legend values of a symmetric-log scale: 0 and the powers of ten from its linear
+        part to the limit, both signs (so the legend reads as the log scale it is); None
+        (the default ticks) for a linear one."""
+        if self.kind != "symlog":
+            return None
+        low = int(np.ceil(np.log10(self.constant)))
+        powers = [10.0**k for k in range(low, int(np.floor(np.log10(self.limit))) + 1)]
+        return [-p for p in powers[::-1]] + [0.0] + powers
+
+    def note(self) -> str:
+        """The subtitle line that says which scale is drawn, up to what, and how to get the
+        other."""
+        end = (
+            f"±{self.limit:.3g}, shared by every view of these scores"
+            if self.shared
+            else f"±{self.limit:.3g}, the largest |score| drawn"
+        )
+        if self.kind == "symlog":
+            return (
+                f"scales: colour symmetric log up to {end}, linear within "
+                f"±{self.constant:.2g}; width square root (scale='linear' for linear ones)"
+            )
+        return f"scales: linear up to {end} (scale='symlog' shows weak edges)"
+
+
+def _stability_shares(stability: Any, scores: xr.DataArray) -> np.ndarray | None:
+    """(sender, receiver) shares of resamples of a ``lsc.circuit_stability`` result, read
+    by the labels of ``scores``; None without one.
+
+    Raises:
+        TypeError: not a DataArray. ValueError: a result of another method, a circuit,
+            of another model or other edges, or shares outside [0, 1].
+    """
+    if stability is None:
+        return None
+    made_by = "lsc.circuit_stability(per_prompt_scores, edges=...)"
+    _validate.result(
+        "stability", stability, kind=xr.DataArray, made_by=made_by, methods=STABILITY_METHODS
+    )
+    if mask_rules.is_mask(stability) or set(stability.dims) != {"sender", "receiver"}:
+        raise ValueError(
+            f"stability must be the (sender, receiver) shares of resamples from {made_by}, "
+            f"got {'a circuit' if mask_rules.is_mask(stability) else stability.dims}."
+        )
+    own = {key: scores.attrs[key] for key in ORIGIN_ATTRS if key in scores.attrs}
+    _validate.origin("stability", stability, own, made_by=made_by)
+    edges = {"sender": scores["sender"].values, "receiver": scores["receiver"].values}
+    shares = _validate.labels("stability", stability, edges, made_by=made_by).values
+    shares = shares.astype(float)
+    if (np.isfinite(shares) & ((shares < 0) | (shares > 1))).any() or np.isinf(shares).any():
+        raise ValueError(f"stability holds values outside [0, 1]; pass the result of {made_by}.")
+    return shares
+
+
+def _stability_note(stability: xr.DataArray) -> str:
+    """The subtitle line that says what opacity shows."""
+    attrs = stability.attrs
+    count = attrs.get("n_resamples", "the")
+    prompts = f" of the {attrs['n_prompts']} prompts" if "n_prompts" in attrs else ""
+    picked = f" (top {attrs['budget']:,} edges, lsc.circuit)" if "budget" in attrs else ""
+    return (
+        f"opacity: share of {count} bootstrap resamples{prompts} whose circuit{picked} keeps "
+        "the edge; faint lines are unstable"
+    )
 
 
 def _units(scores: xr.DataArray) -> str:
@@ -387,9 +548,11 @@ def _edge_rows(
     chosen: np.ndarray,
     layout: _Layout,
     measured: dict[tuple[str, str], str] | None,
+    shares: np.ndarray | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per drawn edge: its ends' nodes and positions, labels, kind, score and
-    exact effect (when ``measured`` is given), weakest first so strong lines lie on top."""
+    """One row per drawn edge: its ends' nodes and positions, labels, kind, score, exact
+    effect (when ``measured`` is given) and share of resamples (when ``shares`` is),
+    weakest first so strong lines lie on top."""
     values = scores.values.astype(float)
     rows = []
     for s, r in chosen:
@@ -408,15 +571,18 @@ def _edge_rows(
         }
         if measured is not None:
             row["exact"] = measured.get(label, NOT_MEASURED)
+        if shares is not None:
+            row["stability"] = float(np.nan_to_num(shares[s, r]))
         rows.append(row)
     return sorted(rows, key=lambda row: row["magnitude"])
 
 
 def _lines(
-    rows: list[dict[str, Any]], layout: _Layout, *, limit: float, legend: str | list[str]
+    rows: list[dict[str, Any]], layout: _Layout, *, ramp: _Ramp, legend: str | list[str]
 ) -> alt.Chart:
-    """The edges: colour and width by score on one scale up to ``limit``, the line style by
-    receiver kind (every kind in the legend, so styles never change between views)."""
+    """The edges: colour and width by score on one ``ramp`` (symmetric-log or linear, up to
+    its limit), the line style by receiver kind (every kind in the legend, so styles never
+    change between views), and the opacity by share of resamples where rows have one."""
     dash_names = " : ".join(
         f"datum.label == {json.dumps(k)} ? {json.dumps(v)}" for k, v in RECEIVER_NAMES.items()
     )
@@ -427,6 +593,16 @@ def _lines(
     ]
     if rows and "exact" in rows[0]:
         tips.append(alt.Tooltip("exact:N", title="exact effect (edge patching)"))
+    stable: dict[str, Any] = {}
+    if rows and "stability" in rows[0]:
+        tips.append(alt.Tooltip("stability:Q", title="share of resamples", format=".0%"))
+        stable["opacity"] = alt.Opacity(
+            "stability:Q",
+            title="share of resamples",
+            scale=alt.Scale(domain=[0, 1], range=list(OPACITY_RANGE)),
+            legend=alt.Legend(format=".0%", values=[0, 0.5, 0.9, 1]),
+        )
+    limit, ticks = ramp.limit, ramp.ticks()
     return (
         alt.Chart(alt.Data(values=rows))
         .mark_rule()
@@ -437,16 +613,10 @@ def _lines(
             color=alt.Color(
                 "score:Q",
                 title=legend,
-                scale=alt.Scale(
-                    scheme="blueorange", domain=[-limit, limit], domainMid=0, clamp=True
-                ),
-                legend=alt.Legend(gradientLength=140),
+                scale=ramp.scale(scheme="blueorange", domain=[-limit, limit], domainMid=0),
+                legend=alt.Legend(gradientLength=140, format=".3~r", **_values(ticks)),
             ),
-            strokeWidth=alt.StrokeWidth(
-                "magnitude:Q",
-                title="|score|",
-                scale=alt.Scale(domain=[0, limit], range=[0.75, 6], clamp=True),
-            ),
+            strokeWidth=alt.StrokeWidth("magnitude:Q", title="|score|", scale=ramp.width()),
             strokeDash=alt.StrokeDash(
                 "kind:N",
                 title="line: receiver kind",
@@ -462,8 +632,14 @@ def _lines(
                 ),
             ),
             tooltip=tips,
+            **stable,
         )
     )
+
+
+def _values(ticks: list[float] | None) -> dict[str, Any]:
+    """A legend's ``values`` option where ``ticks`` are given."""
+    return {} if ticks is None else {"values": ticks}
 
 
 def _points(layout: _Layout, used: set[str]) -> alt.Chart:
@@ -498,10 +674,14 @@ def _points(layout: _Layout, used: set[str]) -> alt.Chart:
 
 
 def _graph_title(
-    scores: xr.DataArray, circuit: xr.DataArray | None, drawn: int, kinds: Sequence[str]
+    scores: xr.DataArray,
+    circuit: xr.DataArray | None,
+    drawn: int,
+    kinds: Sequence[str],
+    stability: xr.DataArray | None = None,
 ) -> str:
     """What the graph shows: the budget (a circuit's size and how it was picked, or the top
-    edges), the receiver kinds and the estimator."""
+    edges), the receiver kinds, the estimator and the resamples of ``stability``."""
     if circuit is None:
         shown = f"Top {drawn} edges by |score|"
     else:
@@ -512,16 +692,31 @@ def _graph_title(
             if {"budget", "total_edges"} <= set(attrs)
             else ""
         )
+        name = "Circuit"
+        if "consensus_share" in attrs:
+            name = "Consensus circuit"
+            top = f" top-{attrs['budget']:,}" if "budget" in attrs else ""
+            picked = (
+                f" (in ≥ {attrs['consensus_share']:.0%} of {attrs.get('n_resamples', '?')} "
+                f"resampled{top} circuits, on paths embeddings → logits)"
+            )
         size = attrs.get("n_edges", drawn)
-        shown = f"Circuit of {size:,} edges{picked}"
+        shown = f"{name} of {size:,} edges{picked}"
         if drawn != size:
-            shown = f"{drawn:,} edges of a circuit of {size:,}{picked}"
+            shown = f"{drawn:,} edges of a {name.lower()} of {size:,}{picked}"
     every = set(RECEIVER_KINDS) <= set(kinds)
     receivers = "all receivers" if every else f"receivers {', '.join(kinds)}"
     estimator = str(scores.attrs.get("estimator", "")).upper()
     if estimator.endswith("-IG") and "steps" in scores.attrs:
         estimator += f" ({scores.attrs['steps']} steps)"
-    return " · ".join(part for part in (shown, receivers, estimator) if part)
+    resampled = (
+        f"stability over {stability.attrs['n_resamples']} resamples"
+        if stability is not None and "n_resamples" in stability.attrs
+        else "stability"
+        if stability is not None
+        else ""
+    )
+    return " · ".join(part for part in (shown, receivers, estimator, resampled) if part)
 
 
 def _graph_notes(
@@ -532,7 +727,7 @@ def _graph_notes(
     notes = [f"colour and width: {label_from_attrs(scores, 'score')}"]
     if {"k", "v"} & set(kinds):
         notes.append(
-            f"k and v edges end at a key/value head (a diamond, e.g. L3.KV1), drawn below "
+            f"k and v edges end at a key/value head (a diamond, e.g. L3.KV1), drawn just above "
             f"the {layout.group} query heads that share it"
         )
     notes.append(
@@ -613,17 +808,23 @@ def _chosen_edges(
     return np.argwhere(top.reshape(values.shape)), note
 
 
-def edge_heatmap(scores: xr.DataArray, **options: Any) -> ChartType:
+def edge_heatmap(scores: xr.DataArray, *, scale: str = "symlog", **options: Any) -> ChartType:
     """The sender x receiver grid of edge scores, or of a circuit (kept and skipped edges),
-    with receivers across and senders down, each in the graph's order whatever the array's.
+    with receivers across and senders down (the embeddings at the top, as the graph and
+    every heatmap draw layer 0 at the top), each in the graph's order whatever the array's.
 
-    A grey cell is a pair with no edge between them (the receiver lies below the sender),
+    A grey cell is a pair with no edge between them (the receiver comes before the sender),
     and the subtitle says so; a real edge without a score (NaN) is counted there as not
-    computed. Cells are wide enough for the rotated receiver labels not to overlap, up to
-    ``GRID_WIDTH`` pixels; a wider grid hides the labels that would overlap.
+    computed. Scores take a symmetric-log colour scale by default (linear within
+    ``SYMLOG_SHARE`` of the largest |score|: one strong edge no longer turns the rest
+    white), and the subtitle says so. Cells are wide enough for the rotated receiver
+    labels not to overlap, up to ``GRID_WIDTH`` pixels; a wider grid hides the labels that
+    would overlap.
 
     Args:
         scores: (sender, receiver) from ``lsc.edge_attribution`` or ``lsc.circuit``.
+        scale: "symlog" or "linear": the colour scale of scores (a circuit's two states
+            take neither).
         options: passed to ``heatmap``.
 
     Returns:
@@ -631,9 +832,13 @@ def edge_heatmap(scores: xr.DataArray, **options: Any) -> ChartType:
 
     Raises:
         TypeError: ``scores`` is not a DataArray.
-        ValueError: not an edge result (see ``check_edges``), or a bad option.
+        ValueError: not an edge result (see ``check_edges``), an unknown scale, or a bad
+            option.
     """
     edges = check_edges(scores, "scores", circuit=None)
+    scale = _validate.choice("scale", scale, SCALES)
+    if not mask_rules.is_mask(edges):
+        options = {"color": "blueorange", **options}  # the graph's colours
     chart = heatmap(edges, x="receiver", y="sender", **options)
     exists = edge_exists(
         edges["sender_kind"].values[:, None],
@@ -646,10 +851,13 @@ def edge_heatmap(scores: xr.DataArray, **options: Any) -> ChartType:
     unscored = int((missing & exists).sum())
     grey = NO_EDGE + (f"; {unscored} edges {mask_rules.NAN_LABEL}" if unscored else "")
     subtitle = chart.title.subtitle if isinstance(chart.title, alt.TitleParams) else None
-    if (missing & ~exists).any() and isinstance(subtitle, list):
-        lines = [
-            line.replace(f"grey: {mask_rules.NAN_LABEL}", f"grey: {grey}") for line in subtitle
-        ]
+    lines = list(subtitle) if isinstance(subtitle, list) else []
+    if (missing & ~exists).any():
+        lines = [line.replace(f"grey: {mask_rules.NAN_LABEL}", f"grey: {grey}") for line in lines]
+    note = _symlog_colours(chart) if scale == "symlog" else None
+    if note:
+        lines.append(note)
+    if lines and isinstance(chart.title, alt.TitleParams):
         chart = chart.properties(
             title=alt.TitleParams(**{**chart.title.to_dict(), "subtitle": lines})
         )
@@ -657,6 +865,27 @@ def edge_heatmap(scores: xr.DataArray, **options: Any) -> ChartType:
     if wide:
         return chart.properties(width=alt.Step(GRID_STEP), height=alt.Step(GRID_STEP))
     return chart.configure_axis(labelOverlap="parity")
+
+
+def _symlog_colours(chart: Any) -> str | None:
+    """Turn the diverging colour scale of a heatmap of scores (centred at 0) symmetric-log,
+    in place, with the legend's ticks at its powers of ten; the subtitle line that says
+    so, or None where the chart has no such scale (a circuit's states)."""
+    encoding = chart["encoding"] if "encoding" in chart._kwds else alt.Undefined
+    color = encoding["color"] if isinstance(encoding, alt.SchemaBase) else alt.Undefined
+    if not isinstance(color, alt.SchemaBase) or not isinstance(color["scale"], alt.Scale):
+        return None
+    scale = color["scale"].to_dict()
+    if scale.get("domainMid") != 0:
+        return None
+    ramp = _Ramp(max(abs(float(end)) for end in scale["domain"]), "symlog")
+    color["scale"] = alt.Scale(**{**scale, "type": "symlog", "constant": ramp.constant})
+    legend = color["legend"].to_dict() if isinstance(color["legend"], alt.Legend) else {}
+    color["legend"] = alt.Legend(**{**legend, "values": ramp.ticks(), "format": ".3~r"})
+    return (
+        f"colour: symmetric log up to ±{ramp.limit:.3g}, linear within ±{ramp.constant:.2g} "
+        "(scale='linear' for a linear one)"
+    )
 
 
 def faithfulness_curve(

@@ -4,10 +4,15 @@
 one ``alt.JupyterChart`` and swaps its chart in place when a control changes (as
 ``lsc.Explorer`` does), so the page never rebuilds. The slider sets how many of the edges
 with the largest |score| are drawn (the top edges, not pruned to paths: pruning lives with
-``lsc.circuit`` on the capture side); the toggles pick the receiver kinds shown. Every
-view shares one colour and width scale (``circuit_graph``'s ``limit``: the largest |score|
-of all edges), so the same colour means the same score whatever the budget or the kinds,
-and the title says which budget and kinds are drawn.
+``lsc.circuit`` on the capture side), in steps spaced evenly on a log scale (1, 2, 3, 5, 7,
+10, 15, 20, 30 ...: ``budget_steps``), so the few dozen edges a circuit is read at take most
+of its length; the toggles pick the receiver kinds shown. ``stability=`` (a
+``lsc.circuit_stability`` result) draws each edge as opaque as it is stable.
+
+The colour scale follows the views' one rule (``views.circuit``): views of one result share
+the scale of the whole result. Every budget and receiver kind is drawn on the symmetric-log
+scale up to the largest |score| of all edges (``circuit_graph``'s ``limit``), so the same
+colour means the same score whatever is toggled, and the subtitle says so.
 """
 
 from __future__ import annotations
@@ -25,6 +30,20 @@ from ..schema import RECEIVER_KINDS
 from .circuit import MAX_EDGES, check_edges, circuit_graph
 from .offline import enable_offline, with_image
 
+#: The slider's steps within each power of ten (1, 1.5, 2, 3, 5, 7 times it).
+STEPS = (1, 1.5, 2, 3, 5, 7)
+
+
+def budget_steps(most: int, start: int) -> list[int]:
+    """The budgets the slider offers: 1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, ... up to
+    ``most``, with ``most`` and ``start`` themselves, in increasing order."""
+    steps = {1, 2, 3, 5, 7, most, min(start, most)}
+    scale = 10
+    while scale <= most:
+        steps |= {int(step * scale) for step in STEPS if step * scale <= most}
+        scale *= 10
+    return sorted(steps)
+
 
 class CircuitExplorer:
     """Edge-budget slider and receiver-kind filter over ``circuit_graph``.
@@ -39,9 +58,10 @@ class CircuitExplorer:
         Args:
             scores: (sender, receiver) from ``lsc.edge_attribution`` (average a per-prompt
                 result over ``prompt`` first).
-            edges: edges drawn at first.
-            options: passed to ``circuit_graph`` (``exact``, ``limit``, ``width``,
-                ``height``, ``title``); ``limit`` defaults to the largest finite |score|.
+            edges: edges drawn at first (a step of its own on the slider).
+            options: passed to ``circuit_graph`` (``exact``, ``stability``, ``limit``,
+                ``scale``, ``width``, ``height``, ``title``); ``limit`` defaults to the
+                largest finite |score| of all edges (the one scale of every view).
 
         Raises:
             TypeError: ``scores`` is not a DataArray or ``edges`` not an integer.
@@ -58,10 +78,10 @@ class CircuitExplorer:
             )
         largest = float(np.abs(scores.values[np.isfinite(scores.values)]).max())
         self.scores, self.options = scores, {"limit": largest or None, **options}
-        self.budget = widgets.IntSlider(
-            value=min(edges, finite, MAX_EDGES),
-            min=1,
-            max=min(finite, MAX_EDGES),
+        most = min(finite, MAX_EDGES)
+        self.budget = widgets.SelectionSlider(
+            options=budget_steps(most, edges),
+            value=min(edges, most),
             description="edges",
             continuous_update=False,
         )
