@@ -128,6 +128,7 @@ class World:
     report: xr.Dataset
     scores: xr.DataArray
     edges: xr.DataArray
+    edge_prompts: xr.DataArray
     curve: xr.Dataset
     lens: xr.DataArray
     weights: xr.Dataset
@@ -142,7 +143,8 @@ def world(tiny_llama, factual, mixed, clusters, tokenizer, tmp_path_factory):
     tiny_llama.hf.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     task = lsc.data.task("syntax")[:4]
-    edges = lsc.edge_attribution(tiny_llama, factual[:2], progress=False)
+    edge_prompts = lsc.edge_attribution(tiny_llama, factual[:2], per_prompt=True, progress=False)
+    edges = edge_prompts.astype(np.float64).mean("prompt", skipna=False, keep_attrs=True)
     return World(
         model=tiny_llama,
         pairs=factual[:2],
@@ -164,6 +166,7 @@ def world(tiny_llama, factual, mixed, clusters, tokenizer, tmp_path_factory):
         report=lsc.faithfulness(tiny_llama, factual[:2], estimators=["atp"], progress=False),
         scores=lsc.direct_logit_attribution(tiny_llama, factual[:2], progress=False),
         edges=edges,
+        edge_prompts=edge_prompts,
         curve=lsc.circuit_faithfulness(
             tiny_llama, factual[:2], edges, fractions=(0.25, 0.5), n_random=2, progress=False
         ),
@@ -197,6 +200,12 @@ CALLS: dict[str, Any] = {
         dict(estimators=["eap"], n_top=2, n_random=2, progress=False),
     ),
     "circuit": lambda w: ((w.edges,), dict(edges=20)),
+    "circuit_stability": lambda w: ((w.edge_prompts,), dict(edges=20, n_resamples=20)),
+    "consensus_circuit": lambda w: ((_stability(w),), dict(share=0.5)),
+    "consensus_faithfulness": lambda w: (
+        (w.model, w.pairs, w.edge_prompts),
+        dict(fractions=(0.5,), n_resamples=5, n_random=1, progress=False),
+    ),
     "circuit_graph": lambda w: ((w.edges,), dict(edges=5)),
     "edge_heatmap": lambda w: ((w.edges,), dict()),
     "faithfulness_curve": lambda w: ((w.curve,), dict()),
@@ -250,7 +259,10 @@ PASSED_BACK = {
     "masked_loss": ["masks"],
     "apply_mask": ["masks"],
     "circuit": ["scores"],
-    "circuit_graph": ["scores", "circuit"],
+    "circuit_stability": ["scores"],
+    "consensus_circuit": ["stability"],
+    "consensus_faithfulness": ["scores"],
+    "circuit_graph": ["scores", "circuit", "stability"],
     "edge_heatmap": ["scores"],
     "faithfulness_curve": ["result"],
     "edge_patching": ["circuit"],
@@ -265,6 +277,11 @@ PASSED_BACK = {
 
 #: Positional arguments that are options, not data: fuzzed like the keyword options.
 POSITIONAL_OPTIONS = {"estimate": ["method"]}
+
+
+def _stability(w: World) -> xr.DataArray:
+    """The circuit stability of the world's per-prompt edge scores."""
+    return lsc.circuit_stability(w.edge_prompts, edges=20, n_resamples=20)
 
 
 def _reliability(w: World, scores: xr.DataArray | None = None) -> xr.Dataset:
@@ -326,6 +343,7 @@ SLOW = {
     "check",
     "circuit_faithfulness",
     "circuit_graph",
+    "consensus_faithfulness",
     "edge_agreement",
     "finetune",
     "head_gating",
@@ -389,6 +407,8 @@ def real_results(world):
         "attribution_all": lsc.attribution_patching(model, pairs, level="all", progress=False),
         "direct_logit_attribution": world.scores,
         "edge_attribution": world.edges,
+        "circuit_stability": _stability(world),
+        "consensus_circuit": lsc.consensus_circuit(_stability(world), share=0.5),
         "head_gating": world.gating,
         "gating_check": lsc.gating_check(model, world.gating, world.task, n_random=20),
         "block_masks": world.masks,
@@ -560,7 +580,8 @@ BY_LABEL: dict[str, ByLabel] = {
     "masked_loss": _from_calls("masked_loss", follows="cluster"),
     "apply_mask": _from_calls("apply_mask", call=_masked_logits),
     "circuit_graph": _from_calls(
-        "circuit_graph", add=lambda w: {"circuit": lsc.circuit(w.edges, edges=20)}
+        "circuit_graph",
+        add=lambda w: {"circuit": lsc.circuit(w.edges, edges=20), "stability": _stability(w)},
     ),
     "weight_grid": ByLabel(
         lambda tiny: lsc.weight_grid({"tiny": tiny}), lambda w: {"tiny": w.weights}, ("tiny",)

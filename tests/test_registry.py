@@ -98,14 +98,15 @@ def test_a_method_is_added_by_one_file(tmp_path):
 
 def test_every_public_capture_function_is_registered():
     """What lenscape exports from lenscape.capture is the registry's public methods, plus
-    ``capture_to`` and ``circuit`` (which run no method)."""
+    ``capture_to``, ``circuit``, ``circuit_stability`` and ``consensus_circuit`` (which run
+    no method)."""
     exported = {
         name
         for name in lsc.__all__
         if getattr(getattr(lsc, name), "__module__", "").startswith("lenscape.capture")
     }
     public = {name for name, spec in registry.METHODS.items() if spec.public}
-    assert exported == public | {"capture_to", "circuit"}
+    assert exported == public | {"capture_to", "circuit", "circuit_stability", "consensus_circuit"}
     for name in public:
         assert getattr(lsc, name) is registry.METHODS[name].function
 

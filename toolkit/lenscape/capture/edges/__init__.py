@@ -31,17 +31,24 @@ One module per job:
 - ``circuits``: the top edges on a path embeddings -> logits (``circuit``), pure numpy;
 - ``patching``: exact edge patching of edge-set variants (``edge_patching``,
   ``circuit_faithfulness``);
-- ``agreement``: each estimator against exact single-edge patching (``edge_agreement``).
+- ``agreement``: each estimator against exact single-edge patching (``edge_agreement``);
+- ``stability``: how often each edge enters the circuit over bootstrap resamples of the
+  prompts (``circuit_stability``), the consensus circuit (``consensus_circuit``) and its
+  faithfulness over budgets (``consensus_faithfulness``).
 """
 
 from .agreement import edge_agreement
 from .circuits import circuit
 from .patching import circuit_faithfulness, edge_patching
 from .scores import edge_attribution
+from .stability import circuit_stability, consensus_circuit, consensus_faithfulness
 
 __all__ = [
     "circuit",
     "circuit_faithfulness",
+    "circuit_stability",
+    "consensus_circuit",
+    "consensus_faithfulness",
     "edge_agreement",
     "edge_attribution",
     "edge_patching",

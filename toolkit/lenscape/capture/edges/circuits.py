@@ -74,23 +74,25 @@ def scores_values(scores: Any, graph: Graph, *, name: str = "scores") -> np.ndar
 
 
 def on_paths(graph: Graph, kept: np.ndarray) -> np.ndarray:
-    """``kept`` (n_senders, n_receivers) bool pruned to edges on a path from the
+    """``kept`` (..., n_senders, n_receivers) bool pruned to edges on a path from the
     embeddings to the logits: the sender is reached from the embeddings and the receiver
-    feeds a component that reaches the logits, through kept edges."""
+    feeds a component that reaches the logits, through kept edges. Leading dims are
+    independent circuits (the resamples of ``circuit_stability``), pruned together: the
+    loops run over the graph's components, never over the circuits."""
     n_senders = len(graph.senders)
     feeds = graph.feeds
-    reached = np.zeros(n_senders + 1, dtype=bool)
-    reached[0] = True
+    batch = kept.shape[:-2]
+    reached = np.zeros((*batch, n_senders + 1), dtype=bool)
+    reached[..., 0] = True
     for component in range(1, n_senders + 1):  # senders in forward order, then the logits
-        into = feeds[:, component]
-        reached[component] = bool((kept[:, into] & reached[:n_senders, None]).any())
-    live: np.ndarray = np.zeros(n_senders + 1, dtype=bool)
-    live[-1] = True
-    receiver_live = (feeds & live).any(1)
+        into = kept[..., :, feeds[:, component]] & reached[..., :n_senders, None]
+        reached[..., component] = into.any(axis=(-2, -1))
+    receiver_live = np.broadcast_to(feeds[:, -1], (*batch, feeds.shape[0])).copy()
     for component in range(n_senders - 1, -1, -1):  # downstream receivers are settled
-        live[component] = bool((kept[component] & receiver_live).any())
-        receiver_live = (feeds & live).any(1)
-    return kept & reached[:n_senders, None] & receiver_live[None, :]
+        live = (kept[..., component, :] & receiver_live).any(-1)
+        receiver_live |= live[..., None] & feeds[:, component]
+    pruned: np.ndarray = kept & reached[..., :n_senders, None] & receiver_live[..., None, :]
+    return pruned
 
 
 def budget(n_edges: int, edges: int | None, fraction: float | None) -> int:
