@@ -202,6 +202,10 @@ CALLS: dict[str, Any] = {
     "circuit": lambda w: ((w.edges,), dict(edges=20)),
     "circuit_stability": lambda w: ((w.edge_prompts,), dict(edges=20, n_resamples=20)),
     "consensus_circuit": lambda w: ((_stability(w),), dict(share=0.5)),
+    "exact_cut": lambda w: (
+        (w.model, w.pairs, lsc.circuit(w.edges, edges=20), w.edges),
+        dict(edges=2, progress=False),
+    ),
     "consensus_faithfulness": lambda w: (
         (w.model, w.pairs, w.edge_prompts),
         dict(fractions=(0.5,), n_resamples=5, n_random=1, progress=False),
@@ -262,6 +266,7 @@ PASSED_BACK = {
     "circuit_stability": ["scores"],
     "consensus_circuit": ["stability"],
     "consensus_faithfulness": ["scores"],
+    "exact_cut": ["circuit", "scores"],
     "circuit_graph": ["scores", "circuit", "stability"],
     "edge_heatmap": ["scores"],
     "faithfulness_curve": ["result"],
@@ -345,6 +350,7 @@ SLOW = {
     "circuit_graph",
     "consensus_faithfulness",
     "edge_agreement",
+    "exact_cut",
     "finetune",
     "head_gating",
     "weight_importance",

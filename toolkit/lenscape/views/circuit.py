@@ -385,6 +385,11 @@ def circuit_graph(
     measured = _exact_effects(exact, scores)
     shares = _stability_shares(stability, scores)
     chosen, tie_note = _chosen_edges(scores, circuit, kinds=kinds, edges=edges)
+    cut = _cut_effects(circuit)
+    source = "lsc.edge_agreement" if measured is not None else ""
+    if cut:
+        measured = {**(measured or {}), **cut}
+        source = " and ".join(part for part in (source, "lsc.exact_cut") if part)
     if len(chosen) > MAX_EDGES:
         raise ValueError(
             f"The circuit has {len(chosen)} edges to draw, more than {MAX_EDGES}; choose a "
@@ -396,7 +401,9 @@ def circuit_graph(
     used = {row["from"] for row in rows} | {row["to"] for row in rows}
     lines = _lines(rows, layout, ramp=ramp, legend=legend_title(f"score ({_units(scores)})"))
     chart = alt.layer(lines, _points(layout, used), layout.end_labels())
-    notes = _graph_notes(scores, kinds, layout, measured is not None, tie_note)
+    notes = _graph_notes(scores, kinds, layout, source, tie_note)
+    if cut:
+        notes.insert(-1, f"{len(cut)} edges at the cut measured by exact edge patching")
     notes.insert(1, ramp.note())
     if stability is not None:
         notes.insert(2, _stability_note(stability))
@@ -467,6 +474,20 @@ class _Ramp:
                 f"±{self.constant:.2g}; width square root (scale='linear' for linear ones)"
             )
         return f"scales: linear up to {end} (scale='symlog' shows weak edges)"
+
+
+def _cut_effects(circuit: Any) -> dict[tuple[str, str], str]:
+    """(sender, receiver) -> the exact effect of each edge ``lsc.exact_cut`` measured at a
+    circuit's cut (its ``exact_effect`` coord), formatted; empty without one."""
+    if circuit is None or "exact_effect" not in circuit.coords:
+        return {}
+    effect = circuit["exact_effect"].transpose("sender", "receiver")
+    values = effect.values.astype(float)
+    senders, receivers = effect["sender"].values, effect["receiver"].values
+    return {
+        (str(senders[s]), str(receivers[r])): f"{values[s, r]:.4g}"
+        for s, r in np.argwhere(np.isfinite(values))
+    }
 
 
 def _stability_shares(stability: Any, scores: xr.DataArray) -> np.ndarray | None:
@@ -720,10 +741,11 @@ def _graph_title(
 
 
 def _graph_notes(
-    scores: xr.DataArray, kinds: Sequence[str], layout: _Layout, measured: bool, tie_note: str
+    scores: xr.DataArray, kinds: Sequence[str], layout: _Layout, measured: str, tie_note: str
 ) -> list[str]:
     """The graph's subtitle: what colour and width show, where k and v edges end, what the
-    tooltip holds, and the edges left out at a tie."""
+    tooltip holds (``measured``: what measured exact effects, or ""), and the edges left
+    out at a tie."""
     notes = [f"colour and width: {label_from_attrs(scores, 'score')}"]
     if {"k", "v"} & set(kinds):
         notes.append(
@@ -732,7 +754,7 @@ def _graph_notes(
         )
     notes.append(
         "hover a line for the edge and its score"
-        + (", and its exact effect where lsc.edge_agreement measured it" if measured else "")
+        + (f", and its exact effect where {measured} measured it" if measured else "")
     )
     return notes + ([tie_note] if tie_note else [])
 

@@ -34,11 +34,13 @@ One module per job:
 - ``agreement``: each estimator against exact single-edge patching (``edge_agreement``);
 - ``stability``: how often each edge enters the circuit over bootstrap resamples of the
   prompts (``circuit_stability``), the consensus circuit (``consensus_circuit``) and its
-  faithfulness over budgets (``consensus_faithfulness``).
+  faithfulness over budgets (``consensus_faithfulness``);
+- ``cut``: a circuit's boundary decided by exact single-edge patching (``exact_cut``).
 """
 
 from .agreement import edge_agreement
 from .circuits import circuit
+from .cut import exact_cut
 from .patching import circuit_faithfulness, edge_patching
 from .scores import edge_attribution
 from .stability import circuit_stability, consensus_circuit, consensus_faithfulness
@@ -52,4 +54,5 @@ __all__ = [
     "edge_agreement",
     "edge_attribution",
     "edge_patching",
+    "exact_cut",
 ]
