@@ -149,13 +149,30 @@ def _walk(w):
 
 
 def test_errors_are_shown_not_raised_and_keep_the_last_chart(scores):
-    ds = xr.Dataset({"attr": scores, "per_layer": scores.mean("head")})
+    broken = (scores * np.inf).fillna(0).assign_attrs(long_name="broken", units="bool")
+    ds = xr.Dataset({"attr": scores, "broken": broken})  # a mask cannot show infinities
     e = Explorer(ds)
     before = e.chart
-    e.controls["variable"].value = "per_layer"
-    assert e.chart is before and "head" in e._message.value
+    e.controls["variable"].value = "broken"
+    assert e.chart is before and "cells are +-inf" in e._message.value
     e.controls["variable"].value = "attr"
     assert e._message.value == "" and e.chart is not before
+
+
+def test_a_dataset_whose_variables_have_different_dims_is_refused_up_front(scores):
+    """Issue 43: one set of controls serves every variable, so variables of other dims are
+    refused naming each with its dims and the fix, before any control is built."""
+    ds = xr.Dataset(
+        {"attr": scores, "gate": scores * 2, "per_layer": scores.mean("head"), "loss": 1.0}
+    )
+    message = (
+        r"data's variables have different dims \(attr, gate \('model', 'cluster', 'layer', "
+        r"'head'\); per_layer \('model', 'cluster', 'layer'\); loss \(\)\).*pass the "
+        r"variables that share dims, e\.g\. data\[\['attr', 'gate'\]\]"
+    )
+    with pytest.raises(ValueError, match=message):
+        Explorer(ds)
+    assert Explorer(ds[["attr", "gate"]]).controls["variable"].options == ("attr", "gate")
 
 
 def test_bad_axes_and_facets_are_refused(scores):

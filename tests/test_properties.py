@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import lenscape as lsc
@@ -665,23 +665,62 @@ BY_LABEL: dict[str, ByLabel] = {
 }
 
 
-def test_every_function_that_takes_results_back_is_read_by_label():
-    """A function added to ``PASSED_BACK``, ``lsc.aggregate`` or the ``da.lsc`` accessor
-    must be added to ``BY_LABEL``, with every result argument it takes."""
-    for name, results in PASSED_BACK.items():
-        assert set(results) <= set(BY_LABEL[name].results), name
-    functions = [
+def _aggregate_functions() -> list[str]:
+    """The public functions of ``lsc.aggregate``."""
+    return [
         name
         for name, value in vars(aggregate).items()
         if inspect.isfunction(value)
         and value.__module__ == aggregate.__name__
         and not name.startswith("_")
     ]
+
+
+def test_every_function_that_takes_results_back_is_read_by_label():
+    """A function added to ``PASSED_BACK``, ``lsc.aggregate`` or the ``da.lsc`` accessor
+    must be added to ``BY_LABEL``, with every result argument it takes."""
+    for name, results in PASSED_BACK.items():
+        assert set(results) <= set(BY_LABEL[name].results), name
+    functions = _aggregate_functions()
     # vars, not dir: nnsight gives every object a ``save`` method.
     methods = [name for name in vars(LenscapeAccessor) if not name.startswith("_")]
     missing = [f"aggregate.{n}" for n in functions] + [f"da.lsc.{n}" for n in methods]
     missing = [name for name in missing if name not in BY_LABEL]
     assert not missing, f"add {missing} to BY_LABEL in tests/test_properties.py"
+
+
+#: What an aggregate function needs besides the result it takes first, for a valid call.
+AGGREGATE_REST: dict[str, dict[str, Any]] = {
+    "binarize": {"threshold": 0.5},
+    "roles": {"interference": xr.DataArray([True, False], dims="head")},
+}
+
+
+@pytest.mark.parametrize("name", _aggregate_functions())
+def test_every_aggregate_function_refuses_what_is_not_a_result_by_name(name):
+    """Issue 43: ``aggregate.correct_only(np.ndarray)`` raised AttributeError ('no attribute
+    dims'). Every aggregate function refuses a value that is not an xarray result where it
+    takes one (arrays, lists, tensors, None ...) with TypeError or ValueError naming that
+    argument."""
+    function = getattr(aggregate, name)
+    argument = next(iter(inspect.signature(function).parameters))
+    not_xarray = bad_values.filter(lambda v: not isinstance(v, xr.DataArray)) | st.sampled_from(
+        [np.zeros((2, 2)), [[0.5, 0.1]], {"x": np.zeros(2)}, xr.Dataset({"a": ("x", [1.0])})]
+    )
+
+    @settings(max_examples=20, deadline=None, derandomize=True, database=None)
+    @given(value=not_xarray)
+    def check(value: Any) -> None:
+        # a Dataset maps names to DataArrays: models by name, as combine_models takes them
+        assume(not (name == "combine_models" and isinstance(value, xr.Dataset)))
+        with pytest.raises((TypeError, ValueError)) as refused:
+            function(value, **AGGREGATE_REST.get(name, {}))
+        assert re.search(rf"\b{re.escape(argument)}\b", str(refused.value)), (
+            f"aggregate.{name}({argument}={value!r}) raised {refused.type.__name__} without "
+            f"naming {argument!r}: {refused.value}"
+        )
+
+    check()
 
 
 def _answer(entry: ByLabel, arguments: dict[str, Any]) -> Any:

@@ -280,6 +280,8 @@ def agreement(
 
 def normalize(da: xr.DataArray, over: str = "component") -> xr.DataArray:
     """Share of each cell in the total over ``over`` (sums to 1 along it; NaN ignored)."""
+    _validate.result("da", da, kind=xr.DataArray, made_by="a lenscape method")
+    _validate.text("over", over, example="'component'")
     if over not in da.dims:
         raise ValueError(f"Cannot normalise over '{over}': the data has dims {list(da.dims)}.")
     out = da / da.sum(over, skipna=True)
@@ -300,8 +302,14 @@ def combine_models(arrays: dict[str, xr.DataArray]) -> xr.DataArray:
     Models of different depth are aligned on ``layer`` (NaN where a model has no such
     layer); ``depth`` becomes a (model, layer) coord so plots can share a relative axis.
     """
+    if not isinstance(arrays, dict):
+        raise TypeError(
+            f"arrays must be a dict {{model name: DataArray}}, got {type(arrays).__name__}."
+        )
     if not arrays:
-        raise ValueError("No arrays to combine; pass {model name: DataArray}.")
+        raise ValueError("No arrays to combine; pass arrays={model name: DataArray}.")
+    for name, da in arrays.items():
+        _validate.result(f"arrays[{name!r}]", da, kind=xr.DataArray, made_by="a lenscape method")
     parts = [
         da.drop_vars("depth", errors="ignore").expand_dims(model=[name])
         for name, da in arrays.items()
@@ -339,7 +347,9 @@ def correct_only(da: xr.DataArray) -> xr.DataArray:
         ValueError: if ``da`` has no ``prompt`` dim or no boolean ``correct`` coord on it
             (the message quotes ``correct_note`` where the method said why), or the model
             gets no prompt right (nothing would be left to draw).
+        TypeError: ``da`` is not a DataArray.
     """
+    _validate.result("da", da, kind=xr.DataArray, made_by="a lenscape method")
     if "prompt" not in da.dims:
         raise ValueError(
             f"correct_only keeps prompts, but da has dims {tuple(da.dims)}; "

@@ -462,6 +462,32 @@ def _variable(data: Data, name: Hashable | None) -> xr.DataArray:
     return data[name if name is not None else next(iter(data.data_vars))]
 
 
+def _check_variables(data: Data) -> None:
+    """Refuse a Dataset whose variables have different dims: one set of controls (the
+    axes, a dropdown per other dim, the facet) serves every variable.
+
+    Raises:
+        ValueError: naming the variables of each set of dims, and the fix.
+    """
+    if not isinstance(data, xr.Dataset):
+        return
+    groups: dict[frozenset[Hashable], list[str]] = {}
+    for name, variable in data.data_vars.items():
+        groups.setdefault(frozenset(variable.dims), []).append(str(name))
+    if len(groups) < 2:
+        return
+    listed = "; ".join(
+        f"{', '.join(names)} {tuple(str(d) for d in data[names[0]].dims)}"
+        for names in groups.values()
+    )
+    first = next(iter(groups.values()))
+    raise ValueError(
+        f"data's variables have different dims ({listed}), and an Explorer shows every "
+        "variable with the same axes and dropdowns; pass the variables that share dims, "
+        f"e.g. data[{first!r}], or one variable, e.g. data[{first[0]!r}]."
+    )
+
+
 def _check_sizes(data: Data) -> None:
     """Raise when a dim of ``data`` has no coordinates: nothing could be drawn or picked."""
     empty = [str(d) for d, n in data.sizes.items() if n == 0]
@@ -495,6 +521,7 @@ def _check_explorer(
         ValueError: see ``Explorer``.
     """
     _validate.result("data", data, kind=(xr.DataArray, xr.Dataset), made_by="a lenscape method")
+    _check_variables(data)
     _check_sizes(data)
     data = in_label_order(data, name="data")
     _validate.text("x", x, example="'head'")
@@ -734,8 +761,9 @@ class Explorer:
     click a cell for its values per prompt (and ``detail``'s view) beside it.
 
     Args:
-        data: a DataArray, e.g. (prompt, layer, head), or a Dataset of such variables; kept
-            in label order (``in_label_order``) as ``data``.
+        data: a DataArray, e.g. (prompt, layer, head), or a Dataset of such variables, all
+            with the same dims (e.g. ``gating[["facilitation", "interference"]]``); kept in
+            label order (``in_label_order``) as ``data``.
         x: dim (or label coord, e.g. ``depth``) on the horizontal axis.
         y: dim on the vertical axis.
         facet: a dim to draw as side-by-side panels from the start.
@@ -765,8 +793,10 @@ class Explorer:
 
     Raises:
         ValueError: if ``x`` or ``y`` is missing from the data, ``facet`` is not another dim,
-            a dim has no coordinates or repeats a label, ``side`` is not in ``SIDES``, or
-            ``correct_only`` is asked of data without a ``correct`` coord.
+            a dim has no coordinates or repeats a label, ``side`` is not in ``SIDES``,
+            ``correct_only`` is asked of data without a ``correct`` coord, or a Dataset's
+            variables have different dims (one set of controls serves them all: pass the
+            variables that share dims).
     """
 
     def __init__(
