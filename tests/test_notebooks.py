@@ -66,6 +66,18 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     # Files go to ../out (ignored by git), never beside the notebook.
     assert not list(folder.iterdir()), f"{path.name} wrote {list(folder.iterdir())}"
     assert {p.parent for p in tmp_path.rglob("*") if p.is_file()} <= {tmp_path / "out"}
+    # A notebook with a time budget (RUN_ALL_S in its parameters cell) says what it chose.
+    if "RUN_ALL_S" in nb.cells[1].source:
+        printed = [
+            out.get("text", "")
+            for cell in nb.cells
+            if cell.cell_type == "code"
+            for out in cell.get("outputs", [])
+            if out.get("output_type") == "stream"
+        ]
+        budget = [line for text in printed for line in text.splitlines() if "Budget:" in line]
+        assert any("s per probe pass" in line for line in budget), budget
+        assert any("budget" in line.split("Budget:", 1)[1] for line in budget), budget
     # Wall time is printed, not asserted: a shared or slower machine must not fail a
     # correct notebook (README "Run times" states what it takes on a quiet 2-core CPU).
     print(f"{path.name}: {took:.0f} s")
