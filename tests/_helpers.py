@@ -211,22 +211,15 @@ def small_tokenizer():
 
 def o_proj_module(model, layer):
     """The HF output projection of one block, found without lenscape's layout table."""
-    hf = model.hf
-    if hasattr(hf, "transformer"):  # GPT-2
-        return hf.transformer.h[layer].attn.c_proj
-    return hf.model.layers[layer].self_attn.o_proj
+    return hand_block(model, layer)["o_proj"]
 
 
 def block_outputs(model, layer):
-    """(attention, MLP) modules whose outputs are added to the residual stream."""
-    hf = model.hf
-    if hasattr(hf, "transformer"):
-        block = hf.transformer.h[layer]
-        return block.attn, block.mlp
-    block = hf.model.layers[layer]
-    if hasattr(block, "post_feedforward_layernorm"):  # Gemma
-        return block.post_attention_layernorm, block.post_feedforward_layernorm
-    return block.self_attn, block.mlp
+    """(attention, MLP) modules whose outputs are added to the residual stream (the
+    post-norms where a family has them)."""
+    parts = hand_block(model, layer)
+    attn = parts["attn"] if parts["post_attn"] is None else parts["post_attn"]
+    return attn, parts["mlp_out"]
 
 
 def logit_diff(model, text, target, distractor, hooks=()):
@@ -308,6 +301,35 @@ def reference_activation_patching(model, prompts):
         lambda i, layer, head: clean_z[i][layer][..., head * d_head : (head + 1) * d_head],
         source="corrupt",
     )
+
+
+def hand_target_nll(model, prompts, gates=None) -> float:
+    """Mean over prompts of each prompt's mean NLL on its target tokens: one unpadded forward
+    per prompt, each head's output scaled by ``gates`` (layer, head) in an o_proj pre-hook
+    (heads in order along the o_proj input)."""
+    spec, tok = model.spec, model.tokenizer
+    handles = []
+    for layer in range(spec.n_layers if gates is not None else 0):
+        scale = torch.as_tensor(np.asarray(gates)[layer], dtype=model.dtype)
+        scale = scale.repeat_interleave(spec.d_head)  # (n_heads * d_head,)
+        handles.append(
+            o_proj_module(model, layer).register_forward_pre_hook(
+                lambda module, args, scale=scale: (args[0] * scale, *args[1:])
+            )
+        )
+    losses = []
+    try:
+        for p in prompts:
+            text = tok(p.text)["input_ids"]
+            target = tok(p.target, add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logits = model.hf(torch.tensor([text + target])).logits[0].double()
+            rows = torch.log_softmax(logits, -1)[len(text) - 1 : len(text) - 1 + len(target)]
+            losses.append(-float(rows[torch.arange(len(target)), torch.tensor(target)].mean()))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return float(np.mean(losses))
 
 
 def top_next_token(model, text):

@@ -11,29 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _helpers import block_outputs, o_proj_module
 
 import lenscape as lsc
 from lenscape import cluster, models
 
 FAMILIES = ("gpt_neox", "olmo2", "phi3", "gemma2", "qwen3_moe", "mixtral")
-
-
-def hand_o_proj(model, layer):
-    hf = model.hf
-    if model.spec.architecture == "gpt_neox":
-        return hf.gpt_neox.layers[layer].attention.dense
-    return hf.model.layers[layer].self_attn.o_proj
-
-
-def hand_blocks(model, layer):
-    """(attention, MLP) modules whose outputs are added to the residual stream."""
-    if model.spec.architecture == "gpt_neox":
-        block = model.hf.gpt_neox.layers[layer]
-        return block.attention, block.mlp
-    block = model.hf.model.layers[layer]
-    if model.spec.architecture in ("olmo2", "gemma2"):  # normalised block outputs
-        return block.post_attention_layernorm, block.post_feedforward_layernorm
-    return block.self_attn, block.mlp
 
 
 def logit_diff(model, prompt, module=None, hook=None, pre=False):
@@ -87,7 +70,7 @@ def test_head_ablation_matches_a_hand_hook(family, prompts):
                     return (z, *args[1:])
 
                 expected = (
-                    logit_diff(family, prompt, hand_o_proj(family, layer), zero_head, pre=True)
+                    logit_diff(family, prompt, o_proj_module(family, layer), zero_head, pre=True)
                     - base
                 )
                 assert float(scores[i, layer, head]) == pytest.approx(expected, abs=1e-5)
@@ -104,7 +87,7 @@ def test_block_ablation_matches_a_hand_hook(family, prompts):
     for i, prompt in enumerate(prompts):
         base = logit_diff(family, prompt)
         for layer in range(family.spec.n_layers):
-            for c, module in enumerate(hand_blocks(family, layer)):
+            for c, module in enumerate(block_outputs(family, layer)):
                 expected = logit_diff(family, prompt, module, zero_output) - base
                 assert float(scores[i, layer, c]) == pytest.approx(expected, abs=1e-5)
 
@@ -118,7 +101,7 @@ def test_patching_and_logit_attribution(family, prompts):
         assert np.isfinite(result.values).all() and np.abs(result.values).max() > 0
     # Heads' direct effects add up to their block's, up to o_proj's bias (GPT-NeoX has one,
     # which belongs to no head).
-    bias = hand_o_proj(family, 0).bias
+    bias = o_proj_module(family, 0).bias
     if bias is None:
         np.testing.assert_allclose(
             heads.sum("head").values, blocks.sel(component="attn").values, atol=1e-5

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-from _helpers import TESTS
+from _helpers import TESTS, hand_target_nll
 
 import lenscape as lsc
 from lenscape import models
@@ -134,34 +134,6 @@ def test_two_fresh_processes_give_identical_gates(fitted, fresh_runs):
     )
 
 
-def _target_nll_by_hand(model, prompts, gates=None) -> float:
-    """Mean over prompts of each prompt's mean NLL on its target tokens: one unpadded forward
-    per prompt, each head's output scaled by ``gates`` (layer, head) in an o_proj pre-hook."""
-    spec, tok = model.spec, model.tokenizer
-    handles = []
-    for layer in range(spec.n_layers if gates is not None else 0):
-        scale = torch.as_tensor(np.asarray(gates)[layer], dtype=torch.float32)
-        scale = scale.repeat_interleave(spec.d_head)  # (n_heads * d_head,), heads in order
-        handles.append(
-            model.module(spec.layout.o_proj, layer).register_forward_pre_hook(
-                lambda module, args, scale=scale: (args[0] * scale,)
-            )
-        )
-    losses = []
-    try:
-        for p in prompts:
-            text = tok(p.text)["input_ids"]
-            target = tok(p.target, add_special_tokens=False)["input_ids"]
-            with torch.no_grad():
-                logits = model.hf(torch.tensor([text + target])).logits[0].double()
-            rows = torch.log_softmax(logits, -1)[len(text) - 1 : len(text) - 1 + len(target)]
-            losses.append(-float(rows[torch.arange(len(target)), torch.tensor(target)].mean()))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return float(np.mean(losses))
-
-
 def test_validation_losses_are_the_gated_target_nll(fitted, tiny_llama, small_task):
     """The recorded validation losses (the task itself is the default validation set) are
     the target NLL of the model with each stage's gates, recomputed here from the logits."""
@@ -171,9 +143,9 @@ def test_validation_losses_are_the_gated_target_nll(fitted, tiny_llama, small_ta
             ("val_loss_plus", "gate_plus"),
             ("val_loss_minus", "facilitation"),  # facilitation is G-
         ):
-            expected = _target_nll_by_hand(tiny_llama, small_task, fitted[gates].values[i])
+            expected = hand_target_nll(tiny_llama, small_task, fitted[gates].values[i])
             assert float(fitted[loss][i]) == pytest.approx(expected, rel=1e-4), (loss, i)
-    ungated = _target_nll_by_hand(tiny_llama, small_task)
+    ungated = hand_target_nll(tiny_llama, small_task)
     assert fitted.attrs["val_loss_ungated"] == pytest.approx(ungated, rel=1e-4)
     gated = lsc.task_loss(tiny_llama, small_task, torch.as_tensor(fitted["gate_plus"].values))
     np.testing.assert_allclose(gated.numpy(), fitted["val_loss_plus"].values, rtol=1e-4)
@@ -234,11 +206,9 @@ def test_role_set_check_table(fitted, tiny_llama):
     gates = np.ones((tiny_llama.spec.n_layers, tiny_llama.spec.n_heads))
     gates[0, 1] = gates[2, 3] = 0
     assert float(fac["loss_off"]) == pytest.approx(
-        _target_nll_by_hand(tiny_llama, val, gates), rel=1e-4
+        hand_target_nll(tiny_llama, val, gates), rel=1e-4
     )
-    assert float(check["loss_intact"]) == pytest.approx(
-        _target_nll_by_hand(tiny_llama, val), rel=1e-4
-    )
+    assert float(check["loss_intact"]) == pytest.approx(hand_target_nll(tiny_llama, val), rel=1e-4)
 
 
 def test_random_sets_come_from_the_other_heads():
