@@ -288,20 +288,16 @@ def _sweep_scorer(
     model, metric = inputs.model, inputs.metric
     backend = get_backend(model, inputs.backend)
     variants = components(inputs)
-    measured = None if cells is None else cells.any(0)
-    columns = [c for c in range(len(variants)) if measured is None or measured[c]]
+    if cells is None:
+        cells = torch.ones(len(inputs.tokens), len(variants), dtype=torch.bool)
+    columns = [c for c in range(len(variants)) if cells[:, c].any()]
     groups = _layer_groups(variants, columns)
     resid_sites = [("resid_pre", layer) for layer, _ in groups if layer > 0]
 
     def score(batch: Batch, step) -> Scores:
         tokens = getattr(batch, source)
         rows = len(batch.index)
-        # (rows, n_components) bool: the cells of this batch to measure.
-        wanted = (
-            torch.ones(rows, len(variants), dtype=torch.bool)
-            if cells is None
-            else cells[batch.index]
-        )
+        wanted = cells[batch.index]  # (rows, n_components): the cells to measure
         on_device = wanted.to(batch.target.device)
         per_pass = variants_per_pass or memory.auto_variants_per_pass(
             model,
