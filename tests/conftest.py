@@ -67,6 +67,37 @@ def tiny_llama(tokenizer):
 
 
 @pytest.fixture(scope="session")
+def linear_tail_model(tokenizer):
+    """A tiny GPT-2 whose last block and final norm are linear: the metric is linear in every
+    activation of the last layer (its heads, attention block and MLP block)."""
+    import transformers
+
+    import lenscape as lsc
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=128,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        activation_function="linear",
+        initializer_range=0.3,
+    )
+    hf_model = transformers.GPT2LMHeadModel(config)
+    hf_model.transformer.ln_f = torch.nn.Identity()
+    hf_model.transformer.h[-1].ln_2 = torch.nn.Identity()
+    return lsc.from_hf(
+        hf_model,
+        tokenizer,
+        name="tiny-gpt2-linear-tail",
+        device="cpu",
+        dtype="float64",
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
 def smol():
     import lenscape as lsc
 

@@ -63,6 +63,7 @@ TABLE = dict(estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=DEFAULT_IG_ST
         ("ig:16", ("ig", 16, None)),
         ("relp", ("relp", 1, "relp")),
         ("relp:secant", ("relp", 1, "secant")),
+        ("trapezoid", ("trapezoid", 1, None)),
     ],
 )
 def test_parse_estimator(label, parsed):
@@ -75,6 +76,18 @@ def test_parse_estimator(label, parsed):
 def test_parse_estimator_rejects(label):
     with pytest.raises(ValueError, match=r"estimator|step|rules"):
         parse_estimator(label, **TABLE)
+
+
+def test_the_trapezoid_estimator_takes_its_place_in_the_report(tiny_llama, pairs):
+    report = lsc.faithfulness(tiny_llama, pairs[:2], estimators=("trapezoid",), progress=False)
+    assert list(report["estimator"].values) == ["trapezoid"]
+    assert (report["forward_passes"].values == [2]).all()
+    assert (report["backward_passes"].values == [2]).all()
+    estimate = lsc.attribution_patching(
+        tiny_llama, pairs[:2], level="block", estimator="trapezoid", progress=False
+    )
+    got = report["estimate_blocks"].sel(estimator="trapezoid").transpose(*estimate.dims)
+    np.testing.assert_allclose(got.values, estimate.values, atol=1e-6)
 
 
 def test_the_default_report_compares_relp_where_the_rules_apply(tiny_llama, tokenizer, pairs):

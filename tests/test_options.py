@@ -206,6 +206,13 @@ def test_every_bad_option_is_refused_before_any_forward_pass(calls, tiny_llama):
         ("activation_patching", dict(estimator="relp", rules="secant"), r"without refine"),
         ("activation_patching", dict(estimator="ig", steps=4), r"without refine"),
         ("ablation", dict(refine=10**6), r"refine must be an integer from 1 to"),
+        ("ablation", dict(refine="bogus"), r"refine must be a positive integer, 'auto'"),
+        ("ablation", dict(tol=0.1), r"tol=0.1 choose\(s\) what refine='auto'"),
+        ("activation_patching", dict(refine=3, top=5), r"top=5 choose\(s\)"),
+        ("activation_patching", dict(refine="auto", tol=0), r"tol must be a finite number"),
+        ("activation_patching", dict(refine="auto", tol=-1.0), r"tol must be a finite number"),
+        ("activation_patching", dict(refine="auto", top=0), r"top must be a positive"),
+        ("attribution_patching", dict(error=True, level="all"), r"error=True takes level="),
     ],
 )
 def test_options_that_clash_are_refused_before_any_pass(

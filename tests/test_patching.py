@@ -189,35 +189,6 @@ def pairs(factual):
     return factual[:4]
 
 
-@pytest.fixture(scope="module")
-def linear_tail_model(tokenizer):
-    """A tiny GPT-2 whose last block and final norm are linear: the metric is linear in every
-    activation of the last layer (its heads, attention block and MLP block)."""
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=128,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        activation_function="linear",
-        initializer_range=0.3,
-    )
-    hf_model = transformers.GPT2LMHeadModel(config)
-    hf_model.transformer.ln_f = torch.nn.Identity()
-    hf_model.transformer.h[-1].ln_2 = torch.nn.Identity()
-    return lsc.from_hf(
-        hf_model,
-        tokenizer,
-        name="tiny-gpt2-linear-tail",
-        device="cpu",
-        dtype="float64",
-        check=False,
-    )
-
-
 def test_ig_with_one_step_is_attribution_patching(tiny_model, pairs):
     atp = lsc.attribution_patching(tiny_model, pairs, level="all", progress=False)
     ig1 = lsc.attribution_patching(
@@ -237,7 +208,7 @@ def test_ig_differs_from_atp_and_records_steps(tiny_llama, pairs):
     assert not np.allclose(atp.values, ig.values, atol=1e-6)
 
 
-@pytest.mark.parametrize("estimator, steps", [("atp", None), ("ig", 3)])
+@pytest.mark.parametrize("estimator, steps", [("atp", None), ("ig", 3), ("trapezoid", None)])
 @pytest.mark.parametrize("level", ["head", "block"])
 def test_estimators_exact_where_the_metric_is_linear(
     linear_tail_model, pairs, estimator, steps, level

@@ -29,7 +29,7 @@ from lenscape.sweep.plan import run_in_memory
 def redone(*args, **kwargs):
     raise AssertionError("the pre-pass ran again")
 
-patching._site_means = patching._refined_columns = redone
+patching._site_means = patching._refined_columns = patching._auto_refinement = redone
 folder = sys.argv[1]
 data = pickle.loads(open(f"{folder}/plan.pkl", "rb").read())
 model = cloudpickle.loads(open(f"{folder}/recipe.pkl", "rb").read())()
@@ -59,6 +59,19 @@ open(f"{folder}/result.pkl", "wb").write(pickle.dumps(result))
             patching.plan_activation_patching,
             {"variants_per_pass": 4, "refine": 5, "estimator": "ig", "steps": 2, "rules": None},
             {"columns"},
+        ),
+        (
+            patching.plan_activation_patching,
+            {
+                "variants_per_pass": None,
+                "refine": "auto",
+                "tol": None,
+                "top": 3,
+                "estimator": "atp",
+                "steps": None,
+                "rules": None,
+            },
+            {"auto"},
         ),
     ],
 )
@@ -93,5 +106,9 @@ def test_plan_pickles_and_runs_in_a_fresh_process(
     xr.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
     assert {**got.attrs, "layout_checked": None} == {**expected.attrs, "layout_checked": None}
     np.testing.assert_array_equal(np.isnan(got.values), np.isnan(expected.values))
+    if options["refine"] == "auto":  # the estimates and the cells came with the plan
+        np.testing.assert_array_equal(got["measured"].values, expected["measured"].values)
+        assert 0 < expected["measured"].values.sum() < expected.size
+        return
     measured = ~np.isnan(expected.values).all(axis=0)
     assert measured.sum() == options["refine"]  # the refined columns came with the plan

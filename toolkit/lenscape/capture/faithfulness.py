@@ -227,7 +227,7 @@ def _parsed(estimators: Any) -> dict[str, tuple[str, int, str | None]]:
         name, steps, rules = parse_estimator(
             given, estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=DEFAULT_IG_STEPS
         )
-        label = name if name == "atp" else f"{name}:{rules or steps}"
+        label = f"{name}:{rules or steps}" if name in (*PATH_ESTIMATORS, "relp") else name
         parsed[label] = (name, steps, rules)
     return parsed
 
@@ -306,10 +306,12 @@ def _costs(
     labels = list(parsed)
     times = np.asarray([seconds[label] for label in labels])
     steps = np.asarray([parsed[label][1] for label in labels])
+    # "trapezoid" takes the gradient at its clean pass too.
+    clean_backward = np.asarray([parsed[label][0] == "trapezoid" for label in labels], int)
     return {
         "seconds": (("estimator",), times),
         "forward_passes": (("estimator",), 1 + steps),  # one clean pass, one per path point
-        "backward_passes": (("estimator",), steps),
+        "backward_passes": (("estimator",), steps + clean_backward),
         "cost_vs_atp": (
             ("estimator",),
             times / times[labels.index("atp")] if "atp" in labels else np.full(len(labels), np.nan),
@@ -337,7 +339,9 @@ def faithfulness(
         prompts: clean/corrupt pairs (e.g. ``lsc.data.prompts("factual")`` or ``("ioi")``).
         estimators: labels of ``lsc.attribution_patching`` estimators: "atp", "ig"
             (``DEFAULT_IG_STEPS`` steps) or "ig:N", "relp" (RelP's rules) or "relp:RULES"
-            (e.g. "relp:secant"); the report labels them "atp", "ig:N" and "relp:RULES".
+            (e.g. "relp:secant"), "trapezoid" (AtP plus its trapezoid correction, one
+            backward pass more); the report labels them "atp", "ig:N", "relp:RULES" and
+            "trapezoid".
             None: ``DEFAULT_ESTIMATORS`` ("atp", "ig", "relp", "relp:secant"), less the
             "relp" ones on a model the relevance rules do not support.
         top_k: size of the top sets compared by ``top_overlap``; a type with ``top_k`` or

@@ -26,15 +26,45 @@ component at once:
   score = sum_pos mean_k grad_x(a_k)(metric) . (clean - corrupt activation). ``steps=1`` is
   exactly ``"atp"``; each further step costs one forward + backward pass.
 
+**Error estimates** (``attribution_patching(..., error=True)``: a coord ``error``, >= 0,
+the scores' dims and units). Each estimate is a quadrature of the metric's gradient along
+a path from the corrupt to the clean activation; its error is estimated from the same
+quadrature's next term, never from exact patching:
+
+- "atp" (and "ig" with 1 step): AtP is the left rule, one point. The trapezoid rule adds
+  1/2 (g_clean - g_corrupt) . delta, with g_clean the gradient at the path's other end (the
+  clean run), and is exact where the metric is quadratic in the activations; so
+  error = |1/2 sum_pos (g_clean - g_corrupt) . (clean - corrupt activation)|, zero where
+  the metric is linear in the component (its gradient is the same at both ends). Cost:
+  one backward pass more (the clean pass keeps its graph).
+- "ig" with n >= 2 points: the left rule's error halves with its step (Richardson), so
+  the n-point rule's error is about |IG_n - IG_coarse|, IG_coarse the left rule on the
+  even points a_0, a_2, ... of the same path (each weighted by the width it covers). Free.
+- "relp": the trapezoid correction with both ends' coefficients under the rules (one
+  backward pass more); for rules that linearise towards the clean run ("secant") both ends
+  give the same coefficients, so there the error is |secant - atp|: exact patching of one
+  component moves each operation only part of the corrupt -> clean segment, between the
+  tangent at the corrupt end (AtP) and the whole segment's secant (one forward and one
+  backward pass more).
+
+The gradient at the clean run stands in for the gradient at the end of the one-component
+path (the corrupt run with that component patched): the error estimate is a first-order
+guess, not a bound. ``benchmarks/error_estimates.py`` measures how well it predicts the
+error against exact patching.
+
 ``refine=k`` on the exact methods ranks every component with a gradient estimate and runs
 the exact sweep on the k components whose prompt-mean estimate is largest in absolute
-value; the others are NaN ("not computed").
+value; the others are NaN ("not computed"). ``refine="auto"`` estimates every cell and its
+error and measures exactly the cells whose estimate could be wrong by more than ``tol`` or
+could change the ``top`` components (``auto_cells``); the others keep the estimate, and a
+coord ``measured`` says which is which. A pass then stacks only the prompts a component is
+measured on.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,7 +86,7 @@ from ..sweep.result import LEVELS, components, to_dataarray
 
 ABLATION_KINDS = ("zero", "mean")
 #: Gradient estimators of a patching effect; see the module docstring.
-ESTIMATORS = ("atp", "ig", "relp")
+ESTIMATORS = ("atp", "ig", "relp", "trapezoid")
 #: The estimators that integrate along the corrupt -> clean input path.
 PATH_ESTIMATORS = ("ig",)
 #: The rule set of ``estimator="relp"`` when ``rules`` is not given: RelP's released rules
@@ -70,7 +100,54 @@ DEFAULT_RULES = "relp"
 DEFAULT_IG_STEPS = 2
 #: Where integrated gradients interpolates: the residual stream entering block 0.
 INPUT_SITE: Site = ("resid_pre", 0)
+#: ``refine="auto"``: the components whose ranking it keeps exact, the tolerance (a share
+#: of the largest |estimate|) when ``tol`` is not given, and how many error estimates a
+#: cell's value may be off (``auto_cells``). A factor 2 leaves room for error estimates that
+#: come out low (benchmarks/error_estimates.py measures how often they do).
+AUTO_TOP = 10
+AUTO_TOL = 0.05
+AUTO_MARGIN = 2.0
+#: How refine="auto" picks its cells, for its results' attrs.
+AUTO_RULE = (
+    "measured where margin * error > tol, or where the component could be in the top "
+    "components by |prompt-mean| (|mean| + mean(margin * error) reaches the top-th largest "
+    "|mean| - mean(margin * error)); lenscape.capture.patching.auto_cells"
+)
+#: How each fast estimate's error is estimated (``error=True``; the module docstring says
+#: why): name -> (what it is, the passes it adds per batch).
+ERROR_METHODS = {
+    "trapezoid": (
+        "|1/2 sum_pos (g_other - g_base) . (replacement - activation)|: the trapezoid rule's "
+        "correction to the one-point rule, g_other the metric's gradient at the other end "
+        "(the clean run; for ablation the run with every component replaced)",
+        "one backward pass (ablation: one forward and one backward)",
+    ),
+    "trapezoid-rules": (
+        "|1/2 sum_pos (c_clean - c_corrupt) . (clean - corrupt activation)|: the trapezoid "
+        "correction with both coefficients taken under the relevance rules",
+        "one backward pass",
+    ),
+    "correction-size": (
+        "|the trapezoid correction the estimate added to AtP| (AtP's own error estimate): "
+        "conservative, as the trapezoid rule's error is usually smaller than its correction",
+        "none",
+    ),
+    "coarse-rule": (
+        "|IG on all points - IG on the even points a_0, a_2, ... of the same path|: the "
+        "left rule's error halves with its step, so this estimates the n-point rule's error",
+        "none",
+    ),
+    "secant-vs-atp": (
+        "|secant estimate - atp estimate|: the secant rules linearise each operation over "
+        "the whole corrupt -> clean change, AtP at the corrupt end; patching one component "
+        "moves each operation part of the way, so under monotone curvature the exact "
+        "effect lies between them",
+        "one forward and one backward pass",
+    ),
+}
 Variant = tuple[Site, "int | None"]
+#: A variant and the batch rows (a 1-D index tensor) an exact pass edits it on.
+Piece = tuple[Variant, torch.Tensor]
 
 
 def _sites(variants: list[Variant]) -> list[Site]:
@@ -82,18 +159,22 @@ def _index(head: int | None, rows: slice = slice(None)) -> tuple:
     return (rows, slice(None)) if head is None else (rows, slice(None), head)
 
 
-def _stacked_edit(chunk: list[Variant], batch_rows: int, replacement):
-    """Edit for a stacked pass: copy ``c`` of the batch gets ``chunk[c]`` replaced.
+def _stacked_edit(pieces: list[Piece], replacement):
+    """Edit for a stacked pass: the rows of piece ``i`` (stacked in order) get its
+    variant replaced.
 
-    ``replacement(site, head)`` -> tensor broadcastable to (batch_rows, pos[, d]).
+    ``replacement(site, head, rows)`` -> tensor broadcastable to (len(rows), pos[, d]) for
+    the batch rows ``rows``.
     """
 
     def edit(site: Site, value: torch.Tensor) -> torch.Tensor:
         value = value.clone()
-        for copy_index, (variant_site, head) in enumerate(chunk):
+        start = 0
+        for (variant_site, head), rows in pieces:
             if variant_site == site:
-                rows = slice(copy_index * batch_rows, (copy_index + 1) * batch_rows)
-                value[_index(head, rows)] = replacement(site, head)
+                stacked = slice(start, start + len(rows))
+                value[_index(head, stacked)] = replacement(site, head, rows)
+            start += len(rows)
         return value
 
     return edit
@@ -132,31 +213,52 @@ def _edited_metric(
     metric: str,
     batch: Batch,
     source: str,
-    chunk: list[Variant],
+    pieces: list[Piece],
     unedited: Any,
     replacement: Callable,
 ) -> torch.Tensor:
-    """(copies * rows,) metric of one stacked pass: copy ``c`` of ``batch``'s ``source``
-    tokens with ``chunk[c]`` replaced, resumed from the unedited run's residual stream at
-    the chunk's block (every variant of a chunk edits the same block)."""
-    (_, layer), _ = chunk[0]
-    copies, rows = len(chunk), len(batch.index)
-    tokens = getattr(batch, source)
-    resume = (
-        None if layer == 0 else (layer, unedited.acts[("resid_pre", layer)].repeat(copies, 1, 1))
-    )
+    """(sum of len(rows),) metric of one stacked pass: for each piece (variant, rows), the
+    rows ``rows`` of ``batch``'s ``source`` tokens with the variant replaced, stacked in
+    order and resumed from the unedited run's residual stream at the pieces' block (every
+    piece of a pass edits the same block)."""
+    (_, layer), _ = pieces[0][0]
+    stacked = torch.cat([rows for _, rows in pieces])
+    resume = None if layer == 0 else (layer, unedited.acts[("resid_pre", layer)][stacked])
     run = backend.run(
-        tokens.repeat(copies),
-        sites=_sites(chunk),
-        edit=_stacked_edit(chunk, rows, replacement),
+        getattr(batch, source).select(stacked),
+        sites=_sites([variant for variant, _ in pieces]),
+        edit=_stacked_edit(pieces, replacement),
         resume=resume,
     )
-    return metrics.compute(
-        metric,
-        run.logits,
-        batch.target.repeat(copies),
-        batch.distractor.repeat(copies),
-    )
+    return metrics.compute(metric, run.logits, batch.target[stacked], batch.distractor[stacked])
+
+
+def _packed(
+    pieces: list[tuple[Any, torch.Tensor]], budget: int
+) -> Iterator[list[tuple[Any, torch.Tensor]]]:
+    """``pieces`` (anything, rows) in order, in passes of at most ``budget`` stacked rows (a
+    piece larger than ``budget`` gets a pass of its own)."""
+    chunk: list[tuple[Any, torch.Tensor]] = []
+    size = 0
+    for piece in pieces:
+        if chunk and size + len(piece[1]) > budget:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(piece)
+        size += len(piece[1])
+    if chunk:
+        yield chunk
+
+
+def _write_changes(
+    effects: torch.Tensor, chunk: list[tuple[int, torch.Tensor]], changes: torch.Tensor
+) -> None:
+    """Write one stacked pass's ``changes`` (its rows in ``chunk``'s order) into ``effects``
+    (rows, n_components) at each piece's (rows, column)."""
+    start = 0
+    for column, rows in chunk:
+        effects[rows.cpu(), column] = changes[start : start + len(rows)].float().cpu()
+        start += len(rows)
 
 
 def _sweep_scorer(
@@ -165,33 +267,38 @@ def _sweep_scorer(
     source: str,
     replacement_for,
     variants_per_pass: int | None,
-    columns: list[int] | None = None,
+    cells: torch.Tensor | None = None,
 ) -> Callable[[Batch, Callable], Scores]:
     """``score(batch, step)``: metric change when each component is replaced, (rows,
     n_components), and whether the model answers each clean prompt correctly.
 
     Args:
         source: which tokens the edited passes run on, "clean" or "corrupt".
-        replacement_for: ``(batch) -> (replacement(site, head), clean logits)``:
-            ``replacement`` gives the new value of a component for the rows of one copy of
-            ``batch``; the clean logits (rows, vocab) at the read position come from a
-            clean pass it makes, or are None when ``source`` is "clean" (the unedited
+        replacement_for: ``(batch) -> (replacement(site, head, rows), clean logits)``:
+            ``replacement`` gives the new value of a component for the batch rows ``rows``
+            (a 1-D index tensor); the clean logits (rows, vocab) at the read position come
+            from a clean pass it makes, or are None when ``source`` is "clean" (the unedited
             pass is the clean one).
-        variants_per_pass: copies per pass; None: one block's components, or fewer if
-            they do not fit the memory budget.
-        columns: the components to measure (positions in ``components(inputs)``); the
-            others are NaN. None: all of them.
+        variants_per_pass: a pass stacks at most this many copies of the batch's rows;
+            None: one block's components, or fewer if they do not fit the memory budget.
+        cells: (n_prompts, n_components) bool, the cells to measure (prompts in prompt-list
+            order, components in ``components(inputs)`` order); the others are NaN. A pass
+            stacks only the rows a component is measured on. None: every cell.
     """
     model, metric = inputs.model, inputs.metric
     backend = get_backend(model, inputs.backend)
     variants = components(inputs)
-    columns = list(range(len(variants))) if columns is None else columns
+    if cells is None:
+        cells = torch.ones(len(inputs.tokens), len(variants), dtype=torch.bool)
+    columns = [c for c in range(len(variants)) if cells[:, c].any()]
     groups = _layer_groups(variants, columns)
     resid_sites = [("resid_pre", layer) for layer, _ in groups if layer > 0]
 
     def score(batch: Batch, step) -> Scores:
         tokens = getattr(batch, source)
         rows = len(batch.index)
+        wanted = cells[batch.index]  # (rows, n_components): the cells to measure
+        on_device = wanted.to(batch.target.device)
         per_pass = variants_per_pass or memory.auto_variants_per_pass(
             model,
             rows=rows,
@@ -211,18 +318,23 @@ def _sweep_scorer(
                 unedited.logits if clean_logits is None else clean_logits, batch.target
             )
             for _, group in groups:
-                for start in range(0, len(group), per_pass):
-                    chunk_columns = group[start : start + per_pass]
-                    chunk = [variants[c] for c in chunk_columns]
+                pieces = [(c, on_device[:, c].nonzero()[:, 0]) for c in group]
+                pieces = [(c, chosen) for c, chosen in pieces if len(chosen)]
+                for chunk in _packed(pieces, per_pass * rows):
                     value = _edited_metric(
-                        backend, metric, batch, source, chunk, unedited, replacement
+                        backend,
+                        metric,
+                        batch,
+                        source,
+                        [(variants[c], chosen) for c, chosen in chunk],
+                        unedited,
+                        replacement,
                     )
-                    change = value.view(len(chunk), rows) - base
-                    effects[:, chunk_columns] = change.T.float().cpu()
+                    _write_changes(effects, chunk, value - base[torch.cat([r for _, r in chunk])])
                 step()
             for _ in range(model.spec.n_layers - len(groups)):  # blocks with nothing to measure
                 step()
-        metrics.check_finite(effects[:, columns], batch.index, metric)
+        metrics.check_finite(torch.where(wanted, effects, 0.0), batch.index, metric)
         return Scores(effects, correct)
 
     return score
@@ -238,13 +350,21 @@ def _gradient_effects(
     goal: Callable[[Site, torch.Tensor], torch.Tensor],
     steps: int = 1,
     clean_input: torch.Tensor | None = None,
-) -> dict[Site, torch.Tensor]:
-    """Gradient estimate of replacing each site's activation on ``base`` by ``goal``.
+    error: bool = False,
+    other: dict[Site, torch.Tensor] | None = None,
+) -> tuple[dict[Site, torch.Tensor], dict[Site, torch.Tensor] | None]:
+    """Gradient estimate of replacing each site's activation on ``base`` by ``goal``, and
+    the terms of its error estimate.
 
     estimate = mean_k grad(metric)|x(a_k) . (goal - base activation), per position, with
     x(a) = base input + a (clean_input - base input) the residual stream entering block 0
     and a_k = k / steps (k = 0..steps-1). ``steps=1`` is attribution patching: the gradient
     at the base run alone (``clean_input`` unused).
+
+    Error terms (``ERROR_METHODS``), with ``error``: for ``steps=1``, the trapezoid rule's
+    correction 1/2 (g_other - g_base) . delta, ``other`` the gradient at the other end;
+    for ``steps > 1``, the estimate less the coarser left rule on the even points a_0,
+    a_2, ... of the same path (each weighted by the width it covers), at no extra pass.
 
     Args:
         base: tokens of the run the replacement is made in (corrupt for patching, clean
@@ -252,11 +372,18 @@ def _gradient_effects(
         goal: ``(site, base activation) -> replacement activation``, same shape.
         clean_input: (batch, pos, d_model) the clean residual stream entering block 0;
             needed when ``steps > 1``.
+        error: also return the error terms.
+        other: site -> the metric's gradient at the other end of the replacement, shaped
+            like the site; needed with ``error`` when ``steps == 1``.
 
     Returns:
-        site -> (batch, pos, [head,] d) float32 products, not yet summed over positions.
+        (products, terms): site -> (batch, pos, [head,] d) float32 products, not yet summed
+        over positions; ``terms`` alike (None without ``error``): the estimate plus a
+        component's terms summed over positions is the corrected estimate, their absolute
+        value its error estimate.
     """
     grad_sums: dict[Site, torch.Tensor] = {}
+    coarse_sums: dict[Site, torch.Tensor] = {}
     deltas: dict[Site, torch.Tensor] = {}
     for k in range(steps):
 
@@ -266,23 +393,56 @@ def _gradient_effects(
             assert clean_input is not None  # steps > 1 comes with clean_input (see Args)
             return value + alpha * (clean_input - value)
 
-        run = runner.run(
+        run, grads = _gradients(
+            runner,
+            metric,
+            batch,
             base,
-            sites=[INPUT_SITE, *sites] if k > 0 else sites,
+            sites,
             edit=interpolate if k > 0 else None,
-            grad=True,
+            also=[INPUT_SITE] if k > 0 else [],
         )
-        value = metrics.compute(metric, run.logits, batch.target, batch.distractor)
-        metrics.check_finite(value, batch.index, metric)
-        grads = torch.autograd.grad(value.sum(), [run.acts[site] for site in sites])
-        for site, grad in zip(sites, grads, strict=True):
+        # The coarse rule's weight of point k: the even points, each covering two steps.
+        width = (min(k + 2, steps) - k) / steps if error and k % 2 == 0 else 0.0
+        for site, grad in grads.items():
             if k == 0:
                 act = run.acts[site].detach()
                 deltas[site] = (goal(site, act) - act).float()
                 grad_sums[site] = grad.float()
+                coarse_sums[site] = width * grad.float()
             else:
                 grad_sums[site] = grad_sums[site] + grad.float()
-    return {site: deltas[site] * grad_sums[site] / steps for site in sites}
+                if width:
+                    coarse_sums[site] = coarse_sums[site] + width * grad.float()
+    products = {site: deltas[site] * grad_sums[site] / steps for site in sites}
+    if not error:
+        return products, None
+    if steps > 1:
+        return products, {site: products[site] - deltas[site] * coarse_sums[site] for site in sites}
+    assert other is not None  # see Args
+    return products, {
+        site: 0.5 * (other[site].float() - grad_sums[site]) * deltas[site] for site in sites
+    }
+
+
+def _gradients(
+    runner,
+    metric: str,
+    batch: Batch,
+    tokens: TokenBatch,
+    sites: list[Site],
+    *,
+    edit=None,
+    also: Sequence[Site] = (),
+) -> tuple[Any, dict[Site, torch.Tensor]]:
+    """One pass over ``tokens`` (with ``edit`` at ``sites`` and ``also``) and the metric's
+    gradient at ``sites``: (the run, site -> gradient shaped like the site)."""
+    run = runner.run(tokens, sites=[*also, *sites], edit=edit, grad=True)
+    value = metrics.check_finite(
+        metrics.compute(metric, run.logits, batch.target, batch.distractor), batch.index, metric
+    )
+    grads = torch.autograd.grad(value.sum(), [run.acts[site] for site in sites])
+    return run, dict(zip(sites, grads, strict=True))
 
 
 def _component_columns(
@@ -303,6 +463,21 @@ def _component_columns(
         else:  # (batch, pos, d_model) -> (batch, 1)
             columns.append(torch.einsum("bpd,bp->b", product, mask)[:, None])
     return torch.cat(columns, dim=1)
+
+
+def _columns(
+    products: dict[Site, torch.Tensor],
+    terms: dict[Site, torch.Tensor] | None,
+    variants: list[Variant],
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """(batch, len(variants)) estimates on the CPU, then, with error ``terms``
+    (``_gradient_effects``), (batch, len(variants)) error estimates: |terms summed over
+    real positions|."""
+    values = _component_columns(products, variants, mask)
+    if terms is not None:
+        values = torch.cat([values, _component_columns(terms, variants, mask).abs()], dim=1)
+    return values.cpu()
 
 
 def _check_estimator(estimator: str, steps: int | None) -> int:
@@ -361,7 +536,39 @@ def _estimator_name(estimator: str, points: int, rules: str | None) -> str:
         return f"Integrated-gradient estimate ({points} steps)"
     if estimator == "relp":
         return f"Relevance patching ({rules} rules)"
+    if estimator == "trapezoid":
+        return "Trapezoid-corrected attribution patching"
     return "Attribution patching"
+
+
+def error_method(estimator: str, points: int, rules: str | None) -> str:
+    """The ``ERROR_METHODS`` name of an estimate's error estimate."""
+    if estimator == "relp":
+        return (
+            "secant-vs-atp"
+            if RULE_SETS[rules or DEFAULT_RULES].needs_reference
+            else "trapezoid-rules"
+        )
+    if estimator == "trapezoid":
+        return "correction-size"
+    return "coarse-rule" if points > 1 else "trapezoid"
+
+
+def with_error(result: xr.DataArray, errors: Any, method: str) -> xr.DataArray:
+    """``result`` with the coord ``error``: (same dims) the error estimates ``errors``
+    (prompt, n_components), in its units, its method and cost in the coord's attrs and the
+    method in the result's (``error_method``)."""
+    coord = xr.DataArray(
+        np.asarray(errors, dtype=np.float32).reshape(result.shape),
+        dims=result.dims,
+        attrs={
+            "long_name": "error estimate",
+            "units": result.attrs["units"],
+            "method": f"{method}: {ERROR_METHODS[method][0]}",
+            "extra_passes": ERROR_METHODS[method][1],
+        },
+    )
+    return result.assign_coords(error=coord).assign_attrs(error_method=method)
 
 
 def check_rules(estimator: str, rules: str | None, *, relevance: str = "relp") -> str | None:
@@ -402,17 +609,48 @@ def check_estimate(model: LensModel, options: Options) -> None:
     check_relevance(model, check_rules(options.estimator, options.rules))
 
 
+def _check_attribution(model: LensModel, options: Options) -> None:
+    """``attribution_patching``'s own options: the estimate's (``check_estimate``) and
+    ``error``, which takes one level (a Dataset of both would hold two ``error`` coords of
+    different dims)."""
+    check_estimate(model, options)
+    if _validate.flag("error", options.error) and options.level == "all":
+        raise ValueError(
+            "error=True takes level='head' or level='block' (the error coord has the "
+            "scores' dims); call once per level for both."
+        )
+
+
 def _check_refine(model: LensModel, options: Options) -> None:
-    """``refine`` against the number of components of ``options.level``."""
+    """``refine`` against the number of components of ``options.level``, and ``tol`` and
+    ``top``, which only refine="auto" reads."""
     refine = options.refine
-    if refine is None:
-        return
     spec = model.spec
     n_components = spec.n_layers * (spec.n_heads if options.level == "head" else 2)
-    if refine > n_components:
+    if isinstance(refine, str):
+        if refine != "auto":
+            raise ValueError(
+                f"refine must be a positive integer, 'auto' or None, got {refine!r}; e.g. "
+                "refine=10 (the 10 largest estimates) or refine='auto'."
+            )
+    elif refine is not None and _validate.positive_int("refine", refine) > n_components:
         raise ValueError(
             f"refine must be an integer from 1 to {n_components} (the number of "
             f"components at level={options.level!r}), got {refine!r}; None measures all."
+        )
+    if options.tol is not None:
+        _validate.number("tol", options.tol, above=0)
+    _validate.positive_int("top", options.top)
+    chosen = [
+        f"{name}={options.get(name)!r}"
+        for name, default in (("tol", None), ("top", AUTO_TOP))
+        if options.get(name) != default
+    ]
+    if refine != "auto" and chosen:
+        raise ValueError(
+            f"{', '.join(chosen)} choose(s) what refine='auto' measures exactly; with "
+            f"refine={refine!r} they would change nothing. Pass refine='auto' or leave them "
+            "at their defaults."
         )
 
 
@@ -446,38 +684,84 @@ def _check_activation_patching(model: LensModel, options: Options) -> None:
 
 
 def _patching_estimator(
-    inputs: Inputs, variants: list[Variant], *, steps: int, rules: str | None = None
+    inputs: Inputs,
+    variants: list[Variant],
+    *,
+    steps: int,
+    rules: str | None = None,
+    error: bool = False,
+    corrected: bool = False,
 ) -> Callable[[Batch], Scores]:
     """``estimate(batch)`` -> (rows, len(variants)) gradient estimate of activation
-    patching, with whether the model answers each clean prompt correctly: the gradient at
-    ``steps`` points of the input path, or at the corrupt run under relevance ``rules``."""
-    model, runner = inputs.model, get_backend(inputs.model, inputs.backend)
+    patching (then, with ``error``, (rows, len(variants)) more: its error estimate,
+    ``ERROR_METHODS``), with whether the model answers each clean prompt correctly: the
+    gradient at ``steps`` points of the input path, or at the corrupt run under relevance
+    ``rules``; ``corrected``: AtP plus its trapezoid correction ("trapezoid")."""
+    model, runner, metric = inputs.model, get_backend(inputs.model, inputs.backend), inputs.metric
     sites = _sites(variants)
+    secant = rules is not None and RULE_SETS[rules].needs_reference
+    # The gradient at the clean end too: for the trapezoid correction or its size.
+    two_ends = (error or corrected) and steps == 1 and not secant
 
     def estimate(batch: Batch) -> Scores:
         assert batch.corrupt is not None  # inputs prepared with needs_corrupt=True
         with rules_or_plain(model, rules, backend=inputs.backend) as relevance:
-            with torch.no_grad(), clean_pass(relevance):
-                clean_sites = [INPUT_SITE, *sites] if steps > 1 else sites
-                clean_run = runner.run(batch.clean, sites=clean_sites)
-            clean = clean_run.acts
-            products = _gradient_effects(
+            clean_sites = [INPUT_SITE, *sites] if steps > 1 else sites
+            other: dict[Site, torch.Tensor] | None = None
+            if two_ends:
+                clean_run, other = _gradients(runner, metric, batch, batch.clean, sites)
+            else:
+                with torch.no_grad(), clean_pass(relevance):
+                    clean_run = runner.run(batch.clean, sites=clean_sites)
+            clean = {site: act.detach() for site, act in clean_run.acts.items()}
+
+            def goal(site: Site, act: torch.Tensor) -> torch.Tensor:
+                return clean[site]
+
+            products, terms = _gradient_effects(
                 runner,
-                inputs.metric,
+                metric,
                 batch,
                 sites,
                 base=batch.corrupt,
-                goal=lambda site, act: clean[site],
+                goal=goal,
                 steps=steps,
                 clean_input=clean.get(INPUT_SITE),
+                error=two_ends or (error and steps > 1),
+                other=other,
             )
+        if corrected:
+            assert terms is not None  # asked for above
+            products = {site: products[site] + terms[site] for site in sites}
+        if not error:
+            terms = None
+        if error and secant:  # the disagreement with the plain gradient at the corrupt run
+            plain, _ = _gradient_effects(
+                runner, metric, batch, sites, base=batch.corrupt, goal=goal
+            )
+            terms = {site: plain[site] - products[site] for site in sites}
         mask = batch.corrupt.attention_mask.float()
-        values = metrics.check_finite(
-            _component_columns(products, variants, mask).cpu(), batch.index, inputs.metric
-        )
+        values = _columns(products, terms, variants, mask)
+        values = metrics.check_finite(values, batch.index, metric)
         return Scores(values, top_is_target(clean_run.logits, batch.target))
 
     return estimate
+
+
+def _estimates(
+    inputs: Inputs, estimate: Callable[[Batch], torch.Tensor], progress: bool, desc: str
+) -> np.ndarray:
+    """``estimate`` of every batch, (n_prompts, width) float64 in prompt-list order."""
+    values: torch.Tensor | None = None
+    for batch in tqdm(inputs.batches(), total=inputs.n_batches(), disable=not progress, desc=desc):
+        part = estimate(batch).double()
+        if values is None:
+            values = torch.full(
+                (len(inputs.tokens), part.shape[1]), float("nan"), dtype=torch.float64
+            )
+        values[batch.index] = part
+    assert values is not None  # a call has at least one prompt
+    return values.numpy()
 
 
 def _refined_columns(
@@ -492,36 +776,170 @@ def _refined_columns(
             f"refine must be an integer from 1 to {n_components} (the number of "
             f"components at level={inputs.level!r}), got {k!r}; None measures all."
         )
-    total = torch.zeros(n_components, dtype=torch.float64)
-    for batch in tqdm(
-        inputs.batches(), total=inputs.n_batches(), disable=not progress, desc="ranking components"
-    ):
-        total += estimate(batch).double().sum(0)
-    order = np.argsort(-np.abs(total.numpy()), kind="stable")
+    total = _estimates(inputs, estimate, progress, "ranking components").sum(0)
+    order = np.argsort(-np.abs(total), kind="stable")
     return sorted(int(c) for c in order[:k])
+
+
+def auto_cells(
+    estimates: np.ndarray,
+    errors: np.ndarray,
+    *,
+    tol: float | None = None,
+    top: int = AUTO_TOP,
+    margin: float = AUTO_MARGIN,
+) -> tuple[np.ndarray, float]:
+    """The cells ``refine="auto"`` measures exactly: those whose estimate, off by up to
+    ``margin`` times its error estimate, could change the answer.
+
+    A cell (prompt, component) is measured when
+    - its value could be off by more than ``tol``: margin * error > tol; or
+    - its component could belong to the ``top`` components by |prompt-mean|: with b the
+      prompt-mean of margin * error, |mean| + b reaches the ``top``-th largest |mean| - b
+      (every cell of such a component is measured, so the exact top is measured whole).
+    A NaN error (not computed) always counts as too large.
+
+    Args:
+        estimates, errors: (prompt, component) the fast estimates and their error estimates.
+        tol: tolerance in the estimates' units; None: ``AUTO_TOL`` times the largest
+            |estimate|.
+        top: how many components the ranking must get right (at most the number of them).
+
+    Returns:
+        ((prompt, component) bool, the tolerance used).
+    """
+    largest = float(np.abs(estimates).max()) if estimates.size else 0.0
+    tol = AUTO_TOL * largest if tol is None else float(tol)
+    bound = np.where(np.isnan(errors), np.inf, margin * np.abs(errors))
+    mean, spread = estimates.mean(0), bound.mean(0)
+    low = np.maximum(np.abs(mean) - spread, 0.0)
+    top = min(top, len(mean))
+    threshold = np.sort(low)[-top]
+    ranked = np.abs(mean) + spread >= threshold
+    return (bound > tol) | ranked[None, :], tol
+
+
+def _auto_refinement(
+    inputs: Inputs,
+    estimate: Callable[[Batch], torch.Tensor],
+    tol: float | None,
+    top: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """The pre-pass of ``refine="auto"``: every cell's estimate and error estimate
+    ((prompt, component) float32, ``estimate`` giving both side by side), the cells
+    ``auto_cells`` picks and the tolerance it used."""
+    n = len(components(inputs))
+    values = _estimates(inputs, estimate, progress, "estimating errors")
+    estimates, errors = values[:, :n], values[:, n:]
+    cells, tol_used = auto_cells(estimates, errors, tol=tol, top=top)
+    return {
+        "estimates": estimates.astype(np.float32),
+        "errors": errors.astype(np.float32),
+        "cells": cells,
+        "tol": tol_used,
+    }
+
+
+def _refined_cells(
+    call: Call,
+    inputs: Inputs,
+    estimate_with: Callable[[bool], Callable[[Batch], torch.Tensor]],
+    ranking: tuple[str, int, str],
+) -> tuple[torch.Tensor | None, dict[str, Any] | None, dict[str, Any]]:
+    """The cells ``refine`` measures ((prompt, component) bool; None: all), the pre-pass of
+    refine="auto" (``_auto_refinement``; None otherwise), and the attrs recording it; the
+    pre-pass is kept in the plan's ``prepass``.
+
+    Args:
+        estimate_with: ``(error) -> estimate(batch)``, the gradient estimate that picks
+            cells: (rows, n_components), then with ``error`` (rows, n_components) error
+            estimates.
+        ranking: that estimate's (estimator, steps, ``ERROR_METHODS`` name), for attrs.
+    """
+    options, prepass, progress = call.options, call.prepass, call.progress
+    refine, (estimator, points, _) = options.refine, ranking
+    n_components = len(components(inputs))
+    if refine is None:
+        return None, None, {}
+    params: dict[str, Any] = {"refine_estimator": estimator, "refine_steps": points}
+    if refine != "auto":
+        columns = once(
+            prepass,
+            "columns",
+            lambda: _refined_columns(inputs, estimate_with(False), refine, progress),
+        )
+        cells = torch.zeros(len(inputs.tokens), n_components, dtype=torch.bool)
+        cells[:, columns] = True
+        return cells, None, {"refined_k": refine, **params}
+    top = min(int(options.top), n_components)
+    auto = once(
+        prepass,
+        "auto",
+        lambda: _auto_refinement(inputs, estimate_with(True), options.tol, top, progress),
+    )
+    return (
+        torch.as_tensor(auto["cells"]),
+        auto,
+        {
+            "refine": "auto",
+            "refine_top": top,
+            "refine_tol": auto["tol"],
+            "refine_margin": AUTO_MARGIN,
+            "refine_measured": int(auto["cells"].sum()),
+            "refine_cells": int(auto["cells"].size),
+            "refine_rule": AUTO_RULE,
+            **params,
+        },
+    )
+
+
+def _with_estimates(finish: Callable, auto: dict[str, Any], error_name: str) -> Callable:
+    """``finish`` of a refine="auto" plan: the estimates (and their error estimates, as
+    ``with_error``) where no cell was measured, and the coord ``measured``."""
+
+    def finished(values, correct, index):
+        rows = slice(None) if index is None else np.asarray(index, dtype=np.int64)
+        measured = auto["cells"][rows]
+        filled = np.where(measured, np.asarray(values, dtype=np.float32), auto["estimates"][rows])
+        result = with_error(
+            finish(filled, correct, index),
+            np.where(measured, 0.0, auto["errors"][rows]),
+            error_name,
+        )
+        return result.assign_coords(measured=(result.dims, measured.reshape(result.shape)))
+
+    return finished
 
 
 def _exact_plan(
     call: Call,
     inputs: Inputs,
-    sweep: tuple[str, Callable, list[int] | None],
+    sweep: tuple[str, Callable],
+    estimate_with: Callable[[bool], Callable[[Batch], torch.Tensor]],
     *,
+    ranking: tuple[str, int, str],
     desc: str,
     method: str,
     effect: str,
     **params: Any,
 ) -> Plan[xr.DataArray]:
-    """The plan of an exact sweep: ``sweep`` is ``_sweep_scorer``'s (source,
-    replacement_for, columns); one progress step per block."""
-    source, replacement_for, columns = sweep
+    """The plan of an exact sweep (one progress step per block), of the cells ``refine``
+    picks (``_refined_cells``: ``estimate_with`` and ``ranking`` as there).
+
+    Args:
+        sweep: ``_sweep_scorer``'s (source, replacement_for).
+    """
+    cells, auto, refined = _refined_cells(call, inputs, estimate_with, ranking)
+    source, replacement_for = sweep
     score = _sweep_scorer(
         inputs,
         source=source,
         replacement_for=replacement_for,
         variants_per_pass=call.options.variants_per_pass,
-        columns=columns,
+        cells=cells,
     )
-    return one_level_plan(
+    plan = one_level_plan(
         inputs,
         score,
         desc=desc,
@@ -530,14 +948,11 @@ def _exact_plan(
         steps_per_batch=call.model.spec.n_layers,
         prepass=call.prepass,
         **params,
+        **refined,
     )
-
-
-def _refine_params(refine: int | None, estimator: str, steps: int) -> dict[str, Any]:
-    """Attrs recording a refined sweep (none for a full one)."""
-    if refine is None:
-        return {}
-    return {"refined_k": refine, "refine_estimator": estimator, "refine_steps": steps}
+    if auto is None:
+        return plan
+    return dataclasses.replace(plan, finish=_with_estimates(plan.finish, auto, ranking[2]))
 
 
 # -------------------------------------------------------------------------------- memory
@@ -552,17 +967,20 @@ def _site_width(model: LensModel, level: str) -> int:
     return spec.n_layers * (heads_and_blocks if level == "all" else per_layer[level])
 
 
-def _estimate_need(model: LensModel, work: memory.Work, level: str, points: int) -> memory.Need:
+def _estimate_need(
+    model: LensModel, work: memory.Work, level: str, points: int, error: bool = False
+) -> memory.Need:
     """What a gradient estimate of one batch holds: the clean pass's sites (and the input
     site with ``points`` > 1), then the graph of a pass with a backward and the sites'
-    gradients, then float32 products over the sites (``_gradient_effects``)."""
+    gradients, then float32 products over the sites (``_gradient_effects``; with ``error``
+    two more: the other end's gradient or the coarse rule's sum, and the error terms)."""
     tokens = work.rows * work.width
     width = _site_width(model, level) + (model.spec.d_model if points > 1 else 0)
     sites = tokens * width * memory.element_bytes(model.dtype)
     backward = memory.Need(
         activations=memory.gradient_pass(model, work.rows, work.width), buffers=2 * sites
     )
-    products = memory.Need(buffers=2 * sites + 3 * tokens * width * 4)
+    products = memory.Need(buffers=2 * sites + (5 if error else 3) * tokens * width * 4)
     return memory.largest(backward, products)
 
 
@@ -573,7 +991,7 @@ def _sweep_need(model: LensModel, options: Options, work: memory.Work) -> memory
     spec, e = model.spec, memory.element_bytes(model.dtype)
     level, refine = options.get("level", "head"), options.get("refine")
     wanted = spec.n_heads if level == "head" else 2  # one block's components
-    if refine is not None:  # at most ``refine`` components of one block
+    if isinstance(refine, int):  # at most ``refine`` components of one block
         wanted = min(wanted, refine)
     copies = options.get("variants_per_pass") or memory.auto_variants_per_pass(
         model, rows=work.rows, width=work.width, wanted=wanted
@@ -596,7 +1014,8 @@ def ablation_memory(model: LensModel, options: Options, work: memory.Work) -> me
     level = options.get("level", "head")
     need = _sweep_need(model, options, work)
     if options.get("refine") is not None:
-        need = memory.largest(need, _estimate_need(model, work, level, 1))
+        auto = options.get("refine") == "auto"
+        need = memory.largest(need, _estimate_need(model, work, level, 1, auto))
     return need + _result_need(model, level, work)
 
 
@@ -611,18 +1030,23 @@ def activation_patching_memory(
     need = _sweep_need(model, options, work) + memory.Need(buffers=clean)
     if options.get("refine") is not None:
         points = _check_estimator(options.get("estimator", ESTIMATORS[0]), options.get("steps"))
-        need = memory.largest(need, _estimate_need(model, work, level, points))
+        auto = options.get("refine") == "auto"
+        need = memory.largest(need, _estimate_need(model, work, level, points, auto))
     return need + _result_need(model, level, work)
 
 
 def attribution_patching_memory(
     model: LensModel, options: Options, work: memory.Work
 ) -> memory.Need:
-    """Footprint of ``attribution_patching``: one gradient estimate per batch. Options a call
-    did not give are taken at their defaults."""
+    """Footprint of ``attribution_patching``: one gradient estimate per batch (and the error
+    estimates beside the result, with ``error``). Options a call did not give are taken at
+    their defaults."""
     level = options.get("level", "head")
     points = _check_estimator(options.get("estimator", ESTIMATORS[0]), options.get("steps"))
-    return _estimate_need(model, work, level, points) + _result_need(model, level, work)
+    error = bool(options.get("error", False))
+    both_ends = error or options.get("estimator") == "trapezoid"
+    need = _estimate_need(model, work, level, points, both_ends) + _result_need(model, level, work)
+    return need + _result_need(model, level, work) if error else need
 
 
 # ------------------------------------------------------------------------------ ablation
@@ -635,7 +1059,9 @@ def _ablation_targets(
     a whole activation, for the ranking pass of ``refine``) and ``replacement_for(batch)``
     (as ``_sweep_scorer`` takes it); the means of kind="mean" are kept in ``prepass``."""
     if kind == "zero":
-        return (lambda site, act: torch.zeros_like(act)), (lambda batch: ((lambda s, h: 0.0), None))
+        return (lambda site, act: torch.zeros_like(act)), (
+            lambda batch: ((lambda s, h, rows: 0.0), None)
+        )
     cpu_means = once(
         prepass,
         "means",
@@ -644,7 +1070,7 @@ def _ablation_targets(
     means = {site: mean.to(inputs.model.device) for site, mean in cpu_means.items()}
 
     def replacement_for(batch):
-        return (lambda site, head: means[site] if head is None else means[site][head]), None
+        return (lambda site, head, rows: means[site] if head is None else means[site][head]), None
 
     return (lambda site, act: means[site].expand_as(act)), replacement_for
 
@@ -653,47 +1079,74 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
     """``ablation`` as a plan: one exact sweep per batch (after the means, for kind="mean",
     and the ranking pass, with ``refine``; both kept in the plan's ``prepass``)."""
     model, tokens, options = call.model, call.tokens, call.options
-    prepass, progress = call.prepass, call.progress
-    kind, refine = options.kind, options.refine
+    kind = options.kind
     inputs = batched(model, tokens, options)
     variants = components(inputs)
-    goal, replacement_for = _ablation_targets(inputs, variants, kind, prepass, progress)
-    columns = None
-    if refine is not None:
-        runner = get_backend(model, options.backend)
+    sites = _sites(variants)
+    goal, replacement_for = _ablation_targets(inputs, variants, kind, call.prepass, call.progress)
+    runner = get_backend(model, options.backend)
 
+    def replaced_everywhere(site: Site, value: torch.Tensor) -> torch.Tensor:
+        # The replacement's value, with the gradient passing through to ``value``.
+        return value - value.detach() + goal(site, value.detach())
+
+    def estimate_with(error: bool) -> Callable[[Batch], torch.Tensor]:
         def estimate(batch: Batch) -> torch.Tensor:
-            products = _gradient_effects(
-                runner, options.metric, batch, _sites(variants), base=batch.clean, goal=goal
+            other: dict[Site, torch.Tensor] | None = None
+            if error:  # the gradient at the other end: every component replaced
+                _, other = _gradients(
+                    runner, options.metric, batch, batch.clean, sites, edit=replaced_everywhere
+                )
+            products, terms = _gradient_effects(
+                runner,
+                options.metric,
+                batch,
+                sites,
+                base=batch.clean,
+                goal=goal,
+                error=error,
+                other=other,
             )
-            return _component_columns(products, variants, batch.clean.attention_mask.float()).cpu()
+            return _columns(products, terms, variants, batch.clean.attention_mask.float())
 
-        columns = once(
-            prepass, "columns", lambda: _refined_columns(inputs, estimate, refine, progress)
-        )
+        return estimate
+
     return _exact_plan(
         call,
         inputs,
-        ("clean", replacement_for, columns),
+        ("clean", replacement_for),
+        estimate_with,
+        ranking=("atp", 1, "trapezoid"),
         desc=f"{kind}-ablation",
         method=f"{kind}_ablation",
         effect=f"{kind.capitalize()}-ablation effect on",
         kind=kind,
-        **_refine_params(refine, "atp", 1),
     )
 
 
 @method(plan_ablation, levels=LEVELS, shared=EXACT, memory=ablation_memory, checks=_check_ablation)
 def ablation(
-    model: LensModel, prompts: Prompts, *, kind: str = "zero", refine: int | None = None, **shared
+    model: LensModel,
+    prompts: Prompts,
+    *,
+    kind: str = "zero",
+    refine: int | str | None = None,
+    tol: float | None = None,
+    top: int = AUTO_TOP,
+    **shared,
 ) -> xr.DataArray:
     """Exact ablation of every head or block: metric(ablated) - metric(clean), per prompt.
 
     Args:
         kind: "zero" or "mean" (mean over all real tokens of the prompt set).
-        refine: measure exactly only the ``refine`` components whose first-order estimate
-            grad_clean(metric) . (replacement - clean activation), averaged over prompts,
-            is largest in absolute value; the others are NaN. None: all components.
+        refine: an integer k: measure exactly only the k components whose first-order
+            estimate grad_clean(metric) . (replacement - clean activation), averaged over
+            prompts, is largest in absolute value; the others are NaN. "auto": measure
+            exactly the cells whose estimate could be off by more than ``tol`` or could
+            change the ``top`` components, and keep the estimate elsewhere (as
+            ``activation_patching``'s; the error estimate's other end is the run with every
+            component ablated, one forward and one backward pass more). None: all.
+        tol, top: what refine="auto" keeps exact (see ``activation_patching``).
 
     Returns:
         DataArray of metric changes (negative: the component helps the metric).
@@ -708,35 +1161,37 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     """``activation_patching`` as a plan: one exact sweep per batch (after the ranking
     pass, with ``refine``, kept in the plan's ``prepass``)."""
     model, tokens, options = call.model, call.tokens, call.options
-    prepass, progress = call.prepass, call.progress
     points = _check_estimator(options.estimator, options.steps)
+    rules = check_rules(options.estimator, options.rules)
     inputs = batched(model, tokens, options)
     runner = get_backend(model, options.backend)
     variants = components(inputs)
     sites = _sites(variants)
-    columns = None
-    if options.refine is not None:
-        rules = check_rules(options.estimator, options.rules)
-        estimate = _patching_estimator(inputs, variants, steps=points, rules=rules)
-        refine = options.refine
-        columns = once(
-            prepass,
-            "columns",
-            lambda: _refined_columns(inputs, lambda b: estimate(b).values, refine, progress),
+
+    def estimate_with(error: bool) -> Callable[[Batch], torch.Tensor]:
+        estimate = _patching_estimator(
+            inputs,
+            variants,
+            steps=points,
+            rules=rules,
+            error=error,
+            corrected=options.estimator == "trapezoid",
         )
+        return lambda batch: estimate(batch).values
 
     def replacement_for(batch):  # called under no_grad
         clean = runner.run(batch.clean, sites=sites)
-        return (lambda site, head: clean.acts[site][_index(head)]), clean.logits
+        return (lambda site, head, rows: clean.acts[site][_index(head, rows)]), clean.logits
 
     return _exact_plan(
         call,
         inputs,
-        ("corrupt", replacement_for, columns),
+        ("corrupt", replacement_for),
+        estimate_with,
+        ranking=(options.estimator, points, error_method(options.estimator, points, rules)),
         desc="activation patching",
         method="activation_patching",
         effect="Patching effect (clean -> corrupt) on",
-        **_refine_params(options.refine, options.estimator, points),
     )
 
 
@@ -752,10 +1207,12 @@ def activation_patching(
     model: LensModel,
     prompts: Prompts,
     *,
-    refine: int | None = None,
+    refine: int | str | None = None,
     estimator: str = "atp",
     steps: int | None = None,
     rules: str | None = None,
+    tol: float | None = None,
+    top: int = AUTO_TOP,
     **shared,
 ) -> xr.DataArray:
     """Exact activation patching (clean -> corrupt): metric(patched) - metric(corrupt).
@@ -767,9 +1224,20 @@ def activation_patching(
         refine: measure exactly only the ``refine`` components whose prompt-mean
             ``attribution_patching`` estimate is largest in absolute value; the others are
             NaN ("not computed"). Attrs record ``refined_k``, ``refine_estimator`` and
-            ``refine_steps``. None: all components.
+            ``refine_steps``. "auto": estimate every cell and its error
+            (``attribution_patching(..., error=True)``) and measure exactly the cells whose
+            estimate, off by up to ``AUTO_MARGIN`` error estimates, could be wrong by more
+            than ``tol`` or could change which components are the ``top`` by |prompt-mean|
+            (``auto_cells``); the other cells keep the estimate. Coords ``measured`` (bool,
+            the scores' dims) and ``error`` (0 where measured); attrs ``refine_measured`` of
+            ``refine_cells``, ``refine_tol``, ``refine_top``, ``refine_margin``,
+            ``refine_rule``. None: all components.
         estimator, steps, rules: the estimator that ranks components for ``refine`` (see
             ``attribution_patching``).
+        tol: refine="auto"'s tolerance, in the metric's units (> 0); None: ``AUTO_TOL``
+            (5%) of the largest |estimate| of the call.
+        top: refine="auto" measures every component that could be among the ``top`` by
+            |prompt-mean| (at most the number of components).
 
     Returns:
         DataArray (prompt, layer, head) or (prompt, layer, component); positive: the
@@ -793,11 +1261,14 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
     inputs_by_level = {lvl: dataclasses.replace(first, level=lvl) for lvl in levels}
     widths = [len(components(inputs_by_level[lvl])) for lvl in levels]
     rules = check_rules(estimator, options.rules)
+    error = options.error
     estimate = _patching_estimator(
         first,
         [variant for lvl in levels for variant in components(inputs_by_level[lvl])],
         steps=points,
         rules=rules,
+        error=error,
+        corrected=estimator == "trapezoid",
     )
 
     def score(batch: Batch, step) -> Scores:
@@ -821,6 +1292,11 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
                 steps=points,
                 **({} if rules is None else {"rules": rules}),
             )
+            if error:  # the error estimates follow the estimates (``_patching_estimator``)
+                errors = values[:, sum(widths) + start : sum(widths) + start + width]
+                results[lvl] = with_error(
+                    results[lvl], errors, error_method(estimator, points, rules)
+                )
             start += width
         if level != "all":
             return results[level]
@@ -829,7 +1305,7 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
 
     return Plan(
         first,
-        sum(widths),
+        sum(widths) * (2 if error else 1),
         score,
         finish,
         desc=name.lower(),
@@ -842,7 +1318,7 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
     needs_corrupt=True,
     shared=LEVELLED,
     memory=attribution_patching_memory,
-    checks=check_estimate,
+    checks=_check_attribution,
 )
 def attribution_patching(
     model: LensModel,
@@ -851,6 +1327,7 @@ def attribution_patching(
     estimator: str = "atp",
     steps: int | None = None,
     rules: str | None = None,
+    error: bool = False,
     **shared,
 ) -> Result:
     """Gradient estimate of activation patching for every component at once.
@@ -864,12 +1341,16 @@ def attribution_patching(
     ``estimator="relp"``: relevance patching (RelP, arXiv 2508.21258): score = sum_pos
     (clean - corrupt activation) . the metric's gradient at the corrupt run taken through a
     backward pass whose rules are changed module by module (``sweep/relevance.py``): the
-    cost of "atp". ``lsc.faithfulness`` measures how well each agrees with exact patching.
+    cost of "atp". ``estimator="trapezoid"``: AtP plus its estimated second-order term,
+    score = sum_pos 1/2 (grad_corrupt + grad_clean)(metric) . (clean - corrupt activation)
+    (the trapezoid rule; the gradient difference is a finite-difference Hessian-vector
+    product along the corrupt -> clean change): one backward pass more than "atp".
+    ``lsc.faithfulness`` measures how well each agrees with exact patching.
 
     Args:
         level: "head", "block", or "all" (both, returned as a Dataset with variables
             ``heads`` and ``blocks``).
-        estimator: "atp", "ig" or "relp".
+        estimator: "atp", "ig", "relp" or "trapezoid".
         steps: integration points for "ig" (default ``DEFAULT_IG_STEPS``); "atp" and "relp"
             take 1.
         rules: the relevance rules of "relp" (``sweep/relevance.RULE_SETS``; None:
@@ -877,6 +1358,14 @@ def attribution_patching(
             non-linearity, half rule through gate x up). "secant" linearises every
             operation between the corrupt and the clean run (a clean reference pass, about
             1.2x "atp"'s time) and agrees best with exact patching on MLPs.
+        error: also estimate each cell's error: a coord ``error`` with the scores' dims and
+            units, >= 0, its method and cost in the coord's attrs (``ERROR_METHODS``;
+            ``error_method`` in the result's attrs). "atp": the trapezoid correction, one
+            backward pass more; "ig" with 2+ steps: the coarse rule, free; "relp": the
+            trapezoid correction under the rules (one backward pass more) or, for rules that
+            linearise towards the clean run ("secant"), the gap to "atp" (one forward and
+            one backward pass more); "trapezoid": the size of its correction (free). Not
+            with level="all".
 
     Returns:
         DataArray (prompt, layer, head | component), or a Dataset for level="all".

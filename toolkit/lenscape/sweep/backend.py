@@ -69,11 +69,11 @@ class TokenBatch:
     position_ids: torch.Tensor
     read_pos: torch.Tensor
 
-    def repeat(self, copies: int) -> TokenBatch:
-        """Stack ``copies`` copies along batch: rows ``[c * B:(c + 1) * B]`` are copy ``c``."""
+    def select(self, rows: torch.Tensor) -> TokenBatch:
+        """The rows ``rows`` (a 1-D index tensor, repeats allowed), in that order."""
         return TokenBatch(
             *(
-                t.repeat(copies, *([1] * (t.dim() - 1)))
+                t[rows]
                 for t in (self.input_ids, self.attention_mask, self.position_ids, self.read_pos)
             )
         )

@@ -119,7 +119,6 @@ PADDING_SIDES = ("right", "left")
 COUNT_OPTIONS = {
     "batch_size": "pick the largest that fits in memory",
     "variants_per_pass": "as many as fit in memory",
-    "refine": "measure every component exactly",
     "steps": "the estimator's default",
 }
 #: The most integration points ``steps`` may ask for: each is a forward and a backward pass

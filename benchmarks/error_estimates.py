@@ -1,0 +1,204 @@
+"""Do the fast maps know where they are wrong? Error estimates against exact patching, and
+``refine="auto"``.
+
+On held-out prompts (``lsc.data.prompts(family).sample(n, seed=...)``, pairs the model's
+tokenizer aligns) of each prompt family, at head and block level: exact activation patching,
+then each estimator with ``error=True``. Per estimator and component type: the rank
+(Spearman) correlation between the predicted error (the ``error`` coord) and the actual one
+(|estimate - exact|) over every (prompt x component) cell, and the share of cells whose
+actual error exceeds the predicted one (and exceeds twice it, the margin ``refine="auto"``
+allows). Then ``activation_patching(refine="auto")``: the share of cells it measured, the
+share of cells within 5% of the largest exact |effect|, how many of the exact top 10 (by
+|prompt-mean|) it recovers, and its time as a share of the full exact sweep's. Writes the
+``error_estimates`` section of RESULTS.md (see _report.py); ``--quick`` runs on a tiny random
+Llama in seconds (its numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import _report
+import numpy as np
+import pandas as pd
+from faithfulness import aligned_pairs
+
+import lenscape as lsc
+from lenscape.capture import patching
+
+INTRO = """\
+`python benchmarks/error_estimates.py`: {model}, {n} held-out pairs of each family
+(`lsc.data.prompts(family).sample({n}, seed={seed})` of the pairs its tokenizer aligns), logit
+difference, CPU float32. Exact activation patching against each estimator run with
+`error=True` (`lsc.attribution_patching`): the error estimate is the trapezoid correction
+|1/2 (g_clean - g_corrupt) . delta| for `atp` (one backward pass more), the gap to the
+coarser rule on the even points for `ig:N` (free), the trapezoid correction under the rules
+for `relp`, |secant - atp| for `relp:secant`, and for `trapezoid` (AtP plus that correction,
+one backward pass more than AtP) the size of its correction (capture/patching.py,
+ERROR_METHODS). r: Pearson correlation of the estimate with exact patching over cells.
+Spearman: rank correlation between predicted and actual |estimate - exact| over every
+(prompt x component) cell; "actual > predicted": the share of cells whose actual error
+exceeds the estimate (> 2x: beyond the margin `refine="auto"` allows). refine="auto"
+(`activation_patching`, AtP's estimate, tol 5% of the largest |estimate|, top 10): the share
+of cells it measured exactly, the share of all cells within 5% of the largest exact |effect|
+(goal >= 99%), the exact top 10 by |prompt-mean| recovered, and its wall time (estimate,
+error estimate and the measured cells) as a share of the full exact sweep's (goal <= 25%)."""
+
+ERROR_COLUMNS = [
+    "date",
+    "machine",
+    "model",
+    "family",
+    "components",
+    "estimator",
+    "r (estimate vs exact)",
+    "Spearman (predicted vs actual error)",
+    "actual > predicted",
+    "actual > 2x predicted",
+    "time / exact",
+]
+AUTO_COLUMNS = [
+    "date",
+    "machine",
+    "model",
+    "family",
+    "level",
+    "cells measured",
+    "cells within 5% of the largest exact effect",
+    "exact top 10 recovered",
+    "time / full exact",
+]
+
+
+def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's correlation of two 1-D arrays (average ranks for ties)."""
+    ranks = [pd.Series(x).rank().to_numpy() for x in (a, b)]
+    return float(np.corrcoef(*ranks)[0, 1])
+
+
+def component_types(result) -> dict[str, object]:
+    """Component type -> the part of a (prompt, layer, head | component) result."""
+    if "head" in result.dims:
+        return {"heads": result}
+    return {name: result.sel(component=name) for name in result["component"].values}
+
+
+def timed(function, *args, **kwargs):
+    """(function's result, its wall seconds)."""
+    start = time.perf_counter()
+    result = function(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def error_rows(model, family, prompts, level, exact, t_exact, labels) -> list[list]:
+    """Per estimator and component type: how well the error estimate predicts the error."""
+    rows = []
+    for label in labels:
+        name, steps, rules = patching.parse_estimator(
+            label,
+            estimators=patching.ESTIMATORS,
+            paths=patching.PATH_ESTIMATORS,
+            default=patching.DEFAULT_IG_STEPS,
+        )
+        estimate, took = timed(
+            lsc.attribution_patching,
+            model,
+            prompts,
+            level=level,
+            estimator=name,
+            steps=steps,
+            rules=rules,
+            error=True,
+            progress=False,
+        )
+        actual = np.abs(estimate - exact)
+        predicted = estimate["error"].reset_coords(drop=True)
+        for ctype, part in component_types(actual).items():
+            a = part.values.ravel()
+            p = component_types(predicted)[ctype].values.ravel()
+            r = np.corrcoef(
+                component_types(estimate)[ctype].values.ravel(),
+                component_types(exact)[ctype].values.ravel(),
+            )[0, 1]
+            row = [
+                f"{r:.3f}",
+                f"{rank_correlation(p, a):.3f}",
+                f"{np.mean(a > p):.1%}",
+                f"{np.mean(a > 2 * p):.1%}",
+                f"{took / t_exact:.2f}",
+            ]
+            print(f"{model.name} {family} {ctype} {label}: " + " ".join(row), flush=True)
+            rows.append([*_report.stamp(), model.name, family, ctype, label, *row])
+    return rows
+
+
+def auto_row(model, family, prompts, level, exact, t_exact) -> list:
+    """refine="auto" against the full exact sweep ``exact`` (which took ``t_exact`` s)."""
+    auto, took = timed(
+        lsc.activation_patching, model, prompts, level=level, refine="auto", progress=False
+    )
+    largest = float(np.abs(exact).max())
+    within = float((np.abs(auto - exact) <= 0.05 * largest).mean())
+    k = min(10, exact[0].size)
+
+    def top(result) -> set[int]:
+        return set(np.argsort(-np.abs(result.mean("prompt").values.ravel()))[:k].tolist())
+
+    recovered = len(top(auto) & top(exact))
+    row = [
+        f"{auto.attrs['refine_measured'] / auto.attrs['refine_cells']:.1%}",
+        f"{within:.1%}",
+        f"{recovered}/{k}",
+        f"{took / t_exact:.2f}",
+    ]
+    print(f"{model.name} {family} {level} refine='auto': " + " ".join(row), flush=True)
+    return [*_report.stamp(), model.name, family, level, *row]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m", help='a bundled model or "tiny"')
+    parser.add_argument("--families", default="factual,ioi")
+    parser.add_argument("--prompts", type=int, default=24, help="held-out pairs per family")
+    parser.add_argument("--seed", type=int, default=44, help="seeds the held-out draw")
+    parser.add_argument("--levels", default="head,block")
+    parser.add_argument("--estimators", default="atp,trapezoid,ig:2,ig:8,relp,relp:secant")
+    args = _report.parse_args(
+        parser,
+        model="tiny",
+        families="factual",
+        prompts=4,
+        estimators="atp,trapezoid,ig:2,relp:secant",
+    )
+    model = (
+        lsc.models.tiny("llama", n_layers=3)
+        if args.model == "tiny"
+        else lsc.load(args.model, device="cpu")
+    )
+    labels = args.estimators.split(",")
+    error_table, auto_table = [], []
+    for family in args.families.split(","):
+        pairs = aligned_pairs(model, lsc.data.prompts(family))
+        prompts = pairs.sample(min(args.prompts, len(pairs)), seed=args.seed)
+        for level in args.levels.split(","):
+            exact, t_exact = timed(
+                lsc.activation_patching, model, prompts, level=level, progress=False
+            )
+            print(f"\n{model.name} {family} {level}: exact sweep {t_exact:.1f} s", flush=True)
+            error_table += error_rows(model, family, prompts, level, exact, t_exact, labels)
+            auto_table.append(auto_row(model, family, prompts, level, exact, t_exact))
+    body = "\n\n".join(
+        [
+            _report.table(ERROR_COLUMNS, error_table),
+            '### refine="auto" (activation patching)',
+            _report.table(AUTO_COLUMNS, auto_table),
+        ]
+    )
+    intro = INTRO.format(model=model.name, n=args.prompts, seed=args.seed)
+    title = "Error estimates of the fast maps, and refine='auto' (issue 44)"
+    _report.emit(args, _report.section("error_estimates", title, intro, body))
+
+
+if __name__ == "__main__":
+    main()
