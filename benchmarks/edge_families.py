@@ -104,12 +104,13 @@ def compare(model, prompts, flat, steps: int, receivers=None) -> dict[str, float
 
 def compare_relp(model, prompts, flat) -> dict[str, str]:
     """RelP edges (relp and secant rules) against the reference under the same rules, or
-    "refused" where no rule covers the model."""
-    if unsupported(model) is not None:
-        return {"relp": "refused", "relp:secant": "refused"}
+    "refused" where the rule set does not cover the model."""
     labels = _labels(Graph.of(model), flat)
     out = {}
     for rules in ("relp", "secant"):
+        if unsupported(model, rules) is not None:
+            out["relp" if rules == "relp" else "relp:secant"] = "refused"
+            continue
         scores = lsc.edge_attribution(
             model, prompts, estimator="relp", rules=rules, per_prompt=True, progress=False
         )

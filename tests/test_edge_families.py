@@ -279,17 +279,11 @@ def test_a_per_head_fused_projection_under_grouped_query_attention_is_refused(to
         edges.edge_attribution(model, IOI[:1], progress=False)
 
 
-#: Families whose computation the relevance rules cover, and the rest with a word of the
-#: reason their refusal gives.
-RULED = ("llama", "qwen3", "olmo2", "gemma3_text")
+#: (family, rule set) pairs the relevance rules refuse, with a word of the reason their
+#: refusal gives: the secant rules on routed experts (top-k routing jumps between runs).
 REFUSED = {
-    "gpt2": "LayerNorms",
-    "gpt_neox": "LayerNorms",
-    "gemma2": "soft-capped",
-    "phi3": "gate_up_proj",
-    "qwen2_moe": "experts",
-    "qwen3_moe": "experts",
-    "mixtral": "experts",
+    (architecture, "secant"): "top-k routing"
+    for architecture in ("qwen2_moe", "qwen3_moe", "mixtral")
 }
 
 
@@ -299,8 +293,8 @@ def test_relp_edges_equal_the_per_receiver_reference_under_the_rules(family, rul
     from _helpers import reference_edge_scores
 
     name = family.spec.architecture
-    if name not in RULED:
-        pytest.skip(f"relevance rules refuse {name} (test_relp_is_refused_with_the_reason)")
+    if (name, rules) in REFUSED:
+        pytest.skip(f"{rules} rules refuse {name} (test_relp_is_refused_with_the_reason)")
     prompt = IOI[0]
     scores = edges.edge_attribution(family, [prompt], estimator="relp", rules=rules, progress=False)
     reference = reference_edge_scores(family, prompt, rules=rules)
@@ -309,17 +303,22 @@ def test_relp_edges_equal_the_per_receiver_reference_under_the_rules(family, rul
     assert error < TOLERANCE["eap"], error
 
 
-@pytest.mark.parametrize("architecture", sorted(REFUSED))
-def test_relp_is_refused_with_the_reason_before_any_pass(tokenizer, architecture):
+@pytest.mark.parametrize("architecture, rules", sorted(REFUSED))
+def test_relp_is_refused_with_the_reason_before_any_pass(tokenizer, architecture, rules):
     model = models.tiny(architecture, n_layers=1, tokenizer=tokenizer)
     passes = []
     handle = model.hf.register_forward_hook(lambda *args: passes.append(1))
     try:
         for call in (
-            lambda: edges.edge_attribution(model, IOI[:1], estimator="relp", progress=False),
-            lambda: lsc.attribution_patching(model, IOI[:1], estimator="relp", progress=False),
+            lambda: edges.edge_attribution(
+                model, IOI[:1], estimator="relp", rules=rules, progress=False
+            ),
+            lambda: lsc.attribution_patching(
+                model, IOI[:1], estimator="relp", rules=rules, progress=False
+            ),
         ):
-            with pytest.raises(ValueError, match=f"is not covered: .*{REFUSED[architecture]}"):
+            reason = REFUSED[architecture, rules]
+            with pytest.raises(ValueError, match=f"is not covered: .*{reason}"):
                 call()
     finally:
         handle.remove()

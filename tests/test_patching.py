@@ -444,7 +444,14 @@ def test_bad_relp_options(tiny_llama, pairs, options, error, match):
         lsc.attribution_patching(tiny_llama, pairs, progress=False, **options)
 
 
-def test_relp_refuses_families_without_relevance_rules(tokenizer, pairs):
+def test_relp_refuses_what_its_rules_do_not_cover(tokenizer, pairs):
+    """The secant rules on routed experts; the rules on the TransformerLens bridge of a
+    LayerNorm model (GPT-2 runs them on nnsight)."""
+    mixtral = models.tiny("mixtral", n_layers=2, seed=0, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="top-k routing"):
+        lsc.attribution_patching(mixtral, pairs, estimator="relp", rules="secant", progress=False)
     gpt2 = models.tiny("gpt2", n_layers=2, seed=0, tokenizer=tokenizer)
-    with pytest.raises(ValueError, match="Relevance rules support"):
-        lsc.attribution_patching(gpt2, pairs, estimator="relp", progress=False)
+    with pytest.raises(ValueError, match=r"backend=.nnsight."):
+        lsc.attribution_patching(
+            gpt2, pairs, estimator="relp", backend="transformer_lens", progress=False
+        )

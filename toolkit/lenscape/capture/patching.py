@@ -523,11 +523,14 @@ def parse_estimator(
 
 
 def with_relevance(labels: Sequence[str], model: LensModel) -> list[str]:
-    """``labels`` less the "relp" ones where relevance rules cannot run on ``model`` (its
-    family, or modules of another formula): the default estimators of a report."""
-    if unsupported(model) is None:
-        return list(labels)
-    return [label for label in labels if not label.startswith("relp")]
+    """``labels`` less the "relp" ones whose rules cannot run on ``model`` (its family, or
+    modules of another formula): the default estimators of a report."""
+    return [
+        label
+        for label in labels
+        if not label.startswith("relp")
+        or unsupported(model, label.partition(":")[2] or DEFAULT_RULES) is None
+    ]
 
 
 def _estimator_name(estimator: str, points: int, rules: str | None) -> str:
@@ -588,13 +591,14 @@ def check_rules(estimator: str, rules: str | None, *, relevance: str = "relp") -
     return _validate.choice("rules", DEFAULT_RULES if rules is None else rules, list(RULE_SETS))
 
 
-def check_relevance(model: LensModel, rules: str | None) -> None:
-    """Refuse relevance ``rules`` on a model they cannot run on, before any pass.
+def check_relevance(model: LensModel, rules: str | None, *, backend: str = "nnsight") -> None:
+    """Refuse relevance ``rules`` on a model (and backend) they cannot run on, before any
+    pass.
 
     Raises:
         ValueError: the family or one of its modules is not one the rules support.
     """
-    why = None if rules is None else unsupported(model)
+    why = None if rules is None else unsupported(model, rules, backend=backend)
     if why is not None:
         raise ValueError(
             f"estimator='relp' (rules={rules!r}) cannot run on {model.name}: {why} "
@@ -606,7 +610,7 @@ def check_estimate(model: LensModel, options: Options) -> None:
     """``attribution_patching``'s own options: ``estimator``, ``steps`` and ``rules``
     together, and the rules against the model (``Method.checks``)."""
     _check_estimator(options.estimator, options.steps)
-    check_relevance(model, check_rules(options.estimator, options.rules))
+    check_relevance(model, check_rules(options.estimator, options.rules), backend=options.backend)
 
 
 def _check_attribution(model: LensModel, options: Options) -> None:

@@ -3,8 +3,9 @@
 Direct logit attribution, the edge hooks and the layout self-check all compute pieces of
 the model outside its own forward: each head's output in residual space (through the
 output projection, and the post-attention norm linearised at the run's scale where the
-family has one), a norm's scale, gain and input gradient, and each q/k/v receiver's rows
-of a (possibly fused, possibly transposed) projection. One home keeps the self-check
+family has one), a norm's scale and gain (its input gradient, and under relevance rules
+its rule's: ``sweep.relevance.norm_input_gradient``), and each q/k/v receiver's rows of
+a (possibly fused, possibly transposed) projection. One home keeps the self-check
 checking exactly the arithmetic that capture uses, and none of it names a family.
 """
 
@@ -59,22 +60,6 @@ def apply_norm(x: torch.Tensor, norm: torch.nn.Module, computation: Computation)
     out = x * norm_scale(x, norm, computation) * norm_gain(norm, computation)
     bias = getattr(norm, "bias", None)
     return out if bias is None else out + bias.float()
-
-
-def layer_norm_input_gradient(
-    norm: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor
-) -> torch.Tensor:
-    """J(x)^T grad of the LayerNorm ``norm`` at x (..., d) for gradients (n, ..., d) or
-    (..., d), in closed form, float32: s (h - mean(h) - u mean(h u)) with h = gain * grad,
-    u = (x - mean(x)) s the normalised input and s = 1 / std(x)."""
-    x = x.detach().float()
-    centred = x - x.mean(-1, keepdim=True)
-    scale = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + norm_eps(norm))
-    unit = centred * scale
-    weight = getattr(norm, "weight", None)
-    h = grad.float() * (1.0 if weight is None else weight.float())
-    inner = (h * unit).mean(-1, keepdim=True)
-    return scale * (h - h.mean(-1, keepdim=True) - unit * inner)
 
 
 def linear_weight(module: torch.nn.Module, computation: Computation) -> torch.Tensor:

@@ -18,48 +18,67 @@ derivative along the straight segment between the two, so along the whole corrup
 change the coefficients add up (as DeepLIFT's rescale rule, Shrikumar et al. 2017, with
 the other run as reference; integrated gradients taken operation by operation).
 
-- **RMSNorm** (every norm of the supported families: input, post-attention, final, Qwen 3's
-  and Gemma 3's q_norm/k_norm, Gemma's pre/post-feedforward norms): ``"held"`` holds the
-  scale 1/rms(x) constant (stop-gradient on the variance: the LN-rule of Ali et al. 2022 as
-  RelP and lxt implement it), so the norm is linear in x and conserves relevance;
-  ``"secant"`` averages the norm's Jacobian along the segment (4-point Gauss-Legendre). The module's
-  own output stays in the graph (the gradient at the norm's input gets a correction term),
-  so an activation kept at a norm's output (Gemma's attention and MLP sites) keeps its
-  gradient.
-- **MLP non-linearity** (SiLU, GELU, GELU-tanh): ``"identity"``, the identity rule of
-  AttnLRP (its Eq. 9; RelP's Identity-rule): relevance passes unchanged, the coefficient at
-  the input is act(x) / x times the one at the output (sigmoid(x) for SiLU, Phi(x) for
-  GELU); ``"secant"``: (act(x1) - act(x0)) / (x1 - x0), the derivative at the midpoint where
-  the two are within ``SECANT_TOLERANCE``.
-- **gate x up product**: ``"half"``, the uniform rule of AttnLRP (Eq. 7; RelP's Half-rule):
-  each factor gets half of the product's relevance (the gradient into the product is
-  halved); ``"secant"``: each factor's coefficient is the other factor's midpoint, which
-  splits a change of the product exactly (a1 b1 - a0 b0 = b_mid da + a_mid db).
+- **Norms**, RMSNorm and LayerNorm (every norm of the supported families: input,
+  post-attention, final, QK-norms, Gemma's pre/post-feedforward norms): ``"held"`` holds
+  the scale 1/rms(x) (a LayerNorm's 1/std(x)) constant (stop-gradient on the variance: the
+  LN-rule of Ali et al. 2022 as RelP and lxt implement it), so the norm is linear in x and
+  conserves relevance: a LayerNorm's centring x - mean(x) is linear and keeps its gradient,
+  and its bias, a constant, takes its own share (x . c is the relevance of y - bias);
+  ``"secant"`` averages the norm's Jacobian along the segment (4-point Gauss-Legendre). The
+  module's own output stays in the graph (the gradient at the norm's input gets a
+  correction term), so an activation kept at a norm's output (Gemma's attention and MLP
+  sites) keeps its gradient.
+- **MLP non-linearity** (SiLU, GELU, GELU-tanh, ReLU; of a gated MLP act(gate) or of a plain
+  one act(up), as in GPT-2 and GPT-NeoX): ``"identity"``, the identity rule of AttnLRP (its
+  Eq. 9; RelP's Identity-rule): relevance passes unchanged, the coefficient at the input is
+  act(x) / x times the one at the output (sigmoid(x) for SiLU, Phi(x) for GELU, the step
+  for ReLU); ``"secant"``: (act(x1) - act(x0)) / (x1 - x0), the derivative at the midpoint
+  where the two are within ``SECANT_TOLERANCE``.
+- **gate x up product** (separate gate and up projections, or one fused gate_up_proj whose
+  output is [gate | up], Phi-3): ``"half"``, the uniform rule of AttnLRP (Eq. 7; RelP's
+  Half-rule): each factor gets half of the product's relevance (the gradient into the
+  product is halved); ``"secant"``: each factor's coefficient is the other factor's
+  midpoint, which splits a change of the product exactly (a1 b1 - a0 b0 = b_mid da +
+  a_mid db).
+- **routed experts** (Qwen2-MoE, Qwen3-MoE, Mixtral: the block's output is sum_e w_e
+  E_e(x) with w the router's top-k weights, plus a shared expert times its sigmoid gate):
+  under ``"half"`` the routing weights and the shared expert's gate are held constant, as
+  the AH-rule holds attention probabilities (no gradient reaches the router; all of a
+  term's relevance goes to its expert), and each expert's act(gate) x up product gets the
+  half rule (half of the gradient at the expert bank's output, which is linear in each
+  product once the weights are held); the activation rule inside every expert; a shared
+  expert is a gated MLP. Refused under the secant rules (``check_covered``): top-k routing
+  is discontinuous between two runs that choose different experts.
 - **attention**: ``"ah"`` holds the attention probabilities constant (the AH-rule of Ali et
   al. 2022, CP-LRP in lxt: no gradient into queries and keys); ``"uniform"`` is AttnLRP's
   uniform rule on QK^T and on probabilities x V (lxt 2.1 ``efficient/patches.py``: gradients
   into queries and keys divided by 4, into values by 2); ``"secant"`` splits QK^T and
   probabilities x V at their midpoints and averages the softmax's Jacobian along the
-  segment between the two runs' scores (4-point Gauss-Legendre; AtP* (Kramar et al. 2024) fixes the
-  same saturation of the softmax by recomputing it); ``"gradient"`` leaves attention as it
-  is (RelP's released default).
+  segment between the two runs' scores (4-point Gauss-Legendre; AtP* (Kramar et al. 2024)
+  fixes the same saturation of the softmax by recomputing it); ``"gradient"`` leaves
+  attention as it is (RelP's released default). Soft-capped scores c tanh(s / c) (Gemma 2)
+  follow the identity rule under ``"uniform"`` (the ratio c tanh(s / c) / s held) and their
+  secant between the two runs' scores under ``"secant"``.
 
 Linear layers, the embedding, rotary embeddings and residual additions keep their gradient
-(LRP's 0-rule is Gradient x Input on a linear map; a linear map is its own secant).
+(LRP's 0-rule is Gradient x Input on a linear map; a linear map is its own secant); biases
+are constants, which take their own share of relevance.
 
 Supported: every model whose ``Computation`` (``lenscape.models.layouts``) the rules cover:
 RMSNorms (any offset, wherever they sit: input norms, post-norms, QK-norms per head or over
-the whole projection), a gated MLP with separate gate, up and down projections, softmax
-attention without logit soft-capping (Llama, Mistral, Qwen 2 and 3, Gemma 3, OLMo 2). The
-rest is refused before any pass with the mathematical reason (``check_covered``):
-LayerNorm's centring, attention soft-capping, routed experts, a fused or absent gate x up
-product. Rules act on modules, so the residual topology and fused q/k/v projections do not
-matter to them. On direct calls of ``model.hf``
-and the nnsight backend (module hooks, and an attention function registered with
-transformers' ``AttentionInterface`` around the model's own) and on the TransformerLens
-backend (its bridge computes norms and attention in its own code: hooks on its norm
-modules and attention hook points; it calls the copied HF MLP modules, hooked as on
-``model.hf``).
+the whole projection) or LayerNorms, a gated MLP (separate or fused gate and up
+projections) or a plain one, routed experts (not under the secant rules), softmax
+attention with or without logit soft-capping (Llama, Mistral, Qwen 2 and 3, Gemma 2 and 3,
+OLMo 2, GPT-2, GPT-NeoX, Phi-3, Qwen2-MoE, Qwen3-MoE, Mixtral). Gemma 2's final logit
+soft-capping belongs to the metric, whose own gradient the backward starts from. Rules act
+on modules, so the residual topology (GPT-NeoX's parallel blocks) and fused q/k/v
+projections do not matter to them. On direct calls of ``model.hf`` and the nnsight backend
+(module hooks, and an attention function registered with transformers'
+``AttentionInterface`` around the model's own) and on the TransformerLens backend for
+RMSNorm models with separate gated MLPs and uncapped attention (its bridge computes norms
+and attention in its own code: hooks on its norm modules and attention hook points; it
+calls the copied HF MLP modules, hooked as on ``model.hf``); the rest is refused before
+any pass with the reason (``check_covered``).
 """
 
 from __future__ import annotations
@@ -104,7 +123,8 @@ class Rules:
     Attributes:
         norm: one of ``NORM_RULES``.
         activation: one of ``ACTIVATION_RULES``.
-        product: one of ``PRODUCT_RULES``.
+        product: one of ``PRODUCT_RULES`` (also the routing weights' rule in a routed
+            block: "half" holds them).
         attention: one of ``ATTENTION_RULES``.
     """
 
@@ -199,58 +219,93 @@ class _Product(torch.autograd.Function):
         return None, grad * b_coefficient, grad * a_coefficient, None, None
 
 
-def _rms_norm_vjp(x: torch.Tensor, weight: torch.Tensor, eps: float, grad: torch.Tensor):
-    """J(x)^T grad for y = weight * x / rms(x): w r g - (r^3 / d) x sum_i(g_i w_i x_i), in
-    ``weight``'s dtype; ``grad`` (..., d) may have leading dims ``x`` broadcasts to."""
-    scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    weighted = grad * weight
-    inner = torch.linalg.vecdot(weighted, x)[..., None]
-    return weighted.mul_(scale).addcmul_(x, scale**3 / x.shape[-1] * inner, value=-1)
+class _Norm:
+    """One norm module's formula as the rules compute it, in ``_wide`` precision:
+    y = gain * c(x) * s(x) + bias, with c the centring x - mean(x) of a LayerNorm (the
+    identity for an RMSNorm), s = 1 / sqrt(mean(c(x)^2) + eps) and gain = offset + weight.
 
+    Raises:
+        ValueError: the module has no weight and epsilon.
+    """
 
-def _rule_vjp(
-    x: torch.Tensor, x1: torch.Tensor | None, weight: torch.Tensor, eps: float, grad: torch.Tensor
-) -> torch.Tensor:
-    """The norm rule's input gradient: with ``x1`` None the scale held constant (w r g),
-    else J averaged along the segment x -> x1 (Gauss-Legendre)."""
-    if x1 is None:
-        return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * grad * weight
-    change = x1 - x
-    return sum(
-        w * _rms_norm_vjp(x + t * change, weight, eps, grad)
-        for t, w in zip(_NODES, _WEIGHTS, strict=True)
-    )
+    def __init__(self, module: torch.nn.Module, *, centred: bool, offset: float = 0.0):
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        weight = getattr(module, "weight", None)
+        if eps is None or not isinstance(weight, torch.Tensor):
+            kind = "a LayerNorm" if centred else "an RMSNorm"
+            raise ValueError(f"{type(module).__name__} is not {kind} with a weight and an epsilon.")
+        self.module, self.centred, self.eps = module, centred, float(eps)
+        self.weight = offset + weight.detach().to(_wide(weight.dtype))
+        bias = getattr(module, "bias", None)
+        self.bias = None if bias is None else bias.detach().to(self.weight.dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weight.dtype
+
+    def _centre(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(-1, keepdim=True) if self.centred else x
+
+    def _scale(self, centred: torch.Tensor) -> torch.Tensor:
+        return torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The formula on x (..., d) (what ``check`` compares the module with)."""
+        centred = self._centre(x)
+        out = centred * self._scale(centred) * self.weight.to(x)
+        return out if self.bias is None else out + self.bias.to(x)
+
+    def check(self) -> None:
+        """Refuse a module that does not compute the formula.
+
+        Raises:
+            ValueError: its output differs from the formula's on a random input.
+        """
+        _check_formula("LayerNorm" if self.centred else "RMSNorm", self.module, self)
+
+    def vjp(self, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """J(x)^T grad, in ``dtype``: with h = gain * grad centred like x (c(h)) and
+        u = c(x), s (h - s^2 u mean(h u)); ``grad`` (..., d) may have leading dims ``x``
+        broadcasts to."""
+        centred = self._centre(x)
+        scale = self._scale(centred)
+        weighted = self._centre(grad * self.weight)
+        inner = torch.linalg.vecdot(weighted, centred)[..., None]
+        return weighted.mul_(scale).addcmul_(centred, scale**3 / x.shape[-1] * inner, value=-1)
+
+    def rule(self, x: torch.Tensor, x1: torch.Tensor | None, grad: torch.Tensor) -> torch.Tensor:
+        """The norm rule's input gradient: with ``x1`` None the scale held constant
+        (s c(gain * grad): the centring and gain, linear, keep their gradient), else J
+        averaged along the segment x -> x1 (Gauss-Legendre)."""
+        if x1 is None:
+            return self._centre(grad * self.weight) * self._scale(self._centre(x))
+        change = x1 - x
+        terms = (w * self.vjp(x + t * change, grad) for t, w in zip(_NODES, _WEIGHTS, strict=True))
+        return cast(torch.Tensor, sum(terms))
 
 
 class _NormRule(torch.autograd.Function):
-    """Forward: the RMSNorm output ``y`` unchanged. Backward: ``y`` keeps its gradient g (so
+    """Forward: the norm's output ``y`` unchanged. Backward: ``y`` keeps its gradient g (so
     the norm's own backward runs) and its input ``x`` gets the correction that turns the
-    norm's true gradient J(x)^T g into the rule's: with ``x1`` None the scale held constant
-    (w r g), else J averaged along the segment x -> x1 (Gauss-Legendre)."""
+    norm's true gradient J(x)^T g into the rule's (``_Norm.rule``; ``x1`` the reference
+    input of the secant rule, or None)."""
 
     @staticmethod
     def forward(
-        ctx: Any,
-        y: torch.Tensor,
-        x: torch.Tensor,
-        x1: torch.Tensor | None,
-        weight: torch.Tensor,
-        eps: float,
+        ctx: Any, y: torch.Tensor, x: torch.Tensor, x1: torch.Tensor | None, norm: _Norm
     ) -> torch.Tensor:
-        ctx.save_for_backward(x, x1, weight)
-        ctx.eps = eps
+        ctx.save_for_backward(x, x1)
+        ctx.norm = norm
         return y.view_as(y)
 
     @staticmethod
-    def backward(
-        ctx: Any, grad: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, None, None, None]:
-        x, x1, weight = ctx.saved_tensors
-        wide = x.to(weight.dtype)
-        g = grad.to(weight.dtype)
-        true = _rms_norm_vjp(wide, weight, ctx.eps, g)
-        rule = _rule_vjp(wide, x1, weight, ctx.eps, g)
-        return grad, (rule - true).to(x.dtype), None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        x, x1 = ctx.saved_tensors
+        norm: _Norm = ctx.norm
+        wide = x.to(norm.dtype)
+        g = grad.to(norm.dtype)
+        correction = norm.rule(wide, x1, g) - norm.vjp(wide, g)
+        return grad, correction.to(x.dtype), None, None
 
 
 class _SecantSoftmax(torch.autograd.Function):
@@ -386,9 +441,15 @@ def _activation_functions(act: torch.nn.Module) -> tuple[Callable, Callable]:
             return erf_ratio(x) + x * torch.exp(-0.5 * x**2) / math.sqrt(2.0 * math.pi)
 
         return erf_ratio, erf_derivative
+    if name == "ReLU":
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return (x > 0).to(x.dtype)
+
+        return step, step
     raise ValueError(
         f"The relevance rules know no closed form for the MLP activation {name}; supported: "
-        "SiLU, GELU and GELU-tanh."
+        "SiLU, GELU, GELU-tanh and ReLU."
     )
 
 
@@ -397,24 +458,21 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _norm_parameters(norm: torch.nn.Module, offset: float) -> tuple[float, torch.Tensor]:
-    """An RMSNorm's epsilon and effective weight (offset + weight), in ``_wide`` precision."""
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    weight = getattr(norm, "weight", None)
-    if eps is None or not isinstance(weight, torch.Tensor):
-        raise ValueError(f"{type(norm).__name__} is not an RMSNorm with a weight and an epsilon.")
-    return float(eps), offset + weight.detach().to(_wide(weight.dtype))
-
-
-def _check_formula(name: str, module: torch.nn.Module, expected: Callable) -> None:
+def _check_formula(
+    name: str, module: torch.nn.Module, expected: Callable, *, width: int | None = None
+) -> None:
     """Refuse a module whose output is not what the rule's formula assumes.
+
+    Args:
+        width: the input's last dim (default: the last dim of the module's first
+            parameter, or 8 without one).
 
     Raises:
         ValueError: ``module(x)`` differs from ``expected(x)`` on a random input.
     """
     weight = next(module.parameters(), None)
     like = weight if weight is not None else torch.empty(0)
-    width = weight.shape[-1] if weight is not None else 8
+    width = width or (weight.shape[-1] if weight is not None else 8)
     x = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(0)).to(like)
     tolerance = max(1e-3, 8 * torch.finfo(x.dtype).eps)
     with torch.no_grad():
@@ -426,22 +484,9 @@ def _check_formula(name: str, module: torch.nn.Module, expected: Callable) -> No
             )
 
 
-def _check_rms_norm(norm: torch.nn.Module, offset: float) -> None:
-    """Refuse a norm that does not compute (offset + weight) * x / rms(x).
-
-    Raises:
-        ValueError: it has no weight and epsilon, or computes another formula.
-    """
-    eps, weight = _norm_parameters(norm, offset)
-    _check_formula(
-        "RMSNorm",
-        norm,
-        lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(x),
-    )
-
-
-#: Norms ``norm_input_gradient`` has checked -> whether they compute an RMSNorm.
-_RMS_NORMS: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+#: Norms ``norm_input_gradient`` has checked outside a block -> whether they compute an
+#: RMSNorm ("rms"), a LayerNorm ("layer") or neither (None).
+_NORM_KINDS: weakref.WeakKeyDictionary[torch.nn.Module, str | None] = weakref.WeakKeyDictionary()
 
 
 def _check_activation(act: torch.nn.Module) -> None:
@@ -461,8 +506,8 @@ def _check_activation(act: torch.nn.Module) -> None:
 _ACTIVE_ATTENTION: weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, Callable, Relevance]] = (
     weakref.WeakKeyDictionary()
 )
-#: RMSNorms of ``model.hf`` under a norm rule -> (their weight offset, the block's state).
-_HELD_NORMS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[float, Relevance]] = (
+#: Norms of ``model.hf`` under a norm rule -> (their formula, the block's state).
+_HELD_NORMS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[_Norm, Relevance]] = (
     weakref.WeakKeyDictionary()
 )
 #: Models inside a ``relevance_rules`` block (blocks do not nest).
@@ -489,82 +534,100 @@ class _Installed:
         _LIVE.add(module)
 
 
-def _norm_rule(
-    y: torch.Tensor, x: torch.Tensor, norm: torch.nn.Module, offset: float, state: Relevance
-):
-    """``y`` = the RMSNorm ``norm`` of ``x`` with the block's norm rule on its gradient.
-
-    ``state.rules.norm`` is "held" or "secant"; the secant reads the reference input kept
-    for ``norm``.
-    """
-    eps, weight = _norm_parameters(norm, offset)
-    x1 = None
-    if state.rules.norm == "secant":
-        x1 = state._recorded(norm, "x", like=x).to(weight.dtype)
-    return _NormRule.apply(y, x, x1, weight, eps)
-
-
-def _norm_hook(norm: torch.nn.Module, offset: float, state: Relevance) -> Callable:
-    """The norm rule as a forward hook on a module computing the RMSNorm ``norm``
-    (``norm`` itself, or a TransformerLens bridge wrapping it)."""
+def _norm_hook(norm: _Norm, state: Relevance) -> Callable:
+    """The norm rule as a forward hook on a module computing ``norm`` (``norm.module``
+    itself, or a TransformerLens bridge wrapping it); the secant reads the reference input
+    recorded for ``norm.module``."""
 
     def hook(module, args, output):
         if module not in _LIVE:
             return None
         if state._recording:
             if state.rules.norm == "secant":
-                state._record(norm, "x", args[0])
+                state._record(norm.module, "x", args[0])
             return None
         if not output.requires_grad:
             return None
-        return _norm_rule(output, args[0], norm, offset, state)
+        x1 = _reference_input(norm, args[0], state)
+        return _NormRule.apply(output, args[0], x1, norm)
 
     return hook
+
+
+def _reference_input(norm: _Norm, x: torch.Tensor, state: Relevance) -> torch.Tensor | None:
+    """The secant norm rule's reference input for ``norm`` shaped like ``x``, in the
+    norm's precision; None under the held rule."""
+    if state.rules.norm != "secant":
+        return None
+    return state._recorded(norm.module, "x", like=x).to(norm.dtype)
+
+
+def _norm_kind(norm: torch.nn.Module, offset: float) -> str | None:
+    """Whether ``norm`` computes an RMSNorm with gain ``offset + weight`` ("rms"), a
+    LayerNorm ("layer") or neither (None); checked once per module on a random input."""
+    if norm not in _NORM_KINDS:
+        _NORM_KINDS[norm] = None
+        for kind in ("rms", "layer"):
+            try:
+                _Norm(norm, centred=kind == "layer", offset=offset).check()
+            except ValueError:
+                continue
+            _NORM_KINDS[norm] = kind
+            break
+    return _NORM_KINDS[norm]
 
 
 def norm_input_gradient(
     norm: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, *, offset: float = 0.0
 ) -> torch.Tensor:
-    """The input gradient of the RMSNorm ``norm`` at ``x`` for a batch of output gradients,
+    """The input gradient of the norm ``norm`` at ``x`` for a batch of output gradients,
     without autograd: J(x)^T grad, or inside a ``relevance_rules`` block holding ``norm``,
     its norm rule's. For code that takes many gradients through one norm, such as edge
     attribution's per-receiver q/k/v inputs (twice as fast as a batched vector-Jacobian
     product of the recomputed norm, measured on a Llama-3-8B shape).
 
     Args:
-        norm: an RMSNorm module of a model ((offset + weight) times x / rms(x)).
+        norm: an RMSNorm ((offset + weight) times x / rms(x)) or a LayerNorm module.
         x: its input, (..., d).
         grad: gradients of its output, (n, ..., d) or (..., d).
-        offset: the gain's offset the model's description gives (Gemma: 1); a rule in
-            force on ``norm`` brings its own.
+        offset: an RMSNorm gain's offset the model's description gives (Gemma: 1); a rule
+            in force on ``norm`` brings its own.
 
     Returns:
         (n, ..., d) gradients in the norm's wide precision (float32 for a half-precision
-        model); for a norm that is not (offset + weight) * x / rms(x) (checked once on a
-        random input), taken by autograd through its ``forward``, in ``x``'s dtype.
+        model); for a norm that is neither formula (checked once on a random input), taken
+        by autograd through its ``forward``, in ``x``'s dtype.
     """
     entry = _HELD_NORMS.get(norm)
-    offset, state = entry if entry is not None else (offset, None)
-    if state is None and norm not in _RMS_NORMS:
-        try:
-            _check_rms_norm(norm, offset)
-            _RMS_NORMS[norm] = True
-        except ValueError:
-            _RMS_NORMS[norm] = False
-    if state is None and not _RMS_NORMS[norm]:  # another norm: a batched autograd product
+    if entry is not None:
+        formula, state = entry
+        wide = x.detach().to(formula.dtype)
+        return formula.rule(wide, _reference_input(formula, x, state), grad)
+    kind = _norm_kind(norm, offset)
+    if kind is None:  # another norm: a batched autograd product
         inputs = x.detach().requires_grad_(True)
         with torch.enable_grad():
             out = norm.forward(inputs)  # ``forward``: no hooks run
         batched = grad.dim() > x.dim()
         return torch.autograd.grad(out, inputs, grad, is_grads_batched=batched)[0]
-    eps, weight = _norm_parameters(norm, offset)
-    wide = x.detach().to(weight.dtype)
-    if state is None:
-        return _rms_norm_vjp(wide, weight, eps, grad)
-    x1 = None
-    if state.rules.norm == "secant":
-        x1 = state._recorded(norm, "x", like=x).to(weight.dtype)
-    return _rule_vjp(wide, x1, weight, eps, grad)
+    formula = _Norm(norm, centred=kind == "layer", offset=offset)
+    return formula.vjp(x.detach().to(formula.dtype), grad)
+
+
+def _secant_slope(
+    x0: torch.Tensor,
+    x1: torch.Tensor,
+    out0: torch.Tensor,
+    out1: torch.Tensor,
+    derivative: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """An elementwise function's secant between this run's x0 -> out0 and the reference's
+    x1 -> out1: (out1 - out0) / (x1 - x0), its derivative at the midpoint where the two
+    are within ``SECANT_TOLERANCE``."""
+    change = x1 - x0
+    close = change.abs() <= SECANT_TOLERANCE
+    secant = (out1 - out0) / torch.where(close, 1.0, change)
+    return torch.where(close, derivative((x0 + x1) / 2), secant)
 
 
 def _activation_hook(act: torch.nn.Module, state: Relevance) -> Callable:
@@ -591,10 +654,7 @@ def _activation_hook(act: torch.nn.Module, state: Relevance) -> Callable:
         elif rules.activation == "secant":
             x1 = state._recorded(module, "x", like=x)
             out1 = state._recorded(module, "out", like=x)
-            change = x1 - x.detach()
-            close = change.abs() <= SECANT_TOLERANCE
-            secant = (out1 - output.detach()) / torch.where(close, 1.0, change)
-            slope = torch.where(close, derivative((x.detach() + x1) / 2), secant)
+            slope = _secant_slope(x.detach(), x1, output.detach(), out1, derivative)
             new = _Rerouted.apply(output, x, slope)
         if rules.product == "secant":
             state._keep(module, "out", new)
@@ -604,7 +664,7 @@ def _activation_hook(act: torch.nn.Module, state: Relevance) -> Callable:
 
 
 def _up_hook(state: Relevance) -> Callable:
-    """Keeps the up projection's output for the product's secant rule."""
+    """Keeps the output of the projection that holds ``up`` for the product's secant rule."""
 
     def hook(module, args, output):
         if module not in _LIVE:
@@ -618,33 +678,148 @@ def _up_hook(state: Relevance) -> Callable:
     return hook
 
 
-def _product_hook(act: torch.nn.Module, up: torch.nn.Module, state: Relevance) -> Callable:
+def _product_hook(mlp: _MlpParts, state: Relevance) -> Callable:
     """The product rule as a forward pre-hook on the down projection, whose input is
     act(gate) * up."""
+    act, up = mlp.act, mlp.up
+    assert up is not None
 
     def hook(module, args):
         if module not in _LIVE or state._recording or not args[0].requires_grad:
             return None
         if state.rules.product == "half":
             return (_ScaledGradient.apply(args[0], 0.5), *args[1:])
-        a, b = state._kept(act, "out"), state._kept(up, "out")
+        a, whole = state._kept(act, "out"), state._kept(up, "out")
+        b = whole[..., mlp.up_columns]
         a_mid = (a.detach() + state._recorded(act, "out", like=a)) / 2
-        b_mid = (b.detach() + state._recorded(up, "out", like=b)) / 2
+        b_mid = (b.detach() + state._recorded(up, "out", like=whole)[..., mlp.up_columns]) / 2
         return (_Product.apply(args[0], a, b, a_mid, b_mid), *args[1:])
 
     return hook
 
 
-def _install_mlp(mlp: torch.nn.Module, state: Relevance, installed: _Installed) -> None:
-    """Hook the activation and product rules into a gated MLP."""
-    act, up, down = (mlp.get_submodule(n) for n in ("act_fn", "up_proj", "down_proj"))
+#: Where an MLP keeps its activation module (Llama, GPT-2 and GPT-NeoX, Phi-3).
+_ACTIVATIONS = ("act_fn", "act", "activation_fn")
+#: The parts of a routed block the routing rules know: its router (``Computation.router``),
+#: expert bank, shared expert and the shared expert's sigmoid gate.
+_ROUTED_PARTS = ("experts", "shared_expert", "shared_expert_gate")
+
+
+@dataclass(frozen=True)
+class _MlpParts:
+    """The modules of one MLP the rules hook: its activation; with a gate, the projection
+    whose output holds ``up`` (its columns ``up_columns``: all, or the second half of a
+    fused gate_up projection) and the down projection, whose input is act(gate) * up."""
+
+    act: torch.nn.Module
+    up: torch.nn.Module | None = None
+    down: torch.nn.Module | None = None
+    up_columns: slice = field(default_factory=lambda: slice(None))
+
+
+def _mlp_parts(mlp: torch.nn.Module, d_model: int) -> _MlpParts:
+    """Which MLP ``mlp`` is: gated, down(act(gate) * up), with separate gate_proj and
+    up_proj or one gate_up_proj whose output is [gate | up] (Phi-3), or not gated,
+    down(act(up(x))) (GPT-2, GPT-NeoX), checked against its own forward on a random input.
+
+    Raises:
+        ValueError: no activation module, an activation without closed forms, or a forward
+            that is none of these.
+    """
+    act = next((getattr(mlp, n) for n in _ACTIVATIONS if hasattr(mlp, n)), None)
+    if not isinstance(act, torch.nn.Module):
+        raise ValueError(
+            f"The MLP {type(mlp).__name__} has no activation module ({', '.join(_ACTIVATIONS)}) "
+            "for the activation rule to hook."
+        )
+    _check_activation(act)
+    if all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        return _MlpParts(act, mlp.get_submodule("up_proj"), mlp.get_submodule("down_proj"))
+    if hasattr(mlp, "gate_up_proj") and hasattr(mlp, "down_proj"):
+        fused, down = mlp.get_submodule("gate_up_proj"), mlp.get_submodule("down_proj")
+        half = cast(torch.Tensor, fused.weight).shape[0] // 2
+
+        def gated(x: torch.Tensor) -> torch.Tensor:
+            both = fused(x)
+            return down(act(both[..., :half]) * both[..., half:])
+
+        _check_formula("gated MLP", mlp, gated, width=d_model)
+        return _MlpParts(act, fused, down, slice(half, None))
+    layers = [m for m in mlp.children() if next(m.parameters(), None) is not None]
+    if len(layers) == 2:
+        _check_formula("MLP", mlp, lambda x: layers[1](act(layers[0](x))), width=d_model)
+        return _MlpParts(act)
+    raise ValueError(
+        f"The MLP {type(mlp).__name__} is neither down(act(gate) * up) (gate_proj, up_proj "
+        "and down_proj, or a fused gate_up_proj) nor down(act(up(x))): no MLP rule covers it."
+    )
+
+
+def _install_mlp(mlp: _MlpParts, state: Relevance, installed: _Installed) -> None:
+    """Hook the activation rule, and with a gate the product rule, into an MLP."""
     rules = state.rules
-    if rules.activation != "gradient" or rules.product == "secant":
-        installed.hook(act, _activation_hook(act, state))
+    gated = mlp.up is not None and mlp.down is not None
+    if rules.activation != "gradient" or (gated and rules.product == "secant"):
+        installed.hook(mlp.act, _activation_hook(mlp.act, state))
+    if not gated:
+        return
+    assert mlp.up is not None and mlp.down is not None
     if rules.product == "secant":
-        installed.hook(up, _up_hook(state))
+        installed.hook(mlp.up, _up_hook(state))
     if rules.product != "gradient":
-        installed.hook(down, _product_hook(act, up, state), pre=True)
+        installed.hook(mlp.down, _product_hook(mlp, state), pre=True)
+
+
+def _routed_parts(
+    block: torch.nn.Module, router: str, d_model: int
+) -> tuple[torch.nn.Module, list[torch.nn.Module], torch.nn.Module, list[_MlpParts]]:
+    """A routed block's parts: (its expert bank, the modules whose outputs are routing
+    weights (the router and a shared expert's gate), the experts' activation, its shared
+    experts' MLP parts).
+
+    Raises:
+        ValueError: a part the routing rules do not know, or an expert bank without an
+            activation module of known closed forms.
+    """
+    unknown = [n for n, _ in block.named_children() if n not in (router, *_ROUTED_PARTS)]
+    if unknown or not hasattr(block, "experts"):
+        raise ValueError(
+            f"The routed block {type(block).__name__} has parts the routing rules do not "
+            f"know ({', '.join(unknown) or 'no experts'}); they know {router!r} (the "
+            f"router) and {', '.join(_ROUTED_PARTS)}."
+        )
+    experts = block.get_submodule("experts")
+    act = getattr(experts, "act_fn", None)
+    if not isinstance(act, torch.nn.Module):
+        raise ValueError(f"The experts {type(experts).__name__} have no act_fn module to hook.")
+    _check_activation(act)
+    weights = [block.get_submodule(router)]
+    if hasattr(block, "shared_expert_gate"):
+        weights.append(block.get_submodule("shared_expert_gate"))
+    shared: list[_MlpParts] = []
+    if hasattr(block, "shared_expert"):
+        shared.append(_mlp_parts(block.get_submodule("shared_expert"), d_model))
+    return experts, weights, act, shared
+
+
+def _install_routed(
+    block: torch.nn.Module, router: str, d_model: int, state: Relevance, installed: _Installed
+) -> None:
+    """Hook the routing rules into a routed block (the module docstring): under
+    the half rule the routing weights are held (no gradient reaches the router or the shared
+    expert's gate) and each expert's act(gate) * up product gets half of the gradient at
+    the expert bank's output (the bank is linear in each product once the weights are
+    held); the activation rule on the experts' activation; the shared experts as MLPs."""
+    experts, weights, act, shared = _routed_parts(block, router, d_model)
+    rules = state.rules
+    if rules.product == "half":
+        for module in weights:
+            installed.hook(module, _detach_hook)
+        installed.hook(experts, _scaled_hook(0.5))
+    if rules.activation == "identity":
+        installed.hook(act, _activation_hook(act, state))
+    for mlp in shared:
+        _install_mlp(mlp, state, installed)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -664,6 +839,7 @@ def _secant_attention(
     p1: torch.Tensor,
     scaling: float,
     groups: int,
+    slope: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """An attention output whose gradient follows the secant rule (its value is not the
     output's: use its gradient only).
@@ -674,6 +850,8 @@ def _secant_attention(
         p0, p1: (batch, heads, query, key) attention probabilities of this pass and of the
             reference pass.
         scaling: the factor of QK^T; groups: query heads per key/value head.
+        slope: (batch, heads, query, key) the soft-cap's secant between the two runs'
+            scores (``_cap_slope``), or None without soft-capping.
 
     Returns:
         (batch, heads, pos, d).
@@ -687,6 +865,8 @@ def _secant_attention(
     values_mid = (values.detach() + values1) / 2
     # scores = q k^T: a change splits exactly at the midpoints (dq k_mid + q_mid dk).
     scores = (q @ keys_mid.transpose(-1, -2) + q_mid @ keys.transpose(-1, -2)) * scaling
+    if slope is not None:  # c tanh(s / c): its secant (only the gradient matters here)
+        scores = scores * slope
     probabilities = _SecantSoftmax.apply(scores.to(p0.dtype), p0, p1).to(q.dtype)
     p_half = ((p0 + p1) / 2).to(q.dtype)
     return probabilities @ values_mid + p_half @ values
@@ -732,7 +912,10 @@ def _relevance_attention(
 ) -> Any:
     """The attention function ``base`` on the same values (so the same outputs), with the
     module's attention rule shaping the gradients into queries, keys and values; on a module
-    not under the rules (a copy made inside a block) it is ``base`` itself."""
+    not under the rules (a copy made inside a block) it is ``base`` itself. Soft-capped
+    scores (``softcap``, c tanh(s / c) before the softmax) follow the identity rule under
+    the uniform rule (the ratio tanh(s / c) c / s held) and their secant under the secant
+    rule; the AH-rule sends nothing through them."""
     entry = _ACTIVE_ATTENTION.get(module)
     if entry is None:
         function = _base_attention(module, base)
@@ -740,34 +923,82 @@ def _relevance_attention(
     rule, function, state = entry
     if rule != "secant":
         query, key, value = _attention_rule_inputs(rule, query, key, value)
-        return function(module, query, key, value, attention_mask, *args, **kwargs)
     output, weights = function(module, query, key, value, attention_mask, *args, **kwargs)
-    if state._recording:
+    softcap = kwargs.get("softcap") or None
+    if rule == "secant" and state._recording:
         for tag, tensor in (("q", query), ("k", key), ("v", value)):
             state._record(module, tag, tensor)
-    if state._recording or not (query.requires_grad or key.requires_grad or value.requires_grad):
+    plain = rule in ("ah", "gradient") or (rule == "uniform" and softcap is None)
+    if plain or state._recording or not any(t.requires_grad for t in (query, key, value)):
         return output, weights
-    hf_attention: Any = module
-    scaling = float(kwargs.get("scaling") or hf_attention.head_dim**-0.5)
-    groups = int(hf_attention.num_key_value_groups)
-    reference = (
-        state._recorded(module, "q", like=query),
-        state._recorded(module, "k", like=key),
-        state._recorded(module, "v", like=value),
-    )
+    scaling = float(kwargs.get("scaling") or query.shape[-1] ** -0.5)
+    groups = query.shape[1] // key.shape[1]
     mask = _additive_mask(attention_mask, query.shape[-2], key.shape[-2], query)
-    with torch.no_grad():
-        p0 = _probabilities(query, key, groups, scaling, mask)
-        p1 = _probabilities(reference[0], reference[1], groups, scaling, mask)
-    surrogate = _secant_attention(query, key, value, reference, p0, p1, scaling, groups)
+    if rule == "uniform":
+        assert softcap is not None  # uniform without a cap stays plain
+        surrogate = _held_cap_attention(query, key, value, mask, scaling, groups, softcap)
+    else:
+        reference = (
+            state._recorded(module, "q", like=query),
+            state._recorded(module, "k", like=key),
+            state._recorded(module, "v", like=value),
+        )
+        with torch.no_grad():
+            s0 = _scores(query, key, groups, scaling)
+            s1 = _scores(reference[0], reference[1], groups, scaling)
+            p0, p1 = _probabilities(s0, mask, softcap), _probabilities(s1, mask, softcap)
+            slope = None if softcap is None else _cap_slope(s0, s1, softcap)
+        surrogate = _secant_attention(
+            query, key, value, reference, p0, p1, scaling, groups, slope=slope
+        )
     surrogate = surrogate.transpose(1, 2)
     return output.detach() + (surrogate - surrogate.detach()), weights
 
 
-def _probabilities(q, k, groups: int, scaling: float, mask: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T * scaling + mask) in float32 (batch, heads, query, key)."""
-    scores = q @ _repeat_kv(k, groups).transpose(-1, -2) * scaling + mask
-    return torch.softmax(scores.float(), dim=-1)
+def _scores(q: torch.Tensor, k: torch.Tensor, groups: int, scaling: float) -> torch.Tensor:
+    """q k^T * scaling in float32: q (batch, heads, query, d), k (batch, kv_heads, key, d)
+    -> (batch, heads, query, key)."""
+    return (q @ _repeat_kv(k, groups).transpose(-1, -2)).float() * scaling
+
+
+def _cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Soft-capped scores c tanh(s / c) (``scores`` themselves without a cap)."""
+    return scores if softcap is None else softcap * torch.tanh(scores / softcap)
+
+
+def _cap_slope(s0: torch.Tensor, s1: torch.Tensor, softcap: float) -> torch.Tensor:
+    """The soft-cap's secant between this run's scores ``s0`` and the reference's ``s1``."""
+
+    def derivative(s: torch.Tensor) -> torch.Tensor:
+        return 1 - torch.tanh(s / softcap) ** 2
+
+    return _secant_slope(s0, s1, _cap(s0, softcap), _cap(s1, softcap), derivative)
+
+
+def _probabilities(scores: torch.Tensor, mask: torch.Tensor, softcap: float | None):
+    """softmax(cap(scores) + mask) in float32 (batch, heads, query, key)."""
+    return torch.softmax(_cap(scores, softcap) + mask.float(), dim=-1)
+
+
+def _held_cap_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float,
+    groups: int,
+    softcap: float,
+) -> torch.Tensor:
+    """An attention output whose gradient holds the soft-cap's ratio c tanh(s / c) / s (its
+    value is the output's up to rounding: use its gradient only); q, k and v as the
+    attention rule lets gradients reach them, (batch, heads or kv_heads, pos, d) ->
+    (batch, heads, pos, d)."""
+    scores = _scores(q, k, groups, scaling)
+    with torch.no_grad():
+        small = scores.abs() < 1e-6
+        ratio = torch.where(small, 1.0, _cap(scores, softcap) / torch.where(small, 1.0, scores))
+    probabilities = torch.softmax(scores * ratio + mask.float(), dim=-1).to(v.dtype)
+    return probabilities @ _repeat_kv(v, groups)
 
 
 def _attention_function(base: str) -> str:
@@ -805,26 +1036,30 @@ def _base_attention(module: torch.nn.Module, base: str) -> Callable:
 def _install_hf(model: LensModel, state: Relevance, installed: _Installed) -> None:
     """Hook the rules into ``model.hf`` (its direct calls and nnsight passes)."""
     hf, spec, rules = model.hf, model.spec, state.rules
-    offset = spec.layout.norm_offset
-    norms = [m for m in hf.modules() if type(m).__name__.endswith("RMSNorm")]
-    mlps = [model.module(spec.computation.mlp, layer) for layer in range(spec.n_layers)]
+    c = spec.computation
+    suffix = "LayerNorm" if c.norm == "layer" else "RMSNorm"
+    norms = [
+        _Norm(m, centred=c.norm == "layer", offset=c.norm_offset)
+        for m in hf.modules()
+        if type(m).__name__.endswith(suffix)
+    ]
+    blocks = [model.module(c.mlp, layer) for layer in range(spec.n_layers)]
     attention_path = spec.layout.o_proj.rsplit(".", 1)[0]
     attentions = [model.module(attention_path, layer) for layer in range(spec.n_layers)]
     for norm in norms:
-        _check_rms_norm(norm, offset)
-    for mlp in mlps:
-        for part in ("gate_proj", "up_proj", "down_proj", "act_fn"):
-            if not hasattr(mlp, part):
-                raise ValueError(f"The MLP {type(mlp).__name__} has no {part}: not a gated MLP.")
-        _check_activation(mlp.get_submodule("act_fn"))
-    if any(getattr(a, "attn_logit_softcapping", None) for a in attentions):
-        raise ValueError("The attention rules do not cover attention logit soft-capping.")
+        norm.check()
+    routed = [b for b in blocks if c.router is not None and hasattr(b, "experts")]
+    for block in routed:
+        _routed_parts(block, c.router or "", spec.d_model)  # refuse before any hook
+    mlps = [_mlp_parts(b, spec.d_model) for b in blocks if not any(b is r for r in routed)]
     if rules.norm != "gradient":
         for norm in norms:
-            installed.hook(norm, _norm_hook(norm, offset, state))
-            _HELD_NORMS[norm] = (offset, state)
+            installed.hook(norm.module, _norm_hook(norm, state))
+            _HELD_NORMS[norm.module] = (norm, state)
     for mlp in mlps:
         _install_mlp(mlp, state, installed)
+    for block in routed:
+        _install_routed(block, c.router or "", spec.d_model, state, installed)
     if rules.attention != "gradient":
         previous = hf.config._attn_implementation
         if not hf._can_set_attn_implementation():
@@ -838,7 +1073,7 @@ def _install_hf(model: LensModel, state: Relevance, installed: _Installed) -> No
 
 
 def _install_bridge(
-    bridge: torch.nn.Module, state: Relevance, offset: float, installed: _Installed
+    bridge: torch.nn.Module, model: LensModel, state: Relevance, installed: _Installed
 ) -> None:
     """Hook the rules into a TransformerLens bridge's passes. The bridge computes norms and
     attention in its own code: the norm rule is a forward hook on each norm bridge (the
@@ -847,13 +1082,14 @@ def _install_bridge(
     gradients at the q, k and v projections' outputs (which reach attention through maps
     that are linear under the rules), and the secant rule rebuilds the heads' outputs at
     ``o.hook_in`` from the queries, keys, values and probabilities its hook points show. It
-    calls the copied HF MLP modules, hooked as on ``model.hf``."""
-    rules = state.rules
+    calls the copied HF MLP modules, hooked as on ``model.hf``. Only the computations of
+    ``_bridge_uncovered``'s complement (RMSNorms, separate gated MLPs, uncapped attention)."""
+    rules, offset = state.rules, model.spec.computation.norm_offset
     if rules.norm != "gradient":
         for module in bridge.modules():
             norm = getattr(module, "original_component", None)
             if isinstance(norm, torch.nn.Module) and type(norm).__name__.endswith("RMSNorm"):
-                installed.hook(module, _norm_hook(norm, offset, state))
+                installed.hook(module, _norm_hook(_Norm(norm, centred=False, offset=offset), state))
     for block in bridge.blocks:  # type: ignore[union-attr]
         attention = block.attn
         if rules.attention == "ah":
@@ -863,7 +1099,8 @@ def _install_bridge(
                 installed.hook(attention.get_submodule(f"{name}.hook_out"), _scaled_hook(factor))
         elif rules.attention == "secant":
             _install_bridge_secant(attention, state, installed)
-        _install_mlp(block.mlp.original_component, state, installed)
+        mlp = _mlp_parts(block.mlp.original_component, model.spec.d_model)
+        _install_mlp(mlp, state, installed)
 
 
 def _install_bridge_secant(attention: Any, state: Relevance, installed: _Installed) -> None:
@@ -918,8 +1155,13 @@ def _install_bridge_secant(attention: Any, state: Relevance, installed: _Install
 
 
 def _detach_hook(module, args, output):
-    """A forward hook that passes no gradient back through ``module``'s output."""
-    return output.detach() if module in _LIVE else None
+    """A forward hook that passes no gradient back through ``module``'s output (a tensor, or
+    each tensor of a tuple: a router's logits, weights and indices)."""
+    if module not in _LIVE:
+        return None
+    if isinstance(output, tuple):
+        return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in output)
+    return output.detach()
 
 
 def _scaled_hook(factor: float) -> Callable:
@@ -980,11 +1222,13 @@ def relevance_rules(
         ValueError: an unsupported family, an unknown rule set or backend, a module whose
             formula is not the one the rules assume, or a block already active on the model.
     """
-    check_covered(model)
     if isinstance(rules, str):
         if rules not in RULE_SETS:
             raise ValueError(f"Unknown rule set {rules!r}; choose one of {list(RULE_SETS)}.")
         rules = RULE_SETS[rules]
+    if backend not in ("nnsight", TransformerLensBackend.name):
+        raise ValueError(f"Unknown backend {backend!r}; choose 'nnsight' or 'transformer_lens'.")
+    check_covered(model, rules, backend)
     if model in _ACTIVE_MODELS:
         raise ValueError(f"Relevance rules are already active on {model.name}; blocks do not nest.")
     bridge = None
@@ -992,86 +1236,78 @@ def relevance_rules(
         runner = get_backend(model, backend)  # booted before any hook exists
         assert isinstance(runner, TransformerLensBackend)
         bridge = runner.bridge
-    elif backend != "nnsight":
-        raise ValueError(f"Unknown backend {backend!r}; choose 'nnsight' or 'transformer_lens'.")
     state = Relevance(rules)
     installed = _Installed()
     _ACTIVE_MODELS.add(model)
     try:
         _install_hf(model, state, installed)
         if bridge is not None:
-            _install_bridge(bridge, state, model.spec.layout.norm_offset, installed)
+            _install_bridge(bridge, model, state, installed)
         yield state
     finally:
         _uninstall(model, installed)
         _ACTIVE_MODELS.discard(model)
 
 
-def _uncovered(model: LensModel) -> list[str]:
-    """What in ``model``'s computation no rule covers, one sentence each (empty: none)."""
+def _uncovered(model: LensModel, rules: Rules, backend: str) -> list[str]:
+    """What in ``model``'s computation no rule of ``rules`` covers on ``backend``, one
+    sentence each (empty: none)."""
     c, reasons = model.spec.computation, []
-    if c.norm == "layer":
+    if c.n_experts and "secant" in (rules.activation, rules.product):
         reasons.append(
-            "its norms are LayerNorms, which subtract each position's mean before scaling and "
-            "add a bias: the norm rules hold or average an RMSNorm's 1/rms scale and give no "
-            "share to the mean the centring removes"
+            f"each MLP sends a token to {c.experts_per_token} of {c.n_experts} experts chosen "
+            "by the router's top-k: the secant rules would linearise the routing weights and "
+            "each expert between the two runs, but top-k routing jumps where the runs choose "
+            "different experts (no segment to average a Jacobian along) and an expert chosen "
+            "in one run only has no output in the other (the held routing of the 'relp' rule "
+            "sets covers it)"
         )
-    if c.attn_softcap:
-        reasons.append(
-            f"its attention logits are soft-capped ({c.attn_softcap:g} tanh(s / "
-            f"{c.attn_softcap:g})) before the softmax: the attention rules split q k^T and the "
-            "softmax, and no rule passes relevance through the tanh between them"
-        )
-    if c.n_experts:
-        reasons.append(
-            f"each MLP sends a token to {c.experts_per_token} of {c.n_experts} experts "
-            "weighted by the router's softmax: relevance would have to be split between the "
-            "routing weights and the experts' outputs, which no rule does (the product rule "
-            "covers one act(gate) x up product)"
-        )
-        return reasons
-    mlp = model.module(c.mlp, 0)
-    missing = [
-        part for part in ("gate_proj", "up_proj", "down_proj", "act_fn") if not hasattr(mlp, part)
-    ]
-    if missing and hasattr(mlp, "gate_up_proj"):
-        reasons.append(
-            "its MLP computes gate and up in one fused projection (gate_up_proj) and splits "
-            "them inside its forward: the product rule acts on act(gate) x up through the "
-            "separate gate and up projections' outputs, which this MLP never exposes"
-        )
-    elif missing:
-        reasons.append(
-            f"its MLP has no act(gate) x up product (no {', '.join(missing)}): the MLP rules "
-            "are a gated MLP's"
-        )
+    if backend == TransformerLensBackend.name:
+        bridge = [
+            (c.norm == "layer", "LayerNorms"),
+            (bool(c.attn_softcap), "soft-capped attention"),
+            (bool(c.n_experts), "routed experts"),
+            (not hasattr(model.module(c.mlp, 0), "up_proj"), "an MLP without up_proj"),
+        ]
+        found = [name for present, name in bridge if present]
+        if found:
+            reasons.append(
+                f"on backend='transformer_lens' the rules hook the bridge's RMSNorms, "
+                f"attention hook points and separate gate/up projections, not its "
+                f"{', '.join(found)} (use backend='nnsight', which runs the model's own "
+                "modules)"
+            )
     return reasons
 
 
-def check_covered(model: LensModel) -> None:
-    """Refuse a model whose computation the rules do not cover, with the reason, before
-    any pass.
+def check_covered(
+    model: LensModel, rules: Rules = RULE_SETS["relp"], backend: str = "nnsight"
+) -> None:
+    """Refuse a model whose computation ``rules`` do not cover on ``backend``, with the
+    reason, before any pass.
 
     Raises:
         ValueError: naming each part no rule covers and what to use instead.
     """
-    reasons = _uncovered(model)
+    reasons = _uncovered(model, rules, backend)
     if reasons:
         raise ValueError(
-            "Relevance rules support RMSNorm models with a gated MLP and softmax attention; "
-            f"{model.name} ({model.spec.architecture}) is not covered: "
+            f"Relevance rules cannot run on {model.name} ({model.spec.architecture}) here; it "
+            "is not covered: "
             + "; ".join(reasons)
             + ". Use a gradient estimator instead (edges: 'eap' or 'eap-ig'; nodes: 'atp' "
             "or 'ig')."
         )
 
 
-def unsupported(model: LensModel) -> str | None:
-    """Why relevance rules cannot run on ``model`` (its family, or a module whose formula is
-    not the one the rules assume), or None when they can: the rules are installed and
-    removed again, no pass is run."""
+def unsupported(
+    model: LensModel, rules: str | Rules = "relp", *, backend: str = "nnsight"
+) -> str | None:
+    """Why ``rules`` cannot run on ``model`` on ``backend`` (its family, or a module whose
+    formula is not the one the rules assume), or None when they can: the rules are installed
+    and removed again, no pass is run (the TransformerLens bridge is booted if need be)."""
     try:
-        with relevance_rules(model, "relp"):
+        with relevance_rules(model, rules, backend=backend):
             return None
     except ValueError as err:
         return str(err)

@@ -45,7 +45,6 @@ from ... import _validate
 from ...models import LensModel
 from ...models.parts import (
     Projection,
-    layer_norm_input_gradient,
     linear_weight,
     output_columns,
     per_head,
@@ -404,9 +403,8 @@ def receiver_gradients(
     taken back through the head's rows of the projection (and a projection-wide QK-norm's
     Jacobian) and through the block's q/k/v input norm at the block's input
     (``state.resids``, kept by a pass with ``keep_resids``), in closed form
-    (``relevance.norm_input_gradient`` for an RMSNorm: under relevance rules, their norm
-    rule; ``models.parts.layer_norm_input_gradient`` for a LayerNorm) per chunk of at most
-    ``receiver_chunk`` receivers.
+    (``relevance.norm_input_gradient``, RMSNorm or LayerNorm: under relevance rules, their
+    norm rule) per chunk of at most ``receiver_chunk`` receivers.
 
     Args:
         grads: the gradients of the pass's leaves (``Pass.deltas``) by key; those of each
@@ -434,8 +432,6 @@ def receiver_gradients(
             outer = gradient(heads)
             if norm is None:
                 inner = outer.float() if outer.dtype.itemsize < 4 else outer
-            elif c.norm == "layer":
-                inner = layer_norm_input_gradient(norm, resid, outer)
             else:
                 inner = norm_input_gradient(norm, resid, outer, offset=c.norm_offset)
             start = projection.receivers.start
