@@ -504,3 +504,34 @@ def test_an_interval_on_a_depth_axis_hatches_each_cell_at_its_middle():
     assert hatch["encoding"]["y"]["field"] == "depth_mid"
     row = next(r for r in inline_rows(spec) if r["layer"] == 1)
     assert row["depth_mid"] == pytest.approx((row["depth_start"] + row["depth_end"]) / 2)
+
+
+def test_an_estimate_with_its_error_hatches_the_cells_whose_error_could_flip_the_sign():
+    """Issue 44, item 5: an ``error`` coord (``attribution_patching(error=True)``) hatches
+    exactly the cells with error >= |estimate|, shows the error in the tooltips, says how
+    many in the subtitle, and reads by label."""
+    values = np.array([[2.0, -0.1, 0.5, 0.0], [-1.0, 0.3, 0.05, 1.5], [0.2, -0.2, 1.0, 0.7]])
+    errors = np.array([[0.1, 0.5, 0.6, 0.0], [0.2, 0.1, 0.01, 2.0], [0.0, 0.3, 0.1, 0.1]])
+    da = make_result(values, ("layer", "head"), n_layers=3)
+    da = da.assign_coords(error=(("layer", "head"), errors, {"method": "trapezoid: test"}))
+    spec = heatmap(da, x="head", y="layer").to_dict()
+    rows = inline_rows(spec)
+    unsure = {(r["layer"], r["head"]) for r in rows if r["unsure"]}
+    expected = {(la, h) for la in range(3) for h in range(4) if errors[la, h] >= abs(values[la, h])}
+    assert unsure == expected == {(0, 1), (0, 2), (0, 3), (1, 3), (2, 1)}
+    cell = next(r for r in rows if r["layer"] == 1 and r["head"] == 3)
+    assert cell["error"] == pytest.approx(2.0) and cell["low"] == pytest.approx(-0.5)
+    assert _layer(spec, "point")["encoding"]["shape"]["scale"]["domain"] == [
+        "error estimate >= |estimate|"
+    ]
+    assert any(
+        line.startswith("hatched: error estimate >= |estimate|, the sign is not sure (5 of 12")
+        and line.endswith("error: trapezoid: test")
+        for line in spec["title"]["subtitle"]
+    )
+    moved = da.sortby("head", ascending=False).transpose("head", "layer")
+    assert heatmap(moved, x="head", y="layer").to_dict() == spec
+    plain = heatmap(da.drop_vars("error"), x="head", y="layer").to_dict()
+    assert "unsure" not in inline_rows(plain)[0]
+    with pytest.raises(ValueError, match=r"'error' coord is negative somewhere"):
+        heatmap(da.assign_coords(error=-da["error"]), x="head", y="layer")

@@ -16,6 +16,10 @@ A mean with its interval (``lenscape.aggregate.mean``: a ``bound`` dim holding m
 and high) is drawn as its mean, with the cells whose interval includes 0 hatched (their
 sign is not sure; a legend entry says so), the bounds and the prompt count N in every
 tooltip and a subtitle that counts the hatched cells and says how the interval was made.
+A fast estimate with its per-cell error estimate (an ``error`` coord on every drawn dim:
+``attribution_patching(error=True)``, ``activation_patching(refine="auto")``) is hatched
+the same way where the error estimate is at least the estimate's size (estimate -/+ error
+includes 0), with the error in every tooltip.
 
 A heatmap reads its array by label: axes and facets run in label order
 (``encoding.in_label_order``: layers, heads and other numbers ascending, components in the
@@ -85,6 +89,8 @@ FACET_COLUMNS = 4
 TOKEN_COORDS = {"query_pos": "query_token", "key_pos": "key_token", "pos": "token"}
 #: The dim of an interval result (``lenscape.aggregate.mean``) that holds mean, low, high.
 BOUND = "bound"
+#: The coord of a fast estimate's per-cell error estimate (``attribution_patching(error=True)``).
+ERROR = "error"
 #: The hatch over a cell whose interval includes 0: three strokes in the [-1, 1] box of a
 #: Vega symbol, which Vega scales to the mark's size (the cell's).
 HATCH = "M-1,0L0,-1M-1,1L1,-1M0,1L1,0"
@@ -229,6 +235,10 @@ def heatmap(
             with its interval (``lsc.aggregate.mean`` or ``da.lsc.mean("prompt")``: a
             ``bound`` dim of mean, low, high that no role names) draws the mean, hatches
             the cells whose interval includes 0 and shows low, high and N in the tooltips.
+            An estimate with an ``error`` coord on every dim (``attribution_patching(...,
+            error=True)`` of one prompt, or ``scores.mean("prompt").assign_coords(error=
+            scores["error"].mean("prompt"))``: a mean's error is at most the mean error)
+            hatches the cells whose error estimate is at least their |value|.
         x: dim or label coord on the horizontal axis. ``"depth"`` (relative depth, a coord on
             ``layer``) puts models of different depth on one shared [0, 1] axis.
         y: dim or label coord on the vertical axis (first label at the top).
@@ -446,7 +456,7 @@ def _split_interval(
         ValueError: a ``bound`` dim whose labels are not mean, low and high.
     """
     if BOUND not in da.dims or BOUND in roles:
-        return da, None
+        return _split_error(da)
     labels = da[BOUND].values.tolist() if BOUND in da.coords else []
     if sorted(map(str, labels)) != sorted(BOUNDS):
         raise ValueError(
@@ -470,6 +480,41 @@ def _split_interval(
     ]
     if da.attrs.get("interval_note"):
         lines.append(str(da.attrs["interval_note"]))
+    return shown, _Interval(label=label, lines=lines)
+
+
+def _split_error(da: xr.DataArray) -> tuple[xr.DataArray, _Interval | None]:
+    """A fast estimate with its per-cell error estimate (an ``error`` coord on every dim of
+    ``da``, as ``attribution_patching(error=True)`` gives it) as the estimate with ``low`` and
+    ``high`` = estimate -/+ error, so the cells whose error could flip the sign are hatched
+    as an interval's are; anything else as it is.
+
+    Raises:
+        ValueError: an ``error`` coord that is negative somewhere (not an error estimate).
+    """
+    if ERROR not in da.coords or set(da[ERROR].dims) != set(da.dims) or not da.dims:
+        return da, None
+    error = da[ERROR].transpose(*da.dims)
+    if bool((error < 0).any()):
+        raise ValueError(
+            "da's 'error' coord is negative somewhere; an error estimate is a size (>= 0), "
+            "as attribution_patching(error=True) gives it. Drop it (da.drop_vars('error')) "
+            "or pass its absolute value."
+        )
+    low, high = da - error, da + error
+    shown = da.assign_coords(
+        low=(da.dims, low.values, {"long_name": "estimate - error estimate"}),
+        high=(da.dims, high.values, {"long_name": "estimate + error estimate"}),
+    )
+    unsure = int(((low <= 0) & (high >= 0)).sum())
+    label = "error estimate >= |estimate|"
+    method = error.attrs.get("method") or da.attrs.get("error_method")
+    lines = [
+        f"hatched: {label}, the sign is not sure ({unsure} of {da.size} cells)"
+        + (f"; error: {method}" if method else "")
+    ]
+    if "measured" in da.coords:
+        lines.append(f"{int(da['measured'].sum())} of {da.size} cells measured exactly (error 0)")
     return shown, _Interval(label=label, lines=lines)
 
 
