@@ -43,8 +43,6 @@ F4_MODEL, F4_TASKS = "smollm2-135m", ("math", "syntax")
 F4_COLORS = ["#000000", "#1a9850", "#ffd700", "#d73027"]  # black -> green -> yellow -> red
 #: Prompts of the cached runs (the notebooks' default settings).
 N_PROMPTS, FINETUNE_STEPS, IG_STEPS, CIRCUIT_EDGES = 16, 200, 5, 60
-#: Bootstrap resamples of the prompts behind the circuit's stability (its edges' opacity).
-CIRCUIT_RESAMPLES = 200
 
 Drawn = tuple[xr.DataArray | xr.Dataset, Any]
 
@@ -159,26 +157,18 @@ def f3(cache: Path) -> Drawn:
 
 
 def circuit(cache: Path) -> Drawn:
-    """A circuit of the indirect-object task (EAP-IG edge scores, SmolLM2), each edge as
-    opaque as the share of bootstrap resamples of the prompts whose circuit keeps it."""
+    """A circuit of the indirect-object task (EAP-IG edge scores, SmolLM2)."""
     prompts = lsc.data.prompts("ioi")[:N_PROMPTS]
-    cache.mkdir(parents=True, exist_ok=True)  # the store's folder, on a first run
-    per_prompt = lsc.edge_attribution(
+    scores = lsc.edge_attribution(
         lsc.load(F4_MODEL),
         prompts,
         estimator="eap-ig",
         steps=IG_STEPS,
-        per_prompt=True,
         store=cache / "ioi_eap_ig.zarr",
         progress=False,
     )
-    scores = per_prompt.astype("float64").mean("prompt", skipna=False, keep_attrs=True)
     picked = lsc.circuit(scores, edges=CIRCUIT_EDGES)
-    stable = lsc.circuit_stability(
-        per_prompt, edges=CIRCUIT_EDGES, n_resamples=CIRCUIT_RESAMPLES, seed=0
-    )
-    drawn = xr.Dataset({"circuit": picked, "stability": stable})
-    return drawn, lsc.circuit_graph(scores, picked, stability=stable)
+    return picked, lsc.circuit_graph(scores, picked)
 
 
 def agreement(cache: Path) -> Drawn:
@@ -199,11 +189,7 @@ FIGURES: dict[str, tuple[Callable[[Path], Drawn], str]] = {
     "f4_head_roles": (f4, 'lsc.recorded("head_roles", model="smollm2-135m", task=...)'),
     "f2_weight_importance": (f2, "lsc.weight_importance on 16 factual prompts (cached run)"),
     "f3_weight_change": (f3, "lsc.weight_change after lsc.finetune, 200 steps (cached run)"),
-    "circuit": (
-        circuit,
-        "lsc.edge_attribution (EAP-IG, 5 steps, per prompt) on 16 IOI prompts (cached run); "
-        "lsc.circuit_stability over 200 resamples",
-    ),
+    "circuit": (circuit, "lsc.edge_attribution (EAP-IG, 5 steps) on 16 IOI prompts (cached run)"),
     "agreement": (agreement, "lsc.faithfulness on the factual prompts (cached run)"),
 }
 

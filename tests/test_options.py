@@ -41,6 +41,8 @@ OWN_MEANING = {
     # The rules apply to model.hf's own passes (which nnsight runs); "transformer_lens" adds
     # its bridge's. Below the options in the layers, so it cannot name DEFAULTS.
     ("sweep/relevance.py", "relevance_rules", "backend"),
+    ("sweep/relevance.py", "check_covered", "backend"),
+    ("sweep/relevance.py", "unsupported", "backend"),
     # A plan rebuilt from its data on a worker shows no bar of its own.
     ("sweep/plan.py", "build", "progress"),
     # None: the level the options give (batching for one level of a two-level method;

@@ -78,7 +78,7 @@ from ..models import LensModel
 from ..sweep import memory, metrics
 from ..sweep.backend import Site, TokenBatch, get_backend
 from ..sweep.inputs import Batch, Inputs, batched
-from ..sweep.options import EXACT, LEVELLED, MAX_STEPS, Options, integration_points
+from ..sweep.options import DEFAULTS, EXACT, LEVELLED, MAX_STEPS, Options, integration_points
 from ..sweep.plan import Call, Plan, Result, Scores, once, one_level_plan, top_is_target
 from ..sweep.registry import method, run
 from ..sweep.relevance import RULE_SETS, clean_pass, rules_or_plain, unsupported
@@ -591,7 +591,9 @@ def check_rules(estimator: str, rules: str | None, *, relevance: str = "relp") -
     return _validate.choice("rules", DEFAULT_RULES if rules is None else rules, list(RULE_SETS))
 
 
-def check_relevance(model: LensModel, rules: str | None, *, backend: str = "nnsight") -> None:
+def check_relevance(
+    model: LensModel, rules: str | None, *, backend: str = DEFAULTS.backend
+) -> None:
     """Refuse relevance ``rules`` on a model (and backend) they cannot run on, before any
     pass.
 
