@@ -320,6 +320,35 @@ def test_mean_gives_the_mean_and_a_bootstrap_interval_per_cell():
     assert "interval_note" not in out.attrs and out.attrs["units"] == "score"
 
 
+def test_mean_carries_a_fast_estimates_error_and_what_was_measured():
+    """The mean's error estimate bounds |mean(estimate) - mean(exact)| when every prompt's
+    bounds that prompt's; a NaN error stays NaN; measured = measured on every prompt; the
+    answer does not depend on the order of the prompts."""
+    rng = np.random.default_rng(0)
+    exact = per_prompt(6)
+    error = np.abs(rng.normal(size=exact.shape)).astype(np.float32)
+    estimate = exact + error * rng.uniform(-1, 1, size=exact.shape)  # within each error
+    measured = rng.uniform(size=exact.shape) < 0.3
+    error[measured] = 0.0
+    estimate = estimate.where(~measured, exact)
+    error[2, 1, 3] = np.nan  # unknown on one prompt
+    da = estimate.assign_coords(
+        error=(exact.dims, error, {"method": "trapezoid: test"}),
+        measured=(exact.dims, measured),
+    )
+    out = aggregate.mean(da, "prompt", n_resamples=200).sel(bound="mean")
+    np.testing.assert_allclose(out["error"], np.mean(error, axis=0), rtol=1e-5)
+    assert np.isnan(out["error"].sel(layer=1, head=3)) and out["error"].isnull().sum() == 1
+    known = out["error"].notnull()
+    gap = np.abs(out - exact.mean("prompt"))
+    assert bool((gap.where(known) <= out["error"].where(known) + 1e-6).sum() == known.sum())
+    assert out["error"].attrs["method"] == "trapezoid: test"
+    assert "triangle inequality" in out["error"].attrs["pooling"]
+    np.testing.assert_array_equal(out["measured"], measured.all(axis=0))
+    shuffled = aggregate.mean(da.isel(prompt=rng.permutation(6)), "prompt", n_resamples=200)
+    xr.testing.assert_identical(shuffled.sel(bound="mean"), out)
+
+
 def test_mean_reads_prompts_by_label_and_never_counts_nan():
     da = per_prompt(12)
     da[:, 0, 0] = np.nan  # never computed

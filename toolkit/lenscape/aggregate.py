@@ -496,6 +496,26 @@ def _interval_note(rows: np.ndarray, dim: str) -> str:
     return " and ".join(parts) + " have no interval (NaN)" if parts else ""
 
 
+def _pooled_error_coords(da: xr.DataArray, dim: str) -> dict[str, xr.DataArray]:
+    """``mean``'s ``error`` and ``measured`` coords over the other dims (see there)."""
+    coords = {}
+    if "error" in da.coords and dim in da["error"].dims:
+        error = da["error"]
+        coords["error"] = error.mean(dim, skipna=False).assign_attrs(
+            {
+                **error.attrs,
+                "long_name": f"error estimate of the mean over {dim}s",
+                "pooling": f"mean over {dim}s of the per-{dim} error estimates (a bound on "
+                "the mean's error by the triangle inequality)",
+            }
+        )
+    if "measured" in da.coords and dim in da["measured"].dims:
+        coords["measured"] = (
+            da["measured"].all(dim).assign_attrs(long_name=f"measured exactly on every {dim}")
+        )
+    return coords
+
+
 def mean(
     da: xr.DataArray,
     dim: str = "prompt",
@@ -528,7 +548,12 @@ def mean(
         the cells whose interval includes 0 hatched. Attrs: ``da``'s, with ``long_name``
         "<name>: mean over N prompts, 95% interval", ``interval`` (the method in a
         sentence), ``ci``, ``n_resamples``, ``interval_seed`` and, where some interval is
-        NaN, ``interval_note``; a mask's mean has ``units`` "share of prompts".
+        NaN, ``interval_note``; a mask's mean has ``units`` "share of prompts". A fast
+        estimate's per-cell ``error`` coord (``attribution_patching(error=True)``,
+        ``refine="auto"``) becomes the mean's: the mean over ``dim`` of the per-prompt
+        error estimates, which bounds the mean's error as they bound each prompt's
+        (|mean(estimate - exact)| <= mean |estimate - exact|); NaN where any prompt's is
+        (unknown stays unknown). A ``measured`` coord becomes "measured on every prompt".
 
     Raises:
         TypeError: ``da`` not a DataArray, or an option of the wrong type.
@@ -546,6 +571,7 @@ def mean(
     )
     computed = (~np.isnan(rows)).sum(0).reshape(point.shape)
     out = out.assign_coords(n=(point.dims, computed, {"long_name": f"N ({dim}s computed)"}))
+    out = out.assign_coords(_pooled_error_coords(da, dim))
     name, n = schema.name_from_attrs(da), da.sizes[dim]
     units = mask_rules.share_units(dim) if mask_rules.is_mask(da) else da.attrs.get("units")
     note = _interval_note(rows, dim)
