@@ -18,8 +18,10 @@ Three parts (``--parts``, default all):
   heads at the corrupt one's) against activation patching of the head itself (the norm's
   scale moves for every head of the block).
 - ``timing``: seconds of EAP, EAP-IG (5 steps) and exact edge patching (a 5% circuit, and 16
-  single edges) on SmolLM2-135M (Llama family), median of ``--repeats``, for a before/after
-  comparison: run it with ``PYTHONPATH`` at each version of the code, in turn.
+  single edges) on SmolLM2-135M (Llama family) and gemma3-270m, median of ``--repeats``, and
+  as a ratio to one plain forward + backward of the same prompts (``edges.forward_backward``),
+  for a before/after comparison: run it with ``PYTHONPATH`` at each version of the code, in
+  turn (a version that refuses a family says so in its row).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ from lenscape.sweep.relevance import unsupported
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import _helpers as hand
+from edges import forward_backward
+
+#: Prompts per batch in the timing part (edge_attribution's default).
+BATCH_SIZE = 8
 
 FAMILIES = (
     "llama",
@@ -276,14 +282,9 @@ def gemma_part(args) -> str:
     )
 
 
-def timing_part(args) -> str:
-    model = lsc.load("smollm2-135m", device="cpu")
-    prompts = lsc.data.prompts("ioi")[: args.timing_prompts]
-    graph = Graph.of(model)
-    scores = lsc.edge_attribution(model, prompts, progress=False)  # warm up
-    circuit = lsc.circuit(scores, fraction=0.05)
-    singles = tuple(("only", (int(i),)) for i in np.flatnonzero(graph.valid)[::4000][:16])
-    calls = {
+def _edge_calls(model, prompts, circuit, singles) -> dict:
+    """The timed calls: label -> a function of no arguments."""
+    return {
         "eap": lambda: lsc.edge_attribution(model, prompts, progress=False),
         "eap-ig:5": lambda: lsc.edge_attribution(
             model, prompts, estimator="eap-ig", steps=5, progress=False
@@ -295,17 +296,44 @@ def timing_part(args) -> str:
             model, prompts, variants=singles, progress=False
         ),
     }
+
+
+def timing_part(args) -> str:
     rows = []
-    for name, call in calls.items():
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-        median = statistics.median(times)
-        print(f"{lsc.__file__}: {name} {median:.2f} s (of {[round(t, 2) for t in times]})")
-        rows.append([*_report.stamp(), name, f"{median:.2f} s"])
-    return _report.table(["date", "machine", "call", "median"], rows)
+    for name in args.timing_models.split(","):
+        model = lsc.load(name, device="cpu")
+        prompts = _usable(model, lsc.data.prompts("ioi"), args.timing_prompts)
+        try:
+            scores = lsc.edge_attribution(model, prompts, progress=False)  # warm up
+        except ValueError as refused:  # a version of lenscape without edges on this family
+            print(f"{lsc.__file__}: {name} refused: {str(refused)[:120]}")
+            rows.append([*_report.stamp(), name, "refused", "-", "-"])
+            continue
+        forward_backward(model, prompts, BATCH_SIZE)  # warm up
+        floor = statistics.median(
+            forward_backward(model, prompts, BATCH_SIZE) for _ in range(args.repeats)
+        )
+        rows.append(
+            [*_report.stamp(), name, "one forward + backward (floor)", f"{floor:.2f} s", "1.0x"]
+        )
+        graph = Graph.of(model)
+        circuit = lsc.circuit(scores, fraction=0.05)
+        singles = tuple(("only", (int(i),)) for i in np.flatnonzero(graph.valid)[::4000][:16])
+        calls = _edge_calls(model, prompts, circuit, singles)
+        for label, call in calls.items():
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - start)
+            median = statistics.median(times)
+            print(
+                f"{lsc.__file__}: {name} {label} {median:.2f} s (of {[round(t, 2) for t in times]})"
+            )
+            rows.append(
+                [*_report.stamp(), name, label, f"{median:.2f} s", f"{median / floor:.1f}x"]
+            )
+    return _report.table(["date", "machine", "model", "call", "median", "/ floor"], rows)
 
 
 def main() -> None:
@@ -318,6 +346,7 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing-prompts", type=int, default=8)
+    parser.add_argument("--timing-models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--repeats", type=int, default=3)
     args = _report.parse_args(parser, prompts=1, receivers=5, senders=2, repeats=1)
     parts = args.parts.split(",")

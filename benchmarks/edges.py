@@ -47,6 +47,23 @@ def buffer_mib(n_layers, n_heads, n_kv, d_model, tokens) -> tuple[float, float]:
     return dense, buffers
 
 
+def forward_backward(model, prompts, batch_size: int) -> float:
+    """Seconds of one plain Hugging Face forward and backward of ``prompts`` in batches (the
+    gradient of the read position's logits from the embeddings): the unit of edge costs."""
+    import torch
+
+    tok = model.tokenizer
+    start = time.perf_counter()
+    for first in range(0, len(prompts), batch_size):
+        texts = [p.text for p in prompts[first : first + batch_size]]
+        batch = tok(texts, return_tensors="pt", padding=True)
+        with torch.enable_grad():
+            embeds = model.hf.get_input_embeddings()(batch["input_ids"]).requires_grad_(True)
+            logits = model.hf(inputs_embeds=embeds, attention_mask=batch["attention_mask"])
+            logits.logits[:, -1].sum().backward()
+    return time.perf_counter() - start
+
+
 def peer_timing(model, prompts, batch_size: int) -> tuple[float, float, int]:
     """Seconds of lenscape's EAP and of TransformerLens's edge attribution on an MHA model of
     ``model``'s shape (TransformerLens takes one clean/corrupt pair per call), and its edges."""
@@ -98,27 +115,13 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=120, help="random edges checked")
     parser.add_argument("--peer-prompts", type=int, default=4, help="prompts of the peer timing")
     args = _report.parse_args(parser, prompts=4, random=1, top=3, sample=5, peer_prompts=2)
-    import torch
-
     model = lsc.load("smollm2-135m", device="cpu")
     prompts = lsc.data.prompts("ioi")[: args.prompts]
     spec = model.spec
 
-    def forward_backward() -> float:
-        tok = model.tokenizer
-        start = time.perf_counter()
-        for first in range(0, len(prompts), args.batch_size):
-            texts = [p.text for p in prompts[first : first + args.batch_size]]
-            batch = tok(texts, return_tensors="pt", padding=True)
-            with torch.enable_grad():
-                embeds = model.hf.get_input_embeddings()(batch["input_ids"]).requires_grad_(True)
-                logits = model.hf(inputs_embeds=embeds, attention_mask=batch["attention_mask"])
-                logits.logits[:, -1].sum().backward()
-        return time.perf_counter() - start
-
-    forward_backward()  # warm up, and boot the nnsight backend before timing
-    lsc.edge_attribution(model, prompts[:1], progress=False)
-    floor = forward_backward()
+    forward_backward(model, prompts, args.batch_size)  # warm up
+    lsc.edge_attribution(model, prompts[:1], progress=False)  # boot the nnsight backend
+    floor = forward_backward(model, prompts, args.batch_size)
     timings, scores = {}, {}
     estimators = {
         "eap": ("eap", None, None),

@@ -158,7 +158,11 @@ def auto_row(model, family, prompts, level, exact, t_exact) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m", help='a bundled model or "tiny"')
+    parser.add_argument(
+        "--models",
+        default="smollm2-135m,gemma3-270m",
+        help='comma-separated bundled models, or "tiny"',
+    )
     parser.add_argument("--families", default="factual,ioi")
     parser.add_argument("--prompts", type=int, default=24, help="held-out pairs per family")
     parser.add_argument("--seed", type=int, default=44, help="seeds the held-out draw")
@@ -166,28 +170,27 @@ def main() -> None:
     parser.add_argument("--estimators", default="atp,trapezoid,ig:2,ig:8,relp,relp:secant")
     args = _report.parse_args(
         parser,
-        model="tiny",
+        models="tiny",
         families="factual",
         prompts=4,
         estimators="atp,trapezoid,ig:2,relp:secant",
     )
-    model = (
-        lsc.models.tiny("llama", n_layers=3)
-        if args.model == "tiny"
-        else lsc.load(args.model, device="cpu")
-    )
     labels = args.estimators.split(",")
     error_table, auto_table = [], []
-    for family in args.families.split(","):
-        pairs = aligned_pairs(model, lsc.data.prompts(family))
-        prompts = pairs.sample(min(args.prompts, len(pairs)), seed=args.seed)
-        for level in args.levels.split(","):
-            exact, t_exact = timed(
-                lsc.activation_patching, model, prompts, level=level, progress=False
-            )
-            print(f"\n{model.name} {family} {level}: exact sweep {t_exact:.1f} s", flush=True)
-            error_table += error_rows(model, family, prompts, level, exact, t_exact, labels)
-            auto_table.append(auto_row(model, family, prompts, level, exact, t_exact))
+    for name in args.models.split(","):
+        model = (
+            lsc.models.tiny("llama", n_layers=3) if name == "tiny" else lsc.load(name, device="cpu")
+        )
+        for family in args.families.split(","):
+            pairs = aligned_pairs(model, lsc.data.prompts(family))
+            prompts = pairs.sample(min(args.prompts, len(pairs)), seed=args.seed)
+            for level in args.levels.split(","):
+                exact, t_exact = timed(
+                    lsc.activation_patching, model, prompts, level=level, progress=False
+                )
+                print(f"\n{model.name} {family} {level}: exact sweep {t_exact:.1f} s", flush=True)
+                error_table += error_rows(model, family, prompts, level, exact, t_exact, labels)
+                auto_table.append(auto_row(model, family, prompts, level, exact, t_exact))
     body = "\n\n".join(
         [
             _report.table(ERROR_COLUMNS, error_table),
@@ -195,7 +198,7 @@ def main() -> None:
             _report.table(AUTO_COLUMNS, auto_table),
         ]
     )
-    intro = INTRO.format(model=model.name, n=args.prompts, seed=args.seed)
+    intro = INTRO.format(model=", ".join(args.models.split(",")), n=args.prompts, seed=args.seed)
     title = "Error estimates of the fast maps, and refine='auto' (issue 44)"
     _report.emit(args, _report.section("error_estimates", title, intro, body))
 
