@@ -12,6 +12,11 @@ share of cells within 5% of the largest exact |effect|, how many of the exact to
 |prompt-mean|) it recovers, and its time as a share of the full exact sweep's. Writes the
 ``error_estimates`` section of RESULTS.md (see _report.py); ``--quick`` runs on a tiny random
 Llama in seconds (its numbers mean nothing).
+
+``--edges`` adds the same measure for edges: per family, ``lsc.edge_agreement``'s sample (the
+top ``--edge-top`` edges by |prompt-mean score| and ``--edge-random`` random ones, each patched
+alone, exactly) against each edge estimator run with ``lsc.edge_attribution(error=True)``, per
+receiver kind.
 """
 
 from __future__ import annotations
@@ -22,10 +27,13 @@ import time
 import _report
 import numpy as np
 import pandas as pd
+import xarray as xr
 from faithfulness import aligned_pairs
 
 import lenscape as lsc
 from lenscape.capture import patching
+from lenscape.capture.edges import agreement as edges_agreement
+from lenscape.schema import RECEIVER_KINDS
 
 INTRO = """\
 `python benchmarks/error_estimates.py`: {model}, {n} held-out pairs of each family
@@ -57,6 +65,26 @@ ERROR_COLUMNS = [
     "actual > predicted",
     "actual > 2x predicted",
     "time / exact",
+]
+EDGE_INTRO = """\
+Edges (`--edges`): on the same pairs, `lsc.edge_agreement` samples the top {top} edges by
+|prompt-mean score| and {random} random ones (seed {seed}) and patches each alone, exactly;
+each edge estimator runs with `error=True` (`lsc.edge_attribution`: the trapezoid correction
+|1/2 (g_r(clean) - g_r(corrupt)) . (clean_s - corrupt_s)| for `eap`, the gap to the coarser
+rule for `eap-ig`, the trapezoid under the rules for `relp`, |secant - eap| for
+`relp:secant`). Spearman, "actual > predicted" and "> 2x" as above, over the sampled
+(prompt x edge) cells of each receiver kind."""
+EDGE_COLUMNS = [
+    "date",
+    "machine",
+    "model",
+    "family",
+    "receiver kind",
+    "estimator",
+    "sampled edges",
+    "Spearman (predicted vs actual error)",
+    "actual > predicted",
+    "actual > 2x predicted",
 ]
 AUTO_COLUMNS = [
     "date",
@@ -156,6 +184,51 @@ def auto_row(model, family, prompts, level, exact, t_exact) -> list:
     return [*_report.stamp(), model.name, family, level, *row]
 
 
+def edge_rows(model, family, prompts, labels, n_top, n_random, seed) -> list[list]:
+    """Per edge estimator and receiver kind: how well its error estimate predicts its error
+    against exact single-edge patching on ``lsc.edge_agreement``'s sample of edges."""
+    report = lsc.edge_agreement(
+        model,
+        prompts,
+        estimators=labels,
+        n_top=n_top,
+        n_random=n_random,
+        seed=seed,
+        progress=False,
+    )
+    exact = report["exact"]
+    at = {name: xr.DataArray(exact[name].values, dims="edge") for name in ("sender", "receiver")}
+    parts = edges_agreement._parts(labels, edges_agreement.DEFAULT_IG_STEPS)
+    rows = []
+    for label, (name, steps, rules) in parts.items():
+        scores = lsc.edge_attribution(
+            model,
+            prompts,
+            estimator=name,
+            steps=steps,
+            rules=rules,
+            error=True,
+            per_prompt=True,
+            progress=False,
+        )
+        picked = scores.sel(prompt=exact["prompt"], **at)
+        actual = np.abs(picked.values - exact.values)
+        predicted = picked["error"].values
+        kinds = picked["receiver_kind"].values  # (edge,): the report's is its own dim
+        for kind in [kind for kind in RECEIVER_KINDS if (kinds == kind).any()]:
+            cells = np.broadcast_to(kinds == kind, actual.shape)
+            a, p = actual[cells], predicted[cells]
+            row = [
+                str(int(cells[0].sum())),
+                f"{rank_correlation(p, a):.3f}",
+                f"{np.mean(a > p):.1%}",
+                f"{np.mean(a > 2 * p):.1%}",
+            ]
+            print(f"{model.name} {family} edges {kind} {label}: " + " ".join(row), flush=True)
+            rows.append([*_report.stamp(), model.name, family, kind, label, *row])
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -168,15 +241,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=44, help="seeds the held-out draw")
     parser.add_argument("--levels", default="head,block")
     parser.add_argument("--estimators", default="atp,trapezoid,ig:2,ig:8,relp,relp:secant")
+    parser.add_argument("--edges", action="store_true", help="also measure edge estimators")
+    parser.add_argument("--edge-estimators", default="eap", help='e.g. "eap,eap-ig,relp:secant"')
+    parser.add_argument("--edge-top", type=int, default=50, help="top edges sampled")
+    parser.add_argument("--edge-random", type=int, default=200, help="random edges sampled")
     args = _report.parse_args(
         parser,
         models="tiny",
         families="factual",
         prompts=4,
         estimators="atp,trapezoid,ig:2,relp:secant",
+        edge_top=10,
+        edge_random=30,
     )
     labels = args.estimators.split(",")
-    error_table, auto_table = [], []
+    error_table, auto_table, edge_table = [], [], []
     for name in args.models.split(","):
         model = (
             lsc.models.tiny("llama", n_layers=3) if name == "tiny" else lsc.load(name, device="cpu")
@@ -191,14 +270,24 @@ def main() -> None:
                 print(f"\n{model.name} {family} {level}: exact sweep {t_exact:.1f} s", flush=True)
                 error_table += error_rows(model, family, prompts, level, exact, t_exact, labels)
                 auto_table.append(auto_row(model, family, prompts, level, exact, t_exact))
-    body = "\n\n".join(
-        [
-            _report.table(ERROR_COLUMNS, error_table),
-            '### refine="auto" (activation patching)',
-            _report.table(AUTO_COLUMNS, auto_table),
-        ]
-    )
+            if args.edges:
+                edge_labels = args.edge_estimators.split(",")
+                edge_table += edge_rows(
+                    model, family, prompts, edge_labels, args.edge_top, args.edge_random, args.seed
+                )
+    parts = [
+        _report.table(ERROR_COLUMNS, error_table),
+        '### refine="auto" (activation patching)',
+        _report.table(AUTO_COLUMNS, auto_table),
+    ]
+    if args.edges:
+        parts += ["### Edges", _report.table(EDGE_COLUMNS, edge_table)]
+    body = "\n\n".join(parts)
     intro = INTRO.format(model=", ".join(args.models.split(",")), n=args.prompts, seed=args.seed)
+    if args.edges:
+        intro += "\n\n" + EDGE_INTRO.format(
+            top=args.edge_top, random=args.edge_random, seed=args.seed
+        )
     title = "Error estimates of the fast maps, and refine='auto' (issue 44)"
     _report.emit(args, _report.section("error_estimates", title, intro, body))
 

@@ -659,28 +659,31 @@ def reference_edge_patching(model, prompt, edges):
     return out
 
 
-def reference_edge_scores(model, prompt, steps=1, receivers=None, rules=None):
+def reference_edge_scores(model, prompt, steps=1, receivers=None, rules=None, at="corrupt"):
     """As ``reference_edge_scores_plain``; with ``rules`` (a relevance rule set) the
     gradients are taken under ``lenscape.sweep.relevance.relevance_rules`` (the secant
     rules' reference pass is the clean prompt): RelP."""
     if rules is None:
-        return reference_edge_scores_plain(model, prompt, steps, receivers)
+        return reference_edge_scores_plain(model, prompt, steps, receivers, at=at)
     from lenscape.sweep.relevance import relevance_rules
 
     with relevance_rules(model, rules) as relevance:
         if relevance.rules.needs_reference:
             with relevance.reference(), torch.no_grad():
                 model.hf(_pair(model, prompt)[0])
-        return reference_edge_scores_plain(model, prompt, steps, receivers)
+        return reference_edge_scores_plain(model, prompt, steps, receivers, at=at)
 
 
-def reference_edge_scores_plain(model, prompt, steps=1, receivers=None):
+def reference_edge_scores_plain(model, prompt, steps=1, receivers=None, at="corrupt"):
     """EAP (steps=1) or EAP-IG by hand: per receiver, the gradient of the metric at a zero
     leaf added to its own copy of the stream, averaged over the corrupt -> clean path of
     block 0's input (k / steps, k = 0..steps-1), dotted with each sender's clean - corrupt
     output summed over positions. Returns {(sender, receiver): score} for the real edges
-    into ``receivers`` (labels; None: every receiver)."""
+    into ``receivers`` (labels; None: every receiver). ``at="clean"`` (steps=1): the
+    gradient at the clean run instead (the trapezoid rule's other end)."""
     clean_ids, corrupt_ids, target, distractor = _pair(model, prompt)
+    assert at in ("corrupt", "clean") and (at == "corrupt" or steps == 1)
+    run_ids = corrupt_ids if at == "corrupt" else clean_ids
     clean, _ = hand_senders(model, clean_ids)
     corrupt, _ = hand_senders(model, corrupt_ids)
     clean_embed = clean["embed"][None].to(model.dtype)
@@ -697,7 +700,7 @@ def reference_edge_scores_plain(model, prompt, steps=1, receivers=None):
 
             metric = hand_metric(
                 model,
-                corrupt_ids,
+                run_ids,
                 target,
                 distractor,
                 hand_receiver_hooks(model, receiver, leaf),

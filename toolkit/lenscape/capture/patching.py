@@ -119,7 +119,9 @@ ERROR_METHODS = {
     "trapezoid": (
         "|1/2 sum_pos (g_other - g_base) . (replacement - activation)|: the trapezoid rule's "
         "correction to the one-point rule, g_other the metric's gradient at the other end "
-        "(the clean run; for ablation the run with every component replaced)",
+        "(the clean run; for ablation the run with every component replaced); for an edge "
+        "sender -> receiver, g the gradient at the receiver's input and the change the "
+        "sender's clean - corrupt output",
         "one backward pass (ablation: one forward and one backward)",
     ),
     "trapezoid-rules": (
@@ -138,8 +140,9 @@ ERROR_METHODS = {
         "none",
     ),
     "secant-vs-atp": (
-        "|secant estimate - atp estimate|: the secant rules linearise each operation over "
-        "the whole corrupt -> clean change, AtP at the corrupt end; patching one component "
+        "|secant estimate - atp estimate| (edges: - eap estimate): the secant rules "
+        "linearise each operation over the whole corrupt -> clean change, AtP at the "
+        "corrupt end; patching one component "
         "moves each operation part of the way, so under monotone curvature the exact "
         "effect lies between them",
         "one forward and one backward pass",
@@ -557,10 +560,14 @@ def error_method(estimator: str, points: int, rules: str | None) -> str:
     return "coarse-rule" if points > 1 else "trapezoid"
 
 
-def with_error(result: xr.DataArray, errors: Any, method: str) -> xr.DataArray:
+def with_error(
+    result: xr.DataArray, errors: Any, method: str, *, undefined: str | None = None
+) -> xr.DataArray:
     """``result`` with the coord ``error``: (same dims) the error estimates ``errors``
-    (prompt, n_components), in its units, its method and cost in the coord's attrs and the
-    method in the result's (``error_method``)."""
+    (prompt, n_components; or edge scores' (prompt, n_senders * n_receivers)), in its
+    units, its method and cost in the coord's attrs and the method in the result's
+    (``error_method``); ``undefined``: why an error estimate is NaN where it is (an attr
+    of the coord, as faithfulness reports say why a statistic is NaN)."""
     coord = xr.DataArray(
         np.asarray(errors, dtype=np.float32).reshape(result.shape),
         dims=result.dims,
@@ -569,6 +576,7 @@ def with_error(result: xr.DataArray, errors: Any, method: str) -> xr.DataArray:
             "units": result.attrs["units"],
             "method": f"{method}: {ERROR_METHODS[method][0]}",
             "extra_passes": ERROR_METHODS[method][1],
+            **({} if undefined is None else {"undefined": undefined}),
         },
     )
     return result.assign_coords(error=coord).assign_attrs(error_method=method)

@@ -6,6 +6,25 @@ Scores (denoising sign, as ``lsc.attribution_patching`` and TransformerLens 4.3'
 run; positive: the edge carries the clean answer. EAP-IG (Hanna et al. 2024, arXiv
 2403.17806) averages the gradient over ``steps`` points ``a_k = k / steps`` of the straight
 path from the corrupt to the clean embeddings (left Riemann sum); ``steps=1`` is EAP.
+
+Error estimates (``edge_attribution(..., error=True)``), per edge and prompt, as
+``lsc.attribution_patching``'s (``capture/patching.py``: the same coord ``error``, attrs
+and ``ERROR_METHODS``), from the same quadrature's next term, never from exact patching:
+
+- "eap" (and "eap-ig" with 1 step): the trapezoid rule's correction,
+  ``|1/2 sum_pos (clean_s - corrupt_s) . (g_r(clean) - g_r(corrupt))|``, g_r the
+  metric's gradient at receiver r's input in the clean and in the corrupt run: one backward
+  pass more (the clean pass keeps its graph);
+- "eap-ig" with n >= 2 steps: ``|EAP-IG_n - the left rule on the even points a_0, a_2, ...|``
+  (each even point weighted by the width it covers): free;
+- "relp": the trapezoid correction with both receivers' gradients under the rules (one
+  backward pass more); for rules that linearise towards the clean run ("secant"),
+  ``|secant - eap|`` (one forward and one backward pass more).
+
+The clean run's gradient stands in for the gradient at the end of the one-edge path (the
+corrupt run with one receiver reading one sender's clean output): a first-order guess, not
+a bound; ``benchmarks/error_estimates.py --edges`` measures how well it ranks the actual
+error against exact single-edge patching.
 """
 
 from __future__ import annotations
@@ -22,15 +41,16 @@ from ...data import Prompts
 from ...models import LensModel
 from ...models.parts import projections
 from ...sweep import memory
+from ...sweep.backend import TokenBatch
 from ...sweep.inputs import Batch, Inputs, batched
 from ...sweep.memory import Need, Work
 from ...sweep.metrics import LONG_NAMES, UNITS
 from ...sweep.options import Options, integration_points
 from ...sweep.plan import Call, Plan, Scores, top_is_target
 from ...sweep.registry import method, run
-from ...sweep.relevance import clean_pass, rules_or_plain
+from ...sweep.relevance import RULE_SETS, clean_pass, rules_or_plain
 from ...sweep.result import prompt_coords, provenance
-from ..patching import check_relevance, check_rules
+from ..patching import check_relevance, check_rules, error_method, with_error
 from .graph import Graph
 from .hooks import (
     Pass,
@@ -46,6 +66,8 @@ ESTIMATORS = ("eap", "eap-ig", "relp")
 PATH_ESTIMATORS = ("eap-ig",)
 #: Integration points of ``estimator="eap-ig"`` when ``steps`` is not given.
 DEFAULT_IG_STEPS = 5
+#: Why an edge score's error estimate is NaN where it is (``with_error``'s ``undefined``).
+NO_EDGE = "NaN where no edge exists (the receiver is upstream of the sender), as the scores"
 
 
 def _zero_leaves(model: LensModel, rows: int, width: int) -> dict[tuple[str, int], torch.Tensor]:
@@ -130,10 +152,14 @@ def _step_scores(
     return scores * torch.from_numpy(graph.valid).to(scores.device)
 
 
-def _batch_scores(inputs: Inputs, batch: Batch, steps: int, rules: str | None) -> Scores:
+def _batch_scores(
+    inputs: Inputs, batch: Batch, steps: int, rules: str | None, error: bool = False
+) -> Scores:
     """Edge scores of one batch, (batch, n_senders * n_receivers) float32 (0 off the graph),
     and whether the model answers each clean prompt correctly; the gradients at ``steps``
-    points of the embedding path, or at the corrupt run under relevance ``rules``.
+    points of the embedding path, or at the corrupt run under relevance ``rules``. With
+    ``error``, (batch, n_senders * n_receivers) more: each score's error estimate (module
+    docstring).
 
     One buffer of (batch, n_senders, pos, d_model) in ``contraction_dtype`` holds the clean
     sender outputs minus the corrupt ones (written by the passes themselves: each element
@@ -148,30 +174,79 @@ def _batch_scores(inputs: Inputs, batch: Batch, steps: int, rules: str | None) -
         dtype=contraction_dtype(model),
         device=model.device,
     )
+    secant = rules is not None and RULE_SETS[rules].needs_reference
+    # The trapezoid's other end: the receivers' gradients at the clean run (under the rules).
+    two_ends = error and steps == 1 and not secant
+    terms: torch.Tensor | None = None
     with rules_or_plain(model, rules, backend=inputs.backend) as relevance:
-        with torch.no_grad(), clean_pass(relevance):
-            clean = Pass(graph, keep_senders=False, into=differences)
-            clean_logits = run_pass(model, inputs.backend, batch.clean, clean, grad=False)
-        scores = _path_scores(inputs, batch, steps, differences)
-    correct = top_is_target(clean_logits, batch.target).cpu()
-    return Scores((scores / steps).flatten(1).cpu(), correct)
+        if two_ends:
+            clean = Pass(
+                graph,
+                deltas=_zero_leaves(model, rows, width),
+                keep_senders=False,
+                into=differences,
+                keep_resids=True,
+            )
+            clean_logits, clean_grads = _gradient_pass(inputs, batch, batch.clean, clean)
+        else:
+            with torch.no_grad(), clean_pass(relevance):
+                clean = Pass(graph, keep_senders=False, into=differences)
+                clean_logits = run_pass(model, inputs.backend, batch.clean, clean, grad=False)
+        scores, coarse = _path_scores(inputs, batch, steps, differences, coarse=error)
+        scores = scores / steps
+        if two_ends:  # 1/2 (g_clean - g_corrupt) . delta, contracted like the scores
+            terms = 0.5 * (_step_scores(model, clean, clean_grads, differences) - scores)
+        elif error and steps > 1:
+            assert coarse is not None
+            terms = scores - coarse
+    if error and secant:  # the disagreement with EAP: plain gradients at the corrupt run
+        plain, _ = _path_scores(inputs, batch, 1, differences, fill=False)
+        terms = plain - scores
+    correct = top_is_target(clean_logits.detach(), batch.target).cpu()
+    values = scores.flatten(1)
+    if terms is not None:
+        values = torch.cat([values, terms.abs().flatten(1)], dim=1)
+    return Scores(values.cpu(), correct)
+
+
+def _gradient_pass(
+    inputs: Inputs, batch: Batch, tokens: TokenBatch, state: Pass
+) -> tuple[torch.Tensor, dict]:
+    """One pass over ``tokens`` with ``state``'s hooks and the metric's gradients at its
+    leaves (``state.deltas``): (logits, key -> gradient)."""
+    logits = run_pass(inputs.model, inputs.backend, tokens, state, grad=True)
+    metric = metric_of(inputs, logits, batch).sum()
+    leaves = list(state.deltas.values())
+    return logits, dict(zip(state.deltas, torch.autograd.grad(metric, leaves), strict=True))
 
 
 def _path_scores(
-    inputs: Inputs, batch: Batch, steps: int, differences: torch.Tensor
-) -> torch.Tensor:
+    inputs: Inputs,
+    batch: Batch,
+    steps: int,
+    differences: torch.Tensor,
+    *,
+    fill: bool = True,
+    coarse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(batch, n_senders, n_receivers) scores summed over ``steps`` gradient passes along the
-    corrupt -> clean embedding path; ``differences`` holds the clean sender outputs and
-    gets the corrupt ones taken away by the first pass (the corrupt run)."""
+    corrupt -> clean embedding path; ``differences`` holds the clean sender outputs and,
+    with ``fill``, gets the corrupt ones taken away by the first pass (the corrupt run;
+    without, it is complete already). With ``coarse`` and ``steps > 1``, also the left rule
+    on the even points a_0, a_2, ... (each weighted by the width it covers, so a mean, not a
+    sum); else None."""
     assert batch.corrupt is not None
     model, graph = inputs.model, Graph.of(inputs.model)
     rows, width = batch.clean.input_ids.shape
-    clean_embed = differences[:, 0].to(model.dtype, copy=True)
+    # Without ``fill``, differences[:, 0] is clean - corrupt already: no path to follow.
+    clean_embed = differences[:, 0].to(model.dtype, copy=True) if fill else None
     mask = batch.corrupt.attention_mask[:, None, :, None].to(differences.dtype)
     scores: torch.Tensor | None = None
+    coarse_sum: torch.Tensor | None = None
     for k in range(steps):
 
         def interpolate(out: torch.Tensor, alpha: float = k / steps) -> torch.Tensor:
+            assert clean_embed is not None  # steps > 1 comes with fill
             return out + alpha * (clean_embed - out)
 
         state = Pass(
@@ -179,20 +254,20 @@ def _path_scores(
             deltas=_zero_leaves(model, rows, width),
             embed_path=None if k == 0 else interpolate,
             keep_senders=False,
-            into=differences if k == 0 else None,  # the first pass is the corrupt run
+            into=differences if k == 0 and fill else None,  # the first pass: the corrupt run
             sign=-1.0,
             keep_resids=True,
         )
-        logits = run_pass(model, inputs.backend, batch.corrupt, state, grad=True)
-        metric = metric_of(inputs, logits, batch).sum()
-        leaves = list(state.deltas.values())
-        grads = dict(zip(state.deltas, torch.autograd.grad(metric, leaves), strict=True))
-        if k == 0:  # the differences are complete: no position of padding counts
+        _, grads = _gradient_pass(inputs, batch, batch.corrupt, state)
+        if k == 0 and fill:  # the differences are complete: no position of padding counts
             differences.mul_(mask)
         step = _step_scores(model, state, grads, differences)
         scores = step if scores is None else scores + step
+        weight = (min(k + 2, steps) - k) / steps if coarse and steps > 1 and k % 2 == 0 else 0.0
+        if weight:
+            coarse_sum = weight * step if coarse_sum is None else coarse_sum + weight * step
     assert scores is not None
-    return scores
+    return scores, coarse_sum
 
 
 def check_steps(estimator: str, steps: int | None) -> int:
@@ -224,9 +299,12 @@ def edge_attribution_memory(model: LensModel, options: Options, work: Work) -> N
     the receivers' gradient leaves and each block's input; during the contraction, one
     chunk of receiver gradients (``hooks.CHUNK_BYTES``), the norm's batched product and
     the float32 scores; the float32 (prompt, sender x receiver) result and its labelled
-    copies. Options a call did not give (a building block's ``Options``) are taken at their
-    defaults."""
+    copies. With ``error``: the clean pass's leaves, gradients and block inputs kept for
+    the trapezoid's other end, three more float32 score blocks (the other end's or coarse
+    rule's scores, the terms, the joined columns) and a result twice as wide. Options a call
+    did not give (a building block's ``Options``) are taken at their defaults."""
     check_steps(options.get("estimator", ESTIMATORS[0]), options.get("steps"))
+    error = bool(options.get("error", False))
     spec, graph = model.spec, Graph.of(model)
     (n_senders, n_receivers), e = graph.shape, memory.element_bytes(model.dtype)
     tokens, d_model = work.rows * work.width, spec.d_model
@@ -236,6 +314,8 @@ def edge_attribution_memory(model: LensModel, options: Options, work: Work) -> N
     leaves = 2 * tokens * (spec.n_layers * per_layer + d_model) * e  # and their gradients
     resids = spec.n_layers * tokens * d_model * e
     heads = tokens * spec.n_heads * d_model * e  # one block's head outputs being recorded
+    if error:  # the clean end's leaves, their gradients and its block inputs
+        leaves, resids = 2 * leaves, 2 * resids
     backward = Need(
         activations=memory.gradient_pass(model, work.rows, work.width),
         buffers=differences + leaves + resids + heads,
@@ -243,18 +323,21 @@ def edge_attribution_memory(model: LensModel, options: Options, work: Work) -> N
     per_receiver = tokens * d_model * 4  # the norm's batched product works in float32
     chunk = min(receiver_chunk(tokens * d_model * c), n_receivers) * tokens * d_model * c
     norm_product = 3 * min(receiver_chunk(per_receiver), spec.n_heads) * per_receiver
-    blocks = 3 * work.rows * n_senders * n_receivers * 4
+    blocks = (6 if error else 3) * work.rows * n_senders * n_receivers * 4
     contraction = Need(buffers=differences + leaves + resids + chunk + norm_product + blocks)
-    result = Need(buffers=3 * work.n_prompts * n_senders * n_receivers * 4)
+    result = Need(buffers=(6 if error else 3) * work.n_prompts * n_senders * n_receivers * 4)
     return memory.largest(backward, contraction) + result
 
 
 def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
     """``edge_attribution`` as a plan: per batch, one unedited clean pass and ``steps``
-    corrupt passes with a backward each. No pre-pass."""
+    corrupt passes with a backward each (with ``error``: the clean pass with a backward
+    too, or, under the secant rules, one more plain corrupt pass; ``_batch_scores``). No
+    pre-pass."""
     model, tokens, options = call.model, call.tokens, call.options
     points = check_steps(options.estimator, options.steps)
     rules = check_rules(options.estimator, options.rules)
+    error = bool(options.get("error", False))
     inputs = batched(model, tokens, options, level="head")
     graph = Graph.of(model)
     effect = {"eap": "EAP", "eap-ig": f"EAP-IG ({points} steps)"}.get(
@@ -268,16 +351,29 @@ def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
         **({} if rules is None else {"rules": rules}),
     }
 
+    n_edges = graph.valid.size
+
     def score(batch: Batch, step) -> Scores:
-        scores = _batch_scores(inputs, batch, points, rules)
+        scores = _batch_scores(inputs, batch, points, rules, error)
         step()
         return scores
 
+    def finish(values, correct, index) -> xr.DataArray:
+        values = np.asarray(values)
+        result = edge_result(inputs, graph, values[:, :n_edges], index, correct, attrs)
+        if not error:
+            return result
+        # The error estimates follow the scores (``_batch_scores``); NaN where no edge is.
+        errors = values[:, n_edges:].reshape(-1, *graph.shape)
+        errors = np.where(graph.valid, errors, np.nan)
+        method = error_method(options.estimator, points, rules)
+        return with_error(result, errors, method, undefined=NO_EDGE)
+
     return Plan(
         inputs,
-        graph.valid.size,
+        n_edges * (2 if error else 1),
         score,
-        lambda values, correct, index: edge_result(inputs, graph, values, index, correct, attrs),
+        finish,
         desc=f"{effect} edge scores",
     )
 
@@ -287,13 +383,21 @@ def _prompt_mean(scores: xr.DataArray, options: Options, prompts: Any) -> xr.Dat
     (float64, as (sender, receiver))."""
     if options.per_prompt:
         return scores
-    return scores.load().astype(np.float64).mean("prompt", skipna=False, keep_attrs=True)
+    mean = scores.load().astype(np.float64).mean("prompt", skipna=False, keep_attrs=True)
+    if "error" not in scores.coords:
+        return mean
+    # The mean's error is |mean of the corrections|, at most the mean of their sizes.
+    error = scores["error"].astype(np.float64).mean("prompt", skipna=False, keep_attrs=True)
+    long_name = "prompt-mean error estimate (at least the mean score's own)"
+    return mean.assign_coords(error=error.assign_attrs(long_name=long_name))
 
 
 def check_edge_attribution(model: LensModel, options: Options) -> None:
     """``edge_attribution``'s own options (``Method.checks``): the estimator with its steps
-    and rules, the rules and the backend against the model."""
+    and rules, ``error``, the rules and the backend against the model. Every estimator has
+    an error estimate (``patching.error_method``), so ``error`` only has to be a flag."""
     check_steps(options.estimator, options.steps)
+    _validate.flag("error", options.get("error", False))
     check_relevance(model, check_rules(options.estimator, options.rules))
     check_supported(model, options.backend)
 
@@ -313,6 +417,7 @@ def edge_attribution(
     estimator: str = "eap",
     steps: int | None = None,
     rules: str | None = None,
+    error: bool = False,
     per_prompt: bool = False,
     **shared,
 ) -> xr.DataArray:
@@ -337,6 +442,16 @@ def edge_attribution(
             experts, a fused gate/up) is refused before any pass, with the reason.
         backend: "nnsight" (TransformerLens cannot express per-receiver inputs: an error
             says so).
+        error: also estimate each score's error (module docstring): a coord ``error``
+            with the scores' dims and units, >= 0 (NaN where no edge exists, the reason in
+            its attrs' ``undefined``), its method and cost in the coord's attrs
+            (``patching.ERROR_METHODS``; ``error_method`` in the result's attrs), as
+            ``lsc.attribution_patching(error=True)``'s. "eap": the trapezoid correction,
+            one backward pass more; "eap-ig" with 2+ steps: the gap to the coarser rule on
+            the even points, free; "relp": the trapezoid correction under the rules (one
+            backward pass more) or, for the "secant" rules, the gap to "eap" (one forward
+            and one backward pass more). The prompt mean's ``error`` is the mean of the
+            per-prompt ones (at least the mean score's own).
         per_prompt: keep the ``prompt`` dim (with its ``correct`` flags, so
             ``lsc.aggregate.correct_only`` can drop wrong answers) instead of averaging
             over prompts. A ``store`` always holds the per-prompt scores.
@@ -349,6 +464,7 @@ def edge_attribution(
         exists (the receiver is upstream of the sender).
 
     Raises:
+        TypeError: ``error`` or ``per_prompt`` not True or False.
         ValueError: unknown estimator, steps < 1 (or > 1 with "eap"), a corrupt prompt of
             another token length, an unsupported architecture, backend="transformer_lens".
     """
