@@ -162,3 +162,9 @@ def fresh_runs():
         ]
 
     return run
+
+
+def pytest_collection_modifyitems(items):
+    """The tests marked ``slow`` (real models, notebooks, fresh processes) run first: with
+    two workers stealing work, a minutes-long test started last would run alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -18,15 +18,22 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def few(factual):
-    """Four prompts of different token lengths."""
+    """Four prompts, the last a token longer than the others (8 and 9 tokens: padded)."""
     return lsc.data.PromptSet([factual[i] for i in (0, 11, 23, 37)], name="factual-4")
 
 
-def test_zero_ablation_of_every_head_matches_plain_hooks(smol64, few):
-    scores = lsc.ablation(smol64, few, level="head", kind="zero", batch_size=4, progress=False)
-    assert scores.shape == (4, 30, 9)
-    expected = reference_zero_ablation(smol64, few)
-    np.testing.assert_allclose(scores.values, expected, atol=1e-5)
+def test_zero_ablation_matches_plain_hooks_in_the_first_middle_and_last_layer(smol64, few):
+    # Every head is ablated in one batched sweep of two prompts of different lengths (so one
+    # is padded); the 27 heads of three layers are checked against one unpadded float64 pass
+    # per prompt and head (54 reference passes). The float64 sweep is the cost (270 passes);
+    # tests/test_family_matrix.py checks every head of each tiny family, and
+    # test_padding_invariance_on_bundled_model batches all four prompts.
+    two, layers = lsc.data.PromptSet([few[0], few[3]], name="factual-2"), (0, 15, 29)
+    assert len({len(smol64.tokenizer(p.text)["input_ids"]) for p in two}) == 2
+    scores = lsc.ablation(smol64, two, level="head", kind="zero", batch_size=2, progress=False)
+    assert scores.shape == (2, 30, 9)
+    expected = reference_zero_ablation(smol64, two, layers=layers)
+    np.testing.assert_allclose(scores.sel(layer=list(layers)).values, expected, atol=1e-5)
     assert np.abs(expected).max() > 0.1  # the check is not vacuous
 
 
