@@ -7,7 +7,8 @@ checksum of them (``store.content_sha256`` of the data drawn). Nothing is typed 
 - F1 and F4 come from the shipped reference-protocol recordings (``lsc.recorded``; F1's
   clusters named by the kind of text they hold, from the recording's own split,
   ``fits.recordings.f1_split``);
-- F2, F3, the circuit and the agreement chart come from runs on the bundled models, cached
+- F2, F3, the circuit (with each edge's stability), the error map and the agreement chart
+  come from runs on the bundled models, cached
   under out/figures-cache/ (ignored by git): the first ``make figures`` computes them (about
   half an hour on a shared 2-core CPU, most of it F3's fine-tune), later ones redraw in a
   minute. ``--fresh`` recomputes them.
@@ -42,7 +43,7 @@ F1_MODELS = ("smollm2-135m", "gemma3-270m")
 F4_MODEL, F4_TASKS = "smollm2-135m", ("math", "syntax")
 F4_COLORS = ["#000000", "#1a9850", "#ffd700", "#d73027"]  # black -> green -> yellow -> red
 #: Prompts of the cached runs (the notebooks' default settings).
-N_PROMPTS, FINETUNE_STEPS, IG_STEPS, CIRCUIT_EDGES = 16, 200, 5, 60
+N_PROMPTS, FINETUNE_STEPS, IG_STEPS, CIRCUIT_EDGES, RESAMPLES = 16, 200, 5, 60, 200
 
 Drawn = tuple[xr.DataArray | xr.Dataset, Any]
 
@@ -157,18 +158,44 @@ def f3(cache: Path) -> Drawn:
 
 
 def circuit(cache: Path) -> Drawn:
-    """A circuit of the indirect-object task (EAP-IG edge scores, SmolLM2)."""
-    prompts = lsc.data.prompts("ioi")[:N_PROMPTS]
-    scores = lsc.edge_attribution(
+    """A circuit of the indirect-object task (EAP-IG edge scores, SmolLM2), each edge's
+    opacity its inclusion frequency over bootstrap resamples of the prompts."""
+    prompts = lsc.data.prompts("ioi").sample(N_PROMPTS, seed=0)
+    per_prompt = lsc.edge_attribution(
         lsc.load(F4_MODEL),
         prompts,
         estimator="eap-ig",
         steps=IG_STEPS,
-        store=cache / "ioi_eap_ig.zarr",
+        per_prompt=True,
+        store=cache / "ioi_eap_ig_per_prompt.zarr",
         progress=False,
     )
+    scores = per_prompt.mean("prompt", keep_attrs=True)
     picked = lsc.circuit(scores, edges=CIRCUIT_EDGES)
-    return picked, lsc.circuit_graph(scores, picked)
+    stability = lsc.circuit_stability(per_prompt, edges=CIRCUIT_EDGES, n_resamples=RESAMPLES)
+    drawn = xr.Dataset({"circuit": picked, "stability": stability})
+    return drawn, lsc.circuit_graph(scores, picked, stability=stability)
+
+
+def error_map(cache: Path) -> Drawn:
+    """A fast map with its per-cell error estimate: attribution patching of every head,
+    mean over prompts, the heads whose error estimate reaches their score hatched."""
+    prompts = lsc.data.prompts("factual").sample(N_PROMPTS, seed=0)
+    estimate = _cached(
+        cache / "factual_atp_error.nc",
+        lambda: lsc.attribution_patching(
+            lsc.load(F4_MODEL), prompts, level="head", error=True, progress=False
+        ),
+    )
+    pooled = aggregate.mean(estimate).sel(bound="mean")
+    chart = lsc.heatmap(
+        pooled,
+        x="head",
+        y="layer",
+        title=f"Attribution patching and its error estimate ({F4_MODEL}, mean over "
+        f"{N_PROMPTS} factual prompts)",
+    )
+    return pooled, chart
 
 
 def agreement(cache: Path) -> Drawn:
@@ -189,7 +216,16 @@ FIGURES: dict[str, tuple[Callable[[Path], Drawn], str]] = {
     "f4_head_roles": (f4, 'lsc.recorded("head_roles", model="smollm2-135m", task=...)'),
     "f2_weight_importance": (f2, "lsc.weight_importance on 16 factual prompts (cached run)"),
     "f3_weight_change": (f3, "lsc.weight_change after lsc.finetune, 200 steps (cached run)"),
-    "circuit": (circuit, "lsc.edge_attribution (EAP-IG, 5 steps) on 16 IOI prompts (cached run)"),
+    "circuit": (
+        circuit,
+        "lsc.edge_attribution (EAP-IG, 5 steps) on 16 IOI prompts (prompts('ioi').sample(16, "
+        "seed=0), cached run); lsc.circuit_stability, 200 resamples (seed 0)",
+    ),
+    "error_map": (
+        error_map,
+        "lsc.attribution_patching(error=True) on 16 factual prompts (prompts('factual')"
+        ".sample(16, seed=0), cached run); lsc.aggregate.mean",
+    ),
     "agreement": (agreement, "lsc.faithfulness on the factual prompts (cached run)"),
 }
 
@@ -218,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh:
         shutil.rmtree(args.cache, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    args.cache.mkdir(parents=True, exist_ok=True)
     listing = args.out / SOURCES
     sources = json.loads(listing.read_text()) if listing.exists() else {}
     for name in args.only or FIGURES:
