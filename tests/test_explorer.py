@@ -598,3 +598,57 @@ def test_pooled_seeds_then_prompts_show_the_interval_in_words():
     (text,) = e._details.box.children
     interval = e.array.sel(layer=0, head=1)
     assert f"{float(interval.sel(bound='low')):.4g} to " in text.value and "(N = 3)" in text.value
+
+
+def _with_error(values, error, measured=None):
+    """``per_prompt(values)`` as a fast estimate: an ``error`` coord (and ``measured``)."""
+    da = per_prompt(values, error_method="coarse-rule")
+    da = da.assign_coords(
+        error=(da.dims, np.asarray(error, float), {"long_name": "error estimate", "method": "x"})
+    )
+    if measured is not None:
+        da = da.assign_coords(measured=(da.dims, np.asarray(measured, bool)))
+    return da
+
+
+def test_the_details_give_a_fast_estimate_its_error_interval_and_exactness():
+    values = np.full((3, 2, 2), 0.5)
+    values[0, 0, 0] = 2.0
+    error = np.full((3, 2, 2), 0.1)
+    error[0, 0, 1] = 0.8  # interval includes 0
+    measured = np.zeros((3, 2, 2), bool)
+    measured[0, 1, 1] = True
+    error[0, 1, 1] = 0.0
+    e = Explorer(_with_error(values, error, measured))
+    e.controls["prompt"].value = 0
+    e.show_cell({"layer": 0, "head": 0})
+    _, text = e._details.box.children
+    assert "estimate: 2 logit diff" in text.value
+    assert "error estimate: ±0.1 logit diff (coarse-rule)" in text.value
+    assert "interval: 1.9 to 2.1 (estimate ± error; excludes 0)" in text.value
+    assert "not measured exactly" in text.value
+    e.show_cell({"layer": 0, "head": 1})
+    assert "-0.3 to 1.3" in text.value and "includes 0: the sign is not sure" in text.value
+    e.show_cell({"layer": 1, "head": 1})  # measured: the value is the exact effect
+    assert "IS the exact effect" in text.value and "error estimate" not in text.value
+    e.controls["prompt"].value = "mean"  # pooled: the mean error, at most, and the count
+    e.show_cell({"layer": 1, "head": 1})
+    _, text = e._details.box.children
+    assert "mean of 3 prompts" in text.value
+    assert "±0.0667 logit diff at most" in text.value and "largest ±0.1" in text.value
+    assert "measured exactly on 1 of 3 prompts" in text.value
+
+
+def test_the_details_of_an_estimate_without_error_say_nothing_of_it():
+    e = Explorer(per_prompt(SIGNED))
+    e.show_cell({"layer": 0, "head": 0})
+    assert len(e._details.box.children) == 1
+    e = Explorer(
+        _with_error(SIGNED, np.abs(SIGNED))
+        .drop_vars("error")
+        .assign_coords(measured=(("prompt", "layer", "head"), np.ones((3, 2, 2), bool)))
+    )
+    e.controls["prompt"].value = 1
+    e.show_cell({"layer": 0, "head": 0})
+    _, text = e._details.box.children
+    assert "IS the exact effect" in text.value and "error estimate" not in text.value

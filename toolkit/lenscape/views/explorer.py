@@ -5,7 +5,10 @@ or, for dims whose values are samples or positions (``REDUCIBLE_DIMS``), reduces
 A threshold can binarize scores, one remaining dim can become facets, and the axes can be
 swapped. Clicking a cell shows that cell's value along the sample dim (per prompt, with the
 prompt texts) beside the chart, plus whatever a ``detail`` callback draws for it (e.g. the
-head's attention pattern).
+head's attention pattern). A fast estimate's cell also gives its error estimate (an
+``error`` coord: ``attribution_patching(error=True)``), the interval estimate ± error, and
+whether ``refine="auto"`` measured it exactly (a ``measured`` coord: then the value is the
+exact effect); see ``uncertainty_lines``.
 
 The controls cannot mislead:
 
@@ -61,7 +64,7 @@ from lenscape.schema import name_from_attrs
 
 from .charts import bars, interval_line
 from .encoding import in_label_order
-from .heatmaps import heatmap, label_from_attrs
+from .heatmaps import ERROR, heatmap, label_from_attrs
 from .offline import display_with_image, enable_offline, with_image
 
 Data = xr.DataArray | xr.Dataset
@@ -99,6 +102,8 @@ DEFAULT_QUANTILE = 0.9
 PROMPT_CHARS = 48
 #: View name of a layered heatmap's cells, where its click selection lives.
 CELLS = "cells"
+#: The coord of cells ``refine="auto"`` measured exactly (bool; the value is then exact).
+MEASURED = "measured"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -639,6 +644,89 @@ def _switches(data: Data, *, correct_only: bool) -> dict[str, widgets.Widget]:
     return controls
 
 
+def _error_method(values: xr.DataArray, attrs: Mapping[Hashable, Any]) -> str:
+    """The error estimate's method: the result's ``error_method`` attr, else the short name
+    before the description in the ``error`` coord's ``method`` attr; "" when neither."""
+    method = attrs.get("error_method")
+    if not method and ERROR in values.coords:
+        method = str(values[ERROR].attrs.get("method", "")).split(":")[0]
+    return str(method or "")
+
+
+def uncertainty_lines(values: xr.DataArray, attrs: Mapping[Hashable, Any]) -> list[str]:
+    """What a clicked cell's details say about a fast estimate's uncertainty.
+
+    A fast estimate carries its per-cell error estimate as an ``error`` coord
+    (``lsc.attribution_patching(..., error=True)``, its method in the ``error_method``
+    attr), and ``refine="auto"`` (``lsc.activation_patching``, ``lsc.ablation``) marks in a
+    bool ``measured`` coord the cells it measured exactly, where the value IS the exact
+    effect (error 0). One cell gives the estimate, its error estimate and method, the
+    interval estimate ± error (and whether it includes 0: the sign is not sure), and
+    whether it was measured; a cell pooled over prompts (``values`` along them) gives the
+    mean, the mean error estimate (the mean's error is at most that: the triangle
+    inequality), the largest one, its interval, and on how many prompts the value was
+    measured exactly.
+
+    Args:
+        values: the cell's values (a scalar, or along the dims still pooled) with the
+            result's coords.
+        attrs: the result's attrs (``error_method``, ``units``).
+
+    Returns:
+        The lines, or [] when ``values`` has neither coord.
+    """
+    has_error, has_measured = ERROR in values.coords, MEASURED in values.coords
+    if not (has_error or has_measured):
+        return []
+    estimate = np.asarray(values.values, dtype=float)
+    finite = np.isfinite(estimate)
+    units = f" {attrs['units']}" if attrs.get("units") not in (None, "") else ""
+    one = estimate.size == 1
+    over = f"{values.dims[0]}s" if values.ndim == 1 else "values"
+    if not one and not finite.any():
+        return [f"not computed (NaN) on every one of the {over}"]
+    value = float(estimate.ravel()[0]) if one else float(estimate[finite].mean())
+    lines = [
+        f"estimate: {value:.4g}{units}"
+        if one
+        else f"estimate: {value:.4g}{units} (mean of {int(finite.sum())} {over})"
+    ]
+    measured = (
+        np.broadcast_to(np.asarray(values[MEASURED].values, dtype=bool), estimate.shape)
+        if has_measured
+        else None
+    )
+    exact = one and measured is not None and bool(measured.ravel()[0])
+    if has_error and not exact:
+        error = np.broadcast_to(np.asarray(values[ERROR].values, dtype=float), estimate.shape)
+        method = _error_method(values, attrs)
+        size = float(error.ravel()[0]) if one else float(error[finite].mean())
+        said = (
+            f"error estimate: ±{size:.3g}{units}"
+            if one
+            else f"error estimate: ±{size:.3g}{units} at most (the mean of the per-prompt "
+            f"ones; largest ±{float(error[finite].max()):.3g})"
+        )
+        lines.append(said + (f" ({method})" if method else ""))
+        low, high = value - size, value + size
+        unsure = "includes 0: the sign is not sure" if low <= 0 <= high else "excludes 0"
+        lines.append(f"interval: {low:.4g} to {high:.4g} (estimate ± error; {unsure})")
+    if measured is not None:
+        if one:
+            lines.append(
+                "measured exactly (refine='auto'): this value IS the exact effect, error 0"
+                if exact
+                else "not measured exactly (refine='auto' left the fast estimate here)"
+            )
+        else:
+            count = int(measured[finite].sum())
+            lines.append(
+                f"measured exactly on {count} of {int(finite.sum())} {over} "
+                "(refine='auto'): their values are exact, error 0"
+            )
+    return lines
+
+
 class _Details:
     """The pane beside an Explorer's chart: a clicked cell's values along the sample dim
     (one bar per prompt; the mean's interval, where the chart has one, as a band and in
@@ -649,6 +737,8 @@ class _Details:
         detail: the Explorer's ``detail`` callback, or None.
         box: the pane's widget.
         text: the line that shows a cell's value when there are no bars.
+        uncertainty: the lines that give a fast estimate's error estimate and whether the
+            cell was measured exactly (``uncertainty_lines``), shown when it has either.
     """
 
     def __init__(self, detail: DetailFn | None) -> None:
@@ -657,6 +747,7 @@ class _Details:
         self.box = widgets.VBox(layout={"min_width": "260px", "overflow": "visible"})
         self._charts: dict[str, alt.JupyterChart] = {}
         self.text, self._error = widgets.HTML(), widgets.HTML()
+        self.uncertainty = widgets.HTML()
 
     def show(
         self,
@@ -679,6 +770,10 @@ class _Details:
         """
         along = next((d for d in values.dims if d in SAMPLE_DIMS), None)
         parts = [self._values(da, values, along, at=at, picks=picks, interval=interval)]
+        lines = uncertainty_lines(values, da.attrs)
+        if lines:
+            self.uncertainty.value = "<br>".join(html.escape(line) for line in lines)
+            parts.append(self.uncertainty)
         if self.detail is not None:
             parts.append(self._detail(da, values, along, {**at, **picks}))
         self.box.children = tuple(parts)
