@@ -209,7 +209,7 @@ def _check_codes(values: np.ndarray, categories: tuple[str, ...]) -> None:
         )
 
 
-# long: seventeen keyword options (the signature is half its lines), checked in one call
+# long: eighteen keyword options (the signature is half its lines), checked in one call
 @unchecked_build
 def heatmap(
     da: xr.DataArray,
