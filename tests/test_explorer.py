@@ -8,7 +8,7 @@ import xarray as xr
 from _helpers import ATTRS, inline_rows
 
 from lenscape import aggregate, schema
-from lenscape.views.explorer import Explorer, View, reduce, render
+from lenscape.views.explorer import Explorer, View, reduce, render, shared_domain
 from lenscape.views.heatmaps import heatmap
 from lenscape.views.offline import export
 
@@ -688,6 +688,8 @@ def test_one_colour_domain_across_the_prompts_a_control_picks():
     assert chart.to_dict()["encoding"]["color"]["scale"]["domain"] == pytest.approx(
         [-largest, largest]
     )
+    nothing = View("head", "layer", {"prompt": 1})
+    assert shared_domain(per_prompt(values * np.nan), nothing) is None  # nothing to span
     e.controls["binarize"].value = True  # a mask: two named colours, no domain to share
     assert spec(e)["encoding"]["color"]["type"] == "nominal"
     assert e.controls["scale"].disabled

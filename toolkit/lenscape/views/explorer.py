@@ -441,10 +441,11 @@ def shared_domain(data: Data, view: View) -> tuple[float, float] | None:
     if not picked or view.threshold is not None or is_mask(_variable(data, view.variable)):
         return None
     wide = reduce(data, dataclasses.replace(view, ci=None), keep=picked)
-    if is_mask(wide):
+    values = np.asarray(wide.values, dtype=float)
+    if is_mask(wide) or not np.isfinite(values).any():
         return None
     low, high = _range(wide)
-    return (low, high) if np.isfinite([low, high]).all() and low < high else None
+    return (low, high) if low < high else None
 
 
 def _shared_note(data: Data, view: View) -> str:
