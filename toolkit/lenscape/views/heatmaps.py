@@ -6,6 +6,9 @@ caller (``da.mean("prompt")``, ``da.sel(seed=0)``), so a picture never silently 
 The data's declared type decides the colour scale, never its values: a mask
 (``lenscape.mask_rules`` says what counts as one and as kept) gets two named colours with a
 legend, a signed score a diverging scale centred at 0, anything else a sequential one.
+Scores that span orders of magnitude take a symmetric-log scale (``scale="auto"``: the
+views' rule, ``encoding.pick_scale``), its legend in true values and a subtitle line that
+says so; ``scale="linear"`` or ``"symlog"`` picks one.
 Titles, legend and axis titles come from the metadata (``long_name``, ``units``, dim names);
 tooltips show every coordinate of a cell and its value. NaN means "not computed" and is
 drawn grey (the subtitle says so only when a drawn cell is NaN, and says when every cell
