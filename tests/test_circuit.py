@@ -25,6 +25,7 @@ from lenscape.views.circuit import (
     edge_heatmap,
     faithfulness_curve,
 )
+from lenscape.views.encoding import SYMLOG_RATIO
 from lenscape.views.heatmaps import LEGEND_CHARS
 
 
@@ -412,11 +413,32 @@ def test_weak_edges_show_on_a_symmetric_log_scale_with_the_linear_one_an_option_
     assert any(line.startswith("colour: symmetric log") for line in grid["title"]["subtitle"])
     flat = edge_heatmap(heavy, scale="linear").to_dict()["encoding"]["color"]["scale"]
     assert "type" not in flat
-    unknown = r"Unknown scale 'log'; choose one of \['symlog', 'linear'\]"
+    unknown = r"Unknown scale 'log'; choose one of \['auto', 'symlog', 'linear'\]"
     with pytest.raises(ValueError, match=unknown):
         circuit_graph(heavy, scale="log")
     with pytest.raises(ValueError, match=unknown):
         edge_heatmap(heavy, scale="log")
+
+
+def test_auto_picks_symlog_only_when_the_scores_span_orders_of_magnitude(scores):
+    """``scale="auto"`` (the default) reads every finite score of the result: scores of one
+    size are drawn linear, one edge SYMLOG_RATIO times the median turns both the graph and
+    the edge grid symmetric-log, whatever budget or kinds are drawn (one rule, one result,
+    one choice)."""
+    ratio = float(np.nanmax(np.abs(scores.values)) / np.nanmedian(np.abs(scores.values)))
+    assert ratio < SYMLOG_RATIO
+    plain = _layer(circuit_graph(scores, edges=7).to_dict(), "rule")["encoding"]
+    assert plain["color"]["scale"]["type"] == "linear"
+    assert "type" not in edge_heatmap(scores).to_dict()["encoding"]["color"]["scale"]
+    heavy = scores.copy()
+    top = float(np.nanmedian(np.abs(scores.values))) * SYMLOG_RATIO * 1.5
+    heavy.loc[{"sender": "embed", "receiver": "logits"}] = top
+    for kinds in (RECEIVER_KINDS, ("q",)):  # the tail edge is a logits edge: not drawn for q
+        spec = circuit_graph(heavy, edges=3, kinds=kinds).to_dict()
+        assert _layer(spec, "rule")["encoding"]["color"]["scale"]["type"] == "symlog"
+    assert edge_heatmap(heavy).to_dict()["encoding"]["color"]["scale"]["type"] == "symlog"
+    forced = _layer(circuit_graph(scores, edges=7, scale="symlog").to_dict(), "rule")
+    assert forced["encoding"]["color"]["scale"]["type"] == "symlog"
 
 
 def test_line_styles_differ_in_kind_not_only_in_length():

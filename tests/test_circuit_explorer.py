@@ -70,10 +70,35 @@ def test_one_colour_scale_across_views_and_a_title_that_follows_the_controls():
     assert CircuitExplorer(scores, limit=1.0).options["limit"] == 1.0
     notes = explorer.chart.to_dict()["title"]["subtitle"]
     assert any("shared by every view of these scores" in note for note in notes)
-    scale = next(
-        layer for layer in explorer.chart.to_dict()["layer"] if layer["mark"]["type"] == "rule"
-    )["encoding"]["color"]["scale"]
-    assert scale["type"] == "symlog"
+
+
+def _colour_scale(explorer: CircuitExplorer) -> dict:
+    spec = explorer.chart.to_dict()
+    return next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")["encoding"]
+
+
+def test_the_colour_toggle_starts_on_the_rule_and_switches_scales_in_place():
+    """Normal scores (no heavy tail) start linear, a result with one edge 100 times the rest
+    starts symmetric-log (``pick_scale`` over every score); the toggle switches both colour
+    and width, the domain staying the whole result's."""
+    scores = _scores()
+    explorer = CircuitExplorer(scores, edges=5)
+    shown = explorer._chart
+    assert explorer.scale.value == "linear"
+    assert _colour_scale(explorer)["color"]["scale"]["type"] == "linear"
+    explorer.scale.value = "symlog"
+    enc = _colour_scale(explorer)
+    assert explorer._chart is shown
+    assert enc["color"]["scale"]["type"] == "symlog"
+    assert enc["strokeWidth"]["scale"]["type"] == "sqrt"
+    assert _colour_domain(explorer) == _colour_domain(CircuitExplorer(scores, scale="linear"))
+    heavy = scores.copy()
+    heavy[0, -1] = 1000.0
+    assert CircuitExplorer(heavy).scale.value == "symlog"
+    assert CircuitExplorer(heavy, scale="linear").scale.value == "linear"
+    unknown = r"Unknown scale 'log10'; choose one of \['auto', 'symlog'"
+    with pytest.raises(ValueError, match=unknown):
+        CircuitExplorer(scores, scale="log10")
 
 
 def test_the_slider_steps_evenly_on_a_log_scale():

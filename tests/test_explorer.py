@@ -8,7 +8,8 @@ import xarray as xr
 from _helpers import ATTRS, inline_rows
 
 from lenscape import aggregate, schema
-from lenscape.views.explorer import Explorer, View, reduce, render
+from lenscape.views.explorer import Explorer, View, reduce, render, shared_domain
+from lenscape.views.heatmaps import heatmap
 from lenscape.views.offline import export
 
 
@@ -60,7 +61,9 @@ def test_threshold_binarizes_before_reducing_like_always_and_any():
 
 def test_controls_cover_every_other_dim(scores):
     e = Explorer(scores)
-    assert set(e.controls) == {"model", "cluster", "facet", "binarize", "side", "threshold", "swap"}
+    assert set(e.controls) == {
+        *("model", "cluster", "facet", "binarize", "side", "threshold", "swap", "scale")
+    }
     # Each opens on its first label in label order ("large" < "small"), not the array's first.
     assert e.controls["model"].value == "large" and e.controls["cluster"].value == 0
     assert [v for _, v in e.controls["model"].options] == ["large", "small"]
@@ -598,3 +601,115 @@ def test_pooled_seeds_then_prompts_show_the_interval_in_words():
     (text,) = e._details.box.children
     interval = e.array.sel(layer=0, head=1)
     assert f"{float(interval.sel(bound='low')):.4g} to " in text.value and "(N = 3)" in text.value
+
+
+def _with_error(values, error, measured=None):
+    """``per_prompt(values)`` as a fast estimate: an ``error`` coord (and ``measured``)."""
+    da = per_prompt(values, error_method="coarse-rule")
+    da = da.assign_coords(
+        error=(da.dims, np.asarray(error, float), {"long_name": "error estimate", "method": "x"})
+    )
+    if measured is not None:
+        da = da.assign_coords(measured=(da.dims, np.asarray(measured, bool)))
+    return da
+
+
+def test_the_details_give_a_fast_estimate_its_error_interval_and_exactness():
+    values = np.full((3, 2, 2), 0.5)
+    values[0, 0, 0] = 2.0
+    error = np.full((3, 2, 2), 0.1)
+    error[0, 0, 1] = 0.8  # interval includes 0
+    measured = np.zeros((3, 2, 2), bool)
+    measured[0, 1, 1] = True
+    error[0, 1, 1] = 0.0
+    e = Explorer(_with_error(values, error, measured))
+    e.controls["prompt"].value = 0
+    e.show_cell({"layer": 0, "head": 0})
+    _, text = e._details.box.children
+    assert "estimate: 2 logit diff" in text.value
+    assert "error estimate: ±0.1 logit diff (coarse-rule)" in text.value
+    assert "interval: 1.9 to 2.1 (estimate ± error; excludes 0)" in text.value
+    assert "not measured exactly" in text.value
+    e.show_cell({"layer": 0, "head": 1})
+    assert "-0.3 to 1.3" in text.value and "includes 0: the sign is not sure" in text.value
+    e.show_cell({"layer": 1, "head": 1})  # measured: the value is the exact effect
+    assert "IS the exact effect" in text.value and "error estimate" not in text.value
+    e.controls["prompt"].value = "mean"  # pooled: the mean error, at most, and the count
+    e.show_cell({"layer": 1, "head": 1})
+    _, text = e._details.box.children
+    assert "mean of 3 prompts" in text.value
+    assert "±0.0667 logit diff at most" in text.value and "largest ±0.1" in text.value
+    assert "measured exactly on 1 of 3 prompts" in text.value
+
+
+def test_the_details_of_an_estimate_without_error_say_nothing_of_it():
+    e = Explorer(per_prompt(SIGNED))
+    e.show_cell({"layer": 0, "head": 0})
+    assert len(e._details.box.children) == 1
+    e = Explorer(
+        _with_error(SIGNED, np.abs(SIGNED))
+        .drop_vars("error")
+        .assign_coords(measured=(("prompt", "layer", "head"), np.ones((3, 2, 2), bool)))
+    )
+    e.controls["prompt"].value = 1
+    e.show_cell({"layer": 0, "head": 0})
+    _, text = e._details.box.children
+    assert "IS the exact effect" in text.value and "error estimate" not in text.value
+
+
+def _domain(explorer):
+    return spec(explorer)["encoding"]["color"]["scale"]["domain"]
+
+
+def test_one_colour_domain_across_the_prompts_a_control_picks():
+    """Switching prompts keeps the colours (the domain spans every prompt, the subtitle
+    says so), as CircuitExplorer keeps one scale across its controls; the mean is another
+    quantity with its own domain; shared_scale=False gives each prompt its own."""
+    values = SIGNED.copy()
+    values[2] *= 10  # one prompt with far larger scores
+    data = per_prompt(values)
+    largest = float(np.abs(values).max())
+    e = Explorer(data, ci=None)
+    alone = heatmap(data.mean("prompt"), x="head", y="layer").to_dict()
+    assert _domain(e) == alone["encoding"]["color"]["scale"]["domain"]  # pooled: its own
+    e.controls["prompt"].value = 0
+    assert _domain(e) == pytest.approx([-largest, largest])
+    assert any(
+        "colour scale shared by every prompt" in line for line in spec(e)["title"]["subtitle"]
+    )
+    e.controls["prompt"].value = 2
+    assert _domain(e) == pytest.approx([-largest, largest])
+    own = Explorer(data, ci=None, shared_scale=False)
+    own.controls["prompt"].value = 0
+    first = float(np.abs(values[0]).max())
+    assert _domain(own) == pytest.approx([-first, first])
+    assert not any("shared" in line for line in spec(own)["title"].get("subtitle", []))
+    _, chart = render(data, View("head", "layer", {"prompt": 1}, shared_scale=True))
+    assert chart.to_dict()["encoding"]["color"]["scale"]["domain"] == pytest.approx(
+        [-largest, largest]
+    )
+    nothing = View("head", "layer", {"prompt": 1})
+    assert shared_domain(per_prompt(values * np.nan), nothing) is None  # nothing to span
+    e.controls["binarize"].value = True  # a mask: two named colours, no domain to share
+    assert spec(e)["encoding"]["color"]["type"] == "nominal"
+    assert e.controls["scale"].disabled
+
+
+def test_the_colour_toggle_starts_on_the_rule_and_switches_the_scale():
+    """``scale="auto"`` reads every value of the variable: scores of one size start linear,
+    one cell 1000 times the rest starts symmetric-log; the toggle switches in place; an
+    unknown scale is refused by name."""
+    e = Explorer(per_prompt(SIGNED), ci=None)
+    assert e.controls["scale"].value == "linear"
+    assert "type" not in spec(e)["encoding"]["color"]["scale"]
+    shown = e._chart
+    e.controls["scale"].value = "symlog"
+    assert e._chart is shown and spec(e)["encoding"]["color"]["scale"]["type"] == "symlog"
+    heavy = SIGNED.copy()
+    heavy[0, 0, 0] = 1000.0
+    assert Explorer(per_prompt(heavy)).controls["scale"].value == "symlog"
+    assert Explorer(per_prompt(heavy), scale="linear").controls["scale"].value == "linear"
+    with pytest.raises(ValueError, match=r"Unknown scale 'log10'; choose one of \['auto'"):
+        Explorer(per_prompt(SIGNED), scale="log10")
+    with pytest.raises(TypeError, match="shared_scale"):
+        Explorer(per_prompt(SIGNED), shared_scale="yes")

@@ -535,3 +535,65 @@ def test_an_estimate_with_its_error_hatches_the_cells_whose_error_could_flip_the
     assert "unsure" not in inline_rows(plain)[0]
     with pytest.raises(ValueError, match=r"'error' coord is negative somewhere"):
         heatmap(da.assign_coords(error=-da["error"]), x="head", y="layer")
+
+
+def test_heavy_tailed_scores_take_a_symmetric_log_scale_with_true_values_in_the_legend():
+    """One cell 500 times the rest: ``scale="auto"`` draws it symmetric-log (the legend at
+    its powers of ten, in true values; the subtitle says so); scores of one size stay linear;
+    ``scale="linear"`` is one option away and an unknown scale is refused by name."""
+    values = np.random.default_rng(3).uniform(0.5, 1.0, size=(4, 3)) * np.where(
+        np.arange(12).reshape(4, 3) % 2, 1, -1
+    )
+    values[2, 1] = 500.0
+    da = make_result(values, ("layer", "head"))
+    spec = heatmap(da, x="head", y="layer").to_dict()
+    colour = spec["encoding"]["color"]
+    assert colour["scale"]["type"] == "symlog"
+    assert colour["scale"]["constant"] == pytest.approx(0.5)  # SYMLOG_SHARE of 500
+    assert colour["scale"]["domain"] == [-500.0, 500.0] and colour["scale"]["domainMid"] == 0
+    ticks = [1.0, 10.0, 100.0]
+    assert colour["legend"]["values"] == [-t for t in ticks[::-1]] + [0.0] + ticks
+    assert any(
+        line.startswith("colour: symmetric log up to ±500") for line in spec["title"]["subtitle"]
+    )
+    linear = heatmap(da, x="head", y="layer", scale="linear").to_dict()
+    assert "type" not in linear["encoding"]["color"]["scale"]
+    assert not any("symmetric log" in line for line in linear["title"].get("subtitle", []))
+    plain = heatmap(signed_scores(), x="head", y="layer").to_dict()["encoding"]["color"]
+    assert "type" not in plain["scale"] and "legend" not in plain
+    forced = heatmap(signed_scores(), x="head", y="layer", scale="symlog").to_dict()
+    assert forced["encoding"]["color"]["scale"]["type"] == "symlog"
+    unsigned = make_result(np.abs(values), ("layer", "head"))
+    seq = heatmap(unsigned, x="head", y="layer").to_dict()["encoding"]["color"]
+    assert seq["scale"]["type"] == "symlog" and seq["scale"]["scheme"] == "viridis"
+    assert min(seq["legend"]["values"]) >= seq["scale"]["domain"][0]  # no tick outside it
+    with pytest.raises(ValueError, match=r"Unknown scale 'log10'; choose one of \['auto'"):
+        heatmap(da, x="head", y="layer", scale="log10")
+
+
+def test_a_mask_ignores_the_scale():
+    mask = make_result(np.eye(4, 3, dtype=bool), ("layer", "head"))
+    colour = heatmap(mask, x="head", y="layer", scale="symlog").to_dict()["encoding"]["color"]
+    assert colour["type"] == "nominal" and "type" not in colour["scale"]
+
+
+def test_one_layer_orientation_layer_0_at_the_top_in_heatmaps_and_the_circuit_graph():
+    """Every view draws layer 0 at the top: a heatmap's y axis lists layers ascending from
+    the top (Vega-Lite's band order), the circuit graph's y scale is reversed (y = layer
+    grows downwards) with the embeddings above L0 and the logits below the last layer."""
+    from lenscape.capture.edges.graph import Graph
+    from lenscape.views.circuit import circuit_graph
+
+    y = heatmap(signed_scores(), x="head", y="layer").to_dict()["encoding"]["y"]
+    assert y["sort"] == [0, 1, 2, 3] and "scale" not in y  # first label at the top
+    shuffled = heatmap(signed_scores().isel(layer=[3, 1, 0, 2]), x="head", y="layer")
+    assert shuffled.to_dict()["encoding"]["y"]["sort"] == [0, 1, 2, 3]
+    graph = Graph(2, 4, 2)
+    edges = xr.DataArray(
+        np.where(graph.valid, 1.0, np.nan), dims=("sender", "receiver"), coords=graph.coords()
+    )
+    spec = circuit_graph(edges, edges=5).to_dict()
+    points = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "point")
+    assert points["encoding"]["y"]["scale"]["reverse"] is True
+    rows = {row["node"]: row["y"] for row in points["data"]["values"]}
+    assert rows["embeddings"] < rows["L0.H0"] < rows["L1.H0"] < rows["logits"]

@@ -24,12 +24,14 @@ edge, and the title says over how many resamples. The title says what is drawn: 
 budget, the receiver kinds and the estimator.
 
 **Scales.** Edge scores are heavy-tailed (on the indirect-object task one edge, embeddings
--> L0.MLP, scores 11 while most circuit edges score below 1), so by default
-(``scale="symlog"``) colour follows a symmetric-log scale (linear within ``SYMLOG_SHARE`` of
-the limit, logarithmic beyond: three powers of ten, ticked in the legend) and width a
-square-root one: weak edges show in colour beside the strong one, which keeps the darkest
-colour and by far the widest line. The legend and tooltips give true scores, and
-``scale="linear"`` makes both linear. **When a scale is shared**: views of one result share
+-> L0.MLP, scores 11 while most circuit edges score below 1), so when they span orders of
+magnitude (``scale="auto"``, the default: ``encoding.pick_scale`` over every finite score of
+the result, so every view of it picks the same) colour follows a symmetric-log scale
+(linear within ``SYMLOG_SHARE`` of the limit, logarithmic beyond: three powers of ten,
+ticked in the legend) and width a square-root one: weak edges show in colour beside the
+strong one, which keeps the darkest colour and by far the widest line. The legend and
+tooltips give true scores, and ``scale="linear"`` makes both linear (``"symlog"`` forces
+the other). **When a scale is shared**: views of one result share
 one scale, that of the whole result (``limit``: its largest |score|; ``CircuitExplorer``
 passes it to every budget and receiver kind, and the subtitle says it is shared); views of
 different results each take their own unless the caller passes one ``limit``. The edge
@@ -56,7 +58,7 @@ from altair.typing import ChartType
 
 from .. import _validate, mask_rules
 from ..schema import RECEIVER_KINDS, edge_exists
-from .encoding import in_label_order, jsonable
+from .encoding import SCALES, SYMLOG_SHARE, in_label_order, jsonable, pick_scale, symlog_ticks
 from .heatmaps import TITLE_LIMIT, heatmap, label_from_attrs, legend_title
 
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
@@ -70,13 +72,6 @@ DASHES: dict[str, list[float]] = {
     "mlp": [14, 5],
     "logits": [9, 3, 1.5, 3],
 }
-#: The scales of colour and width: symmetric-log colour and square-root width (the
-#: default), or both linear.
-SCALES = ("symlog", "linear")
-#: The symmetric-log scale is linear within this share of the limit (Vega's ``constant``),
-#: so it spans three powers of ten: an edge at 1% of the limit takes a third of the colour
-#: range, at 10% two thirds (a linear scale: 1% and 10%).
-SYMLOG_SHARE = 0.001
 #: Opacity of an edge in no resample's circuit and in every one (``stability=``).
 OPACITY_RANGE = (0.12, 1.0)
 #: The ``method`` attr of ``lsc.circuit_stability``'s results.
@@ -330,7 +325,7 @@ def circuit_graph(
     exact: xr.Dataset | None = None,
     stability: xr.DataArray | None = None,
     limit: float | None = None,
-    scale: str = "symlog",
+    scale: str = "auto",
     title: str | None = None,
     width: int = 560,
     height: int = 640,
@@ -357,7 +352,8 @@ def circuit_graph(
             of one result share a scale; default the largest |score| drawn.
         scale: "symlog" (colour on a symmetric-log scale, linear within ``SYMLOG_SHARE`` x
             ``limit``, and width on a square-root one, so weak edges show beside a strong
-            one) or "linear" (both linear).
+            one), "linear" (both linear), or "auto": symlog when the finite scores of the
+            whole result span orders of magnitude (``encoding.pick_scale``), else linear.
         title: chart title; default says what is drawn (budget, receiver kinds, estimator,
             resamples).
         width, height: chart size in pixels.
@@ -382,6 +378,7 @@ def circuit_graph(
     kinds, width, height, edges, limit, scale, actions = _check_graph_options(
         kinds, title, width, height, edges, limit, scale, actions
     )
+    scale = pick_scale(scores.values, scale)
     measured = _exact_effects(exact, scores)
     shares = _stability_shares(stability, scores)
     chosen, tie_note = _chosen_edges(scores, circuit, kinds=kinds, edges=edges)
@@ -454,11 +451,7 @@ class _Ramp:
         """Legend values of a symmetric-log scale: 0 and the powers of ten from its linear
         part to the limit, both signs (so the legend reads as the log scale it is); None
         (the default ticks) for a linear one."""
-        if self.kind != "symlog":
-            return None
-        low = int(np.ceil(np.log10(self.constant)))
-        powers = [10.0**k for k in range(low, int(np.floor(np.log10(self.limit))) + 1)]
-        return [-p for p in powers[::-1]] + [0.0] + powers
+        return symlog_ticks(self.limit) if self.kind == "symlog" else None
 
     def note(self) -> str:
         """The subtitle line that says which scale is drawn, up to what, and how to get the
@@ -830,23 +823,24 @@ def _chosen_edges(
     return np.argwhere(top.reshape(values.shape)), note
 
 
-def edge_heatmap(scores: xr.DataArray, *, scale: str = "symlog", **options: Any) -> ChartType:
+def edge_heatmap(scores: xr.DataArray, *, scale: str = "auto", **options: Any) -> ChartType:
     """The sender x receiver grid of edge scores, or of a circuit (kept and skipped edges),
     with receivers across and senders down (the embeddings at the top, as the graph and
     every heatmap draw layer 0 at the top), each in the graph's order whatever the array's.
 
     A grey cell is a pair with no edge between them (the receiver comes before the sender),
     and the subtitle says so; a real edge without a score (NaN) is counted there as not
-    computed. Scores take a symmetric-log colour scale by default (linear within
-    ``SYMLOG_SHARE`` of the largest |score|: one strong edge no longer turns the rest
-    white), and the subtitle says so. Cells are wide enough for the rotated receiver
+    computed. Scores that span orders of magnitude take a symmetric-log colour scale
+    (``scale="auto"``, decided on every finite score, as ``circuit_graph`` decides; linear
+    within ``SYMLOG_SHARE`` of the largest |score|: one strong edge no longer turns the
+    rest white), and the subtitle says so. Cells are wide enough for the rotated receiver
     labels not to overlap, up to ``GRID_WIDTH`` pixels; a wider grid hides the labels that
     would overlap.
 
     Args:
         scores: (sender, receiver) from ``lsc.edge_attribution`` or ``lsc.circuit``.
-        scale: "symlog" or "linear": the colour scale of scores (a circuit's two states
-            take neither).
+        scale: "auto", "symlog" or "linear": the colour scale of scores (a circuit's two
+            states take neither).
         options: passed to ``heatmap``.
 
     Returns:
@@ -858,10 +852,10 @@ def edge_heatmap(scores: xr.DataArray, *, scale: str = "symlog", **options: Any)
             option.
     """
     edges = check_edges(scores, "scores", circuit=None)
-    scale = _validate.choice("scale", scale, SCALES)
+    scale = pick_scale(edges.values, scale)
     if not mask_rules.is_mask(edges):
         options = {"color": "blueorange", **options}  # the graph's colours
-    chart = heatmap(edges, x="receiver", y="sender", **options)
+    chart = heatmap(edges, x="receiver", y="sender", scale=scale, **options)
     exists = edge_exists(
         edges["sender_kind"].values[:, None],
         edges["sender_layer"].values[:, None],
@@ -876,9 +870,6 @@ def edge_heatmap(scores: xr.DataArray, *, scale: str = "symlog", **options: Any)
     lines = list(subtitle) if isinstance(subtitle, list) else []
     if (missing & ~exists).any():
         lines = [line.replace(f"grey: {mask_rules.NAN_LABEL}", f"grey: {grey}") for line in lines]
-    note = _symlog_colours(chart) if scale == "symlog" else None
-    if note:
-        lines.append(note)
     if lines and isinstance(chart.title, alt.TitleParams):
         chart = chart.properties(
             title=alt.TitleParams(**{**chart.title.to_dict(), "subtitle": lines})
@@ -887,27 +878,6 @@ def edge_heatmap(scores: xr.DataArray, *, scale: str = "symlog", **options: Any)
     if wide:
         return chart.properties(width=alt.Step(GRID_STEP), height=alt.Step(GRID_STEP))
     return chart.configure_axis(labelOverlap="parity")
-
-
-def _symlog_colours(chart: Any) -> str | None:
-    """Turn the diverging colour scale of a heatmap of scores (centred at 0) symmetric-log,
-    in place, with the legend's ticks at its powers of ten; the subtitle line that says
-    so, or None where the chart has no such scale (a circuit's states)."""
-    encoding = chart["encoding"] if "encoding" in chart._kwds else alt.Undefined
-    color = encoding["color"] if isinstance(encoding, alt.SchemaBase) else alt.Undefined
-    if not isinstance(color, alt.SchemaBase) or not isinstance(color["scale"], alt.Scale):
-        return None
-    scale = color["scale"].to_dict()
-    if scale.get("domainMid") != 0:
-        return None
-    ramp = _Ramp(max(abs(float(end)) for end in scale["domain"]), "symlog")
-    color["scale"] = alt.Scale(**{**scale, "type": "symlog", "constant": ramp.constant})
-    legend = color["legend"].to_dict() if isinstance(color["legend"], alt.Legend) else {}
-    color["legend"] = alt.Legend(**{**legend, "values": ramp.ticks(), "format": ".3~r"})
-    return (
-        f"colour: symmetric log up to ±{ramp.limit:.3g}, linear within ±{ramp.constant:.2g} "
-        "(scale='linear' for a linear one)"
-    )
 
 
 def faithfulness_curve(

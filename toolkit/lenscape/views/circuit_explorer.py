@@ -9,10 +9,13 @@ with the largest |score| are drawn (the top edges, not pruned to paths: pruning 
 of its length; the toggles pick the receiver kinds shown. ``stability=`` (a
 ``lsc.circuit_stability`` result) draws each edge as opaque as it is stable.
 
-The colour scale follows the views' one rule (``views.circuit``): views of one result share
-the scale of the whole result. Every budget and receiver kind is drawn on the symmetric-log
-scale up to the largest |score| of all edges (``circuit_graph``'s ``limit``), so the same
-colour means the same score whatever is toggled, and the subtitle says so.
+The colour scale follows the views' one rule (``views.encoding``): a control that steps
+through parts of one result keeps its colours. Every budget and receiver kind is drawn up
+to the largest |score| of all edges (``circuit_graph``'s ``limit``), never a fixed one, so
+the same colour means the same score whatever is toggled, and the subtitle says so. The
+``colour`` toggle switches between the symmetric-log and the linear scale (colour and
+width); it starts on ``scale``'s choice, by default ``encoding.pick_scale``'s rule over
+every finite score (symmetric-log when they span orders of magnitude).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import xarray as xr
 from .. import _validate
 from ..schema import RECEIVER_KINDS
 from .circuit import MAX_EDGES, check_edges, circuit_graph
+from .encoding import pick_scale
 from .offline import enable_offline, with_image
 
 #: The slider's steps within each power of ten (1, 1.5, 2, 3, 5, 7 times it).
@@ -50,6 +54,8 @@ class CircuitExplorer:
 
     Attributes:
         scores: the (sender, receiver) edge scores drawn.
+        budget, kinds, scale: the controls: the edge budget (a slider), the receiver kinds
+            and the colour scale ("symlog" or "linear"; toggles).
         widget: the ipywidgets box (controls above the chart).
     """
 
@@ -60,13 +66,15 @@ class CircuitExplorer:
                 result over ``prompt`` first).
             edges: edges drawn at first (a step of its own on the slider).
             options: passed to ``circuit_graph`` (``exact``, ``stability``, ``limit``,
-                ``scale``, ``width``, ``height``, ``title``); ``limit`` defaults to the
-                largest finite |score| of all edges (the one scale of every view).
+                ``width``, ``height``, ``title``); ``limit`` defaults to the largest finite
+                |score| of all edges (the one scale of every view). ``scale`` ("auto",
+                "symlog" or "linear") sets where the ``colour`` toggle starts; "auto" (the
+                default) decides on every finite score (``encoding.pick_scale``).
 
         Raises:
             TypeError: ``scores`` is not a DataArray or ``edges`` not an integer.
-            ValueError: ``scores`` is not an edge result or holds no finite score, or
-                ``edges`` < 1.
+            ValueError: ``scores`` is not an edge result or holds no finite score,
+                ``edges`` < 1, or an unknown ``scale``.
         """
         scores = check_edges(scores, "scores")
         edges = _validate.integer("edges", edges, low=1)
@@ -77,7 +85,14 @@ class CircuitExplorer:
                 "pass the result of lsc.edge_attribution."
             )
         largest = float(np.abs(scores.values[np.isfinite(scores.values)]).max())
+        start = pick_scale(scores.values, options.pop("scale", "auto"))
         self.scores, self.options = scores, {"limit": largest or None, **options}
+        self.scale = widgets.ToggleButtons(
+            options=["symlog", "linear"],
+            value=start,
+            description="colour",
+            tooltips=["symmetric log: weak edges show", "linear in the score"],
+        )
         most = min(finite, MAX_EDGES)
         self.budget = widgets.SelectionSlider(
             options=budget_steps(most, edges),
@@ -94,10 +109,10 @@ class CircuitExplorer:
         self._chart = alt.JupyterChart(
             self._build(), embed_options={"renderer": "svg", "actions": False}
         )
-        for control in (self.budget, self.kinds):
+        for control in (self.budget, self.kinds, self.scale):
             control.observe(lambda _: self.redraw(), names="value")
         self.widget = widgets.VBox(
-            [widgets.HBox([self.budget, self.kinds]), self._message, self._chart]
+            [widgets.HBox([self.budget, self.kinds, self.scale]), self._message, self._chart]
         )
 
     @property
@@ -107,7 +122,8 @@ class CircuitExplorer:
 
     def _build(self) -> Any:
         kinds = RECEIVER_KINDS if self.kinds.value == "all" else (self.kinds.value,)
-        return circuit_graph(self.scores, edges=self.budget.value, kinds=kinds, **self.options)
+        budget, scale = self.budget.value, self.scale.value
+        return circuit_graph(self.scores, edges=budget, kinds=kinds, scale=scale, **self.options)
 
     def redraw(self) -> None:
         """Read the controls and swap the new chart into the shown widget."""

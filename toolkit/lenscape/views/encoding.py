@@ -14,6 +14,37 @@ order (the label order, after ``in_label_order``), ``axis_encoding`` and ``cell_
 build the encodings from them. Builders wrap themselves in ``unchecked_build`` so Altair
 checks the finished spec once, not each part. ``heatmaps.heatmap`` and ``charts.bars`` are
 built on these.
+
+Three agreements every view of lenscape keeps, so a picture reads the same in each:
+
+**One layer orientation: layer 0 at the top, the model computing downwards.** A heatmap
+draws its ``y`` labels in label order from the top (layer 0 first), the edge grid its
+senders down from the embeddings, and the circuit graph the embeddings above ``L0`` and
+the logits below the last layer (``circuit._Layout``). A heatmap is a table, read as text
+is, top to bottom (as TransformerLens' and most papers' layer x head grids are), so the
+graph follows the heatmaps rather than the other way round: the same layer sits at the
+same height in the graph, the edge grid and the head heatmap beside it.
+
+**Colour scales that show the weak without lying about the strong** (``SCALES``,
+``pick_scale``). Scores are often heavy-tailed (one edge of the IOI circuit scores 11, most
+below 1), and a linear scale then paints most cells white. ``scale="auto"`` (the default of
+the heatmap, the edge grid and the circuit graph) picks a symmetric-log scale when the
+largest |value| is at least ``SYMLOG_RATIO`` times the median |value| (more than half the
+cells would sit within 1% of the top of a linear scale, indistinguishable from 0), else a
+linear one. The symmetric-log scale is linear within ``SYMLOG_SHARE`` of its limit and
+logarithmic beyond, so it spans three powers of ten; its legend is ticked at the powers of
+ten in true values, and the subtitle says the scale is symmetric-log and how to get a
+linear one (``scale="linear"``, a toggle in ``Explorer`` and ``CircuitExplorer``).
+
+**One rule for when a colour scale is shared: a control that steps through parts of one
+quantity keeps its colours.** In ``Explorer`` the colour domain spans every coordinate a
+dropdown can pick (every prompt, seed, cluster, model ...), so switching prompts never
+rescales (``shared_scale=False``: each view its own domain); a reduction (mean, max, share)
+is another quantity and takes its own. In ``CircuitExplorer`` the edge budget and the
+receiver kinds pick parts of one result, so every view takes the whole result's largest
+|score| as its limit, never a fixed one. Facet panels of one heatmap always share one
+colour scale. Views of different results each take their own unless the caller passes one
+(``domain=`` of ``heatmap``, ``limit=`` of ``circuit_graph``).
 """
 
 from __future__ import annotations
@@ -47,6 +78,16 @@ INFINITE = "infinite"
 #: Sender and receiver kinds of an edge result in the graph's order within a layer: the
 #: embeddings first, then a layer's heads (its q, k, v receivers), its MLP, the logits last.
 EDGE_KINDS = ("embed", "head", "q", "k", "v", "mlp", "logits")
+#: Colour scales of continuous values: "auto" picks one of the others by ``pick_scale``.
+SCALES = ("auto", "symlog", "linear")
+#: ``scale="auto"`` is symmetric-log when the largest |value| is at least this many times
+#: the median |value|: more than half the cells would then sit within 1% of the top of a
+#: linear scale, which no eye tells from 0.
+SYMLOG_RATIO = 100.0
+#: A symmetric-log scale is linear within this share of its limit (Vega's ``constant``), so
+#: it spans three powers of ten: a value at 1% of the limit takes a third of the colour
+#: range, at 10% two thirds (a linear scale: 1% and 10%).
+SYMLOG_SHARE = 0.001
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _Data = TypeVar("_Data", bound=xr.DataArray | xr.Dataset)
@@ -243,3 +284,37 @@ def cell_tooltip(da: xr.DataArray, binary: bool, legend: str) -> list[alt.Toolti
         title = str(da[name].attrs.get("long_name", name))
         tips.append(alt.Tooltip(f"{name}:{kind}", title=title, **fmt))
     return tips
+
+
+def pick_scale(values: Any, scale: Any, *, name: str = "scale") -> str:
+    """The colour scale of ``values``: ``scale`` itself when it is "symlog" or "linear";
+    for "auto", symmetric-log when the largest finite |value| is at least ``SYMLOG_RATIO``
+    times the median one (the values span orders of magnitude), else linear.
+
+    Args:
+        values: the values the scale serves (for a shared scale, all of them).
+        scale: one of ``SCALES``.
+        name: the argument's name, for the message.
+
+    Raises:
+        ValueError: ``scale`` is not one of ``SCALES`` (the message lists them).
+    """
+    choice = _validate.choice(name, scale, SCALES)
+    if choice != "auto":
+        return choice
+    arr = np.asarray(values, dtype=float)
+    magnitude = np.abs(arr[np.isfinite(arr)])
+    if magnitude.size < 2 or not magnitude.max() > 0:
+        return "linear"
+    return "symlog" if magnitude.max() >= SYMLOG_RATIO * np.median(magnitude) else "linear"
+
+
+def symlog_ticks(limit: float, *, signed: bool = True) -> list[float]:
+    """Legend values of a symmetric-log scale up to ``limit`` (linear within
+    ``SYMLOG_SHARE`` x ``limit``): 0 and the powers of ten from its linear part to the
+    limit, of both signs when ``signed``, so the legend reads as the log scale it is."""
+    if not limit > 0:
+        return [0.0]
+    low = int(np.ceil(np.log10(limit * SYMLOG_SHARE)))
+    powers = [10.0**k for k in range(low, int(np.floor(np.log10(limit))) + 1)]
+    return ([-p for p in powers[::-1]] if signed else []) + [0.0] + powers

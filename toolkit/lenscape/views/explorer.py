@@ -5,7 +5,10 @@ or, for dims whose values are samples or positions (``REDUCIBLE_DIMS``), reduces
 A threshold can binarize scores, one remaining dim can become facets, and the axes can be
 swapped. Clicking a cell shows that cell's value along the sample dim (per prompt, with the
 prompt texts) beside the chart, plus whatever a ``detail`` callback draws for it (e.g. the
-head's attention pattern).
+head's attention pattern). A fast estimate's cell also gives its error estimate (an
+``error`` coord: ``attribution_patching(error=True)``), the interval estimate ± error, and
+whether ``refine="auto"`` measured it exactly (a ``measured`` coord: then the value is the
+exact effect); see ``uncertainty_lines``.
 
 The controls cannot mislead:
 
@@ -60,8 +63,8 @@ from lenscape.mask_rules import SIDES, check_side, is_mask
 from lenscape.schema import name_from_attrs
 
 from .charts import bars, interval_line
-from .encoding import in_label_order
-from .heatmaps import heatmap, label_from_attrs
+from .encoding import in_label_order, pick_scale
+from .heatmaps import ERROR, heatmap, label_from_attrs
 from .offline import display_with_image, enable_offline, with_image
 
 Data = xr.DataArray | xr.Dataset
@@ -99,6 +102,8 @@ DEFAULT_QUANTILE = 0.9
 PROMPT_CHARS = 48
 #: View name of a layered heatmap's cells, where its click selection lives.
 CELLS = "cells"
+#: The coord of cells ``refine="auto"`` measured exactly (bool; the value is then exact).
+MEASURED = "measured"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +123,10 @@ class View:
         swap: exchange the x and y axes.
         ci: give a mean over prompts its bootstrap interval of this share (e.g. 0.95), when
             it is the last reduction (``aggregate.mean``); None: the plain mean.
+        scale: the colour scale of scores, "linear" or "symlog" (``heatmap``'s ``scale``).
+        shared_scale: one colour domain across every coordinate the picked dims offer
+            (``shared_domain``), so that switching prompts never rescales; False: the
+            domain of the slice drawn.
     """
 
     x: str
@@ -130,6 +139,8 @@ class View:
     correct_only: bool = False
     swap: bool = False
     ci: float | None = None
+    scale: str = "linear"
+    shared_scale: bool = True
 
 
 def _range(da: xr.DataArray) -> tuple[float, float]:
@@ -220,7 +231,7 @@ def _uniform_note(da: xr.DataArray) -> str | None:
     return f"every cell is {finite[0]:.4g}: this view leaves the map one colour"
 
 
-def reduce(data: Data, view: View) -> xr.DataArray:
+def reduce(data: Data, view: View, *, keep: tuple[Hashable, ...] = ()) -> xr.DataArray:
     """Apply a view's variable, prompt filter, selections, threshold and reductions.
 
     Selections come first, then binarizing (so its note is about the slice drawn, and
@@ -231,14 +242,17 @@ def reduce(data: Data, view: View) -> xr.DataArray:
     Args:
         data: a DataArray, or a Dataset with ``view.variable``.
         view: the state to apply.
+        keep: picked dims left whole instead of selected (``shared_domain`` reads the
+            range of every coordinate they offer).
 
     Returns:
-        The DataArray with only the axis dims and the facet dim left. Its attrs say what
-        it now is: a binarized array is a mask (``units="bool"``, ``long_name`` such as
-        "|x| >= t"), a share has ``units`` "share of prompts" and ``long_name`` "share of
-        prompts with |x| >= t"; ``reduction`` lists the filter, selections and reductions
-        ("mean over 16 prompts", "prompt 3 'The Eiffel…'"); ``note`` warns when the
-        threshold or the filter leaves the map one colour or hides values of the other sign.
+        The DataArray with only the axis dims and the facet dim left (and ``keep``). Its
+        attrs say what it now is: a binarized array is a mask (``units="bool"``,
+        ``long_name`` such as "|x| >= t"), a share has ``units`` "share of prompts" and
+        ``long_name`` "share of prompts with |x| >= t"; ``reduction`` lists the filter,
+        selections and reductions ("mean over 16 prompts", "prompt 3 'The Eiffel…'");
+        ``note`` warns when the threshold or the filter leaves the map one colour or hides
+        values of the other sign.
 
     Raises:
         ValueError: a mask reducer on scores, a score reducer on a mask, binarizing a mask,
@@ -247,7 +261,7 @@ def reduce(data: Data, view: View) -> xr.DataArray:
     """
     step = _Reduction.start(data, view)
     step.keep_correct(view)
-    pooled, shared = step.select(view)
+    pooled, shared = step.select(view, keep=keep)
     step.binarize(view)
     step.pool(pooled, ci=view.ci if not shared else None)
     step.share(shared, binarized=view.threshold is not None)
@@ -288,7 +302,9 @@ class _Reduction:
             self.da = correct_only(self.da)
             self.steps.append(f"only the {self.da.attrs['correct_only']}")
 
-    def select(self, view: View) -> tuple[list[tuple[Hashable, str]], list[Hashable]]:
+    def select(
+        self, view: View, *, keep: tuple[Hashable, ...] = ()
+    ) -> tuple[list[tuple[Hashable, str]], list[Hashable]]:
         """Select the picked coordinates, and sort the reduced dims into the reductions
         done one by one (mean, max, min, any, all) and the dims shared together last.
 
@@ -305,6 +321,8 @@ class _Reduction:
             if dim not in self.da.dims or dim == view.facet:
                 continue
             if not (isinstance(how, str) and how in REDUCERS):
+                if dim in keep:
+                    continue
                 self.steps.append(
                     f"prompt {_prompt_label(self.da, how)}" if dim == "prompt" else f"{dim} = {how}"
                 )
@@ -396,27 +414,95 @@ class _Reduction:
         return out
 
 
+def _picked_dims(data: Data, view: View) -> tuple[Hashable, ...]:
+    """The dims of the view's variable on which a dropdown picks one coordinate (not a
+    reducer, not the facet): the dims whose coordinates a colour scale is shared across."""
+    dims = _variable(data, view.variable).dims
+    return tuple(
+        dim
+        for dim, how in view.pick.items()
+        if dim in dims and dim != view.facet and not (isinstance(how, str) and how in REDUCERS)
+    )
+
+
+def shared_domain(data: Data, view: View) -> tuple[float, float] | None:
+    """The colour domain every coordinate of the picked dims shares: the finite range of
+    the view's values over all of them (every prompt, seed, cluster, model ... a dropdown
+    offers), reduced as the view reduces the other dims. The views' one rule
+    (``encoding``): a control that steps through parts of one quantity keeps its colours,
+    so a colour means the same value whichever prompt is picked; a reduction (mean, max,
+    share) is another quantity and takes its own range.
+
+    Returns:
+        (low, high), or None where nothing is picked, the view binarizes or shows a mask
+        (two named colours), or the range is empty or one value.
+    """
+    picked = _picked_dims(data, view)
+    if not picked or view.threshold is not None or is_mask(_variable(data, view.variable)):
+        return None
+    wide = reduce(data, dataclasses.replace(view, ci=None), keep=picked)
+    values = np.asarray(wide.values, dtype=float)
+    if is_mask(wide) or not np.isfinite(values).any():
+        return None
+    low, high = _range(wide)
+    return (low, high) if low < high else None
+
+
+def _shared_note(data: Data, view: View) -> str:
+    """The subtitle line that says across what the colour scale is shared."""
+    picked = [str(d) for d in _picked_dims(data, view)]
+    return (
+        f"colour scale shared by every {' and '.join(picked)} "
+        "(Explorer(shared_scale=False): each its own)"
+    )
+
+
+def _with_subtitle(chart: ChartType, line: str) -> ChartType:
+    """``chart`` with ``line`` added to its title's subtitle."""
+    title = chart.title if "title" in chart._kwds else alt.Undefined
+    if not isinstance(title, alt.TitleParams):
+        return chart
+    made = title.to_dict()
+    lines = made.get("subtitle", [])
+    lines = [lines] if isinstance(lines, str) else list(lines)
+    return chart.properties(title=alt.TitleParams(**{**made, "subtitle": [*lines, line]}))
+
+
 def render(data: Data, view: View, **options: Any) -> tuple[xr.DataArray, ChartType]:
     """The pure core of the Explorer: state in, reduced DataArray and chart out.
 
     Args:
         data: a DataArray, or a Dataset with ``view.variable``.
         view: what to show.
-        **options: passed to ``heatmap`` (``color``, ``center``, ``independent`` ...).
+        **options: passed to ``heatmap`` (``color``, ``center``, ``independent`` ...); a
+            ``domain`` given here replaces the shared one.
 
     Returns:
         ``(array, chart)``: the reduced values (dims: the axes' dims and the facet) and
-        their heatmap; an unfaceted chart carries a click selection named ``cell``.
+        their heatmap on ``view.scale``, with the domain all picked coordinates share
+        (``shared_domain``, when ``view.shared_scale``, and the subtitle says so); an
+        unfaceted chart carries a click selection named ``cell``.
     """
     da = reduce(data, view)
     x, y = (view.y, view.x) if view.swap else (view.x, view.y)
     if view.threshold is not None and is_mask(da):
         states = tuple(s.format(t=f"{view.threshold:g}") for s in SIDES[view.side].states)
         options = {"labels": states, **options}
+    shared = None
+    if not is_mask(da):
+        options = {"scale": view.scale, **options}
+        shared = shared_domain(data, view) if view.shared_scale else None
+        if shared is not None and "domain" not in options:
+            options["domain"] = shared
+        else:
+            shared = None
     facet = view.facet if view.facet in da.dims else None
     name = name_from_attrs(da)
     title = f"{name} · {da.attrs['reduction']}" if "reduction" in da.attrs else name
     chart = heatmap(da, x=x, y=y, facet_col=facet, **{"title": title, **options})
+    if shared is not None:
+        with debug_mode(False):
+            chart = _with_subtitle(chart, _shared_note(data, view))
     if isinstance(chart, alt.Chart | alt.LayerChart):  # unfaceted: a click selects a cell
         with debug_mode(False):  # checked whole by to_dict, as in heatmap
             chart = _clickable(chart, [str(d) for d in da.dims if d != "bound"])
@@ -620,8 +706,9 @@ def _binarize_controls(
     }
 
 
-def _switches(data: Data, *, correct_only: bool) -> dict[str, widgets.Widget]:
-    """Only the prompts the model gets right (with a ``correct`` coord), and swap axes."""
+def _switches(data: Data, *, correct_only: bool, scale: str) -> dict[str, widgets.Widget]:
+    """Only the prompts the model gets right (with a ``correct`` coord), swap axes, and the
+    colour scale (starting on ``scale``)."""
     controls: dict[str, widgets.Widget] = {}
     if "correct" in data.coords:
         controls["correct"] = widgets.Checkbox(
@@ -636,7 +723,97 @@ def _switches(data: Data, *, correct_only: bool) -> dict[str, widgets.Widget]:
         icon="exchange",
         tooltip="exchange the x and y axes",
     )
+    controls["scale"] = widgets.ToggleButtons(
+        options=["linear", "symlog"],
+        value=scale,
+        description="colour",
+        tooltips=["linear in the value", "symmetric log: weak values show beside strong ones"],
+        style={"button_width": "64px"},
+    )
     return controls
+
+
+def _error_method(values: xr.DataArray, attrs: Mapping[Hashable, Any]) -> str:
+    """The error estimate's method: the result's ``error_method`` attr, else the short name
+    before the description in the ``error`` coord's ``method`` attr; "" when neither."""
+    method = attrs.get("error_method")
+    if not method and ERROR in values.coords:
+        method = str(values[ERROR].attrs.get("method", "")).split(":")[0]
+    return str(method or "")
+
+
+def uncertainty_lines(values: xr.DataArray, attrs: Mapping[Hashable, Any]) -> list[str]:
+    """What a clicked cell's details say about a fast estimate's uncertainty.
+
+    A fast estimate carries its per-cell error estimate as an ``error`` coord
+    (``lsc.attribution_patching(..., error=True)``, its method in the ``error_method``
+    attr), and ``refine="auto"`` (``lsc.activation_patching``, ``lsc.ablation``) marks in a
+    bool ``measured`` coord the cells it measured exactly, where the value IS the exact
+    effect (error 0). One cell gives the estimate, its error estimate and method, the
+    interval estimate ± error (and whether it includes 0: the sign is not sure), and
+    whether it was measured; a cell pooled over prompts (``values`` along them) gives the
+    mean, the mean error estimate (the mean's error is at most that: the triangle
+    inequality), the largest one, its interval, and on how many prompts the value was
+    measured exactly.
+
+    Args:
+        values: the cell's values (a scalar, or along the dims still pooled) with the
+            result's coords.
+        attrs: the result's attrs (``error_method``, ``units``).
+
+    Returns:
+        The lines, or [] when ``values`` has neither coord.
+    """
+    has_error, has_measured = ERROR in values.coords, MEASURED in values.coords
+    if not (has_error or has_measured):
+        return []
+    estimate = np.asarray(values.values, dtype=float)
+    finite = np.isfinite(estimate)
+    units = f" {attrs['units']}" if attrs.get("units") not in (None, "") else ""
+    one = estimate.size == 1
+    over = f"{values.dims[0]}s" if values.ndim == 1 else "values"
+    if not one and not finite.any():
+        return [f"not computed (NaN) on every one of the {over}"]
+    value = float(estimate.ravel()[0]) if one else float(estimate[finite].mean())
+    lines = [
+        f"estimate: {value:.4g}{units}"
+        if one
+        else f"estimate: {value:.4g}{units} (mean of {int(finite.sum())} {over})"
+    ]
+    measured = (
+        np.broadcast_to(np.asarray(values[MEASURED].values, dtype=bool), estimate.shape)
+        if has_measured
+        else None
+    )
+    exact = one and measured is not None and bool(measured.ravel()[0])
+    if has_error and not exact:
+        error = np.broadcast_to(np.asarray(values[ERROR].values, dtype=float), estimate.shape)
+        method = _error_method(values, attrs)
+        size = float(error.ravel()[0]) if one else float(error[finite].mean())
+        said = (
+            f"error estimate: ±{size:.3g}{units}"
+            if one
+            else f"error estimate: ±{size:.3g}{units} at most (the mean of the per-prompt "
+            f"ones; largest ±{float(error[finite].max()):.3g})"
+        )
+        lines.append(said + (f" ({method})" if method else ""))
+        low, high = value - size, value + size
+        unsure = "includes 0: the sign is not sure" if low <= 0 <= high else "excludes 0"
+        lines.append(f"interval: {low:.4g} to {high:.4g} (estimate ± error; {unsure})")
+    if measured is not None:
+        if one:
+            lines.append(
+                "measured exactly (refine='auto'): this value IS the exact effect, error 0"
+                if exact
+                else "not measured exactly (refine='auto' left the fast estimate here)"
+            )
+        else:
+            count = int(measured[finite].sum())
+            lines.append(
+                f"measured exactly on {count} of {int(finite.sum())} {over} "
+                "(refine='auto'): their values are exact, error 0"
+            )
+    return lines
 
 
 class _Details:
@@ -649,6 +826,8 @@ class _Details:
         detail: the Explorer's ``detail`` callback, or None.
         box: the pane's widget.
         text: the line that shows a cell's value when there are no bars.
+        uncertainty: the lines that give a fast estimate's error estimate and whether the
+            cell was measured exactly (``uncertainty_lines``), shown when it has either.
     """
 
     def __init__(self, detail: DetailFn | None) -> None:
@@ -657,6 +836,7 @@ class _Details:
         self.box = widgets.VBox(layout={"min_width": "260px", "overflow": "visible"})
         self._charts: dict[str, alt.JupyterChart] = {}
         self.text, self._error = widgets.HTML(), widgets.HTML()
+        self.uncertainty = widgets.HTML()
 
     def show(
         self,
@@ -679,6 +859,10 @@ class _Details:
         """
         along = next((d for d in values.dims if d in SAMPLE_DIMS), None)
         parts = [self._values(da, values, along, at=at, picks=picks, interval=interval)]
+        lines = uncertainty_lines(values, da.attrs)
+        if lines:
+            self.uncertainty.value = "<br>".join(html.escape(line) for line in lines)
+            parts.append(self.uncertainty)
         if self.detail is not None:
             parts.append(self._detail(da, values, along, {**at, **picks}))
         self.box.children = tuple(parts)
@@ -779,13 +963,21 @@ class Explorer:
             includes 0, low, high and N in tooltips and click details; None: plain means.
         detail: called with a clicked cell's coordinates (see ``DetailFn``); what it returns
             (an Altair chart or a widget) is shown under the per-prompt values.
+        scale: where the ``colour`` toggle starts: "linear", "symlog", or "auto" (the
+            default: symlog when the variable shown first spans orders of magnitude,
+            ``encoding.pick_scale`` over all its values, so the choice does not change with
+            the prompt).
+        shared_scale: keep one colour domain across every coordinate a dropdown picks
+            (every prompt, seed, cluster, model ...: ``shared_domain``), so a colour means
+            the same value whichever is shown, as in ``CircuitExplorer``; a reduction (mean,
+            max, share) takes its own. False: each view its own domain.
         **options: passed to ``heatmap`` on every redraw (``color``, ``center``, ...).
 
     Attributes:
         controls: widget per name: one per other dim (named by the dim), ``variable`` for
             Datasets, ``facet`` (``"none"`` or a dim), ``binarize`` (checkbox), ``side`` (the
             rule), ``threshold`` (number box), ``correct`` (checkbox, only with a ``correct``
-            coord), ``swap`` (toggle).
+            coord), ``swap`` (toggle), ``scale`` (the colour scale: linear or symlog).
         widget: the ipywidgets container holding the controls, the chart and the details.
         view: the current ``View``.
         array: the reduced DataArray behind the current chart.
@@ -796,7 +988,7 @@ class Explorer:
             a dim has no coordinates or repeats a label, ``side`` is not in ``SIDES``,
             ``correct_only`` is asked of data without a ``correct`` coord, or a Dataset's
             variables have different dims (one set of controls serves them all: pass the
-            variables that share dims).
+            variables that share dims), or ``scale`` is not one of ``encoding.SCALES``.
     """
 
     def __init__(
@@ -812,6 +1004,8 @@ class Explorer:
         correct_only: bool = False,
         ci: float | None = 0.95,
         detail: DetailFn | None = None,
+        scale: str = "auto",
+        shared_scale: bool = True,
         **options: Any,
     ) -> None:
         data, self._others = _check_explorer(
@@ -825,6 +1019,9 @@ class Explorer:
             correct_only=correct_only,
         )
         self.ci = None if ci is None else bootstrap.check_ci(ci)
+        self.shared_scale = _validate.flag("shared_scale", shared_scale)
+        first = _variable(data, variable)
+        start = pick_scale(first.values if not is_mask(first) else [], scale)
         self.data, self.x, self.y, self.options = data, x, y, options
         self.cell: dict[Hashable, Any] | None = None
         self._clicked: dict[Hashable, Any] | None = None  # the axis coordinates clicked
@@ -832,7 +1029,7 @@ class Explorer:
         self.controls: dict[str, widgets.Widget] = {
             **_pick_controls(data, self._others, variable=variable, facet=facet),
             **_binarize_controls(_variable(data, variable), threshold=threshold, side=side),
-            **_switches(data, correct_only=correct_only),
+            **_switches(data, correct_only=correct_only, scale=start),
         }
         self._data_range = widgets.HTML()
         self._set_dim_options(first=True)
@@ -855,7 +1052,7 @@ class Explorer:
         """The page: the variable, facet, swap, correct and binarize controls in one row,
         the dim dropdowns in the next, the message, then the chart with the details."""
         c = self.controls
-        top = [c[k] for k in ("variable", "facet", "swap", "correct") if k in c]
+        top = [c[k] for k in ("variable", "facet", "swap", "correct", "scale") if k in c]
         return widgets.VBox(
             [
                 widgets.HBox(
@@ -924,6 +1121,8 @@ class Explorer:
             correct_only="correct" in c and c["correct"].value,
             swap=c["swap"].value,
             ci=self.ci,
+            scale=c["scale"].value,
+            shared_scale=self.shared_scale,
         )
 
     def _sync(self) -> None:
@@ -935,6 +1134,7 @@ class Explorer:
             c[str(d)].disabled = d == c["facet"].value or d not in current.dims
         mask = is_mask(current)
         c["binarize"].disabled = mask
+        c["scale"].disabled = mask or c["binarize"].value
         c["threshold"].disabled = c["side"].disabled = mask or not c["binarize"].value
         lo, hi = _range(current)
         self._data_range.value = "" if mask else f"<small>data {lo:.3g} to {hi:.3g}</small>"

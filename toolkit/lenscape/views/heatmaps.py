@@ -6,6 +6,9 @@ caller (``da.mean("prompt")``, ``da.sel(seed=0)``), so a picture never silently 
 The data's declared type decides the colour scale, never its values: a mask
 (``lenscape.mask_rules`` says what counts as one and as kept) gets two named colours with a
 legend, a signed score a diverging scale centred at 0, anything else a sequential one.
+Scores that span orders of magnitude take a symmetric-log scale (``scale="auto"``: the
+views' rule, ``encoding.pick_scale``), its legend in true values and a subtitle line that
+says so; ``scale="linear"`` or ``"symlog"`` picks one.
 Titles, legend and axis titles come from the metadata (``long_name``, ``units``, dim names);
 tooltips show every coordinate of a cell and its value. NaN means "not computed" and is
 drawn grey (the subtitle says so only when a drawn cell is NaN, and says when every cell
@@ -56,7 +59,9 @@ from lenscape.schema import LABEL_COORDS, name_from_attrs
 from .encoding import (
     AFTER_VALUE,
     INFINITE,
+    SCALES,
     STATE,
+    SYMLOG_SHARE,
     VALUE,
     axis_encoding,
     cell_columns,
@@ -64,6 +69,8 @@ from .encoding import (
     coord_names,
     coord_order,
     in_label_order,
+    pick_scale,
+    symlog_ticks,
     unchecked_build,
     vega_type,
 )
@@ -205,7 +212,7 @@ def _check_codes(values: np.ndarray, categories: tuple[str, ...]) -> None:
         )
 
 
-# long: seventeen keyword options (the signature is half its lines), checked in one call
+# long: eighteen keyword options (the signature is half its lines), checked in one call
 @unchecked_build
 def heatmap(
     da: xr.DataArray,
@@ -219,6 +226,7 @@ def heatmap(
     binary: bool | None = None,
     center: float | None = None,
     domain: tuple[float, float] | None = None,
+    scale: str = "auto",
     labels: tuple[str, str] = STATES,
     categories: Sequence[str] | None = None,
     title: str | None = None,
@@ -255,7 +263,13 @@ def heatmap(
             (default: diverging at 0, symmetric, when values have both signs). A centre other
             than 0 gives a scale that spans only the data.
         domain: the ends of a sequential colour scale, e.g. ``(0, 1)`` for probabilities
-            (default: the data's finite range).
+            (default: the data's finite range); on signed scores, a diverging scale
+            symmetric about 0 that covers it (views of several slices share one this way).
+        scale: the colour scale of continuous values: "linear", "symlog" (linear within
+            ``SYMLOG_SHARE`` of the largest |value|, logarithmic beyond, the legend ticked
+            at its powers of ten in true values and the subtitle saying so), or "auto"
+            (symlog when the values span orders of magnitude: ``encoding.pick_scale``).
+            Masks and categories take neither.
         labels: legend names of the 0/False and 1/True states of a binary mask.
         categories: draw integer codes 0..K-1 as K named categories (e.g. head roles from
             ``lenscape.aggregate.roles``) with ``color`` as their K colours.
@@ -290,6 +304,7 @@ def heatmap(
         binary=binary,
         center=center,
         domain=domain,
+        scale=scale,
         labels=labels,
         categories=categories,
         title=title,
@@ -304,11 +319,15 @@ def heatmap(
     _check_roles(da, x=x, y=y, facet_row=facet_row, facet_col=facet_col)
     cells = _read_cells(da, binary=binary, labels=labels, categories=categories)
     cells = dataclasses.replace(cells, interval=interval)
+    kind = "linear" if cells.binary else pick_scale(cells.finite, scale)
+    enc, scale_note = _encodings(
+        da, cells, color=color, center=center, domain=domain, scale=kind, tooltip=tooltip
+    )
     panel = functools.partial(
         _panel,
         x=x,
         y=y,
-        enc=_encodings(da, cells, color=color, center=center, domain=domain, tooltip=tooltip),
+        enc=enc,
         labels=cells.states if cells.binary else None,
         ticks={**{d: c for d, c in TOKEN_COORDS.items() if c in da.coords}, **(tick_labels or {})},
         has_inf=cells.has_inf,
@@ -323,7 +342,7 @@ def heatmap(
         columns=columns or FACET_COLUMNS,
         independent=independent,
     )
-    return _framed(chart, da, cells, title=title, actions=actions)
+    return _framed(chart, da, cells, title=title, actions=actions, notes=[scale_note])
 
 
 def _check_options(
@@ -336,6 +355,7 @@ def _check_options(
     binary: Any,
     center: Any,
     domain: Any,
+    scale: Any,
     labels: Any,
     categories: Any,
     title: Any,
@@ -364,6 +384,7 @@ def _check_options(
     if center is not None:
         _validate.number("center", center)
     _check_domain(domain)
+    _validate.choice("scale", scale, SCALES)
     if len(_validate.strings("labels", labels, example="('skipped', 'kept')")) != 2:
         raise ValueError(f"labels must name the 2 states (off, on), got {labels!r}.")
     if categories is not None:
@@ -564,29 +585,31 @@ def _encodings(
     color: Any,
     center: float | None,
     domain: tuple[float, float] | None,
+    scale: str,
     tooltip: bool,
-) -> dict[str, Any]:
-    """``heatmap``'s colour (and tooltip) encodings, shared by every panel so they compare.
+) -> tuple[dict[str, Any], str | None]:
+    """``heatmap``'s colour (and tooltip) encodings, shared by every panel so they compare,
+    and the subtitle line that names a symmetric-log scale (None for a linear one).
 
     Raises:
         TypeError, ValueError: a bad ``color`` (see ``_check_color``).
     """
     _check_color(color, n_states=len(cells.states) if cells.binary else None)
-    enc: dict[str, Any] = {
-        "color": _color(
-            cells.finite,
-            binary=cells.binary,
-            has_nan=cells.has_nan,
-            center=center,
-            ends=domain,
-            color=color,
-            labels=cells.states,
-            title=legend_title(cells.label),
-        )
-    }
+    colour, note = _color(
+        cells.finite,
+        binary=cells.binary,
+        has_nan=cells.has_nan,
+        center=center,
+        ends=domain,
+        scale=scale,
+        color=color,
+        labels=cells.states,
+        title=legend_title(cells.label),
+    )
+    enc: dict[str, Any] = {"color": colour}
     if tooltip:
         enc["tooltip"] = cell_tooltip(da, cells.binary, cells.label)
-    return enc
+    return enc, note
 
 
 def _arrange(
@@ -658,11 +681,17 @@ def _panel_grid(
 
 
 def _framed(
-    chart: ChartType, da: xr.DataArray, cells: _Cells, *, title: str | None, actions: bool
+    chart: ChartType,
+    da: xr.DataArray,
+    cells: _Cells,
+    *,
+    title: str | None,
+    actions: bool,
+    notes: Sequence[str | None] = (),
 ) -> ChartType:
     """``heatmap``'s last step: the title and subtitle (what the colour shows when the
-    title does not say it, provenance, grey and dark cells), the actions menu, grey NaN
-    and no frame."""
+    title does not say it, provenance, grey and dark cells, then ``notes``: the colour
+    scale), the actions menu, grey NaN and no frame."""
     heading = title or name_from_attrs(da, "")
     described = heading.startswith(da.attrs.get("long_name") or cells.label)
     subtitle = _subtitle(
@@ -672,6 +701,7 @@ def _framed(
         has_inf=cells.has_inf,
         colour=None if described else cells.label,
     ) + (cells.interval.lines if cells.interval else [])
+    subtitle += [note for note in notes if note]
     titles = (
         alt.TitleParams(
             heading, subtitle=subtitle or alt.Undefined, anchor="start", limit=TITLE_LIMIT
@@ -901,11 +931,13 @@ def _color(
     has_nan: bool,
     center: float | None,
     ends: tuple[float, float] | None = None,
+    scale: str = "linear",
     color: str | Sequence[str] | None,
     labels: tuple[str, ...],
     title: str | list[str],
-) -> alt.Color:
-    """Colour encoding chosen from the data: binary, diverging or sequential."""
+) -> tuple[alt.Color, str | None]:
+    """Colour encoding chosen from the data: binary, diverging or sequential, on a linear
+    or a symmetric-log ``scale``; and the subtitle line naming a symmetric-log scale."""
     # A scheme is the caller's str; Altair's stubs type ``scheme=`` as a Literal of Vega's
     # names (hence the two ``type: ignore[arg-type]``), and ``to_dict`` checks it against the
     # schema when the spec is built.
@@ -915,19 +947,19 @@ def _color(
         nan = [NAN_LABEL] if has_nan else []
         if len(labels) > 2:  # categories: legend in code order
             domain = list(labels) + nan
-            scale = (
+            states = (
                 alt.Scale(domain=domain, range=custom + [NAN_COLOR] * len(nan))
                 if custom
                 else alt.Scale(domain=domain, scheme=scheme or "category10")  # type: ignore[arg-type]
             )
-            return alt.Color(f"{STATE}:N", scale=scale, title=title)
+            return alt.Color(f"{STATE}:N", scale=states, title=title), None
         domain = [labels[1], labels[0], *nan]
         if scheme:
-            scale = alt.Scale(domain=domain, scheme=scheme)  # type: ignore[arg-type]
+            states = alt.Scale(domain=domain, scheme=scheme)  # type: ignore[arg-type]
         else:
             off, on = custom or BINARY_COLORS
-            scale = alt.Scale(domain=domain, range=[on, off, NAN_COLOR][: len(domain)])
-        return alt.Color(f"{STATE}:N", scale=scale, title=title)
+            states = alt.Scale(domain=domain, range=[on, off, NAN_COLOR][: len(domain)])
+        return alt.Color(f"{STATE}:N", scale=states, title=title), None
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     if ends is not None:
         lo, hi = float(ends[0]), float(ends[1])
@@ -945,7 +977,18 @@ def _color(
         kw["range"] = custom
     else:
         kw["scheme"] = scheme or default
-    return alt.Color(f"{VALUE}:Q", scale=alt.Scale(**kw), title=title)
+    if scale != "symlog":
+        return alt.Color(f"{VALUE}:Q", scale=alt.Scale(**kw), title=title), None
+    low, high = kw["domain"]
+    limit = max(abs(low), abs(high))
+    kw.update(type="symlog", constant=limit * SYMLOG_SHARE)
+    ticks = [t for t in symlog_ticks(limit) if low <= t <= high]
+    legend = alt.Legend(values=ticks, format=".3~r")
+    note = (
+        f"colour: symmetric log up to ±{limit:.3g}, linear within ±{limit * SYMLOG_SHARE:.2g} "
+        "(scale='linear' for a linear one)"
+    )
+    return alt.Color(f"{VALUE}:Q", scale=alt.Scale(**kw), title=title, legend=legend), note
 
 
 def _subtitle(
