@@ -526,7 +526,7 @@ def test_an_estimate_with_its_error_hatches_the_cells_whose_error_could_flip_the
     ]
     assert any(
         line.startswith("hatched: error estimate >= |estimate|, the sign is not sure (5 of 12")
-        and line.endswith("error: trapezoid: test")
+        and line.endswith("error estimate: trapezoid (its formula: the error coord's attrs)")
         for line in spec["title"]["subtitle"]
     )
     moved = da.sortby("head", ascending=False).transpose("head", "layer")

@@ -529,10 +529,12 @@ def _split_error(da: xr.DataArray) -> tuple[xr.DataArray, _Interval | None]:
     )
     unsure = int(((low <= 0) & (high >= 0)).sum())
     label = "error estimate >= |estimate|"
-    method = error.attrs.get("method") or da.attrs.get("error_method")
+    # the method's name only ("trapezoid"): its formula, a line of its own, is in the
+    # coord's attrs and the tooltips' reach, not in a subtitle
+    method = da.attrs.get("error_method") or str(error.attrs.get("method", "")).split(":")[0]
     lines = [
         f"hatched: {label}, the sign is not sure ({unsure} of {da.size} cells)"
-        + (f"; error: {method}" if method else "")
+        + (f"; error estimate: {method} (its formula: the error coord's attrs)" if method else "")
     ]
     if "measured" in da.coords:
         lines.append(f"{int(da['measured'].sum())} of {da.size} cells measured exactly (error 0)")
