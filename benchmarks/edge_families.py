@@ -362,7 +362,8 @@ def main() -> None:
         "per-receiver computation (tests/_helpers.py): the largest difference relative to "
         "the largest score (exact patching: to the largest effect), all edges of each tiny "
         "model and a seeded sample on gemma3-270m; then the post-norm convention's measured "
-        "consequence and the Llama-family timings (`python benchmarks/edge_families.py`)."
+        "consequence, and the timings on SmolLM2-135M (Llama family) and gemma3-270m "
+        "(`python benchmarks/edge_families.py`)."
     )
     _report.emit(
         args, _report.section("edge_families", "Edges on every family", intro, "\n\n".join(body))
