@@ -384,6 +384,30 @@ def test_dtype_and_device_are_read_from_the_parameters(tokenizer, factual):
     assert scores.attrs["dtype"] == "bfloat16"
 
 
+def test_dtype_is_read_once_per_call_and_anew_between_calls(tokenizer, factual, monkeypatch):
+    """Inside a call the parameters are walked for the dtype once (a pass reads it hundreds
+    of times: issue 42's EAP-IG timing found 627 walks per call); the next call reads it
+    anew, so a cast between calls is seen."""
+    model = models.tiny("llama", tokenizer=tokenizer)
+    walks, walk = [], model.hf.parameters
+
+    def counted(*args, **kwargs):
+        walks.append(1)
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(model.hf, "parameters", counted)
+    with model.one_call():
+        assert [model.dtype for _ in range(50)] == [torch.float32] * 50
+        with model.one_call():  # a part of a report: the same call
+            assert model.dtype == torch.float32
+    assert len(walks) == 1
+    model.hf.to(torch.bfloat16)
+    with model.one_call():
+        assert model.dtype == torch.bfloat16
+    scores = lsc.direct_logit_attribution(model, factual[:2], progress=False)
+    assert scores.attrs["dtype"] == "bfloat16"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_weights_fingerprint_sums_the_float32_bit_patterns_in_any_dtype(dtype):
     """The bit sum is that of the values read as float32 (bfloat16's is taken on its own
