@@ -109,9 +109,9 @@ AUTO_TOL = 0.05
 AUTO_MARGIN = 2.0
 #: How refine="auto" picks its cells, for its results' attrs.
 AUTO_RULE = (
-    "measured where margin * error > tol, or where the component could be in the top "
-    "components by |prompt-mean| (|mean| + mean(margin * error) reaches the top-th largest "
-    "|mean| - mean(margin * error)); lenscape.capture.patching.auto_cells"
+    "measured where margin * error > tol, or where the component's membership of the top "
+    "components by |prompt-mean| is in doubt (neither surely in nor surely out with "
+    "|mean| +- mean(margin * error)); lenscape.capture.patching.auto_cells"
 )
 #: How each fast estimate's error is estimated (``error=True``; the module docstring says
 #: why): name -> (what it is, the passes it adds per batch).
@@ -808,9 +808,12 @@ def auto_cells(
 
     A cell (prompt, component) is measured when
     - its value could be off by more than ``tol``: margin * error > tol; or
-    - its component could belong to the ``top`` components by |prompt-mean|: with b the
-      prompt-mean of margin * error, |mean| + b reaches the ``top``-th largest |mean| - b
-      (every cell of such a component is measured, so the exact top is measured whole).
+    - its component's membership of the ``top`` components by |prompt-mean| is in doubt.
+      With b the prompt-mean of margin * error, a component's |mean| lies in [|mean| - b,
+      |mean| + b]; it is surely in the top when fewer than ``top`` others could reach its
+      lower end, surely out when ``top`` others surely exceed its upper end. Every cell of a
+      component in doubt is measured; a surely-in component keeps its estimates (the ones
+      that could be off by more than ``tol`` are measured by the first rule).
     A NaN error (not computed) always counts as too large.
 
     Args:
@@ -825,12 +828,16 @@ def auto_cells(
     largest = float(np.abs(estimates).max()) if estimates.size else 0.0
     tol = AUTO_TOL * largest if tol is None else float(tol)
     bound = np.where(np.isnan(errors), np.inf, margin * np.abs(errors))
-    mean, spread = estimates.mean(0), bound.mean(0)
-    low = np.maximum(np.abs(mean) - spread, 0.0)
+    mean, spread = np.abs(estimates.mean(0)), bound.mean(0)
+    low, high = np.maximum(mean - spread, 0.0), mean + spread
     top = min(top, len(mean))
-    threshold = np.sort(low)[-top]
-    ranked = np.abs(mean) + spread >= threshold
-    return (bound > tol) | ranked[None, :], tol
+    # (component, other): whether the other could reach / surely exceeds the component.
+    could_reach = high[None, :] >= low[:, None]
+    np.fill_diagonal(could_reach, False)
+    surely_in = could_reach.sum(1) < top
+    surely_out = (low[None, :] > high[:, None]).sum(1) >= top
+    in_doubt = ~(surely_in | surely_out)
+    return (bound > tol) | in_doubt[None, :], tol
 
 
 def _auto_refinement(
