@@ -143,17 +143,19 @@ def test_relp_errors(tiny_llama, pairs):
 def test_refine_auto_measures_the_cells_the_rule_picks(tiny_llama, factual):
     prompts = factual[:6]
     full = lsc.activation_patching(tiny_llama, prompts, progress=False)
-    auto = lsc.activation_patching(tiny_llama, prompts, refine="auto", top=3, progress=False)
+    auto = lsc.activation_patching(tiny_llama, prompts, refine="auto", top=5, progress=False)
     estimate = lsc.attribution_patching(tiny_llama, prompts, error=True, progress=False)
     flat = (len(prompts), -1)
-    cells, tol = patching.auto_cells(  # in float64, as the pre-pass keeps them
-        estimate.values.reshape(flat).astype(np.float64),
-        estimate["error"].values.reshape(flat).astype(np.float64),
-        top=3,
-    )
+    estimates = estimate.values.reshape(flat).astype(np.float64)  # as the pre-pass keeps them
+    errors = estimate["error"].values.reshape(flat).astype(np.float64)
+    exact = full.values.reshape(flat)
+    first, tol = patching.auto_cells(estimates, errors)
+    known = np.where(first, exact, estimates)
+    second = patching.ranking_cells(known, patching.error_bounds(errors), first, top=5)
     measured = auto["measured"].values
-    np.testing.assert_array_equal(measured, cells.reshape(measured.shape))
-    assert 0 < measured.sum() < measured.size  # some measured, some not: the check bites
+    np.testing.assert_array_equal(measured, (first | second).reshape(measured.shape))
+    assert first.any() and second.any()  # both stages measure here: the check bites
+    assert 0 < measured.sum() < measured.size
     # Measured cells equal a full exact sweep; the others keep the estimate and its error.
     np.testing.assert_allclose(auto.values[measured], full.values[measured], atol=1e-5)
     np.testing.assert_array_equal(auto.values[~measured], estimate.values[~measured])
@@ -161,35 +163,52 @@ def test_refine_auto_measures_the_cells_the_rule_picks(tiny_llama, factual):
         auto["error"].values[~measured], estimate["error"].values[~measured]
     )
     assert (auto["error"].values[measured] == 0).all()
-    assert auto.attrs["refine"] == "auto" and auto.attrs["refine_top"] == 3
+    assert auto.attrs["refine"] == "auto" and auto.attrs["refine_top"] == 5
     assert auto.attrs["refine_measured"] == measured.sum()
+    assert auto.attrs["refine_measured_for_tol"] == first.sum()
+    assert auto.attrs["refine_measured_for_top"] == second.sum()
     assert auto.attrs["refine_cells"] == measured.size
     assert auto.attrs["refine_tol"] == pytest.approx(tol)
-    # The exact top 3 by |prompt-mean| is recovered.
-    exact_top = set(np.argsort(-np.abs(full.mean("prompt").values.ravel()))[:3])
-    auto_top = set(np.argsort(-np.abs(auto.mean("prompt").values.ravel()))[:3])
+    # The exact top 5 by |prompt-mean| is recovered.
+    exact_top = set(np.argsort(-np.abs(full.mean("prompt").values.ravel()))[:5])
+    auto_top = set(np.argsort(-np.abs(auto.mean("prompt").values.ravel()))[:5])
     assert auto_top == exact_top
 
 
-def test_auto_cells_measure_the_components_whose_top_membership_is_in_doubt():
-    # 2 prompts x 5 components, top 2, a tolerance no error reaches: component 0 is surely
-    # in (no other reaches its lower end), 1 and 2 straddle the second place, 3 is surely
-    # out, and 4's NaN error makes its membership unknown.
-    estimates = np.array([[10.0, 5.0, 4.5, 1.0, 0.5], [10.0, 5.0, 4.5, 1.0, 0.5]])
-    errors = np.array([[0.5, 0.5, 0.5, 0.1, np.nan], [0.5, 0.5, 0.5, 0.1, 0.0]])
-    cells, tol = patching.auto_cells(estimates, errors, tol=100.0, top=2, margin=1.0)
-    assert tol == 100.0
+def test_auto_cells_are_the_cells_an_error_could_put_beyond_tol():
+    estimates = np.array([[10.0, 1.0, -2.0], [4.0, 0.0, 1.0]])
+    errors = np.array([[0.1, 0.3, np.nan], [0.2, 0.2, 0.0]])
+    cells, tol = patching.auto_cells(estimates, errors, margin=2.0)
+    assert tol == pytest.approx(0.5)  # None: 5% of the largest |estimate|
+    np.testing.assert_array_equal(cells, [[False, True, True], [False, False, False]])
+    cells, tol = patching.auto_cells(estimates, errors, tol=0.3, margin=2.0)
+    np.testing.assert_array_equal(cells, [[False, True, True], [True, True, False]])
+
+
+def test_ranking_cells_measure_the_components_whose_top_membership_is_in_doubt():
+    # 2 prompts x 5 components, top 2: component 0 is surely in (no other reaches its lower
+    # end), 1 and 2 straddle the second place, 3 is surely out, and 4's unbounded error (a
+    # NaN) makes its membership unknown.
+    values = np.array([[10.0, 5.0, 4.5, 1.0, 0.5], [10.0, 5.0, 4.5, 1.0, 0.5]])
+    bounds = patching.error_bounds(
+        np.array([[0.5, 0.5, 0.5, 0.1, np.nan], [0.5, 0.5, 0.5, 0.1, 0.0]]), margin=1.0
+    )
+    none = np.zeros(values.shape, bool)
+    cells = patching.ranking_cells(values, bounds, none, top=2)
     np.testing.assert_array_equal(cells[0], [False, True, True, False, True])
-    np.testing.assert_array_equal(cells[1], cells[0])  # whole components for the ranking
+    np.testing.assert_array_equal(cells[1], cells[0])  # whole components
     # With top=1 the second place no longer matters; component 4, unknown, could beat 0.
-    cells, _ = patching.auto_cells(estimates, errors, tol=100.0, top=1, margin=1.0)
+    cells = patching.ranking_cells(values, bounds, none, top=1)
     np.testing.assert_array_equal(cells[1], [True, False, False, False, True])
-    # The tolerance rule: a cell whose margin * error exceeds tol is measured on its own.
-    cells, _ = patching.auto_cells(estimates, errors, tol=0.8, top=1, margin=2.0)
-    np.testing.assert_array_equal(cells[0], [True, True, True, False, True])
-    np.testing.assert_array_equal(cells[1], [True, True, True, False, True])
-    # None: 5% of the largest |estimate|.
-    assert patching.auto_cells(estimates, errors)[1] == pytest.approx(0.5)
+    # Measured cells are exact: component 4 measured on prompt 0 is bounded, and no longer
+    # in doubt; a measured cell is never asked for again.
+    measured = none.copy()
+    measured[0, 4] = True
+    cells = patching.ranking_cells(values, bounds, measured, top=1)
+    np.testing.assert_array_equal(cells, none)
+    measured[:, 1] = True
+    cells = patching.ranking_cells(values, bounds, measured, top=2)
+    np.testing.assert_array_equal(cells[0], [False, False, True, False, False])
 
 
 def test_refine_auto_with_a_huge_tolerance_measures_for_the_top_only(tiny_llama, pairs):

@@ -55,10 +55,11 @@ error against exact patching.
 ``refine=k`` on the exact methods ranks every component with a gradient estimate and runs
 the exact sweep on the k components whose prompt-mean estimate is largest in absolute
 value; the others are NaN ("not computed"). ``refine="auto"`` estimates every cell and its
-error and measures exactly the cells whose estimate could be wrong by more than ``tol`` or
-could change the ``top`` components (``auto_cells``); the others keep the estimate, and a
-coord ``measured`` says which is which. A pass then stacks only the prompts a component is
-measured on.
+error, measures exactly the cells whose estimate could be wrong by more than ``tol``
+(``auto_cells``), then, with those exact values in hand, the other cells of every component
+whose membership of the ``top`` components is still in doubt (``ranking_cells``); the others
+keep the estimate, and a coord ``measured`` says which is which. A pass stacks only the
+prompts a component is measured on.
 """
 
 from __future__ import annotations
@@ -109,9 +110,11 @@ AUTO_TOL = 0.05
 AUTO_MARGIN = 2.0
 #: How refine="auto" picks its cells, for its results' attrs.
 AUTO_RULE = (
-    "measured where margin * error > tol, or where the component's membership of the top "
-    "components by |prompt-mean| is in doubt (neither surely in nor surely out with "
-    "|mean| +- mean(margin * error)); lenscape.capture.patching.auto_cells"
+    "first the cells where margin * error > tol are measured; then every other cell of a "
+    "component whose membership of the top components by |prompt-mean| is still in doubt "
+    "(neither surely in nor surely out with |mean| +- the mean of margin * error over its "
+    "cells not measured, measured ones exact); lenscape.capture.patching.auto_cells, "
+    "ranking_cells"
 )
 #: How each fast estimate's error is estimated (``error=True``; the module docstring says
 #: why): name -> (what it is, the passes it adds per batch).
@@ -306,7 +309,7 @@ def _sweep_scorer(
             model,
             rows=rows,
             width=tokens.input_ids.shape[1],
-            wanted=max(len(group) for _, group in groups),
+            wanted=max((len(group) for _, group in groups), default=1),
         )
         effects = torch.full((rows, len(variants)), float("nan"))
         with torch.no_grad():
@@ -795,40 +798,57 @@ def _refined_columns(
     return sorted(int(c) for c in order[:k])
 
 
+def error_bounds(errors: np.ndarray, margin: float = AUTO_MARGIN) -> np.ndarray:
+    """How far refine="auto" lets each estimate be off: ``margin`` times its error
+    estimate; a NaN error (not computed) counts as unbounded."""
+    return np.where(np.isnan(errors), np.inf, margin * np.abs(errors))
+
+
 def auto_cells(
     estimates: np.ndarray,
     errors: np.ndarray,
     *,
     tol: float | None = None,
-    top: int = AUTO_TOP,
     margin: float = AUTO_MARGIN,
 ) -> tuple[np.ndarray, float]:
-    """The cells ``refine="auto"`` measures exactly: those whose estimate, off by up to
-    ``margin`` times its error estimate, could change the answer.
-
-    A cell (prompt, component) is measured when
-    - its value could be off by more than ``tol``: margin * error > tol; or
-    - its component's membership of the ``top`` components by |prompt-mean| is in doubt.
-      With b the prompt-mean of margin * error, a component's |mean| lies in [|mean| - b,
-      |mean| + b]; it is surely in the top when fewer than ``top`` others could reach its
-      lower end, surely out when ``top`` others surely exceed its upper end. Every cell of a
-      component in doubt is measured; a surely-in component keeps its estimates (the ones
-      that could be off by more than ``tol`` are measured by the first rule).
-    A NaN error (not computed) always counts as too large.
+    """The cells refine="auto" measures first: those whose estimate could be off by more
+    than ``tol`` (margin * error > tol; a NaN error always).
 
     Args:
         estimates, errors: (prompt, component) the fast estimates and their error estimates.
         tol: tolerance in the estimates' units; None: ``AUTO_TOL`` times the largest
             |estimate|.
-        top: how many components the ranking must get right (at most the number of them).
 
     Returns:
         ((prompt, component) bool, the tolerance used).
     """
     largest = float(np.abs(estimates).max()) if estimates.size else 0.0
     tol = AUTO_TOL * largest if tol is None else float(tol)
-    bound = np.where(np.isnan(errors), np.inf, margin * np.abs(errors))
-    mean, spread = np.abs(estimates.mean(0)), bound.mean(0)
+    return error_bounds(errors, margin) > tol, tol
+
+
+def ranking_cells(
+    values: np.ndarray, bounds: np.ndarray, measured: np.ndarray, *, top: int = AUTO_TOP
+) -> np.ndarray:
+    """The cells refine="auto" measures second: the cells not yet measured of every
+    component whose membership of the ``top`` components by |prompt-mean| is in doubt.
+
+    With b the prompt-mean of the bounds of the cells not yet measured (measured ones are
+    exact), a component's |mean| lies in [|mean| - b, |mean| + b]; it is surely in the top
+    when fewer than ``top`` others could reach its lower end, surely out when ``top`` others
+    surely exceed its upper end, and in doubt otherwise.
+
+    Args:
+        values: (prompt, component) exact where ``measured``, the estimates elsewhere.
+        bounds: (prompt, component) ``error_bounds`` of the estimates.
+        measured: (prompt, component) bool, the cells measured so far.
+        top: how many components the ranking must get right (at most the number of them).
+
+    Returns:
+        (prompt, component) bool.
+    """
+    spread = np.where(measured, 0.0, bounds).mean(0)
+    mean = np.abs(values.mean(0))
     low, high = np.maximum(mean - spread, 0.0), mean + spread
     top = min(top, len(mean))
     # (component, other): whether the other could reach / surely exceeds the component.
@@ -837,27 +857,53 @@ def auto_cells(
     surely_in = could_reach.sum(1) < top
     surely_out = (low[None, :] > high[:, None]).sum(1) >= top
     in_doubt = ~(surely_in | surely_out)
-    return (bound > tol) | in_doubt[None, :], tol
+    return in_doubt[None, :] & ~measured
+
+
+def _measured(
+    inputs: Inputs,
+    scorer_for: Callable[[torch.Tensor], Callable[[Batch, Callable], Scores]],
+    cells: np.ndarray,
+    progress: bool,
+) -> np.ndarray:
+    """Exact values of ``cells`` ((prompt, component) bool), NaN elsewhere: one sweep over
+    the batches that hold any (``scorer_for(cells)``, ``_sweep_scorer``'s score)."""
+    values = np.full(cells.shape, np.nan)
+    if not cells.any():
+        return values
+    score = scorer_for(torch.as_tensor(cells))
+    batches = [b for b in inputs.batches() if cells[b.index.cpu().numpy()].any()]
+    for batch in tqdm(batches, disable=not progress, desc="measuring beyond tol"):
+        values[batch.index.cpu().numpy()] = score(batch, lambda: None).values.double().numpy()
+    return values
 
 
 def _auto_refinement(
     inputs: Inputs,
     estimate: Callable[[Batch], torch.Tensor],
+    scorer_for: Callable[[torch.Tensor], Callable[[Batch, Callable], Scores]],
     tol: float | None,
     top: int,
     progress: bool,
 ) -> dict[str, Any]:
     """The pre-pass of ``refine="auto"``: every cell's estimate and error estimate
-    ((prompt, component) float32, ``estimate`` giving both side by side), the cells
-    ``auto_cells`` picks and the tolerance it used."""
+    ((prompt, component) float32, ``estimate`` giving both side by side); the cells off by
+    more than tol (``auto_cells``), measured here (``scorer_for``), and their exact values
+    (NaN elsewhere); then the cells the ranking needs (``ranking_cells``), which the plan's
+    sweep measures; and the tolerance used."""
     n = len(components(inputs))
     values = _estimates(inputs, estimate, progress, "estimating errors")
     estimates, errors = values[:, :n], values[:, n:]
-    cells, tol_used = auto_cells(estimates, errors, tol=tol, top=top)
+    first, tol_used = auto_cells(estimates, errors, tol=tol)
+    exact = _measured(inputs, scorer_for, first, progress)
+    known = np.where(first, exact, estimates)
+    second = ranking_cells(known, error_bounds(errors), first, top=top)
     return {
         "estimates": estimates.astype(np.float32),
         "errors": errors.astype(np.float32),
-        "cells": cells,
+        "first": first,
+        "exact": exact.astype(np.float32),
+        "cells": second,
         "tol": tol_used,
     }
 
@@ -866,16 +912,18 @@ def _refined_cells(
     call: Call,
     inputs: Inputs,
     estimate_with: Callable[[bool], Callable[[Batch], torch.Tensor]],
+    scorer_for: Callable[[torch.Tensor], Callable[[Batch, Callable], Scores]],
     ranking: tuple[str, int, str],
 ) -> tuple[torch.Tensor | None, dict[str, Any] | None, dict[str, Any]]:
-    """The cells ``refine`` measures ((prompt, component) bool; None: all), the pre-pass of
-    refine="auto" (``_auto_refinement``; None otherwise), and the attrs recording it; the
-    pre-pass is kept in the plan's ``prepass``.
+    """The cells the plan's sweep measures ((prompt, component) bool; None: all), the
+    pre-pass of refine="auto" (``_auto_refinement``; None otherwise), and the attrs
+    recording it; the pre-pass is kept in the plan's ``prepass``.
 
     Args:
         estimate_with: ``(error) -> estimate(batch)``, the gradient estimate that picks
             cells: (rows, n_components), then with ``error`` (rows, n_components) error
             estimates.
+        scorer_for: ``(cells) -> score``, the exact sweep of those cells.
         ranking: that estimate's (estimator, steps, ``ERROR_METHODS`` name), for attrs.
     """
     options, prepass, progress = call.options, call.prepass, call.progress
@@ -897,8 +945,11 @@ def _refined_cells(
     auto = once(
         prepass,
         "auto",
-        lambda: _auto_refinement(inputs, estimate_with(True), options.tol, top, progress),
+        lambda: _auto_refinement(
+            inputs, estimate_with(True), scorer_for, options.tol, top, progress
+        ),
     )
+    n_first, n_second = int(auto["first"].sum()), int(auto["cells"].sum())
     return (
         torch.as_tensor(auto["cells"]),
         auto,
@@ -907,7 +958,9 @@ def _refined_cells(
             "refine_top": top,
             "refine_tol": auto["tol"],
             "refine_margin": AUTO_MARGIN,
-            "refine_measured": int(auto["cells"].sum()),
+            "refine_measured": n_first + n_second,
+            "refine_measured_for_tol": n_first,
+            "refine_measured_for_top": n_second,
             "refine_cells": int(auto["cells"].size),
             "refine_rule": AUTO_RULE,
             **params,
@@ -916,13 +969,19 @@ def _refined_cells(
 
 
 def _with_estimates(finish: Callable, auto: dict[str, Any], error_name: str) -> Callable:
-    """``finish`` of a refine="auto" plan: the estimates (and their error estimates, as
-    ``with_error``) where no cell was measured, and the coord ``measured``."""
+    """``finish`` of a refine="auto" plan: the pre-pass's exact values where it measured,
+    the sweep's where the sweep did, the estimates (and their error estimates, as
+    ``with_error``) elsewhere, and the coord ``measured``."""
 
     def finished(values, correct, index):
         rows = slice(None) if index is None else np.asarray(index, dtype=np.int64)
-        measured = auto["cells"][rows]
-        filled = np.where(measured, np.asarray(values, dtype=np.float32), auto["estimates"][rows])
+        first, second = auto["first"][rows], auto["cells"][rows]
+        filled = np.where(
+            second,
+            np.asarray(values, dtype=np.float32),
+            np.where(first, auto["exact"][rows], auto["estimates"][rows]),
+        )
+        measured = first | second
         result = with_error(
             finish(filled, correct, index),
             np.where(measured, 0.0, auto["errors"][rows]),
@@ -951,15 +1010,19 @@ def _exact_plan(
     Args:
         sweep: ``_sweep_scorer``'s (source, replacement_for).
     """
-    cells, auto, refined = _refined_cells(call, inputs, estimate_with, ranking)
     source, replacement_for = sweep
-    score = _sweep_scorer(
-        inputs,
-        source=source,
-        replacement_for=replacement_for,
-        variants_per_pass=call.options.variants_per_pass,
-        cells=cells,
-    )
+
+    def scorer_for(cells: torch.Tensor | None) -> Callable[[Batch, Callable], Scores]:
+        return _sweep_scorer(
+            inputs,
+            source=source,
+            replacement_for=replacement_for,
+            variants_per_pass=call.options.variants_per_pass,
+            cells=cells,
+        )
+
+    cells, auto, refined = _refined_cells(call, inputs, estimate_with, scorer_for, ranking)
+    score = scorer_for(cells)
     plan = one_level_plan(
         inputs,
         score,
@@ -1246,12 +1309,14 @@ def activation_patching(
             ``attribution_patching`` estimate is largest in absolute value; the others are
             NaN ("not computed"). Attrs record ``refined_k``, ``refine_estimator`` and
             ``refine_steps``. "auto": estimate every cell and its error
-            (``attribution_patching(..., error=True)``) and measure exactly the cells whose
+            (``attribution_patching(..., error=True)``), measure exactly the cells whose
             estimate, off by up to ``AUTO_MARGIN`` error estimates, could be wrong by more
-            than ``tol`` or could change which components are the ``top`` by |prompt-mean|
-            (``auto_cells``); the other cells keep the estimate. Coords ``measured`` (bool,
-            the scores' dims) and ``error`` (0 where measured); attrs ``refine_measured`` of
-            ``refine_cells``, ``refine_tol``, ``refine_top``, ``refine_margin``,
+            than ``tol`` (``auto_cells``), then the other cells of the components whose
+            membership of the ``top`` by |prompt-mean| is still in doubt
+            (``ranking_cells``); the other cells keep the estimate. Coords ``measured``
+            (bool, the scores' dims) and ``error`` (0 where measured); attrs
+            ``refine_measured`` of ``refine_cells`` (``refine_measured_for_tol`` and
+            ``_for_top``), ``refine_tol``, ``refine_top``, ``refine_margin``,
             ``refine_rule``. None: all components.
         estimator, steps, rules: the estimator that ranks components for ``refine`` (see
             ``attribution_patching``).
