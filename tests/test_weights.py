@@ -29,6 +29,28 @@ def test_change_with_itself_is_zero_and_one_perturbation_shows(tiny_model):
         assert nonzero.tolist() == [[1, list(change["component"].values).index("up_proj")]]
 
 
+def test_relative_change_of_a_tensor_that_was_all_zero(tiny_llama):
+    base = copy.copy(tiny_llama)
+    base.hf = copy.deepcopy(tiny_llama.hf)
+    path = base.spec.layout.weights["up_proj"]
+    weight = base.hf.get_parameter(f"{base.spec.layout.layers}.1.{path}")
+    with torch.no_grad():
+        weight.zero_()
+    unchanged = lsc.weight_change(base, base)
+    assert float(unchanged["per_layer"].sel(layer=1, component="up_proj")) == 0
+    assert "undefined" not in unchanged["per_layer"].attrs
+    tuned = copy.copy(base)
+    tuned.hf = copy.deepcopy(base.hf)
+    with torch.no_grad():
+        tuned.hf.get_parameter(f"{base.spec.layout.layers}.1.{path}").add_(0.1)
+    change = lsc.weight_change(base, tuned)
+    assert np.isnan(float(change["per_layer"].sel(layer=1, component="up_proj")))
+    assert "layer 1 up_proj" in change["per_layer"].attrs["undefined"]
+    assert not np.isinf(change["per_layer"].values).any()
+    fraction = lsc.weight_change(base, tuned, kind="fraction_changed")
+    assert float(fraction["per_layer"].sel(layer=1, component="up_proj")) == 1.0
+
+
 def test_gpt2_qkv_split(tokenizer):
     base = models.tiny("gpt2", tokenizer=tokenizer)
     other = copy.copy(base)

@@ -419,7 +419,9 @@ def weight_change(
     """Per-tensor change between two checkpoints of one architecture.
 
     "relative": ||W1 - W0||_F / ||W0||_F; "fraction_changed": share of entries with
-    |w1 - w0| > tol * max(|w0|, |w1|).
+    |w1 - w0| > tol * max(|w0|, |w1|). A tensor that is all zero in ``base`` has no
+    relative change: 0 where it stayed zero, NaN where it changed, named in the attr
+    ``undefined`` (its fraction_changed is defined).
 
     Raises:
         ValueError: unknown kind, tol <= 0, different architectures or shapes (naming the
@@ -433,18 +435,25 @@ def weight_change(
             f"The models differ in architecture ({base.spec.architecture} vs "
             f"{tuned.spec.architecture}); compare checkpoints of one model."
         )
-    values = {}
+    values, undefined = {}, []
     for (layer, comp, p0, cols), (_, _, p1, _) in zip(_tensors(base), _tensors(tuned), strict=True):
         w0, w1 = _view(p0, cols).float(), _view(p1, cols).float().to(p0.device)
+        where = comp if layer is None else f"layer {layer} {comp}"
         if w0.shape != w1.shape:
-            where = comp if layer is None else f"layer {layer} {comp}"
             raise ValueError(
                 f"Tensor shapes differ at {where}: {tuple(w0.shape)} vs "
                 f"{tuple(w1.shape)}; compare checkpoints of one model."
             )
         diff = (w1 - w0).abs()
         if kind == "relative":
-            values[layer, comp] = float(diff.norm() / w0.norm())
+            base_norm, change = float(w0.norm()), float(diff.norm())
+            if base_norm > 0:
+                values[layer, comp] = change / base_norm
+            elif change > 0:  # changed from all zero: no relative change exists
+                values[layer, comp] = float("nan")
+                undefined.append(where)
+            else:
+                values[layer, comp] = 0.0
         else:
             values[layer, comp] = float(
                 (diff > tol * torch.maximum(w0.abs(), w1.abs())).float().mean()
@@ -464,4 +473,13 @@ def weight_change(
         kind=kind,
         tol=tol,
         tuned_model=tuned.name,
+        **(
+            {
+                "undefined": f"{', '.join(undefined)}: all zero in the base model and "
+                "changed, so no relative change exists (NaN); kind='fraction_changed' "
+                "measures them"
+            }
+            if undefined
+            else {}
+        ),
     )
