@@ -481,6 +481,29 @@ def test_an_interval_is_drawn_as_its_mean_with_unsure_cells_hatched():
     )
 
 
+def test_a_mean_of_estimates_hatches_where_interval_or_error_could_flip_the_sign():
+    """A pooled mean of fast estimates (``aggregate.mean`` of an ``error=True`` result: a
+    ``bound`` dim and an ``error`` coord) hatches the cells whose interval, widened on each
+    side by the error estimate, includes 0; the legend and tooltips say so."""
+    da = interval_result()
+    errors = np.zeros((3, 4))
+    errors[1, 0] = 1e3  # an interval clear of 0, an error that could flip the sign
+    da = da.assign_coords(error=(("layer", "head"), errors, {"method": "trapezoid: test"}))
+    rows = inline_rows(heatmap(da, x="head", y="layer").to_dict())
+    plain = inline_rows(heatmap(da.drop_vars("error"), x="head", y="layer").to_dict())
+    unsure = {(r["layer"], r["head"]) for r in rows if r["unsure"]}
+    before = {(r["layer"], r["head"]) for r in plain if r["unsure"]}
+    assert (1, 0) not in before and unsure == before | {(1, 0)}
+    cell = next(r for r in rows if r["layer"] == 1 and r["head"] == 0)
+    assert cell["low"] == pytest.approx(float(da.sel(layer=1, head=0, bound="low")) - 1e3)
+    spec = heatmap(da, x="head", y="layer").to_dict()
+    assert _layer(spec, "point")["encoding"]["shape"]["scale"]["domain"] == [
+        "95% interval widened by the error estimate includes 0"
+    ]
+    moved = da.sortby("head", ascending=False).transpose("head", "bound", "layer")
+    assert heatmap(moved, x="head", y="layer").to_dict() == spec
+
+
 def test_an_interval_reads_by_label_and_its_bound_dim_can_be_a_facet():
     da = interval_result()
     moved = da.sortby("head", ascending=False).transpose("bound", "head", "layer")

@@ -22,7 +22,9 @@ tooltip and a subtitle that counts the hatched cells and says how the interval w
 A fast estimate with its per-cell error estimate (an ``error`` coord on every drawn dim:
 ``attribution_patching(error=True)``, ``activation_patching(refine="auto")``) is hatched
 the same way where the error estimate is at least the estimate's size (estimate -/+ error
-includes 0), with the error in every tooltip.
+includes 0), with the error in every tooltip; a mean of such estimates with its interval
+(``aggregate.mean`` keeps the error) is hatched where the interval, widened on each side by
+the error estimate, includes 0.
 
 A heatmap reads its array by label: axes and facets run in label order
 (``encoding.in_label_order``: layers, heads and other numbers ascending, components in the
@@ -488,12 +490,20 @@ def _split_interval(
     ci = da.attrs.get("ci")
     share = percent(ci) if isinstance(ci, float) else "the"
     low, high = (da.sel({BOUND: b}, drop=True) for b in ("low", "high"))
+    what = f"{share} interval"
+    # A mean of fast estimates (aggregate.mean of an error=True result) is uncertain twice:
+    # over prompts (the interval) and by the estimator's own error, so both widen it.
+    error = da.coords.get(ERROR)
+    if error is not None and BOUND not in error.dims and set(error.dims) == set(low.dims):
+        error = error.transpose(*low.dims)
+        low, high = low - error, high + error
+        what += " widened by the error estimate"
     shown = da.sel({BOUND: "mean"}, drop=True).assign_coords(
-        low=(low.dims, low.values, {"long_name": f"{share} interval: low"}),
-        high=(high.dims, high.values, {"long_name": f"{share} interval: high"}),
+        low=(low.dims, low.values, {"long_name": f"{what}: low"}),
+        high=(high.dims, high.values, {"long_name": f"{what}: high"}),
     )
     unsure = int(((low <= 0) & (high >= 0)).sum())
-    label = f"{share} interval includes 0"
+    label = f"{what} includes 0"
     lines = [
         f"hatched: {label}, the sign is not sure ({unsure} of {shown.size} cells)"
         + (f"; {str(da.attrs['interval']).split(':')[0]}" if "interval" in da.attrs else "")
