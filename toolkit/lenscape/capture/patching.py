@@ -1324,8 +1324,8 @@ def activation_patching(
             refine="auto"); ``estimator="relp", rules="secant"`` keeps 99.6-99.9% there.
         tol: refine="auto"'s tolerance, in the metric's units (> 0); None: ``AUTO_TOL``
             (5%) of the largest |estimate| of the call.
-        top: refine="auto" measures every component that could be among the ``top`` by
-            |prompt-mean| (at most the number of components).
+        top: refine="auto" measures every component whose membership of the ``top`` by
+            |prompt-mean| is in doubt (at most the number of components).
 
     Returns:
         DataArray (prompt, layer, head) or (prompt, layer, component); positive: the
