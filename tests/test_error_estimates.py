@@ -12,6 +12,7 @@ from _helpers import o_proj_module
 
 import lenscape as lsc
 from lenscape.capture import patching
+from lenscape.sweep.backend import get_backend
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +170,8 @@ def test_refine_auto_measures_the_cells_the_rule_picks(tiny_llama, factual):
     assert auto.attrs["refine_measured_for_top"] == second.sum()
     assert auto.attrs["refine_cells"] == measured.size
     assert auto.attrs["refine_tol"] == pytest.approx(tol)
+    # Whether the model answers each prompt comes from the estimate's clean pass.
+    np.testing.assert_array_equal(auto["correct"].values, full["correct"].values)
     # The exact top 5 by |prompt-mean| is recovered.
     exact_top = set(np.argsort(-np.abs(full.mean("prompt").values.ravel()))[:5])
     auto_top = set(np.argsort(-np.abs(auto.mean("prompt").values.ravel()))[:5])
@@ -220,6 +223,40 @@ def test_refine_auto_with_a_huge_tolerance_measures_for_the_top_only(tiny_llama,
     assert (measured[:, components]).all()  # whole components, for the ranking
     assert 1 <= components.sum() < components.size
     assert auto.attrs["refine_tol"] == 1e9
+
+
+def test_refine_auto_makes_no_pass_over_a_batch_with_nothing_to_measure(
+    tiny_llama, pairs, monkeypatch
+):
+    """Both stages pass only over the batches holding a cell they measure, and pack a
+    batch's cells of several blocks into one pass; the other batches keep their estimates
+    and need no pass (the estimate's clean pass says which prompts the model answers)."""
+    full = lsc.activation_patching(tiny_llama, pairs, batch_size=1, progress=False)
+    first = np.zeros(full.values.reshape(len(pairs), -1).shape, dtype=bool)
+    first[1, [0, 5, -1]] = True  # one prompt, heads of the first and last blocks
+    monkeypatch.setattr(patching, "auto_cells", lambda estimates, errors, tol: (first, 1.0))
+    monkeypatch.setattr(
+        patching, "ranking_cells", lambda values, bounds, measured, top: np.zeros_like(first)
+    )
+    runs = []
+    backend = get_backend(tiny_llama, "nnsight")
+    original = type(backend).run
+
+    def counted(self, batch, **kwargs):
+        runs.append(kwargs.get("grad", False))
+        return original(self, batch, **kwargs)
+
+    monkeypatch.setattr(type(backend), "run", counted)
+    auto = lsc.activation_patching(tiny_llama, pairs, batch_size=1, refine="auto", progress=False)
+    assert sum(runs) == 2 * len(pairs)  # the estimate: two passes with gradients a prompt
+    # Then prompt 1 alone: its unedited and clean passes, and one pass for its 3 cells.
+    assert len(runs) - sum(runs) == 3
+    measured = auto["measured"].values.reshape(first.shape)
+    np.testing.assert_array_equal(measured, first)
+    np.testing.assert_allclose(
+        auto.values.reshape(first.shape)[first], full.values.reshape(first.shape)[first], atol=1e-5
+    )
+    np.testing.assert_array_equal(auto["correct"].values, full["correct"].values)
 
 
 def test_refine_auto_ablation_equals_the_full_sweep_where_measured(tiny_llama, pairs):

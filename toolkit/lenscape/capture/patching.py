@@ -84,6 +84,7 @@ from ..sweep.plan import Call, Plan, Result, Scores, once, one_level_plan, top_i
 from ..sweep.registry import method, run
 from ..sweep.relevance import RULE_SETS, clean_pass, rules_or_plain, unsupported
 from ..sweep.result import LEVELS, components, to_dataarray
+from .lens import read_out
 
 ABLATION_KINDS = ("zero", "mean")
 #: Gradient estimators of a patching effect; see the module docstring.
@@ -101,6 +102,8 @@ DEFAULT_RULES = "relp"
 DEFAULT_IG_STEPS = 2
 #: Where integrated gradients interpolates: the residual stream entering block 0.
 INPUT_SITE: Site = ("resid_pre", 0)
+#: The residual stream entering the final norm, (batch, pos, d_model).
+FINAL_SITE: Site = ("resid_final", -1)
 #: ``refine="auto"``: the components whose ranking it keeps exact, the tolerance (a share
 #: of the largest |estimate|) when ``tol`` is not given, and how many error estimates a
 #: cell's value may be off (``auto_cells``). A factor 2 leaves room for error estimates that
@@ -152,6 +155,13 @@ ERROR_METHODS = {
     ),
 }
 Variant = tuple[Site, "int | None"]
+#: ``estimate(batch)`` -> ((rows, width) gradient estimates, (rows,) bool whether the model
+#: answers each clean prompt correctly, or None when the estimate does not run them).
+Estimate = Callable[[Batch], tuple[torch.Tensor, "torch.Tensor | None"]]
+#: ``scorer_for(cells, correct)`` -> ``_sweep_scorer``'s score of those cells.
+ScorerFor = Callable[
+    ["torch.Tensor | None", "torch.Tensor | None"], Callable[[Batch, Callable], Scores]
+]
 #: A variant and the batch rows (a 1-D index tensor) an exact pass edits it on.
 Piece = tuple[Variant, torch.Tensor]
 
@@ -225,18 +235,22 @@ def _edited_metric(
 ) -> torch.Tensor:
     """(sum of len(rows),) metric of one stacked pass: for each piece (variant, rows), the
     rows ``rows`` of ``batch``'s ``source`` tokens with the variant replaced, stacked in
-    order and resumed from the unedited run's residual stream at the pieces' block (every
-    piece of a pass edits the same block)."""
+    order and resumed from the unedited run's residual stream at the first piece's block
+    (pieces in block order: the rows of a later block's piece run the blocks before it
+    unedited)."""
     (_, layer), _ = pieces[0][0]
     stacked = torch.cat([rows for _, rows in pieces])
     resume = None if layer == 0 else (layer, unedited.acts[("resid_pre", layer)][stacked])
+    target, distractor = batch.target[stacked], batch.distractor[stacked]
+    read = metrics.read_ids(metric, target, distractor)
     run = backend.run(
         getattr(batch, source).select(stacked),
         sites=_sites([variant for variant, _ in pieces]),
         edit=_stacked_edit(pieces, replacement),
         resume=resume,
+        vocab=read,
     )
-    return metrics.compute(metric, run.logits, batch.target[stacked], batch.distractor[stacked])
+    return metrics.compute_read(metric, run.logits, target, distractor, read)
 
 
 def _packed(
@@ -274,22 +288,30 @@ def _sweep_scorer(
     replacement_for,
     variants_per_pass: int | None,
     cells: torch.Tensor | None = None,
+    correct: torch.Tensor | None = None,
 ) -> Callable[[Batch, Callable], Scores]:
     """``score(batch, step)``: metric change when each component is replaced, (rows,
     n_components), and whether the model answers each clean prompt correctly.
 
     Args:
         source: which tokens the edited passes run on, "clean" or "corrupt".
-        replacement_for: ``(batch) -> (replacement(site, head, rows), clean logits)``:
-            ``replacement`` gives the new value of a component for the batch rows ``rows``
-            (a 1-D index tensor); the clean logits (rows, vocab) at the read position come
-            from a clean pass it makes, or are None when ``source`` is "clean" (the unedited
-            pass is the clean one).
+        replacement_for: ``(batch, whole_vocab) -> (replacement(site, head, rows), clean
+            logits)``: ``replacement`` gives the new value of a component for the batch
+            rows ``rows`` (a 1-D index tensor); the clean logits (rows, vocab) at the read
+            position come from a clean pass it makes (unembedding every token only when
+            ``whole_vocab``), or are None when ``source`` is "clean" (the unedited pass is
+            the clean one) or not ``whole_vocab``.
         variants_per_pass: a pass stacks at most this many copies of the batch's rows;
-            None: one block's components, or fewer if they do not fit the memory budget.
+            None: as many as a block has components, or fewer if they do not fit the
+            memory budget.
+            The pieces (component, rows measured) go in block order, so a pass whose
+            pieces span blocks resumes at its first piece's block.
         cells: (n_prompts, n_components) bool, the cells to measure (prompts in prompt-list
             order, components in ``components(inputs)`` order); the others are NaN. A pass
             stacks only the rows a component is measured on. None: every cell.
+        correct: (n_prompts,) bool, known from an earlier pass (refine="auto"'s estimate):
+            then every pass unembeds only what the metric reads (``metrics.read_ids``) and
+            a batch with no cell to measure makes no pass. None: from the sweep's passes.
     """
     model, metric = inputs.model, inputs.metric
     backend = get_backend(model, inputs.backend)
@@ -298,50 +320,68 @@ def _sweep_scorer(
         cells = torch.ones(len(inputs.tokens), len(variants), dtype=torch.bool)
     columns = [c for c in range(len(variants)) if cells[:, c].any()]
     groups = _layer_groups(variants, columns)
+    # A pass holds as many rows as a full sweep's pass over one block would.
+    per_block = max(len(group) for _, group in _layer_groups(variants, list(range(len(variants)))))
     resid_sites = [("resid_pre", layer) for layer, _ in groups if layer > 0]
 
     def score(batch: Batch, step) -> Scores:
         tokens = getattr(batch, source)
         rows = len(batch.index)
         wanted = cells[batch.index]  # (rows, n_components): the cells to measure
+        effects = torch.full((rows, len(variants)), float("nan"))
+        if correct is not None and not wanted.any():
+            for _ in range(model.spec.n_layers):
+                step()
+            return Scores(effects, correct[batch.index.cpu()])
         on_device = wanted.to(batch.target.device)
         per_pass = variants_per_pass or memory.auto_variants_per_pass(
             model,
             rows=rows,
             width=tokens.input_ids.shape[1],
-            wanted=max((len(group) for _, group in groups), default=1),
+            wanted=per_block,
         )
-        effects = torch.full((rows, len(variants)), float("nan"))
+        # (component, rows measured), in block order.
+        pieces = [(c, on_device[:, c].nonzero()[:, 0]) for _, group in groups for c in group]
+        pieces = [(c, chosen) for c, chosen in pieces if len(chosen)]
+        read = None if correct is None else metrics.read_ids(metric, batch.target, batch.distractor)
         with torch.no_grad():
-            unedited = backend.run(tokens, sites=resid_sites)
+            unedited = backend.run(tokens, sites=resid_sites, vocab=read)
             base = metrics.check_finite(
-                metrics.compute(metric, unedited.logits, batch.target, batch.distractor),
+                metrics.compute_read(metric, unedited.logits, batch.target, batch.distractor, read),
                 batch.index,
                 metric,
             )
-            replacement, clean_logits = replacement_for(batch)
-            correct = top_is_target(
-                unedited.logits if clean_logits is None else clean_logits, batch.target
+            replacement, clean_logits = replacement_for(batch, correct is None)
+            right = (
+                correct[batch.index.cpu()]
+                if correct is not None
+                else top_is_target(
+                    unedited.logits if clean_logits is None else clean_logits, batch.target
+                )
             )
-            for _, group in groups:
-                pieces = [(c, on_device[:, c].nonzero()[:, 0]) for c in group]
-                pieces = [(c, chosen) for c, chosen in pieces if len(chosen)]
-                for chunk in _packed(pieces, per_pass * rows):
-                    value = _edited_metric(
-                        backend,
-                        metric,
-                        batch,
-                        source,
-                        [(variants[c], chosen) for c, chosen in chunk],
-                        unedited,
-                        replacement,
-                    )
-                    _write_changes(effects, chunk, value - base[torch.cat([r for _, r in chunk])])
-                step()
-            for _ in range(model.spec.n_layers - len(groups)):  # blocks with nothing to measure
+            done = 0  # progress: one step per block, once its last piece is measured
+            for chunk in _packed(pieces, per_pass * rows):
+                value = _edited_metric(
+                    backend,
+                    metric,
+                    batch,
+                    source,
+                    [(variants[c], chosen) for c, chosen in chunk],
+                    unedited,
+                    replacement,
+                )
+                _write_changes(effects, chunk, value - base[torch.cat([r for _, r in chunk])])
+                last = variants[chunk[-1][0]][0][1]
+                finished = sum(
+                    1 for layer, group in groups if layer < last or group[-1] == chunk[-1][0]
+                )
+                for _ in range(finished - done):
+                    step()
+                done = finished
+            for _ in range(model.spec.n_layers - done):  # blocks with nothing left to measure
                 step()
         metrics.check_finite(torch.where(wanted, effects, 0.0), batch.index, metric)
-        return Scores(effects, correct)
+        return Scores(effects, right)
 
     return score
 
@@ -440,14 +480,31 @@ def _gradients(
     *,
     edit=None,
     also: Sequence[Site] = (),
+    read_out_with: LensModel | None = None,
 ) -> tuple[Any, dict[Site, torch.Tensor]]:
     """One pass over ``tokens`` (with ``edit`` at ``sites`` and ``also``) and the metric's
-    gradient at ``sites``: (the run, site -> gradient shaped like the site)."""
-    run = runner.run(tokens, sites=[*also, *sites], edit=edit, grad=True)
+    gradient at ``sites``: (the run, site -> gradient shaped like the site). The run's
+    logits are those the metric reads (``metrics.read_ids``); with ``read_out_with`` (the
+    model, and no ``edit``) every token's, (rows, vocab), read out without gradient from the
+    residual stream entering the final norm, for ``top_is_target`` (the backward pass skips
+    the full unembedding)."""
+    read = metrics.read_ids(metric, batch.target, batch.distractor)
+    whole = read_out_with is not None and read is not None
+    assert not (whole and edit is not None), "read_out_with reads the unedited stream"
+    final = [FINAL_SITE] if whole else []
+    run = runner.run(tokens, sites=[*also, *sites, *final], edit=edit, grad=True, vocab=read)
     value = metrics.check_finite(
-        metrics.compute(metric, run.logits, batch.target, batch.distractor), batch.index, metric
+        metrics.compute_read(metric, run.logits, batch.target, batch.distractor, read),
+        batch.index,
+        metric,
     )
     grads = torch.autograd.grad(value.sum(), [run.acts[site] for site in sites])
+    if whole:
+        assert read_out_with is not None
+        rows = torch.arange(len(tokens.read_pos), device=tokens.read_pos.device)
+        with torch.no_grad():
+            logits = read_out(read_out_with, run.acts[FINAL_SITE][rows, tokens.read_pos].detach())
+        run = dataclasses.replace(run, logits=logits)
     return run, dict(zip(sites, grads, strict=True))
 
 
@@ -726,7 +783,9 @@ def _patching_estimator(
             clean_sites = [INPUT_SITE, *sites] if steps > 1 else sites
             other: dict[Site, torch.Tensor] | None = None
             if two_ends:
-                clean_run, other = _gradients(runner, metric, batch, batch.clean, sites)
+                clean_run, other = _gradients(
+                    runner, metric, batch, batch.clean, sites, read_out_with=model
+                )
             else:
                 with torch.no_grad(), clean_pass(relevance):
                     clean_run = runner.run(batch.clean, sites=clean_sites)
@@ -766,24 +825,29 @@ def _patching_estimator(
 
 
 def _estimates(
-    inputs: Inputs, estimate: Callable[[Batch], torch.Tensor], progress: bool, desc: str
-) -> np.ndarray:
-    """``estimate`` of every batch, (n_prompts, width) float64 in prompt-list order."""
+    inputs: Inputs, estimate: Estimate, progress: bool, desc: str
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``estimate`` of every batch: (n_prompts, width) float64 in prompt-list order, and
+    (n_prompts,) bool whether the model answers each clean prompt correctly (None when the
+    estimate does not tell)."""
     values: torch.Tensor | None = None
+    correct: torch.Tensor | None = torch.zeros(len(inputs.tokens), dtype=torch.bool)
     for batch in tqdm(inputs.batches(), total=inputs.n_batches(), disable=not progress, desc=desc):
-        part = estimate(batch).double()
+        part, right = estimate(batch)
         if values is None:
             values = torch.full(
                 (len(inputs.tokens), part.shape[1]), float("nan"), dtype=torch.float64
             )
-        values[batch.index] = part
+        values[batch.index] = part.double()
+        if right is None or correct is None:
+            correct = None
+        else:
+            correct[batch.index.cpu()] = right.cpu()
     assert values is not None  # a call has at least one prompt
-    return values.numpy()
+    return values.numpy(), None if correct is None else correct.numpy()
 
 
-def _refined_columns(
-    inputs: Inputs, estimate: Callable[[Batch], torch.Tensor], k: int, progress: bool
-) -> list[int]:
+def _refined_columns(inputs: Inputs, estimate: Estimate, k: int, progress: bool) -> list[int]:
     """Positions (in ``components(inputs)``) of the ``k`` components whose prompt-mean
     estimate is largest in absolute value, in component order."""
     n_components = len(components(inputs))
@@ -793,7 +857,7 @@ def _refined_columns(
             f"refine must be an integer from 1 to {n_components} (the number of "
             f"components at level={inputs.level!r}), got {k!r}; None measures all."
         )
-    total = _estimates(inputs, estimate, progress, "ranking components").sum(0)
+    total = _estimates(inputs, estimate, progress, "ranking components")[0].sum(0)
     order = np.argsort(-np.abs(total), kind="stable")
     return sorted(int(c) for c in order[:k])
 
@@ -862,16 +926,20 @@ def ranking_cells(
 
 def _measured(
     inputs: Inputs,
-    scorer_for: Callable[[torch.Tensor], Callable[[Batch, Callable], Scores]],
+    scorer_for: ScorerFor,
     cells: np.ndarray,
+    correct: np.ndarray | None,
     progress: bool,
 ) -> np.ndarray:
     """Exact values of ``cells`` ((prompt, component) bool), NaN elsewhere: one sweep over
-    the batches that hold any (``scorer_for(cells)``, ``_sweep_scorer``'s score)."""
+    the batches that hold any (``scorer_for(cells, correct)``, ``_sweep_scorer``'s score;
+    ``correct`` as there)."""
     values = np.full(cells.shape, np.nan)
     if not cells.any():
         return values
-    score = scorer_for(torch.as_tensor(cells))
+    score = scorer_for(
+        torch.as_tensor(cells), None if correct is None else torch.as_tensor(correct)
+    )
     batches = [b for b in inputs.batches() if cells[b.index.cpu().numpy()].any()]
     for batch in tqdm(batches, disable=not progress, desc="measuring beyond tol"):
         values[batch.index.cpu().numpy()] = score(batch, lambda: None).values.double().numpy()
@@ -880,8 +948,8 @@ def _measured(
 
 def _auto_refinement(
     inputs: Inputs,
-    estimate: Callable[[Batch], torch.Tensor],
-    scorer_for: Callable[[torch.Tensor], Callable[[Batch, Callable], Scores]],
+    estimate: Estimate,
+    scorer_for: ScorerFor,
     tol: float | None,
     top: int,
     progress: bool,
@@ -890,12 +958,13 @@ def _auto_refinement(
     ((prompt, component) float32, ``estimate`` giving both side by side); the cells off by
     more than tol (``auto_cells``), measured here (``scorer_for``), and their exact values
     (NaN elsewhere); then the cells the ranking needs (``ranking_cells``), which the plan's
-    sweep measures; and the tolerance used."""
+    sweep measures; the tolerance used; and whether the model answers each clean prompt
+    correctly, when the estimate tells (then the sweeps skip the full unembedding)."""
     n = len(components(inputs))
-    values = _estimates(inputs, estimate, progress, "estimating errors")
+    values, correct = _estimates(inputs, estimate, progress, "estimating errors")
     estimates, errors = values[:, :n], values[:, n:]
     first, tol_used = auto_cells(estimates, errors, tol=tol)
-    exact = _measured(inputs, scorer_for, first, progress)
+    exact = _measured(inputs, scorer_for, first, correct, progress)
     known = np.where(first, exact, estimates)
     second = ranking_cells(known, error_bounds(errors), first, top=top)
     return {
@@ -905,14 +974,15 @@ def _auto_refinement(
         "exact": exact.astype(np.float32),
         "cells": second,
         "tol": tol_used,
+        "correct": correct,
     }
 
 
 def _refined_cells(
     call: Call,
     inputs: Inputs,
-    estimate_with: Callable[[bool], Callable[[Batch], torch.Tensor]],
-    scorer_for: Callable[[torch.Tensor], Callable[[Batch, Callable], Scores]],
+    estimate_with: Callable[[bool], Estimate],
+    scorer_for: ScorerFor,
     ranking: tuple[str, int, str],
 ) -> tuple[torch.Tensor | None, dict[str, Any] | None, dict[str, Any]]:
     """The cells the plan's sweep measures ((prompt, component) bool; None: all), the
@@ -921,9 +991,9 @@ def _refined_cells(
 
     Args:
         estimate_with: ``(error) -> estimate(batch)``, the gradient estimate that picks
-            cells: (rows, n_components), then with ``error`` (rows, n_components) error
-            estimates.
-        scorer_for: ``(cells) -> score``, the exact sweep of those cells.
+            cells (``Estimate``): (rows, n_components), then with ``error`` (rows,
+            n_components) error estimates.
+        scorer_for: ``(cells, correct) -> score``, the exact sweep of those cells.
         ranking: that estimate's (estimator, steps, ``ERROR_METHODS`` name), for attrs.
     """
     options, prepass, progress = call.options, call.prepass, call.progress
@@ -996,7 +1066,7 @@ def _exact_plan(
     call: Call,
     inputs: Inputs,
     sweep: tuple[str, Callable],
-    estimate_with: Callable[[bool], Callable[[Batch], torch.Tensor]],
+    estimate_with: Callable[[bool], Estimate],
     *,
     ranking: tuple[str, int, str],
     desc: str,
@@ -1012,17 +1082,21 @@ def _exact_plan(
     """
     source, replacement_for = sweep
 
-    def scorer_for(cells: torch.Tensor | None) -> Callable[[Batch, Callable], Scores]:
+    def scorer_for(
+        cells: torch.Tensor | None, correct: torch.Tensor | None
+    ) -> Callable[[Batch, Callable], Scores]:
         return _sweep_scorer(
             inputs,
             source=source,
             replacement_for=replacement_for,
             variants_per_pass=call.options.variants_per_pass,
             cells=cells,
+            correct=correct,
         )
 
     cells, auto, refined = _refined_cells(call, inputs, estimate_with, scorer_for, ranking)
-    score = scorer_for(cells)
+    known = None if auto is None or auto["correct"] is None else auto["correct"]
+    score = scorer_for(cells, None if known is None else torch.as_tensor(known))
     plan = one_level_plan(
         inputs,
         score,
@@ -1144,7 +1218,7 @@ def _ablation_targets(
     (as ``_sweep_scorer`` takes it); the means of kind="mean" are kept in ``prepass``."""
     if kind == "zero":
         return (lambda site, act: torch.zeros_like(act)), (
-            lambda batch: ((lambda s, h, rows: 0.0), None)
+            lambda batch, whole_vocab: ((lambda s, h, rows: 0.0), None)
         )
     cpu_means = once(
         prepass,
@@ -1153,7 +1227,7 @@ def _ablation_targets(
     )
     means = {site: mean.to(inputs.model.device) for site, mean in cpu_means.items()}
 
-    def replacement_for(batch):
+    def replacement_for(batch, whole_vocab):
         return (lambda site, head, rows: means[site] if head is None else means[site][head]), None
 
     return (lambda site, act: means[site].expand_as(act)), replacement_for
@@ -1174,8 +1248,8 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
         # The replacement's value, with the gradient passing through to ``value``.
         return value - value.detach() + goal(site, value.detach())
 
-    def estimate_with(error: bool) -> Callable[[Batch], torch.Tensor]:
-        def estimate(batch: Batch) -> torch.Tensor:
+    def estimate_with(error: bool) -> Estimate:
+        def estimate(batch: Batch) -> tuple[torch.Tensor, None]:
             other: dict[Site, torch.Tensor] | None = None
             if error:  # the gradient at the other end: every component replaced
                 _, other = _gradients(
@@ -1191,7 +1265,7 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
                 error=error,
                 other=other,
             )
-            return _columns(products, terms, variants, batch.clean.attention_mask.float())
+            return _columns(products, terms, variants, batch.clean.attention_mask.float()), None
 
         return estimate
 
@@ -1252,7 +1326,7 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     variants = components(inputs)
     sites = _sites(variants)
 
-    def estimate_with(error: bool) -> Callable[[Batch], torch.Tensor]:
+    def estimate_with(error: bool) -> Estimate:
         estimate = _patching_estimator(
             inputs,
             variants,
@@ -1261,11 +1335,19 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
             error=error,
             corrected=options.estimator == "trapezoid",
         )
-        return lambda batch: estimate(batch).values
 
-    def replacement_for(batch):  # called under no_grad
-        clean = runner.run(batch.clean, sites=sites)
-        return (lambda site, head, rows: clean.acts[site][_index(head, rows)]), clean.logits
+        def values_and_correct(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+            scores = estimate(batch)
+            return scores.values, scores.correct
+
+        return values_and_correct
+
+    def replacement_for(batch, whole_vocab):  # called under no_grad
+        # Without whole_vocab the logits are not read: unembed one token, not all.
+        vocab = None if whole_vocab else batch.target[:, None]
+        clean = runner.run(batch.clean, sites=sites, vocab=vocab)
+        logits = clean.logits if whole_vocab else None
+        return (lambda site, head, rows: clean.acts[site][_index(head, rows)]), logits
 
     return _exact_plan(
         call,

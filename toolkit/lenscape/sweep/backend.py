@@ -92,7 +92,7 @@ class RunResult:
     """What one pass returns.
 
     Attributes:
-        logits: (batch, vocab) logits at ``read_pos``.
+        logits: (batch, vocab) logits at ``read_pos`` ((batch, k) with ``vocab=``).
         acts: site -> activation as seen by the model after any edit (canonical shape).
     """
 
@@ -151,6 +151,7 @@ class Backend(Protocol):
         edit: EditFn | None = None,
         grad: bool = False,
         resume: Resume | None = None,
+        vocab: torch.Tensor | None = None,
     ) -> RunResult:
         """Returns the logits at ``batch.read_pos`` and the kept activations.
 
@@ -159,6 +160,9 @@ class Backend(Protocol):
             edit: ``edit(site, activation) -> activation``, once per site.
             grad: build an autograd graph from the embeddings on (weights stay frozen).
             resume: ``(layer, resid)``: start at block ``layer`` from ``resid``.
+            vocab: (batch, k) token ids: the logits of these only, (batch, k); the
+                unembedding's full (d_model, vocab) product is skipped, most of a short
+                pass's cost for a big vocabulary (Gemma's 262k tokens).
         """
         ...
 
@@ -184,6 +188,8 @@ class NNsightBackend:
 
         self.spec = model.spec
         self.envoy = nnsight.NNsight(model.hf)
+        unembed = model.hf.get_submodule(model.spec.layout.unembed)
+        self.unembed = unembed if isinstance(unembed, torch.nn.Linear) else None
 
     def _envoy(self, path: str):
         envoy = self.envoy
@@ -199,6 +205,7 @@ class NNsightBackend:
         edit: EditFn | None = None,
         grad: bool = False,
         resume: Resume | None = None,
+        vocab: torch.Tensor | None = None,
     ) -> RunResult:
         spec, layout = self.spec, self.spec.layout
         acts: dict[Site, torch.Tensor] = {}
@@ -239,8 +246,23 @@ class NNsightBackend:
                         value = edit(site, value)
                         envoy.output = value
                 acts[site] = value.save()
+            if vocab is not None and self.unembed is not None:
+                self._unembed_only(vocab)
             logits = self.envoy.output.logits[:, 0].save()
+        if vocab is not None and self.unembed is None:
+            logits = logits.gather(1, vocab)
         return RunResult(logits, acts)
+
+    def _unembed_only(self, vocab: torch.Tensor) -> None:
+        """Inside a trace: the unembedding returns the logits of ``vocab`` (batch, k) only,
+        (batch, 1, k); what the model does after it (Gemma 2's soft-capping) is elementwise."""
+        assert self.unembed is not None
+        envoy = self._envoy(self.spec.layout.unembed)
+        hidden = envoy.input  # (batch, 1, d_model): logits_to_keep kept the read positions
+        logits = torch.einsum("bpd,bkd->bpk", hidden, self.unembed.weight[vocab])
+        if self.unembed.bias is not None:
+            logits = logits + self.unembed.bias[vocab][:, None]
+        envoy.skip(logits)
 
 
 class TransformerLensBackend:
@@ -284,6 +306,7 @@ class TransformerLensBackend:
         edit: EditFn | None = None,
         grad: bool = False,
         resume: Resume | None = None,
+        vocab: torch.Tensor | None = None,
     ) -> RunResult:
         acts: dict[Site, torch.Tensor] = {}
         kept = set(sites)
@@ -315,8 +338,8 @@ class TransformerLensBackend:
             self.bridge.hooks(fwd_hooks=hooks),
             _skipping(self.bridge.blocks, resume),
         ):
-            logits = self.bridge(batch.input_ids, **_model_kwargs(batch))
-        return RunResult(logits[:, 0], acts)
+            logits = self.bridge(batch.input_ids, **_model_kwargs(batch))[:, 0]
+        return RunResult(logits if vocab is None else logits.gather(1, vocab), acts)
 
 
 @contextlib.contextmanager

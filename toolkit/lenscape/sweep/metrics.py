@@ -36,6 +36,30 @@ def compute(
     return logprob if metric == "logprob" else -logprob
 
 
+def read_ids(metric: str, target: torch.Tensor, distractor: torch.Tensor) -> torch.Tensor | None:
+    """The token ids whose logits ``metric`` reads, (batch, 2) [target, distractor], for a
+    pass that unembeds only those (``Backend.run(vocab=)``); None when it reads every logit
+    (a log-softmax)."""
+    if metric in ("logit_diff", "logit"):
+        return torch.stack([target, distractor], 1)
+    return None
+
+
+def compute_read(
+    metric: str,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    distractor: torch.Tensor,
+    read: torch.Tensor | None,
+) -> torch.Tensor:
+    """``compute`` on the logits of a pass run with ``vocab=read`` (``read_ids``): (batch, 2)
+    when ``read`` is not None, (batch, vocab) otherwise."""
+    if read is None:
+        return compute(metric, logits, target, distractor)
+    first = torch.zeros_like(target)
+    return compute(metric, logits, first, first + 1)
+
+
 def check_finite(values: torch.Tensor, index: torch.Tensor, metric: str) -> torch.Tensor:
     """Raise if a metric value is NaN/inf instead of letting it propagate silently.
 

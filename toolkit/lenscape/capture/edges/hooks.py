@@ -471,11 +471,18 @@ def edge_hooks(model: LensModel, state: Pass) -> Iterator[None]:
 
 
 def run_pass(
-    model: LensModel, backend: str, tokens: TokenBatch, state: Pass, *, grad: bool
+    model: LensModel,
+    backend: str,
+    tokens: TokenBatch,
+    state: Pass,
+    *,
+    grad: bool,
+    vocab: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One pass with the edge hooks: logits at the read positions, (batch, vocab)."""
+    """One pass with the edge hooks: logits at the read positions, (batch, vocab), or of
+    the ids ``vocab`` only, (batch, k) (``Backend.run``)."""
     with edge_hooks(model, state):
-        return get_backend(model, backend).run(tokens, grad=grad).logits
+        return get_backend(model, backend).run(tokens, grad=grad, vocab=vocab).logits
 
 
 def check_supported(model: LensModel, backend: str) -> None:
@@ -500,8 +507,12 @@ def check_supported(model: LensModel, backend: str) -> None:
         _parts(model, layer)
 
 
-def metric_of(inputs: Inputs, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-    value = metrics.compute(inputs.metric, logits, batch.target, batch.distractor)
+def metric_of(
+    inputs: Inputs, logits: torch.Tensor, batch: Batch, read: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(batch,) the metric of ``logits``: (batch, vocab), or of the ids ``read`` (batch, k)
+    when a pass unembedded only those (``metrics.read_ids``)."""
+    value = metrics.compute_read(inputs.metric, logits, batch.target, batch.distractor, read)
     return metrics.check_finite(value, batch.index, inputs.metric)
 
 

@@ -28,7 +28,7 @@ import xarray as xr
 from ... import _validate, schema
 from ...data import Prompts
 from ...models import LensModel
-from ...sweep import memory
+from ...sweep import memory, metrics
 from ...sweep.inputs import Batch, Inputs, batched
 from ...sweep.metrics import LONG_NAMES, UNITS
 from ...sweep.options import Options
@@ -87,11 +87,14 @@ def _patched_metrics(
     other, other_logits = unedited(inputs, other_tokens)
     _, base_logits = unedited(inputs, base_tokens)
     values = []
+    read = metrics.read_ids(inputs.metric, batch.target, batch.distractor)
     with torch.no_grad():
         for weight in weights:
             state = Pass(graph, other=other, patched=torch.as_tensor(weight, device=other.device))
-            logits = run_pass(inputs.model, inputs.backend, base_tokens, state, grad=False)
-            values.append(metric_of(inputs, logits, batch))
+            logits = run_pass(
+                inputs.model, inputs.backend, base_tokens, state, grad=False, vocab=read
+            )
+            values.append(metric_of(inputs, logits, batch, read))
         values += [metric_of(inputs, base_logits, batch), metric_of(inputs, other_logits, batch)]
     clean_logits = base_logits if base == "clean" else other_logits
     return Scores(torch.stack(values, 1).cpu(), top_is_target(clean_logits, batch.target).cpu())

@@ -40,7 +40,7 @@ from ... import _validate, schema
 from ...data import Prompts
 from ...models import LensModel
 from ...models.parts import projections
-from ...sweep import memory
+from ...sweep import memory, metrics
 from ...sweep.backend import TokenBatch
 from ...sweep.inputs import Batch, Inputs, batched
 from ...sweep.memory import Need, Work
@@ -187,7 +187,9 @@ def _batch_scores(
                 into=differences,
                 keep_resids=True,
             )
-            clean_logits, clean_grads = _gradient_pass(inputs, batch, batch.clean, clean)
+            clean_logits, clean_grads = _gradient_pass(
+                inputs, batch, batch.clean, clean, whole_vocab=True
+            )
         else:
             with torch.no_grad(), clean_pass(relevance):
                 clean = Pass(graph, keep_senders=False, into=differences)
@@ -210,12 +212,14 @@ def _batch_scores(
 
 
 def _gradient_pass(
-    inputs: Inputs, batch: Batch, tokens: TokenBatch, state: Pass
+    inputs: Inputs, batch: Batch, tokens: TokenBatch, state: Pass, *, whole_vocab: bool = False
 ) -> tuple[torch.Tensor, dict]:
     """One pass over ``tokens`` with ``state``'s hooks and the metric's gradients at its
-    leaves (``state.deltas``): (logits, key -> gradient)."""
-    logits = run_pass(inputs.model, inputs.backend, tokens, state, grad=True)
-    metric = metric_of(inputs, logits, batch).sum()
+    leaves (``state.deltas``): (logits, key -> gradient). The logits are those the metric
+    reads (``metrics.read_ids``), every token's with ``whole_vocab``."""
+    read = None if whole_vocab else metrics.read_ids(inputs.metric, batch.target, batch.distractor)
+    logits = run_pass(inputs.model, inputs.backend, tokens, state, grad=True, vocab=read)
+    metric = metric_of(inputs, logits, batch, read).sum()
     leaves = list(state.deltas.values())
     return logits, dict(zip(state.deltas, torch.autograd.grad(metric, leaves), strict=True))
 
