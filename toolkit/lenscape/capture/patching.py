@@ -281,6 +281,28 @@ def _write_changes(
         start += len(rows)
 
 
+def _unedited(
+    backend: Any,
+    metric: str,
+    batch: Batch,
+    tokens: TokenBatch,
+    sites: list[Site],
+    read: torch.Tensor | None,
+) -> tuple[Any, torch.Tensor]:
+    """The unedited pass over ``tokens`` keeping ``sites``, unembedding the ids ``read``
+    only (all when None), and its metric (rows,)."""
+    run = backend.run(tokens, sites=sites, vocab=read)
+    value = metrics.compute_read(metric, run.logits, batch.target, batch.distractor, read)
+    return run, metrics.check_finite(value, batch.index, metric)
+
+
+def _blocks_done(groups: list[tuple[int, list[int]]], variants: list[Variant], last: int) -> int:
+    """How many blocks of ``groups`` (``_layer_groups``) a sweep has finished once its
+    pieces (in block order) up to column ``last`` are measured."""
+    layer = variants[last][0][1]
+    return sum(1 for block, group in groups if block < layer or group[-1] == last)
+
+
 def _sweep_scorer(
     inputs: Inputs,
     *,
@@ -329,7 +351,7 @@ def _sweep_scorer(
         rows = len(batch.index)
         wanted = cells[batch.index]  # (rows, n_components): the cells to measure
         effects = torch.full((rows, len(variants)), float("nan"))
-        if correct is not None and not wanted.any():
+        if correct is not None and not wanted.any():  # nothing to measure: no pass
             for _ in range(model.spec.n_layers):
                 step()
             return Scores(effects, correct[batch.index.cpu()])
@@ -345,43 +367,26 @@ def _sweep_scorer(
         pieces = [(c, chosen) for c, chosen in pieces if len(chosen)]
         read = None if correct is None else metrics.read_ids(metric, batch.target, batch.distractor)
         with torch.no_grad():
-            unedited = backend.run(tokens, sites=resid_sites, vocab=read)
-            base = metrics.check_finite(
-                metrics.compute_read(metric, unedited.logits, batch.target, batch.distractor, read),
-                batch.index,
-                metric,
-            )
+            unedited, base = _unedited(backend, metric, batch, tokens, resid_sites, read)
             replacement, clean_logits = replacement_for(batch, correct is None)
-            right = (
-                correct[batch.index.cpu()]
-                if correct is not None
-                else top_is_target(
-                    unedited.logits if clean_logits is None else clean_logits, batch.target
-                )
-            )
+            if correct is None:
+                clean = unedited.logits if clean_logits is None else clean_logits
+                right = top_is_target(clean, batch.target)
             done = 0  # progress: one step per block, once its last piece is measured
             for chunk in _packed(pieces, per_pass * rows):
+                edited = [(variants[c], chosen) for c, chosen in chunk]
                 value = _edited_metric(
-                    backend,
-                    metric,
-                    batch,
-                    source,
-                    [(variants[c], chosen) for c, chosen in chunk],
-                    unedited,
-                    replacement,
+                    backend, metric, batch, source, edited, unedited, replacement
                 )
                 _write_changes(effects, chunk, value - base[torch.cat([r for _, r in chunk])])
-                last = variants[chunk[-1][0]][0][1]
-                finished = sum(
-                    1 for layer, group in groups if layer < last or group[-1] == chunk[-1][0]
-                )
+                finished = _blocks_done(groups, variants, chunk[-1][0])
                 for _ in range(finished - done):
                     step()
                 done = finished
             for _ in range(model.spec.n_layers - done):  # blocks with nothing left to measure
                 step()
         metrics.check_finite(torch.where(wanted, effects, 0.0), batch.index, metric)
-        return Scores(effects, right)
+        return Scores(effects, right if correct is None else correct[batch.index.cpu()])
 
     return score
 
