@@ -381,10 +381,10 @@ class Relevance:
         value = self._reference[(module, tag)]
         while value.dim() < like.dim():
             value = value.unsqueeze(-2)
-        try:
-            fits = torch.broadcast_shapes(value.shape, like.shape) == like.shape
-        except RuntimeError:
-            fits = False
+        # Broadcasts to ``like``'s shape (torch.broadcast_shapes costs more than the rule).
+        fits = value.dim() == like.dim() and all(
+            a in (1, b) for a, b in zip(value.shape, like.shape, strict=True)
+        )
         if not fits:
             raise ValueError(
                 f"The reference pass had shape {tuple(value.shape)} where this pass has "
