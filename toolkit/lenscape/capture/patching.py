@@ -1152,10 +1152,8 @@ def _sweep_need(model: LensModel, options: Options, work: memory.Work) -> memory
     (kept by the unedited pass) and a pass of ``variants_per_pass`` stacked copies (by
     default one block's components, as many as memory allows)."""
     spec, e = model.spec, memory.element_bytes(model.dtype)
-    level, refine = options.get("level", "head"), options.get("refine")
-    wanted = spec.n_heads if level == "head" else 2  # one block's components
-    if isinstance(refine, int):  # at most ``refine`` components of one block
-        wanted = min(wanted, refine)
+    # One block's components: a pass of a sparse sweep (refine) packs as many rows.
+    wanted = spec.n_heads if options.get("level", "head") == "head" else 2
     copies = options.get("variants_per_pass") or memory.auto_variants_per_pass(
         model, rows=work.rows, width=work.width, wanted=wanted
     )
