@@ -1100,7 +1100,7 @@ def _exact_plan(
         )
 
     cells, auto, refined = _refined_cells(call, inputs, estimate_with, scorer_for, ranking)
-    known = None if auto is None or auto["correct"] is None else auto["correct"]
+    known = None if auto is None else auto["correct"]  # the estimate's clean pass, if it told
     score = scorer_for(cells, None if known is None else torch.as_tensor(known))
     plan = one_level_plan(
         inputs,
