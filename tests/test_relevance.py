@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lenscape as lsc
-from lenscape.sweep import metrics
+from lenscape.sweep import metrics, relevance
 from lenscape.sweep.backend import get_backend
 from lenscape.sweep.inputs import Inputs, tokenize
 from lenscape.sweep.relevance import RULE_SETS, Rules, norm_input_gradient, relevance_rules
@@ -510,6 +510,19 @@ def test_layer_norm_rules_centre_scale_and_leave_the_bias_out(tokenizer):
     change = ((y1 - y0.detach()) * readout).sum()
     torch.testing.assert_close(((x1 - x0.detach()) * grad).sum(), change, rtol=1e-6, atol=1e-9)
     assert not torch.allclose(((x1 - x0.detach()) * plain).sum(), change, rtol=1e-3)
+
+
+def test_a_formula_check_passed_once_does_not_pass_another_formula(tiny_llama):
+    """Rules blocks remember the modules that passed their formula check (one check per
+    module, not per block); a remembered pass is for that formula only: the same norm
+    checked as a Gemma norm (gain 1 + weight) or as a LayerNorm is still refused."""
+    norm = tiny_llama.module("input_layernorm", 0)
+    with relevance_rules(tiny_llama, "secant"):
+        pass
+    relevance._Norm(norm, centred=False).check()  # remembered: passes
+    for wrong in (dict(centred=False, offset=1.0), dict(centred=True)):
+        with pytest.raises(ValueError, match="does not compute the formula"):
+            relevance._Norm(norm, **wrong).check()
 
 
 @pytest.mark.parametrize("activation", ["gelu_new", "gelu", "relu"])
