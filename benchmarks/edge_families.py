@@ -47,19 +47,8 @@ from edges import forward_backward
 #: Prompts per batch in the timing part (edge_attribution's default).
 BATCH_SIZE = 8
 
-FAMILIES = (
-    "llama",
-    "qwen3",
-    "gpt2",
-    "gpt_neox",
-    "olmo2",
-    "phi3",
-    "gemma2",
-    "gemma3_text",
-    "qwen2_moe",
-    "qwen3_moe",
-    "mixtral",
-)
+#: Every tiny family but Mistral and Qwen 2, which compute as Llama does.
+FAMILIES = tuple(a for a in lsc.models.TINY_ARCHITECTURES if a not in ("mistral", "qwen2"))
 
 
 def _labels(graph: Graph, flat) -> list[tuple[str, str]]:

@@ -56,21 +56,7 @@ from lenscape import cluster, models
 from lenscape.capture.patching import DEFAULT_IG_STEPS
 from lenscape.models.loader import _tiny_configs
 
-FAMILIES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gpt2",
-    "gpt_neox",
-    "olmo2",
-    "phi3",
-    "gemma2",
-    "gemma3_text",
-    "qwen2_moe",
-    "qwen3_moe",
-    "mixtral",
-)
+FAMILIES = models.TINY_ARCHITECTURES
 #: Largest difference allowed, relative to the largest value of the reference.
 RTOL = 1e-5
 #: Between the two backends (TransformerLens runs its own copy of the weights).

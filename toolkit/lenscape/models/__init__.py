@@ -28,7 +28,7 @@ if _typing.TYPE_CHECKING:
     from .host import Machine, Speed, describe_machine, measure_speed  # noqa: F401
     from .layouts import ARCHITECTURES, ArchLayout, ModelSpec  # noqa: F401
     from .lens_model import LensModel, in_one_call  # noqa: F401
-    from .loader import from_hf, load, resolve_device, tiny  # noqa: F401
+    from .loader import TINY_ARCHITECTURES, from_hf, load, resolve_device, tiny  # noqa: F401
     from .selfcheck import LayoutCheckError, check  # noqa: F401
 
 #: Public name -> ``"module:attribute"``, relative to this package, imported on first use.
@@ -43,6 +43,7 @@ _EXPORTS = {
     "Machine": "host:Machine",
     "ModelSpec": "layouts:ModelSpec",
     "Speed": "host:Speed",
+    "TINY_ARCHITECTURES": "loader:TINY_ARCHITECTURES",
     "bundled_folder": "bundled:bundled_folder",
     "check": "selfcheck:check",
     "describe_machine": "host:describe_machine",

@@ -318,8 +318,28 @@ def load(
     return model
 
 
+#: The families ``tiny`` builds (``_tiny_configs``' keys, in this order): one per computation
+#: the toolkit knows, plus Mistral and Qwen 2, which compute as Llama does.
+TINY_ARCHITECTURES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gpt2",
+    "gpt_neox",
+    "olmo2",
+    "phi3",
+    "gemma2",
+    "gemma3_text",
+    "qwen2_moe",
+    "qwen3_moe",
+    "mixtral",
+)
+
+
 def _tiny_configs(vocab: int, n_layers: int) -> dict[str, Callable[[], Any]]:
-    """Family -> config of a tiny random model (d_model 64, 4 heads, 2 KV heads)."""
+    """Family -> config of a tiny random model (d_model 64, 4 heads, 2 KV heads), for
+    each of ``TINY_ARCHITECTURES``."""
     import transformers
 
     # dict[str, Any]: the config classes type each keyword apart.
@@ -376,8 +396,9 @@ def tiny(
     """A tiny random causal LM (d_model 64, 4 heads, 2 KV heads) for tests and teaching.
 
     Args:
-        architecture: "llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox" (Pythia),
-            "olmo2", "phi3", "gemma2", "gemma3_text", "qwen2_moe", "qwen3_moe" or "mixtral".
+        architecture: one of ``TINY_ARCHITECTURES``: "llama", "mistral", "qwen2", "qwen3",
+            "gpt2", "gpt_neox" (Pythia), "olmo2", "phi3", "gemma2", "gemma3_text",
+            "qwen2_moe", "qwen3_moe" or "mixtral".
         n_layers: number of blocks.
         seed: seeds the weights (a whole number from 0, ``_validate.seed``).
         tokenizer: defaults to the bundled SmolLM2 tokenizer (vocab 49,152).
