@@ -342,27 +342,75 @@ class _NormRule(torch.autograd.Function):
         return grad, norm.correction(wide, x1, g).to(x.dtype), None, None
 
 
-class _SecantSoftmax(torch.autograd.Function):
-    """Forward: ``p0``. Backward: the softmax's Jacobian averaged along the segment of
-    scores from this run's to the reference's (Gauss-Legendre): sum_k w_k p_k (g - p_k . g),
-    with p_k = softmax((1 - t_k) s0 + t_k s1), the normalised p0^(1 - t_k) p1^t_k, so the
-    scores themselves (and the mask in them) are not needed."""
+def _averaged_softmax_vjp(grad: torch.Tensor, p0: torch.Tensor, p1: torch.Tensor) -> torch.Tensor:
+    """The softmax's Jacobian averaged along the segment of scores from this run's to the
+    reference's (Gauss-Legendre), applied to ``grad``: sum_k w_k p_k (g - p_k . g), with
+    p_k = softmax((1 - t_k) s0 + t_k s1), the normalised p0^(1 - t_k) p1^t_k, so the scores
+    themselves (and the mask in them) are not needed. All (..., key) in ``p0``'s dtype."""
+    tiny = torch.finfo(p0.dtype).tiny
+    log0, log1 = p0.clamp_min(tiny).log(), p1.clamp_min(tiny).log()
+    total = torch.zeros_like(grad)
+    for t, weight in zip(_NODES, _WEIGHTS, strict=True):
+        p = torch.softmax((1 - t) * log0 + t * log1, dim=-1)
+        total = total + weight * p * (grad - (p * grad).sum(-1, keepdim=True))
+    return total
+
+
+def _sum_groups(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """(batch, kv_heads * groups, pos, d) -> (batch, kv_heads, pos, d): the gradient of
+    ``_repeat_kv``."""
+    return x if groups == 1 else x.unflatten(1, (-1, groups)).sum(2)
+
+
+class _SecantAttention(torch.autograd.Function):
+    """Forward: ``value``, the attention's own output ((batch, pos, heads, d) or (batch,
+    pos, heads * d)), unchanged. Backward: what the secant attention rule sends to this
+    pass's queries, keys and values (q (batch, heads, pos, d); k, v (batch, kv_heads, pos,
+    d); q1, k1, v1 the reference pass's, same shapes). A change of the output splits
+    exactly at the two runs' midpoints: out = P V_mid + p_half V, with p_half = (p0 + p1)
+    / 2 and P = softmax(S), S = (q K_mid^T + q_mid K^T) * scaling (times the soft-cap's
+    secant ``slope`` between the runs' scores, or None); P's Jacobian is averaged along
+    the segment between the runs' scores (``_averaged_softmax_vjp``). p0, p1 (batch, heads,
+    query, key) are the runs' probabilities, in the precision the gradients are taken in."""
 
     @staticmethod
-    def forward(ctx: Any, scores: torch.Tensor, p0: torch.Tensor, p1: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(p0, p1)
-        return p0.clone()
+    def forward(
+        ctx: Any,
+        value: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q1: torch.Tensor,
+        k1: torch.Tensor,
+        v1: torch.Tensor,
+        p0: torch.Tensor,
+        p1: torch.Tensor,
+        slope: torch.Tensor | None,
+        scaling: float,
+        groups: int,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(q, k, v, q1, k1, v1, p0, p1, slope)
+        ctx.scaling, ctx.groups = scaling, groups
+        return value.view_as(value)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        p0, p1 = ctx.saved_tensors
-        tiny = torch.finfo(p0.dtype).tiny
-        log0, log1 = p0.clamp_min(tiny).log(), p1.clamp_min(tiny).log()
-        total = torch.zeros_like(grad)
-        for t, weight in zip(_NODES, _WEIGHTS, strict=True):
-            p = torch.softmax((1 - t) * log0 + t * log1, dim=-1)
-            total = total + weight * p * (grad - (p * grad).sum(-1, keepdim=True))
-        return total, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, q1, k1, v1, p0, p1, slope = ctx.saved_tensors
+        groups, wide = ctx.groups, p0.dtype
+        batch, heads, length, _ = q.shape
+        g = grad.reshape(batch, length, heads, -1).transpose(1, 2).to(wide)
+
+        def mid(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return ((a + b) / 2).to(wide)
+
+        d_scores = _averaged_softmax_vjp(
+            g @ _repeat_kv(mid(v, v1), groups).transpose(-1, -2), p0, p1
+        )
+        d_scores = d_scores * (ctx.scaling if slope is None else ctx.scaling * slope)
+        dq = d_scores @ _repeat_kv(mid(k, k1), groups)
+        dk = _sum_groups(d_scores.transpose(-1, -2) @ mid(q, q1), groups)
+        dv = _sum_groups(((p0 + p1) / 2).transpose(-1, -2) @ g, groups)
+        return (None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)) + (None,) * 8
 
 
 # -------------------------------------------------------------- what the hooks of a block share
@@ -884,48 +932,6 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-def _secant_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    reference: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    p0: torch.Tensor,
-    p1: torch.Tensor,
-    scaling: float,
-    groups: int,
-    slope: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """An attention output whose gradient follows the secant rule (its value is not the
-    output's: use its gradient only).
-
-    Args:
-        q: (batch, heads, pos, d) queries of this pass; k, v: (batch, kv_heads, pos, d).
-        reference: the reference pass's (q, k, v), same shapes.
-        p0, p1: (batch, heads, query, key) attention probabilities of this pass and of the
-            reference pass.
-        scaling: the factor of QK^T; groups: query heads per key/value head.
-        slope: (batch, heads, query, key) the soft-cap's secant between the two runs'
-            scores (``_cap_slope``), or None without soft-capping.
-
-    Returns:
-        (batch, heads, pos, d).
-    """
-    q1, k1, v1 = reference
-    p0 = p0.detach()  # a TransformerLens pattern comes with its graph: it must carry none
-    keys, values = _repeat_kv(k, groups), _repeat_kv(v, groups)
-    keys1, values1 = _repeat_kv(k1, groups), _repeat_kv(v1, groups)
-    q_mid = (q.detach() + q1) / 2
-    keys_mid = (keys.detach() + keys1) / 2
-    values_mid = (values.detach() + values1) / 2
-    # scores = q k^T: a change splits exactly at the midpoints (dq k_mid + q_mid dk).
-    scores = (q @ keys_mid.transpose(-1, -2) + q_mid @ keys.transpose(-1, -2)) * scaling
-    if slope is not None:  # c tanh(s / c): its secant (only the gradient matters here)
-        scores = scores * slope
-    probabilities = _SecantSoftmax.apply(scores.to(p0.dtype), p0, p1).to(q.dtype)
-    p_half = ((p0 + p1) / 2).to(q.dtype)
-    return probabilities @ values_mid + p_half @ values
-
-
 def _additive_mask(mask: torch.Tensor | None, q_len: int, k_len: int, like: torch.Tensor):
     """An attention mask in additive form (0 or the dtype's minimum) from what the model's
     attention function got: additive already (eager), boolean (sdpa: True = attend) or None
@@ -991,22 +997,20 @@ def _relevance_attention(
     if rule == "uniform":
         assert softcap is not None  # uniform without a cap stays plain
         surrogate = _held_cap_attention(query, key, value, mask, scaling, groups, softcap)
-    else:
-        reference = (
-            state._recorded(module, "q", like=query),
-            state._recorded(module, "k", like=key),
-            state._recorded(module, "v", like=value),
-        )
-        with torch.no_grad():
-            s0 = _scores(query, key, groups, scaling)
-            s1 = _scores(reference[0], reference[1], groups, scaling)
-            p0, p1 = _probabilities(s0, mask, softcap), _probabilities(s1, mask, softcap)
-            slope = None if softcap is None else _cap_slope(s0, s1, softcap)
-        surrogate = _secant_attention(
-            query, key, value, reference, p0, p1, scaling, groups, slope=slope
-        )
-    surrogate = surrogate.transpose(1, 2)
-    return output.detach() + (surrogate - surrogate.detach()), weights
+        surrogate = surrogate.transpose(1, 2)
+        return output.detach() + (surrogate - surrogate.detach()), weights
+    q1, k1, v1 = (
+        state._recorded(module, tag, like=x)
+        for tag, x in zip("qkv", (query, key, value), strict=True)
+    )
+    with torch.no_grad():
+        s0, s1 = _scores(query, key, groups, scaling), _scores(q1, k1, groups, scaling)
+        p0, p1 = _probabilities(s0, mask, softcap), _probabilities(s1, mask, softcap)
+        slope = None if softcap is None else _cap_slope(s0, s1, softcap)
+    secant = _SecantAttention.apply(
+        output.detach(), query, key, value, q1, k1, v1, p0, p1, slope, scaling, groups
+    )
+    return secant, weights
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, groups: int, scaling: float) -> torch.Tensor:
@@ -1162,7 +1166,7 @@ def _install_bridge_secant(attention: Any, state: Relevance, installed: _Install
     the rotated queries and keys, the values and the probabilities, and replace the heads'
     outputs at ``o.hook_in`` by a value-preserving surrogate carrying the rule's gradient."""
     hf_attention = attention.original_component
-    heads, d_head = hf_attention.config.num_attention_heads, hf_attention.head_dim
+    d_head = hf_attention.head_dim
     groups = hf_attention.num_key_value_groups
 
     def keeper(tag: str) -> Callable:
@@ -1190,13 +1194,13 @@ def _install_bridge_secant(attention: Any, state: Relevance, installed: _Install
             state._recorded(attention, "k", like=k),
             values(state._recorded(attention, "v", like=v)),
         )
-        p1 = state._recorded(attention, "p", like=p0)
+        # A TransformerLens pattern comes with its graph: it must carry none.
+        p0, p1 = p0.detach().float(), state._recorded(attention, "p", like=p0).float()
         scaling = getattr(hf_attention, "scaling", d_head**-0.5)
-        surrogate = _secant_attention(
-            q, k, values(v), reference, p0.float(), p1.float(), scaling, groups
+        secant = _SecantAttention.apply(
+            z.detach(), q, k, values(v), *reference, p0, p1, None, scaling, groups
         )
-        surrogate = surrogate.transpose(1, 2).reshape(*z.shape[:2], heads * d_head)
-        return (z.detach() + (surrogate - surrogate.detach()), *args[1:])
+        return (secant, *args[1:])
 
     for tag, point in (
         ("q", attention.hook_rot_q),
