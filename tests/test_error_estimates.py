@@ -259,6 +259,39 @@ def test_refine_auto_makes_no_pass_over_a_batch_with_nothing_to_measure(
     np.testing.assert_array_equal(auto["correct"].values, full["correct"].values)
 
 
+def test_refine_auto_second_stage_reuses_the_first_stages_passes(tiny_llama, pairs, monkeypatch):
+    """The ranking stage measures more cells of a prompt the first stage measured: it reuses
+    that prompt's unedited and clean passes (one packed pass more) and makes them only for
+    a prompt new to it; the values are still the full sweep's."""
+    full = lsc.activation_patching(tiny_llama, pairs, batch_size=1, progress=False)
+    first = np.zeros(full.values.reshape(len(pairs), -1).shape, dtype=bool)
+    first[1, [0, 5]] = True
+    second = np.zeros_like(first)
+    second[1, [3, -1]] = second[2, 2] = True
+    monkeypatch.setattr(patching, "auto_cells", lambda estimates, errors, tol: (first, 1.0))
+    monkeypatch.setattr(patching, "ranking_cells", lambda values, bounds, measured, top: second)
+    runs = []
+    backend = get_backend(tiny_llama, "nnsight")
+    original = type(backend).run
+
+    def counted(self, batch, **kwargs):
+        runs.append(kwargs.get("grad", False))
+        return original(self, batch, **kwargs)
+
+    monkeypatch.setattr(type(backend), "run", counted)
+    auto = lsc.activation_patching(tiny_llama, pairs, batch_size=1, refine="auto", progress=False)
+    # Stage 1: prompt 1's unedited, clean and packed passes; stage 2: one packed pass for
+    # prompt 1, and unedited, clean and packed passes for prompt 2.
+    assert len(runs) - sum(runs) == 3 + 1 + 3
+    measured = auto["measured"].values.reshape(first.shape)
+    np.testing.assert_array_equal(measured, first | second)
+    np.testing.assert_allclose(
+        auto.values.reshape(first.shape)[measured],
+        full.values.reshape(first.shape)[measured],
+        atol=1e-5,
+    )
+
+
 def test_refine_auto_ablation_equals_the_full_sweep_where_measured(tiny_llama, pairs):
     full = lsc.ablation(tiny_llama, pairs, kind="mean", level="block", progress=False)
     auto = lsc.ablation(

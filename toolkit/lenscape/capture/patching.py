@@ -296,6 +296,31 @@ def _unedited(
     return run, metrics.check_finite(value, batch.index, metric)
 
 
+class _FixedPasses:
+    """Each batch's fixed passes of an exact sweep (its unedited run with the residual
+    stream entering every block, that run's metric, and the replacement), kept for the
+    later sweeps of the same call that measure other cells of the batch (refine="auto"'s
+    two stages), up to ``budget`` bytes (measured: these passes are a third of
+    refine="auto"'s time on gemma3-270m heads). A pickled copy (a plan sent to another
+    process) keeps none."""
+
+    def __init__(self, budget: int):
+        self.budget, self.used = budget, 0
+        self.entries: dict[tuple, tuple] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"budget": self.budget, "used": 0, "entries": {}}
+
+    def get(self, key: tuple) -> tuple | None:
+        return self.entries.get(key)
+
+    def put(self, key: tuple, passes: tuple, size: int) -> None:
+        """Keep ``passes`` of ``size`` bytes if the budget allows."""
+        if self.used + size <= self.budget:
+            self.entries[key] = passes
+            self.used += size
+
+
 def _blocks_done(groups: list[tuple[int, list[int]]], variants: list[Variant], last: int) -> int:
     """How many blocks of ``groups`` (``_layer_groups``) a sweep has finished once its
     pieces (in block order) up to column ``last`` are measured."""
@@ -311,6 +336,7 @@ def _sweep_scorer(
     variants_per_pass: int | None,
     cells: torch.Tensor | None = None,
     correct: torch.Tensor | None = None,
+    kept: _FixedPasses | None = None,
 ) -> Callable[[Batch, Callable], Scores]:
     """``score(batch, step)``: metric change when each component is replaced, (rows,
     n_components), and whether the model answers each clean prompt correctly.
@@ -334,6 +360,8 @@ def _sweep_scorer(
         correct: (n_prompts,) bool, known from an earlier pass (refine="auto"'s estimate):
             then every pass unembeds only what the metric reads (``metrics.read_ids``) and
             a batch with no cell to measure makes no pass. None: from the sweep's passes.
+        kept: each batch's unedited and replacement passes, shared with the call's other
+            sweeps (they keep the residual stream entering every block), or None.
     """
     model, metric = inputs.model, inputs.metric
     backend = get_backend(model, inputs.backend)
@@ -344,7 +372,11 @@ def _sweep_scorer(
     groups = _layer_groups(variants, columns)
     # A pass holds as many rows as a full sweep's pass over one block would.
     per_block = max(len(group) for _, group in _layer_groups(variants, list(range(len(variants)))))
-    resid_sites = [("resid_pre", layer) for layer, _ in groups if layer > 0]
+    if kept is None:
+        resid_sites = [("resid_pre", layer) for layer, _ in groups if layer > 0]
+    else:  # another sweep may resume anywhere
+        resid_sites = [("resid_pre", layer) for layer in range(1, model.spec.n_layers)]
+    site_bytes = _site_width(model, inputs.level) * memory.element_bytes(model.dtype)
 
     def score(batch: Batch, step) -> Scores:
         tokens = getattr(batch, source)
@@ -366,9 +398,18 @@ def _sweep_scorer(
         pieces = [(c, on_device[:, c].nonzero()[:, 0]) for _, group in groups for c in group]
         pieces = [(c, chosen) for c, chosen in pieces if len(chosen)]
         read = None if correct is None else metrics.read_ids(metric, batch.target, batch.distractor)
+        key = (tuple(batch.index.tolist()), read is None)
         with torch.no_grad():
-            unedited, base = _unedited(backend, metric, batch, tokens, resid_sites, read)
-            replacement, clean_logits = replacement_for(batch, correct is None)
+            passes = None if kept is None else kept.get(key)
+            if passes is None:
+                unedited, base = _unedited(backend, metric, batch, tokens, resid_sites, read)
+                replacement, clean_logits = replacement_for(batch, correct is None)
+                if kept is not None:
+                    resid = sum(a.numel() * a.element_size() for a in unedited.acts.values())
+                    size = resid + tokens.input_ids.numel() * site_bytes
+                    kept.put(key, (unedited, base, replacement, clean_logits), size)
+            else:
+                unedited, base, replacement, clean_logits = passes
             if correct is None:
                 clean = unedited.logits if clean_logits is None else clean_logits
                 right = top_is_target(clean, batch.target)
@@ -1086,6 +1127,11 @@ def _exact_plan(
         sweep: ``_sweep_scorer``'s (source, replacement_for).
     """
     source, replacement_for = sweep
+    # refine="auto" sweeps twice over batches: its fixed passes are kept in a quarter of
+    # the memory left (beside the plan's own share).
+    kept = None
+    if call.options.refine == "auto":
+        kept = _FixedPasses(memory.available_bytes(inputs.model.device) // 4)
 
     def scorer_for(
         cells: torch.Tensor | None, correct: torch.Tensor | None
@@ -1097,6 +1143,7 @@ def _exact_plan(
             variants_per_pass=call.options.variants_per_pass,
             cells=cells,
             correct=correct,
+            kept=kept,
         )
 
     cells, auto, refined = _refined_cells(call, inputs, estimate_with, scorer_for, ranking)
