@@ -230,7 +230,8 @@ def test_refine_auto_makes_no_pass_over_a_batch_with_nothing_to_measure(
 ):
     """Both stages pass only over the batches holding a cell they measure, and pack a
     batch's cells of several blocks into one pass; the other batches keep their estimates
-    and need no pass (the estimate's clean pass says which prompts the model answers)."""
+    and need no pass (the estimate's clean pass says which prompts the model answers). The
+    estimate's clean and corrupt passes serve as the sweeps' clean and unedited ones."""
     full = lsc.activation_patching(tiny_llama, pairs, batch_size=1, progress=False)
     first = np.zeros(full.values.reshape(len(pairs), -1).shape, dtype=bool)
     first[1, [0, 5, -1]] = True  # one prompt, heads of the first and last blocks
@@ -249,8 +250,8 @@ def test_refine_auto_makes_no_pass_over_a_batch_with_nothing_to_measure(
     monkeypatch.setattr(type(backend), "run", counted)
     auto = lsc.activation_patching(tiny_llama, pairs, batch_size=1, refine="auto", progress=False)
     assert sum(runs) == 2 * len(pairs)  # the estimate: two passes with gradients a prompt
-    # Then prompt 1 alone: its unedited and clean passes, and one pass for its 3 cells.
-    assert len(runs) - sum(runs) == 3
+    # Then prompt 1 alone: one pass for its 3 cells.
+    assert len(runs) - sum(runs) == 1
     measured = auto["measured"].values.reshape(first.shape)
     np.testing.assert_array_equal(measured, first)
     np.testing.assert_allclose(
@@ -260,10 +261,11 @@ def test_refine_auto_makes_no_pass_over_a_batch_with_nothing_to_measure(
 
 
 def test_refine_auto_second_stage_reuses_the_first_stages_passes(tiny_llama, pairs, monkeypatch):
-    """The ranking stage measures more cells of a prompt the first stage measured: it reuses
-    that prompt's unedited and clean passes (one packed pass more) and makes them only for
-    a prompt new to it; the values are still the full sweep's."""
-    full = lsc.activation_patching(tiny_llama, pairs, batch_size=1, progress=False)
+    """The ranking stage of a zero-ablation (whose estimate cannot stand in for the sweeps'
+    unedited pass) measures more cells of a prompt the first stage measured: it reuses that
+    prompt's unedited pass (one packed pass more) and makes one only for a prompt new to it;
+    the values are still the full sweep's."""
+    full = lsc.ablation(tiny_llama, pairs, batch_size=1, progress=False)
     first = np.zeros(full.values.reshape(len(pairs), -1).shape, dtype=bool)
     first[1, [0, 5]] = True
     second = np.zeros_like(first)
@@ -279,10 +281,13 @@ def test_refine_auto_second_stage_reuses_the_first_stages_passes(tiny_llama, pai
         return original(self, batch, **kwargs)
 
     monkeypatch.setattr(type(backend), "run", counted)
-    auto = lsc.activation_patching(tiny_llama, pairs, batch_size=1, refine="auto", progress=False)
-    # Stage 1: prompt 1's unedited, clean and packed passes; stage 2: one packed pass for
-    # prompt 1, and unedited, clean and packed passes for prompt 2.
-    assert len(runs) - sum(runs) == 3 + 1 + 3
+    auto = lsc.ablation(tiny_llama, pairs, batch_size=1, refine="auto", progress=False)
+    # Stage 1: prompt 1's unedited and packed passes (a zero needs no clean pass). Stage 2
+    # passes over every prompt (this estimate does not say which the model answers): one
+    # packed pass for prompt 1, unedited and packed passes for prompt 2, an unedited pass
+    # for prompts 0 and 3.
+    assert len(pairs) == 4
+    assert len(runs) - sum(runs) == 2 + (1 + 2 + 1 + 1)
     measured = auto["measured"].values.reshape(first.shape)
     np.testing.assert_array_equal(measured, first | second)
     np.testing.assert_allclose(

@@ -77,7 +77,7 @@ from .. import _validate
 from ..data import Prompts
 from ..models import LensModel
 from ..sweep import memory, metrics
-from ..sweep.backend import Site, TokenBatch, get_backend
+from ..sweep.backend import RunResult, Site, TokenBatch, get_backend
 from ..sweep.inputs import Batch, Inputs, batched
 from ..sweep.options import DEFAULTS, EXACT, LEVELLED, MAX_STEPS, Options, integration_points
 from ..sweep.plan import Call, Plan, Result, Scores, once, one_level_plan, top_is_target
@@ -170,8 +170,8 @@ def _sites(variants: list[Variant]) -> list[Site]:
     return list(dict.fromkeys(site for site, _ in variants))
 
 
-def _index(head: int | None, rows: slice = slice(None)) -> tuple:
-    """Index (rows, pos[, head]) into a site activation."""
+def _index(head: int | None, rows: slice | torch.Tensor = slice(None)) -> tuple:
+    """Index (rows, pos[, head]) into a site activation; ``rows`` a slice or 1-D indices."""
     return (rows, slice(None)) if head is None else (rows, slice(None), head)
 
 
@@ -321,6 +321,12 @@ class _FixedPasses:
             self.used += size
 
 
+def _fixed_key(batch: Batch, read: torch.Tensor | None) -> tuple:
+    """What ``_FixedPasses`` keys a batch's passes by: its prompts, and whether its passes
+    unembed every token (``read`` None) or only the ids the metric reads."""
+    return tuple(batch.index.tolist()), read is None
+
+
 def _blocks_done(groups: list[tuple[int, list[int]]], variants: list[Variant], last: int) -> int:
     """How many blocks of ``groups`` (``_layer_groups``) a sweep has finished once its
     pieces (in block order) up to column ``last`` are measured."""
@@ -398,7 +404,7 @@ def _sweep_scorer(
         pieces = [(c, on_device[:, c].nonzero()[:, 0]) for _, group in groups for c in group]
         pieces = [(c, chosen) for c, chosen in pieces if len(chosen)]
         read = None if correct is None else metrics.read_ids(metric, batch.target, batch.distractor)
-        key = (tuple(batch.index.tolist()), read is None)
+        key = _fixed_key(batch, read)
         with torch.no_grad():
             passes = None if kept is None else kept.get(key)
             if passes is None:
@@ -444,9 +450,10 @@ def _gradient_effects(
     clean_input: torch.Tensor | None = None,
     error: bool = False,
     other: dict[Site, torch.Tensor] | None = None,
-) -> tuple[dict[Site, torch.Tensor], dict[Site, torch.Tensor] | None]:
-    """Gradient estimate of replacing each site's activation on ``base`` by ``goal``, and
-    the terms of its error estimate.
+    keep: Sequence[Site] = (),
+) -> tuple[dict[Site, torch.Tensor], dict[Site, torch.Tensor] | None, Any]:
+    """Gradient estimate of replacing each site's activation on ``base`` by ``goal``, the
+    terms of its error estimate, and the pass over ``base`` itself.
 
     estimate = mean_k grad(metric)|x(a_k) . (goal - base activation), per position, with
     x(a) = base input + a (clean_input - base input) the residual stream entering block 0
@@ -467,16 +474,19 @@ def _gradient_effects(
         error: also return the error terms.
         other: site -> the metric's gradient at the other end of the replacement, shaped
             like the site; needed with ``error`` when ``steps == 1``.
+        keep: more sites the pass over ``base`` keeps (unedited).
 
     Returns:
-        (products, terms): site -> (batch, pos, [head,] d) float32 products, not yet summed
-        over positions; ``terms`` alike (None without ``error``): the estimate plus a
+        (products, terms, run): site -> (batch, pos, [head,] d) float32 products, not yet
+        summed over positions; ``terms`` alike (None without ``error``): the estimate plus a
         component's terms summed over positions is the corrected estimate, their absolute
-        value its error estimate.
+        value its error estimate; the pass over ``base`` (its logits those the metric reads,
+        its acts the sites and ``keep``, with their graph).
     """
     grad_sums: dict[Site, torch.Tensor] = {}
     coarse_sums: dict[Site, torch.Tensor] = {}
     deltas: dict[Site, torch.Tensor] = {}
+    base_run = None
     for k in range(steps):
 
         def interpolate(site: Site, value: torch.Tensor, alpha=k / steps) -> torch.Tensor:
@@ -492,8 +502,9 @@ def _gradient_effects(
             base,
             sites,
             edit=interpolate if k > 0 else None,
-            also=[INPUT_SITE] if k > 0 else [],
+            also=[INPUT_SITE] if k > 0 else keep,
         )
+        base_run = run if k == 0 else base_run
         # The coarse rule's weight of point k: the even points, each covering two steps.
         width = (min(k + 2, steps) - k) / steps if error and k % 2 == 0 else 0.0
         for site, grad in grads.items():
@@ -508,13 +519,13 @@ def _gradient_effects(
                     coarse_sums[site] = coarse_sums[site] + width * grad.float()
     products = {site: deltas[site] * grad_sums[site] / steps for site in sites}
     if not error:
-        return products, None
+        return products, None, base_run
     if steps > 1:
-        return products, {site: products[site] - deltas[site] * coarse_sums[site] for site in sites}
+        coarse = {site: products[site] - deltas[site] * coarse_sums[site] for site in sites}
+        return products, coarse, base_run
     assert other is not None  # see Args
-    return products, {
-        site: 0.5 * (other[site].float() - grad_sums[site]) * deltas[site] for site in sites
-    }
+    trapezoid = {site: 0.5 * (other[site].float() - grad_sums[site]) for site in sites}
+    return products, {site: trapezoid[site] * deltas[site] for site in sites}, base_run
 
 
 def _gradients(
@@ -811,14 +822,18 @@ def _patching_estimator(
     rules: str | None = None,
     error: bool = False,
     corrected: bool = False,
+    kept: _FixedPasses | None = None,
 ) -> Callable[[Batch], Scores]:
     """``estimate(batch)`` -> (rows, len(variants)) gradient estimate of activation
     patching (then, with ``error``, (rows, len(variants)) more: its error estimate,
     ``ERROR_METHODS``), with whether the model answers each clean prompt correctly: the
     gradient at ``steps`` points of the input path, or at the corrupt run under relevance
-    ``rules``; ``corrected``: AtP plus its trapezoid correction ("trapezoid")."""
+    ``rules``; ``corrected``: AtP plus its trapezoid correction ("trapezoid"). With
+    ``kept``, the estimate's clean and corrupt passes serve as the exact sweeps' unedited
+    and clean passes of each batch (``_keep_estimate_passes``)."""
     model, runner, metric = inputs.model, get_backend(inputs.model, inputs.backend), inputs.metric
     sites = _sites(variants)
+    resid_sites = [("resid_pre", layer) for layer in range(1, model.spec.n_layers)]
     secant = rules is not None and RULE_SETS[rules].needs_reference
     # The gradient at the clean end too: for the trapezoid correction or its size.
     two_ends = (error or corrected) and steps == 1 and not secant
@@ -840,7 +855,7 @@ def _patching_estimator(
             def goal(site: Site, act: torch.Tensor) -> torch.Tensor:
                 return clean[site]
 
-            products, terms = _gradient_effects(
+            products, terms, corrupt_run = _gradient_effects(
                 runner,
                 metric,
                 batch,
@@ -851,14 +866,17 @@ def _patching_estimator(
                 clean_input=clean.get(INPUT_SITE),
                 error=two_ends or (error and steps > 1),
                 other=other,
+                keep=resid_sites if kept is not None else (),
             )
+            if kept is not None:
+                _keep_estimate_passes(kept, metric, batch, corrupt_run, clean)
         if corrected:
             assert terms is not None  # asked for above
             products = {site: products[site] + terms[site] for site in sites}
         if not error:
             terms = None
         if error and secant:  # the disagreement with the plain gradient at the corrupt run
-            plain, _ = _gradient_effects(
+            plain, _, _ = _gradient_effects(
                 runner, metric, batch, sites, base=batch.corrupt, goal=goal
             )
             terms = {site: plain[site] - products[site] for site in sites}
@@ -868,6 +886,31 @@ def _patching_estimator(
         return Scores(values, top_is_target(clean_run.logits, batch.target))
 
     return estimate
+
+
+def _keep_estimate_passes(
+    kept: _FixedPasses,
+    metric: str,
+    batch: Batch,
+    corrupt_run: Any,
+    clean: dict[Site, torch.Tensor],
+) -> None:
+    """Keep in ``kept`` what the exact sweeps of activation patching would make a batch's
+    unedited and clean passes for: the corrupt run's residual stream entering every block
+    (in ``corrupt_run``'s acts) and its metric, and the clean run's site activations (the
+    replacements; site -> detached activation), under the key the sweeps look them up by
+    (``_fixed_key``; their forward values are the no-gradient passes' own)."""
+    read = metrics.read_ids(metric, batch.target, batch.distractor)
+    logits = corrupt_run.logits.detach()
+    base = metrics.compute_read(metric, logits, batch.target, batch.distractor, read)
+    resid = {s: a.detach() for s, a in corrupt_run.acts.items() if s[0] == "resid_pre"}
+    size = sum(a.numel() * a.element_size() for a in (*resid.values(), *clean.values()))
+
+    def replacement(site: Site, head: int | None, rows: torch.Tensor) -> torch.Tensor:
+        return clean[site][_index(head, rows)]
+
+    passes = (RunResult(logits, resid), base, replacement, None)
+    kept.put(_fixed_key(batch, read), passes, size)
 
 
 def _estimates(
@@ -1112,7 +1155,7 @@ def _exact_plan(
     call: Call,
     inputs: Inputs,
     sweep: tuple[str, Callable],
-    estimate_with: Callable[[bool], Estimate],
+    estimate_with: Callable[[bool, _FixedPasses | None], Estimate],
     *,
     ranking: tuple[str, int, str],
     desc: str,
@@ -1125,6 +1168,8 @@ def _exact_plan(
 
     Args:
         sweep: ``_sweep_scorer``'s (source, replacement_for).
+        estimate_with: ``(error, kept) -> estimate(batch)``; with refine="auto" its passes
+            may fill ``kept``, the sweeps' fixed passes (``_FixedPasses``).
     """
     source, replacement_for = sweep
     # refine="auto" sweeps twice over batches: its fixed passes are kept in a quarter of
@@ -1146,7 +1191,9 @@ def _exact_plan(
             kept=kept,
         )
 
-    cells, auto, refined = _refined_cells(call, inputs, estimate_with, scorer_for, ranking)
+    cells, auto, refined = _refined_cells(
+        call, inputs, lambda error: estimate_with(error, kept), scorer_for, ranking
+    )
     known = None if auto is None else auto["correct"]  # the estimate's clean pass, if it told
     score = scorer_for(cells, None if known is None else torch.as_tensor(known))
     plan = one_level_plan(
@@ -1232,7 +1279,9 @@ def activation_patching_memory(
 ) -> memory.Need:
     """Footprint of ``activation_patching``: its exact sweep with the clean run's sites
     kept, or its ranking pass (``refine``) when that holds more. Options a call did not give
-    are taken at their defaults."""
+    are taken at their defaults. (refine="auto" also keeps each batch's fixed passes for its
+    second sweep, outside this footprint, in at most a quarter of the memory left:
+    ``_FixedPasses``.)"""
     e, level = memory.element_bytes(model.dtype), options.get("level", "head")
     clean = work.rows * work.width * _site_width(model, level) * e
     need = _sweep_need(model, options, work) + memory.Need(buffers=clean)
@@ -1298,14 +1347,16 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
         # The replacement's value, with the gradient passing through to ``value``.
         return value - value.detach() + goal(site, value.detach())
 
-    def estimate_with(error: bool) -> Estimate:
+    # ``kept`` unused: the sweeps run on the clean prompts, whose unedited pass must say
+    # whether the model answers (every token unembedded) where this estimate cannot.
+    def estimate_with(error: bool, kept: _FixedPasses | None) -> Estimate:
         def estimate(batch: Batch) -> tuple[torch.Tensor, None]:
             other: dict[Site, torch.Tensor] | None = None
             if error:  # the gradient at the other end: every component replaced
                 _, other = _gradients(
                     runner, options.metric, batch, batch.clean, sites, edit=replaced_everywhere
                 )
-            products, terms = _gradient_effects(
+            products, terms, _ = _gradient_effects(
                 runner,
                 options.metric,
                 batch,
@@ -1376,7 +1427,7 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     variants = components(inputs)
     sites = _sites(variants)
 
-    def estimate_with(error: bool) -> Estimate:
+    def estimate_with(error: bool, kept: _FixedPasses | None) -> Estimate:
         estimate = _patching_estimator(
             inputs,
             variants,
@@ -1384,6 +1435,7 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
             rules=rules,
             error=error,
             corrected=options.estimator == "trapezoid",
+            kept=kept,
         )
 
         def values_and_correct(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
