@@ -52,7 +52,7 @@ def test_tiny_model_on_two_workers_equals_one_process(client, tiny_llama, factua
 
 @pytest.mark.slow
 def test_bundled_model_on_two_workers_equals_one_process(client, smol, factual, tmp_path):
-    prompts = factual[:16]
+    prompts = factual[:8]  # two batches of four: as many as there are workers
     (threads,) = set(client.run(torch.get_num_threads).values())
     with torch_threads(threads):  # the workers' count: reductions split by thread
         expected = lsc.attribution_patching(smol, prompts, batch_size=4, progress=False)
