@@ -299,10 +299,11 @@ def _unedited(
 class _FixedPasses:
     """Each batch's fixed passes of an exact sweep (its unedited run with the residual
     stream entering every block, that run's metric, and the replacement), kept for the
-    later sweeps of the same call that measure other cells of the batch (refine="auto"'s
-    two stages), up to ``budget`` bytes (measured: these passes are a third of
-    refine="auto"'s time on gemma3-270m heads). A pickled copy (a plan sent to another
-    process) keeps none."""
+    sweeps of the same call that measure other cells of the batch (refine="auto"'s two
+    stages), up to ``budget`` bytes; filled by the first sweep over a batch, or by
+    activation patching's estimate, whose clean and corrupt passes are these (measured:
+    they were a third of refine="auto"'s time on gemma3-270m heads). A pickled copy (a
+    plan sent to another process) keeps none."""
 
     def __init__(self, budget: int):
         self.budget, self.used = budget, 0
