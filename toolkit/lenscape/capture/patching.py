@@ -322,10 +322,11 @@ class _FixedPasses:
             self.used += size
 
 
-def _fixed_key(batch: Batch, read: torch.Tensor | None) -> tuple:
-    """What ``_FixedPasses`` keys a batch's passes by: its prompts, and whether its passes
-    unembed every token (``read`` None) or only the ids the metric reads."""
-    return tuple(batch.index.tolist()), read is None
+def _fixed_key(batch: Batch, read: torch.Tensor | None, decides_correct: bool) -> tuple:
+    """What ``_FixedPasses`` keys a batch's passes by: its prompts, whether its passes
+    unembed every token (``read`` None) or only the ids the metric reads, and whether they
+    hold the clean logits that decide whether the model answers each prompt."""
+    return tuple(batch.index.tolist()), read is None, decides_correct
 
 
 def _blocks_done(groups: list[tuple[int, list[int]]], variants: list[Variant], last: int) -> int:
@@ -335,6 +336,7 @@ def _blocks_done(groups: list[tuple[int, list[int]]], variants: list[Variant], l
     return sum(1 for block, group in groups if block < layer or group[-1] == last)
 
 
+# long: one closure per sweep: fixed passes (made or kept), packing, progress steps
 def _sweep_scorer(
     inputs: Inputs,
     *,
@@ -405,7 +407,7 @@ def _sweep_scorer(
         pieces = [(c, on_device[:, c].nonzero()[:, 0]) for _, group in groups for c in group]
         pieces = [(c, chosen) for c, chosen in pieces if len(chosen)]
         read = None if correct is None else metrics.read_ids(metric, batch.target, batch.distractor)
-        key = _fixed_key(batch, read)
+        key = _fixed_key(batch, read, correct is None)
         with torch.no_grad():
             passes = None if kept is None else kept.get(key)
             if passes is None:
@@ -900,7 +902,8 @@ def _keep_estimate_passes(
     unedited and clean passes for: the corrupt run's residual stream entering every block
     (in ``corrupt_run``'s acts) and its metric, and the clean run's site activations (the
     replacements; site -> detached activation), under the key the sweeps look them up by
-    (``_fixed_key``; their forward values are the no-gradient passes' own)."""
+    (``_fixed_key``: not for a sweep that decides whether the model answers, which needs
+    the clean logits). Forward values are the no-gradient passes' up to rounding."""
     read = metrics.read_ids(metric, batch.target, batch.distractor)
     logits = corrupt_run.logits.detach()
     base = metrics.compute_read(metric, logits, batch.target, batch.distractor, read)
@@ -911,7 +914,7 @@ def _keep_estimate_passes(
         return clean[site][_index(head, rows)]
 
     passes = (RunResult(logits, resid), base, replacement, None)
-    kept.put(_fixed_key(batch, read), passes, size)
+    kept.put(_fixed_key(batch, read, decides_correct=False), passes, size)
 
 
 def _estimates(
@@ -1507,9 +1510,9 @@ def activation_patching(
             ``attribution_patching``). At level="block", AtP's error estimates run low
             (benchmarks/RESULTS.md, error_estimates: 98.1-98.8% of cells within 5% with
             refine="auto"); ``estimator="relp", rules="secant"`` keeps 99.6-99.9% there.
-            refine="auto" pays off on heads (0.16-0.47 of a full sweep's time on the
+            refine="auto" pays off on heads (0.11-0.35 of a full sweep's time on the
             bundled models); a full sweep of blocks is cheap (two components a layer), and
-            refine="auto" costs 0.45-1.18 of one there.
+            refine="auto" costs 0.45-0.88 of one there.
         tol: refine="auto"'s tolerance, in the metric's units (> 0); None: ``AUTO_TOL``
             (5%) of the largest |estimate| of the call.
         top: refine="auto" measures every component whose membership of the ``top`` by
