@@ -225,6 +225,24 @@ def test_refine_auto_with_a_huge_tolerance_measures_for_the_top_only(tiny_llama,
     assert auto.attrs["refine_tol"] == 1e9
 
 
+def _stages_with_cells(monkeypatch, model, first: np.ndarray, second: np.ndarray) -> list:
+    """Make refine="auto"'s stages measure the (prompt, component) cells ``first`` and
+    ``second``; return the list each nnsight pass of ``model`` then appends to (True for a
+    pass with gradients)."""
+    monkeypatch.setattr(patching, "auto_cells", lambda estimates, errors, tol: (first, 1.0))
+    monkeypatch.setattr(patching, "ranking_cells", lambda values, bounds, measured, top: second)
+    runs: list[bool] = []
+    backend = get_backend(model, "nnsight")
+    original = type(backend).run
+
+    def counted(self, batch, **kwargs):
+        runs.append(kwargs.get("grad", False))
+        return original(self, batch, **kwargs)
+
+    monkeypatch.setattr(type(backend), "run", counted)
+    return runs
+
+
 def test_refine_auto_makes_no_pass_over_a_batch_with_nothing_to_measure(
     tiny_llama, pairs, monkeypatch
 ):
@@ -235,19 +253,7 @@ def test_refine_auto_makes_no_pass_over_a_batch_with_nothing_to_measure(
     full = lsc.activation_patching(tiny_llama, pairs, batch_size=1, progress=False)
     first = np.zeros(full.values.reshape(len(pairs), -1).shape, dtype=bool)
     first[1, [0, 5, -1]] = True  # one prompt, heads of the first and last blocks
-    monkeypatch.setattr(patching, "auto_cells", lambda estimates, errors, tol: (first, 1.0))
-    monkeypatch.setattr(
-        patching, "ranking_cells", lambda values, bounds, measured, top: np.zeros_like(first)
-    )
-    runs = []
-    backend = get_backend(tiny_llama, "nnsight")
-    original = type(backend).run
-
-    def counted(self, batch, **kwargs):
-        runs.append(kwargs.get("grad", False))
-        return original(self, batch, **kwargs)
-
-    monkeypatch.setattr(type(backend), "run", counted)
+    runs = _stages_with_cells(monkeypatch, tiny_llama, first, np.zeros_like(first))
     auto = lsc.activation_patching(tiny_llama, pairs, batch_size=1, refine="auto", progress=False)
     assert sum(runs) == 2 * len(pairs)  # the estimate: two passes with gradients a prompt
     # Then prompt 1 alone: one pass for its 3 cells.
@@ -270,17 +276,7 @@ def test_refine_auto_second_stage_reuses_the_first_stages_passes(tiny_llama, pai
     first[1, [0, 5]] = True
     second = np.zeros_like(first)
     second[1, [3, -1]] = second[2, 2] = True
-    monkeypatch.setattr(patching, "auto_cells", lambda estimates, errors, tol: (first, 1.0))
-    monkeypatch.setattr(patching, "ranking_cells", lambda values, bounds, measured, top: second)
-    runs = []
-    backend = get_backend(tiny_llama, "nnsight")
-    original = type(backend).run
-
-    def counted(self, batch, **kwargs):
-        runs.append(kwargs.get("grad", False))
-        return original(self, batch, **kwargs)
-
-    monkeypatch.setattr(type(backend), "run", counted)
+    runs = _stages_with_cells(monkeypatch, tiny_llama, first, second)
     auto = lsc.ablation(tiny_llama, pairs, batch_size=1, refine="auto", progress=False)
     # Stage 1: prompt 1's unedited and packed passes (a zero needs no clean pass). Stage 2
     # passes over every prompt (this estimate does not say which the model answers): one
