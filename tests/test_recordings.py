@@ -302,9 +302,10 @@ def test_shipped_checkpoint_is_reproduced(path):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", _shipped_checkpoints("block_masks"), ids=lambda p: p.parent.name)
 def test_shipped_mask_checkpoint_is_reproduced(path):
-    """The first updates of the recorded F1 fit (same clusters, sparsity and options),
-    recomputed: keep probabilities agree (1e-4 on the checkpoint's kind of CPU, 2e-3 on
-    another) and the masks are identical."""
+    """The first updates of the recorded F1 fit (same clusters and sparsity, one text per
+    cluster per update: ``recordings.block_masks_checkpoint``), recomputed: keep
+    probabilities agree (1e-4 on the checkpoint's kind of CPU, 2e-3 on another) and the masks
+    are identical."""
     recorded = lsc.open(path)
     model = lsc.load(path.parent.name, device="cpu")
     with torch_threads(int(recorded.attrs["torch_threads"])):

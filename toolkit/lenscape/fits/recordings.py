@@ -63,9 +63,15 @@ NAMES = ("head_roles", "head_roles_check", "block_masks")
 # F4: the reference protocol (head_gating's defaults, shared/FACTS.md); only these change.
 HEAD_ROLES_SEEDS = 10
 HEAD_ROLES_TASKS = ("math", "syntax")
-# The checkpoint: this many updates per stage of seed 0 on the first items.
+# The checkpoints (what tests/test_recordings.py recomputes on every CI run): this many updates
+# per stage of seed 0 on the first items, all of them in each update (F4), or of every
+# cluster's mask with one text per cluster per update (F1). Measured with 2 threads against
+# a 1-thread recording (rounding like another CPU's): F1's keep probabilities move by 5e-6;
+# F4's gates by 0.001 at 16 math items, by 0.005 at 32 syntax items but past the cross-CPU
+# tolerances at 16 (its plus/minus stages then hinge on rounding).
 CHECKPOINT_STEPS = 3
-CHECKPOINT_ITEMS = 32
+CHECKPOINT_ITEMS = {"math": 16, "syntax": 32}
+CHECKPOINT_MASKS_BATCH = 1
 CHECK_RANDOM_SETS = 200  # random role-sized head sets per role in the recorded check
 
 # F1: K clusters of the mixed corpus, the sparsity the figure draws; routed vs global vs
@@ -368,7 +374,8 @@ def _with_machine(point: xr.Dataset) -> xr.Dataset:
 
 def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.Dataset:
     """The first ``CHECKPOINT_STEPS`` updates per stage of seed 0 on the first
-    ``CHECKPOINT_ITEMS`` training items: what ``tests/test_recordings.py`` recomputes.
+    ``CHECKPOINT_ITEMS[task]`` training items, all of them in each update: what
+    ``tests/test_recordings.py`` recomputes.
 
     The torch thread count and CPU kind are recorded (attrs ``torch_threads``, ``cpu``): CPU
     matmuls split their reductions by thread and by vector extension, so a fit is
@@ -378,8 +385,9 @@ def head_roles_checkpoint(model: LensModel, task: str, *, precision: str) -> xr.
     the gradient's size)."""
     point = head_gating(
         model,
-        data.task(task)[:CHECKPOINT_ITEMS],
+        data.task(task)[: CHECKPOINT_ITEMS[task]],
         seeds=[0],
+        batch_size=CHECKPOINT_ITEMS[task],  # every item in every update
         max_steps=CHECKPOINT_STEPS,
         validation=data.task(task, split="validation")[:8],
         precision=precision,  # type: ignore[arg-type]
@@ -504,9 +512,10 @@ def f1_split(k: int = BLOCK_MASKS_K) -> tuple[PromptSet, PromptSet, cluster.Clus
 
 def block_masks_checkpoint(model: LensModel, *, precision: str) -> xr.Dataset:
     """The first ``CHECKPOINT_STEPS`` updates of F1's per-cluster masks (``block_masks`` on
-    the recorded clusters at the recorded sparsity): what ``tests/test_recordings.py``
-    recomputes. Its ``keep_prob`` moves with any change to the fit; the torch thread count and
-    CPU kind are recorded as in ``head_roles_checkpoint``."""
+    the recorded clusters at the recorded sparsity, ``CHECKPOINT_MASKS_BATCH`` texts per
+    cluster per update): what ``tests/test_recordings.py`` recomputes. Its ``keep_prob``
+    moves with any change to the fit; the torch thread count and CPU kind are recorded as in
+    ``head_roles_checkpoint``."""
     train, _, clusters = f1_split()
     point = block_masks(
         model,
@@ -514,6 +523,7 @@ def block_masks_checkpoint(model: LensModel, *, precision: str) -> xr.Dataset:
         clusters=clusters,
         target_sparsity=BLOCK_MASKS_SPARSITY,
         max_steps=CHECKPOINT_STEPS,
+        batch_size=CHECKPOINT_MASKS_BATCH,
         precision=precision,  # type: ignore[arg-type]
         progress=False,
     )
