@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import lenscape as lsc
 from lenscape import aggregate, bootstrap, schema
 
 ATTRS = {
@@ -318,6 +319,22 @@ def test_mean_gives_the_mean_and_a_bootstrap_interval_per_cell():
     assert out.attrs["n_resamples"] == 400 and out.attrs["ci"] == 0.95
     assert out.attrs["interval"].startswith("percentile bootstrap over prompts")
     assert "interval_note" not in out.attrs and out.attrs["units"] == "score"
+
+
+def test_one_bound_of_an_interval_is_named_as_what_it_holds():
+    """A bound picked from the interval (by label or position) is titled as that bound, so a
+    heatmap of the mean alone never claims an interval it does not draw."""
+    out = aggregate.mean(per_prompt(), "prompt", n_resamples=100)
+    whole = "Facilitation: mean over 40 prompts, 95% interval"
+    assert schema.name_from_attrs(out) == whole
+    assert schema.name_from_attrs(out.sel(bound="mean")) == "Facilitation: mean over 40 prompts"
+    assert schema.name_from_attrs(out.isel(bound=1)) == f"{whole}: low bound"
+    chart = lsc.heatmap(out.sel(bound="high"), x="head", y="layer").to_dict()
+    assert chart["title"]["text"] == f"{whole}: high bound"
+    assert (
+        "interval"
+        not in lsc.heatmap(out.sel(bound="mean"), x="head", y="layer").to_dict()["title"]["text"]
+    )
 
 
 def test_mean_carries_a_fast_estimates_error_and_what_was_measured():

@@ -12,6 +12,7 @@ NaN means "not computed"; never fill it with 0.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -133,8 +134,17 @@ _SCALAR_TYPES = (str, int, float, bool, np.integer, np.floating, np.bool_)
 
 def name_from_attrs(da: xr.DataArray, default: str = "value") -> str:
     """What ``da`` holds, for titles and derived names: its ``long_name`` attr, else its
-    name, else ``default``."""
-    return str(da.attrs.get("long_name") or (da.name if da.name is not None else default))
+    name, else ``default``. One bound picked from an interval (``aggregate.mean(...).sel(
+    bound=...)``, a scalar ``bound`` coord) is named as such: "...: mean over 16 prompts"
+    for the mean, "...: mean over 16 prompts, 95% interval: low bound" for a bound, never
+    an interval it no longer holds."""
+    name = str(da.attrs.get("long_name") or (da.name if da.name is not None else default))
+    bound = da.coords.get("bound")
+    interval = re.search(r", [\d.]+% interval$", name)
+    if bound is None or bound.ndim != 0 or interval is None:
+        return name
+    which = str(bound.item())
+    return name[: interval.start()] if which == "mean" else f"{name}: {which} bound"
 
 
 def ordered_dims(dims: Sequence[Hashable]) -> tuple[str, ...]:
