@@ -240,6 +240,10 @@ def test_ig_backends_agree(tiny_model, pairs):
     "bad, error, match",
     [
         (dict(estimator="eap"), ValueError, "Unknown estimator"),
+        (dict(estimator="nope:3"), ValueError, "Unknown estimator"),
+        # a report's label: told how to spell it here, before any pass
+        (dict(estimator="ig:3"), ValueError, "estimator='ig', steps=3"),
+        (dict(estimator="relp:secant"), ValueError, "estimator='relp', rules='secant'"),
         (dict(estimator="atp", steps=4), ValueError, "needs estimator='ig'"),
         (dict(estimator="ig", steps=0), ValueError, "steps must be"),
         (dict(estimator="ig", steps=2.5), TypeError, "steps must be"),

@@ -143,8 +143,18 @@ def integration_points(
     run, plain or under relevance rules).
 
     Raises:
-        ValueError: an unknown estimator, or ``steps`` other than 1 with a one-point one.
+        ValueError: an unknown estimator (a report's label such as ``"ig:8"`` or
+            ``"relp:secant"`` is told how to spell it here), or ``steps`` other than 1 with a
+            one-point one.
     """
+    name, colon, detail = str(estimator).partition(":")
+    if colon and name in estimators:
+        spelled = f"steps={detail}" if detail.isdigit() else f"rules={detail!r}"
+        raise ValueError(
+            f"estimator={estimator!r} is a label (as lsc.faithfulness reports name "
+            f"estimators); here pass the name and its detail apart: estimator={name!r}, "
+            f"{spelled}."
+        )
     _validate.choice("estimator", estimator, estimators)
     if steps is None:
         return default if estimator in paths else 1
