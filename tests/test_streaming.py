@@ -9,12 +9,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import xarray as xr
-from _helpers import answered_prompts, reference_correct
+from _helpers import answered_prompts, reference_correct, small_tokenizer, torch_threads
 
 import lenscape as lsc
 from lenscape import store
@@ -376,8 +377,9 @@ def _stored(path) -> dict[str, xr.Dataset | xr.DataArray]:
 
 @pytest.mark.parametrize("method", ["edge_attribution", "logit_lens", "faithfulness"])
 def test_newer_methods_resume_after_sigkill_to_identical_numbers(tmp_path, method):
-    """A run killed mid-store and run again (each in a fresh process, so nothing but the
-    store carries over) ends with the store an uninterrupted run writes."""
+    """A run killed mid-store and run again in a fresh process (so nothing but the store
+    carries over) ends with the store an uninterrupted run of the same call writes (made
+    here, at the child's one torch thread)."""
     from pathlib import Path
 
     path = tmp_path / ("parts" if method == "faithfulness" else "killed.zarr")
@@ -388,9 +390,16 @@ def test_newer_methods_resume_after_sigkill_to_identical_numbers(tmp_path, metho
     child = subprocess.Popen([sys.executable, "-c", code, str(path), "slow", helpers])
     _kill_when(child, lambda: _done(watched) >= 2)
     assert 2 <= _done(watched) < 6
+    subprocess.run([sys.executable, "-c", code, str(path), "", helpers], check=True)
     whole = tmp_path / ("whole" if method == "faithfulness" else "whole.zarr")
-    for target in (path, whole):  # resume the killed one; run another uninterrupted
-        subprocess.run([sys.executable, "-c", code, str(target), "", helpers], check=True)
+    uninterrupted_call = {
+        "lsc": lsc,
+        "model": lsc.models.tiny("llama", n_layers=3, seed=0, tokenizer=small_tokenizer()),
+        "prompts": lsc.data.prompts("factual")[:6],
+        "sys": SimpleNamespace(argv=[None, str(whole)]),
+    }
+    with torch_threads(1):
+        exec(KILLED_CALLS[method], uninterrupted_call)  # the child's call, word for word
     resumed, uninterrupted = _stored(path), _stored(whole)
     assert list(resumed) == list(uninterrupted) and resumed
     for name, result in resumed.items():
