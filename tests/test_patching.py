@@ -241,6 +241,8 @@ def test_ig_backends_agree(tiny_model, pairs):
     [
         (dict(estimator="eap"), ValueError, "Unknown estimator"),
         (dict(estimator="nope:3"), ValueError, "Unknown estimator"),
+        (dict(estimator="atp:secant"), ValueError, "Unknown estimator"),  # atp takes no rules
+        (dict(estimator="relp:8"), ValueError, "Unknown estimator"),  # nor relp points
         # a report's label: told how to spell it here, before any pass
         (dict(estimator="ig:3"), ValueError, "estimator='ig', steps=3"),
         (dict(estimator="relp:secant"), ValueError, "estimator='relp', rules='secant'"),

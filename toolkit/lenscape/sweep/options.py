@@ -147,9 +147,14 @@ def integration_points(
             ``"relp:secant"`` is told how to spell it here), or ``steps`` other than 1 with a
             one-point one.
     """
-    name, colon, detail = str(estimator).partition(":")
-    if colon and name in estimators:
-        spelled = f"steps={detail}" if detail.isdigit() else f"rules={detail!r}"
+    name, _, detail = str(estimator).partition(":")
+    # the labels parse_estimator (capture/patching.py) reads: a path's points, relp's rules
+    spelled = None
+    if name in paths and detail.isdigit():
+        spelled = f"steps={detail}"
+    elif name == "relp" and name in estimators and detail and not detail.isdigit():
+        spelled = f"rules={detail!r}"
+    if spelled:
         raise ValueError(
             f"estimator={estimator!r} is a label (as lsc.faithfulness reports name "
             f"estimators); here pass the name and its detail apart: estimator={name!r}, "
