@@ -75,10 +75,10 @@ def test_unknown_bundled_name_is_a_lookup_error():
         models.bundled_folder("gpt-17")
 
 
-def test_a_gguf_file_is_parsed_once_while_converting(tmp_path, monkeypatch):
+def test_a_gguf_file_is_read_once_while_converting(tmp_path, monkeypatch):
     # transformers opens a GGUF file for the tokenizer, the config and the weights; while
-    # converting, one reader per file serves them all and metadata reads are parsed once,
-    # each caller getting its own copy. Everything is restored afterwards.
+    # converting, one reader per file serves them all, metadata reads are parsed once (each
+    # caller gets its own copy) and gguf's name table is built once. All restored afterwards.
     import gguf
     from transformers import modeling_gguf_pytorch_utils as from_gguf
 
@@ -98,15 +98,25 @@ def test_a_gguf_file_is_parsed_once_while_converting(tmp_path, monkeypatch):
 
     monkeypatch.setattr(from_gguf, "load_gguf_checkpoint", parse)
     opened_by, loaded_by = gguf.GGUFReader, from_gguf.load_gguf_checkpoint
-    with bundled._parsed_once():
+    named_by = gguf.get_tensor_name_map
+    with bundled._gguf_read_once():
         first, second = gguf.GGUFReader(path), gguf.GGUFReader(str(path))
         assert first is second and first.get_field("llama.block_count").parts[-1][0] == 1
+        # its bytes a plain view of the mapped file, read the same as a fresh reader reads them
+        assert type(first.data) is np.ndarray
+        np.testing.assert_array_equal(first.tensors[0].data, opened_by(path).tensors[0].data)
+        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1)
+        assert names is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1)
+        assert names.get_name("blk.0.attn_q") == named_by(gguf.MODEL_ARCH.LLAMA, 1).get_name(
+            "blk.0.attn_q"
+        )
         one = from_gguf.load_gguf_checkpoint(path, return_tensors=False)
         one["config"]["a"].append(2)  # a caller changing its copy changes no other's
         assert from_gguf.load_gguf_checkpoint(str(path)) == {"config": {"a": [1]}}
         from_gguf.load_gguf_checkpoint(path, return_tensors=True)  # the weights: read anew
     assert parses == [False, True]
     assert gguf.GGUFReader is opened_by and from_gguf.load_gguf_checkpoint is loaded_by
+    assert gguf.get_tensor_name_map is named_by
 
 
 def test_missing_hf_id_offline():
