@@ -195,9 +195,9 @@ def _gguf_read_once() -> Iterator[None]:
             readers[key] = PlainReader(path, mode)
         return readers[key]
 
-    def checkpoint(path: str | os.PathLike[str], return_tensors: bool = False, **kwargs: Any):
-        if return_tensors or kwargs:
-            return load_checkpoint(path, return_tensors=return_tensors, **kwargs)
+    def checkpoint(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs.keys() - {"return_tensors"} or kwargs.get("return_tensors"):
+            return load_checkpoint(path, *args, **kwargs)  # the weights: read as asked
         key = os.fspath(path)
         if key not in metadata:
             metadata[key] = load_checkpoint(path, return_tensors=False)
