@@ -378,6 +378,26 @@ def test_unfinished_capture_opens_with_not_computed_nan(tmp_path):
     assert store.progress(path)[1].tolist() == [True, True, False, False]
 
 
+def test_a_layout_write_killed_midway_leaves_no_store(tmp_path, monkeypatch):
+    # A run killed while ``create`` writes the layout must not leave a store that a rerun
+    # would resume with some arrays missing: the layout is written aside and swapped in.
+    path = tmp_path / "s.zarr"
+    template = chunked_result().copy(data=np.full((4, 3, 2), np.nan, dtype=np.float32))
+    to_zarr = xr.Dataset.to_zarr
+
+    def killed_midway(ds, target, **kwargs):
+        to_zarr(ds[["_lenscape_done"]], target, mode="w", consolidated=False)  # some arrays,
+        raise KeyboardInterrupt  # the kill
+
+    monkeypatch.setattr(xr.Dataset, "to_zarr", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        store.create(template, path, chunk=2, settings={"method": "test"})
+    assert list(tmp_path.iterdir()) == []  # neither the store nor the half-written copy
+    monkeypatch.setattr(xr.Dataset, "to_zarr", to_zarr)
+    store.create(template, path, chunk=2, settings={"method": "test"})
+    assert store.progress(path)[1].tolist() == [False] * 4
+
+
 def test_missing_chunk_of_finished_prompts_is_an_error(tmp_path):
     path = _half_captured(tmp_path)
     chunk_file(path, key="c/0/0/0").unlink()

@@ -43,7 +43,7 @@ import shutil
 import socket
 import uuid
 import warnings
-from collections.abc import Collection, Hashable, Iterator, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -153,9 +153,16 @@ def _replace(ds: xr.Dataset, path: Path, engine: str) -> None:
     ``ds`` may be lazily read from ``path`` itself: it is read in full before the old
     result is moved away. A failed write leaves the old result untouched.
     """
+    _swap_in(lambda temporary: _write(ds, temporary, engine, "w"), path)
+
+
+def _swap_in(write: Callable[[Path], None], path: Path) -> None:
+    """``write(temporary)`` to a temporary sibling of ``path``, then rename it to ``path``
+    (moving an old one aside first): a write that fails or is killed midway leaves
+    ``path`` as it was, never half written."""
     temporary = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:8]}")
     try:
-        _write(ds, temporary, engine, "w")
+        write(temporary)
     except BaseException:
         if temporary.is_dir():
             shutil.rmtree(temporary, ignore_errors=True)
@@ -497,13 +504,18 @@ def create(
         }
         for name in data
     }
-    ds.to_zarr(
-        path,
-        mode="w",
-        compute=False,
-        consolidated=False,
-        encoding=encoding,
-        write_empty_chunks=True,
+    # Swapped in whole: a run killed while writing the layout leaves no store that a rerun
+    # would take for a resumable one with some of its coords or variables missing.
+    _swap_in(
+        lambda temporary: ds.to_zarr(
+            temporary,
+            mode="w",
+            compute=False,
+            consolidated=False,
+            encoding=encoding,
+            write_empty_chunks=True,
+        ),
+        Path(path),
     )
 
 
