@@ -62,13 +62,19 @@ def one_at_a_time(smol64, few):
     return scores
 
 
-@pytest.mark.parametrize("side", ["left", "right"])
-def test_padding_invariance_on_bundled_model(smol64, few, one_at_a_time, side):
-    for method, level in [
-        (lsc.attribution_patching, "head"),
-        (lsc.ablation, "block"),
-        (lsc.direct_logit_attribution, "head"),
-    ]:
-        one = one_at_a_time(method, level)
-        batched = method(smol64, few, level=level, batch_size=4, padding_side=side, progress=False)
-        np.testing.assert_allclose(batched.values, one.values, atol=1e-5, err_msg=method.__name__)
+def test_padding_invariance_on_bundled_model(smol64, few, one_at_a_time):
+    # Both sides in one test: the unbatched reference is computed once (as two parametrized
+    # tests on two xdist workers, each computed it).
+    for side in ("left", "right"):
+        for method, level in [
+            (lsc.attribution_patching, "head"),
+            (lsc.ablation, "block"),
+            (lsc.direct_logit_attribution, "head"),
+        ]:
+            one = one_at_a_time(method, level)
+            batched = method(
+                smol64, few, level=level, batch_size=4, padding_side=side, progress=False
+            )
+            np.testing.assert_allclose(
+                batched.values, one.values, atol=1e-5, err_msg=f"{method.__name__} {side}"
+            )
