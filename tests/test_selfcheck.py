@@ -109,9 +109,9 @@ def test_check_reports_every_identity(tiny_llama):
 
 
 def test_the_column_check_compares_passes_of_its_own(tiny_llama, monkeypatch):
-    """The first pass of a process can round differently from later ones (on an AVX-512 CPU
-    at two threads gemma3-270m failed the check of its right layout in 2 of 20 fresh loads):
-    the column check compares its perturbed passes with an unperturbed one of its own, so a
+    """The probe pass can round otherwise than later passes (on an AVX-512 CPU at two
+    threads gemma3-270m failed the check of its right layout in 3 of 35 fresh loads): the
+    column check compares its perturbed passes with an unperturbed one of its own, so a
     probe pass that rounded otherwise cannot fail a right layout."""
     capture = lsc.models.selfcheck._capture
 

@@ -258,10 +258,11 @@ def _leak(model: LensModel, input_ids: torch.Tensor) -> float:
     """Whether each q/k/v receiver's columns reach its own head(s) and no other: per
     receiver of block 0, one pass (stopped at block 0's ``o_proj``) with a perturbation
     added to the columns the description gives it, at the splice module's output, against
-    one pass the same way with nothing added. (Not against the probe pass's own ``o_proj``
-    input: the first pass of a process can round differently; on an AVX-512 CPU at two
-    threads gemma3-270m's other heads then moved by 1e-4 of the perturbed head's change in
-    2 of 20 fresh loads, failing the check of a right layout.)
+    one pass the same way with nothing added. (Not against the probe pass's ``o_proj``
+    input: that pass, with the check's capture hooks and run first, can round otherwise;
+    on an AVX-512 CPU at two threads gemma3-270m's other heads then "moved" by 1e-4 of the
+    perturbed head's change in 3 of 35 fresh loads, failing the check of a right layout.
+    Passes made the same way agree bit for bit.)
 
     Returns:
         The largest change of a head the receiver does not feed, relative to the largest
