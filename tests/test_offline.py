@@ -115,6 +115,34 @@ def test_no_chart_offers_actions_that_leave_the_machine_unless_asked(tiny_llama,
             assert asked == {"embedOptions": {"actions": True}}, name
 
 
+@pytest.mark.parametrize("name", sorted(CHARTS))
+def test_the_displayed_widget_draws_the_chart_it_was_given(name):
+    """The renderer builds each widget's chart with its inline rows moved to named datasets
+    (``chart_of``): every row is kept and the chart draws the same, pixel for pixel."""
+    import vl_convert
+
+    spec = CHARTS[name]().to_dict()
+    built = offline.chart_of(spec)
+    assert type(built) is type(alt.Chart.from_dict(spec)), name
+    again = built.to_dict()
+    assert not [d for d in _data_of(again) if "values" in d], name
+    inline = [d["values"] for d in _data_of(spec) if "values" in d]
+    assert sorted(map(str, again.get("datasets", {}).values())) == sorted(
+        map(str, [*inline, *spec.get("datasets", {}).values()])
+    ), name
+    assert vl_convert.vegalite_to_png(again) == vl_convert.vegalite_to_png(spec), name
+
+
+def _data_of(spec) -> list[dict]:
+    """Every ``data`` object of a Vega-Lite spec, at any depth."""
+    if isinstance(spec, list):
+        return [d for item in spec for d in _data_of(item)]
+    if not isinstance(spec, dict):
+        return []
+    found = [spec["data"]] if isinstance(spec.get("data"), dict) else []
+    return found + [d for key, value in spec.items() for d in _data_of(value)]
+
+
 def test_each_chart_widget_numbers_its_svg_definitions_apart():
     alt.JupyterChart.enable_offline()
     script = offline.unique_svg_ids(alt.JupyterChart._esm)
