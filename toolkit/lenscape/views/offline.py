@@ -57,7 +57,7 @@ def _widget_and_image(spec: dict[str, Any], **metadata: Any) -> tuple[dict, dict
     return with_image(chart._repr_mimebundle_(), spec)
 
 
-def chart_of(spec: dict[str, Any]) -> alt.TopLevelMixin:
+def chart_of(spec: dict[str, Any]) -> alt.TopLevelSpec:
     """The Altair chart of a Vega-Lite ``spec``, its inline data moved to named datasets.
 
     ``alt.Chart.from_dict`` walks every inline data row to pick the schema classes of the
