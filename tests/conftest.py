@@ -97,11 +97,29 @@ def linear_tail_model(tokenizer):
     )
 
 
-@pytest.fixture(scope="session")
-def smol():
+#: Bundled models loaded in this worker, by name (``bundled``).
+_LOADED: dict = {}
+
+
+def _bundled(name: str):
+    """The bundled model ``name`` (float32, CPU), loaded once per worker: a load is 7-12 s."""
     import lenscape as lsc
 
-    return lsc.load("smollm2-135m", device="cpu")
+    if name not in _LOADED:
+        _LOADED[name] = lsc.load(name, device="cpu")
+    return _LOADED[name]
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    """``bundled(name)``: a bundled model by name, shared with ``smol`` and every test of the
+    worker that asks for the same name (lenscape's calls leave a model as they found it)."""
+    return _bundled
+
+
+@pytest.fixture(scope="session")
+def smol():
+    return _bundled("smollm2-135m")
 
 
 @pytest.fixture(scope="session")

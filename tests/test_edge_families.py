@@ -317,14 +317,14 @@ def test_relp_is_refused_with_the_reason_before_any_pass(tokenizer, architecture
 
 
 @pytest.mark.slow
-def test_gemma3_270m_edges_equal_the_per_receiver_reference():
+def test_gemma3_270m_edges_equal_the_per_receiver_reference(bundled):
     """The bundled gemma3-270m (post-norms, 1 + weight, per-head QK-norm, one key/value
     head, sliding windows): a seeded sample of 24 edges into 6 receivers, EAP and exact
     single-edge patching against the references; every / no edge patched. The benchmark
     (benchmarks/edge_families.py) runs 232 edges and EAP-IG."""
     from _helpers import reference_edge_patching, reference_edge_scores
 
-    model = lsc.load("gemma3-270m", device="cpu")
+    model = bundled("gemma3-270m")
     prompts = [p for p in IOI[:8] if _same_length(model, p)][:1]
     graph = Graph.of(model)
     rng = np.random.default_rng(0)

@@ -279,37 +279,52 @@ def _compare_head_roles(again, recorded, same_cpu: bool) -> None:
         np.testing.assert_allclose(again[name].values, recorded[name].values, rtol=rtol)
 
 
+def _state(model) -> tuple:
+    """What a fit must leave as it found it (the model is shared with the worker's other
+    tests): each weight tensor's sum, which tensors take gradients, each module's hooks."""
+    params = list(model.hf.parameters())
+    hooks = [
+        (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
+        for m in model.hf.modules()
+    ]
+    return [float(p.double().sum()) for p in params], [p.requires_grad for p in params], hooks
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "path",
     _shipped_checkpoints("head_roles"),
     ids=lambda p: f"{p.parent.parent.name}-{p.parent.name}",
 )
-def test_shipped_checkpoint_is_reproduced(path):
+def test_shipped_checkpoint_is_reproduced(path, bundled):
     """The first updates of a recorded fit, recomputed: the recorded files and today's code
     agree. Recomputed at the recording's torch thread count (reductions split by thread); on
     the checkpoint's kind of CPU to 1e-4, on another within the tolerances measured across
     CPUs (above)."""
     recorded = lsc.open(path)
-    model = lsc.load(path.parent.parent.name, device="cpu")
+    model = bundled(path.parent.parent.name)
+    before = _state(model)
     with torch_threads(int(recorded.attrs.get("torch_threads", 1))):
         again = recordings.head_roles_checkpoint(
             model, path.parent.name, precision=recorded.attrs["precision"]
         )
+    assert _state(model) == before
     _compare_head_roles(again, recorded, _same_cpu(recorded))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", _shipped_checkpoints("block_masks"), ids=lambda p: p.parent.name)
-def test_shipped_mask_checkpoint_is_reproduced(path):
+def test_shipped_mask_checkpoint_is_reproduced(path, bundled):
     """The first updates of the recorded F1 fit (same clusters and sparsity, one text per
     cluster per update: ``recordings.block_masks_checkpoint``), recomputed: keep
     probabilities agree (1e-4 on the checkpoint's kind of CPU, 2e-3 on another) and the masks
     are identical."""
     recorded = lsc.open(path)
-    model = lsc.load(path.parent.name, device="cpu")
+    model = bundled(path.parent.name)
+    before = _state(model)
     with torch_threads(int(recorded.attrs["torch_threads"])):
         again = recordings.block_masks_checkpoint(model, precision=recorded.attrs["precision"])
+    assert _state(model) == before
     atol = SAME_CPU_ATOL if _same_cpu(recorded) else OTHER_CPU_KEEP_PROB_ATOL
     np.testing.assert_allclose(again["keep_prob"].values, recorded["keep_prob"].values, atol=atol)
     assert (again["mask"].values == recorded["mask"].values).all()
