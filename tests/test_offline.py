@@ -117,20 +117,18 @@ def test_no_chart_offers_actions_that_leave_the_machine_unless_asked(tiny_llama,
 
 @pytest.mark.parametrize("name", sorted(CHARTS))
 def test_the_displayed_widget_draws_the_chart_it_was_given(name):
-    """The renderer builds each widget's chart with its inline rows moved to named datasets
-    (``chart_of``): every row is kept and the chart draws the same, pixel for pixel."""
+    """The renderer's widget (``widget_of``) holds the spec with its inline rows moved to
+    named datasets: every row is kept and the chart draws the same, pixel for pixel."""
     import vl_convert
 
     spec = CHARTS[name]().to_dict()
-    built = offline.chart_of(spec)
-    assert type(built) is type(alt.Chart.from_dict(spec)), name
-    again = built.to_dict()
-    assert not [d for d in _data_of(again) if "values" in d], name
+    drawn = offline.widget_of(spec).spec
+    assert not [d for d in _data_of(drawn) if "values" in d], name
     inline = [d["values"] for d in _data_of(spec) if "values" in d]
-    assert sorted(map(str, again.get("datasets", {}).values())) == sorted(
+    assert sorted(map(str, drawn.get("datasets", {}).values())) == sorted(
         map(str, [*inline, *spec.get("datasets", {}).values()])
     ), name
-    assert vl_convert.vegalite_to_png(again) == vl_convert.vegalite_to_png(spec), name
+    assert vl_convert.vegalite_to_png(drawn) == vl_convert.vegalite_to_png(spec), name
 
 
 def _data_of(spec) -> list[dict]:
