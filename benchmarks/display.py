@@ -25,21 +25,12 @@ import _report
 import altair as alt
 import numpy as np
 import xarray as xr
+from redraw import ATTRS
 
 import lenscape as lsc
 from lenscape import schema
 from lenscape.capture.edges.graph import Graph
 from lenscape.views import offline
-
-ATTRS = dict(
-    long_name="attribution",
-    units="logit diff",
-    method="synthetic",
-    metric="logit_diff",
-    model="synthetic",
-    backend="none",
-    dtype="float32",
-)
 
 
 def _charts() -> dict[str, alt.TopLevelMixin]:
