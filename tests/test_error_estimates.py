@@ -249,13 +249,14 @@ def test_refine_auto_makes_no_pass_over_a_batch_with_nothing_to_measure(
     """Both stages pass only over the batches holding a cell they measure, and pack a
     batch's cells of several blocks into one pass; the other batches keep their estimates
     and need no pass (the estimate's clean pass says which prompts the model answers). The
-    estimate's clean and corrupt passes serve as the sweeps' clean and unedited ones."""
+    estimate's clean and corrupt passes (one stacked pass with gradients) serve as the
+    sweeps' clean and unedited ones."""
     full = lsc.activation_patching(tiny_llama, pairs, batch_size=1, progress=False)
     first = np.zeros(full.values.reshape(len(pairs), -1).shape, dtype=bool)
     first[1, [0, 5, -1]] = True  # one prompt, heads of the first and last blocks
     runs = _stages_with_cells(monkeypatch, tiny_llama, first, np.zeros_like(first))
     auto = lsc.activation_patching(tiny_llama, pairs, batch_size=1, refine="auto", progress=False)
-    assert sum(runs) == 2 * len(pairs)  # the estimate: two passes with gradients a prompt
+    assert sum(runs) == len(pairs)  # the estimate: one pass with gradients a prompt
     # Then prompt 1 alone: one pass for its 3 cells.
     assert len(runs) - sum(runs) == 1
     measured = auto["measured"].values.reshape(first.shape)

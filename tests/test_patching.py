@@ -22,6 +22,7 @@ from _helpers import (
 
 import lenscape as lsc
 from lenscape import models
+from lenscape.capture import patching
 
 # ----------------------------------------------------------------------------- exact methods
 
@@ -65,6 +66,70 @@ def test_exact_sweep_reruns_only_the_blocks_after_the_edit(tiny_llama, factual, 
     np.testing.assert_allclose(
         scores.values, reference_zero_ablation(model, factual[:2]), atol=1e-5
     )
+
+
+def _pass_cost(chunk_layers: list[int], chunk_rows: list[int], n_layers: int, width: int):
+    """A stacked pass's cost in token-blocks, by ``_packed``'s own rule, written out."""
+    blocks = n_layers - chunk_layers[0]
+    overhead = patching.BLOCK_OVERHEAD_TOKENS
+    return blocks * (overhead + width * sum(chunk_rows)) + patching.PASS_OVERHEAD_BLOCKS * overhead
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_packing_is_the_cheapest_cut_into_passes(seed):
+    """``_packed`` keeps the pieces in order, never puts more than the budget's rows in a
+    pass of several pieces, and its cut costs what the cheapest of every contiguous cut
+    costs (brute force over all 2^(n-1) cuts)."""
+    rng = np.random.default_rng(seed)
+    n, n_layers, width = int(rng.integers(1, 9)), 18, int(rng.integers(1, 20))
+    layers = sorted(rng.integers(0, n_layers, n).tolist())
+    pieces = [(i, torch.arange(int(rng.integers(1, 9)))) for i in range(n)]
+    budget = int(rng.integers(4, 24))
+    passes = list(patching._packed(pieces, budget, layers=layers, n_layers=n_layers, width=width))
+    assert [i for chunk in passes for i, _ in chunk] == list(range(n))
+    assert all(len(chunk) == 1 or sum(len(r) for _, r in chunk) <= budget for chunk in passes)
+
+    def cost(chunks):
+        return sum(
+            _pass_cost([layers[i] for i, _ in c], [len(r) for _, r in c], n_layers, width)
+            for c in chunks
+        )
+
+    def cuts(items):
+        if not items:
+            yield []
+            return
+        for end in range(1, len(items) + 1):
+            head = items[:end]
+            if len(head) > 1 and sum(len(r) for _, r in head) > budget:
+                break
+            for rest in cuts(items[end:]):
+                yield [head, *rest]
+
+    assert cost(passes) == pytest.approx(min(cost(c) for c in cuts(pieces)))
+
+
+def test_packing_keeps_one_pass_per_block_for_a_full_sweep_and_splits_far_blocks():
+    """Every row of every head: one pass per block, as a full sweep always made. A few rows
+    of block 0 and of block 17 go in two passes (one would run the block-17 rows through
+    17 blocks they need not), but two neighbouring blocks' rows share one."""
+    rows = torch.arange(8)
+    full = [((layer, head), rows) for layer in range(18) for head in range(4)]
+    passes = list(
+        patching._packed(full, 32, layers=[layer for (layer, _), _ in full], n_layers=18, width=12)
+    )
+    assert [{layer for (layer, _), _ in chunk} for chunk in passes] == [{b} for b in range(18)]
+    few = torch.arange(3)
+
+    def blocks_of(layers):
+        pieces = [(layer, few) for layer in layers]
+        return [
+            [layer for layer, _ in chunk]
+            for chunk in patching._packed(pieces, 32, layers=layers, n_layers=18, width=12)
+        ]
+
+    assert blocks_of([0, 17]) == [[0], [17]]
+    assert blocks_of([16, 17]) == [[16, 17]]
 
 
 def test_activation_patching_matches_plain_hooks(tiny_model, factual):

@@ -65,6 +65,7 @@ prompts a component is measured on.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -253,21 +254,60 @@ def _edited_metric(
     return metrics.compute_read(metric, run.logits, target, distractor, read)
 
 
+# What a stacked pass costs beside its rows' compute, in token-blocks (one token through
+# one block): each block it runs has a fixed cost (hooks, kernel launches) of about
+# BLOCK_OVERHEAD_TOKENS tokens, and the pass itself (tracing, final norm, unembedding)
+# about PASS_OVERHEAD_BLOCKS blocks' worth. Measured on SmolLM2 and gemma3-270m, 2-core
+# CPU, float32: 5-6 ms a block whatever the rows, against 0.06-0.12 ms a token-block.
+BLOCK_OVERHEAD_TOKENS = 64
+PASS_OVERHEAD_BLOCKS = 2
+
+
 def _packed(
-    pieces: list[tuple[Any, torch.Tensor]], budget: int
+    pieces: list[tuple[Any, torch.Tensor]],
+    budget: int,
+    *,
+    layers: Sequence[int],
+    n_layers: int,
+    width: int,
 ) -> Iterator[list[tuple[Any, torch.Tensor]]]:
-    """``pieces`` (anything, rows) in order, in passes of at most ``budget`` stacked rows (a
-    piece larger than ``budget`` gets a pass of its own)."""
-    chunk: list[tuple[Any, torch.Tensor]] = []
-    size = 0
-    for piece in pieces:
-        if chunk and size + len(piece[1]) > budget:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(piece)
-        size += len(piece[1])
-    if chunk:
-        yield chunk
+    """``pieces`` (anything, rows), in block order, cut into passes of at most ``budget``
+    stacked rows (a piece larger than ``budget`` gets a pass of its own) at the least
+    estimated cost.
+
+    A pass resumes at its first piece's block ``l`` and runs every row through blocks
+    ``l..n_layers-1``, so a row of a later block's piece runs blocks it need not: packing
+    a block-17 piece after a block-1 piece costs it 16 blocks. A pass costs
+    (n_layers - l) * (BLOCK_OVERHEAD_TOKENS + width * rows) + PASS_OVERHEAD_BLOCKS *
+    BLOCK_OVERHEAD_TOKENS token-blocks; the cut is the cheapest one (dynamic programming
+    over the cut points). A full sweep's pieces (every row of every component) fill one
+    pass per block as before; sparse cells (refine) no longer run early blocks for rows
+    of late ones.
+
+    Args:
+        layers: (len(pieces),) the block each piece edits.
+        width: tokens per row.
+    """
+    n = len(pieces)
+    sizes = [len(rows) for _, rows in pieces]
+    best = [0.0] + [float("inf")] * n  # best[j]: least cost of the first j pieces
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        rows = 0
+        for i in range(j - 1, -1, -1):  # the last pass holds pieces i..j-1
+            rows += sizes[i]
+            if rows > budget and i < j - 1:
+                break
+            blocks = n_layers - layers[i]
+            cost = blocks * (BLOCK_OVERHEAD_TOKENS + width * rows)
+            cost += PASS_OVERHEAD_BLOCKS * BLOCK_OVERHEAD_TOKENS
+            if best[i] + cost < best[j]:
+                best[j], cut[j] = best[i] + cost, i
+    ends = [n]
+    while ends[-1]:
+        ends.append(cut[ends[-1]])
+    for start, end in itertools.pairwise(reversed(ends)):
+        yield pieces[start:end]
 
 
 def _write_changes(
@@ -423,7 +463,11 @@ def _sweep_scorer(
                 clean = unedited.logits if clean_logits is None else clean_logits
                 right = top_is_target(clean, batch.target)
             done = 0  # progress: one step per block, once its last piece is measured
-            for chunk in _packed(pieces, per_pass * rows):
+            layers = [variants[c][0][1] for c, _ in pieces]
+            width = tokens.input_ids.shape[1]
+            for chunk in _packed(
+                pieces, per_pass * rows, layers=layers, n_layers=model.spec.n_layers, width=width
+            ):
                 edited = [(variants[c], chosen) for c, chosen in chunk]
                 value = _edited_metric(
                     backend, metric, batch, source, edited, unedited, replacement
@@ -454,6 +498,7 @@ def _gradient_effects(
     error: bool = False,
     other: dict[Site, torch.Tensor] | None = None,
     keep: Sequence[Site] = (),
+    first: tuple[Any, dict[Site, torch.Tensor]] | None = None,
 ) -> tuple[dict[Site, torch.Tensor], dict[Site, torch.Tensor] | None, Any]:
     """Gradient estimate of replacing each site's activation on ``base`` by ``goal``, the
     terms of its error estimate, and the pass over ``base`` itself.
@@ -478,6 +523,8 @@ def _gradient_effects(
         other: site -> the metric's gradient at the other end of the replacement, shaped
             like the site; needed with ``error`` when ``steps == 1``.
         keep: more sites the pass over ``base`` keeps (unedited).
+        first: the pass over ``base`` and its gradients at ``sites`` (``_gradients``),
+            made already (``_gradients_at_both_ends``); None: made here.
 
     Returns:
         (products, terms, run): site -> (batch, pos, [head,] d) float32 products, not yet
@@ -498,15 +545,18 @@ def _gradient_effects(
             assert clean_input is not None  # steps > 1 comes with clean_input (see Args)
             return value + alpha * (clean_input - value)
 
-        run, grads = _gradients(
-            runner,
-            metric,
-            batch,
-            base,
-            sites,
-            edit=interpolate if k > 0 else None,
-            also=[INPUT_SITE] if k > 0 else keep,
-        )
+        if k == 0 and first is not None:
+            run, grads = first
+        else:
+            run, grads = _gradients(
+                runner,
+                metric,
+                batch,
+                base,
+                sites,
+                edit=interpolate if k > 0 else None,
+                also=[INPUT_SITE] if k > 0 else keep,
+            )
         base_run = run if k == 0 else base_run
         # The coarse rule's weight of point k: the even points, each covering two steps.
         width = (min(k + 2, steps) - k) / steps if error and k % 2 == 0 else 0.0
@@ -817,6 +867,49 @@ def _check_activation_patching(model: LensModel, options: Options) -> None:
         )
 
 
+def _at_both_ends(points: int, rules: str | None, both: bool) -> bool:
+    """Whether a patching estimate takes its gradient at the clean end too (in one stacked
+    pass with the corrupt one, ``_gradients_at_both_ends``): for the trapezoid correction
+    or its size (``both``: error=True or estimator="trapezoid"), with one point and rules
+    that do not linearise towards the clean run (those take a plain pass instead)."""
+    secant = rules is not None and RULE_SETS[rules].needs_reference
+    return both and points == 1 and not secant
+
+
+def _gradients_at_both_ends(
+    runner, metric: str, batch: Batch, sites: list[Site], *, model: LensModel, keep: Sequence[Site]
+) -> tuple[tuple[Any, dict[Site, torch.Tensor]], tuple[Any, dict[Site, torch.Tensor]]]:
+    """The clean and the corrupt pass of ``batch``, each with the metric's gradient at
+    ``sites``, made as one stacked pass (the clean rows, then the corrupt ones: rows never
+    interact, so each half is its own pass; one pass's fixed cost instead of two, 25-40%
+    less time on SmolLM2 and gemma3-270m on a 2-core CPU).
+
+    Returns:
+        ((clean run, site -> gradient), (corrupt run, site -> gradient)), as ``_gradients``
+        gives each: the clean run's logits every token's, (rows, vocab); the corrupt run's
+        those the metric reads; both keep ``keep`` and ``sites``.
+    """
+    assert batch.corrupt is not None  # patching's inputs have corrupt prompts
+    rows = len(batch.index)
+    both = Batch(
+        index=batch.index.repeat(2),
+        clean=batch.clean.stacked(batch.corrupt),
+        corrupt=None,
+        target=batch.target.repeat(2),
+        distractor=batch.distractor.repeat(2),
+    )
+    run, grads = _gradients(runner, metric, both, both.clean, sites, also=keep, read_out_with=model)
+    read = metrics.read_ids(metric, batch.target, batch.distractor)
+    halves = []
+    for part in (slice(0, rows), slice(rows, 2 * rows)):
+        logits = run.logits[part]
+        if part.start and read is not None:  # the corrupt run: what the metric reads
+            logits = logits.gather(1, read)
+        acts = {site: act[part] for site, act in run.acts.items()}
+        halves.append((RunResult(logits, acts), {site: g[part] for site, g in grads.items()}))
+    return halves[0], halves[1]
+
+
 def _patching_estimator(
     inputs: Inputs,
     variants: list[Variant],
@@ -838,22 +931,23 @@ def _patching_estimator(
     sites = _sites(variants)
     resid_sites = [("resid_pre", layer) for layer in range(1, model.spec.n_layers)]
     secant = rules is not None and RULE_SETS[rules].needs_reference
-    # The gradient at the clean end too: for the trapezoid correction or its size.
-    two_ends = (error or corrected) and steps == 1 and not secant
+    two_ends = _at_both_ends(steps, rules, error or corrected)
 
     def estimate(batch: Batch) -> Scores:
         assert batch.corrupt is not None  # inputs prepared with needs_corrupt=True
         with rules_or_plain(model, rules, backend=inputs.backend) as relevance:
             clean_sites = [INPUT_SITE, *sites] if steps > 1 else sites
             other: dict[Site, torch.Tensor] | None = None
+            first = None
+            keep = resid_sites if kept is not None else ()
             if two_ends:
-                clean_run, other = _gradients(
-                    runner, metric, batch, batch.clean, sites, read_out_with=model
+                (clean_run, other), first = _gradients_at_both_ends(
+                    runner, metric, batch, sites, model=model, keep=keep
                 )
             else:
                 with torch.no_grad(), clean_pass(relevance):
                     clean_run = runner.run(batch.clean, sites=clean_sites)
-            clean = {site: act.detach() for site, act in clean_run.acts.items()}
+            clean = {site: clean_run.acts[site].detach() for site in clean_sites}
 
             def goal(site: Site, act: torch.Tensor) -> torch.Tensor:
                 return clean[site]
@@ -869,7 +963,8 @@ def _patching_estimator(
                 clean_input=clean.get(INPUT_SITE),
                 error=two_ends or (error and steps > 1),
                 other=other,
-                keep=resid_sites if kept is not None else (),
+                keep=keep,
+                first=first,
             )
             if kept is not None:
                 _keep_estimate_passes(kept, metric, batch, corrupt_run, clean)
@@ -907,7 +1002,9 @@ def _keep_estimate_passes(
     read = metrics.read_ids(metric, batch.target, batch.distractor)
     logits = corrupt_run.logits.detach()
     base = metrics.compute_read(metric, logits, batch.target, batch.distractor, read)
-    resid = {s: a.detach() for s, a in corrupt_run.acts.items() if s[0] == "resid_pre"}
+    # Copies: a stacked pass's halves are views that would keep the other half alive.
+    resid = {s: a.detach().clone() for s, a in corrupt_run.acts.items() if s[0] == "resid_pre"}
+    clean = {site: act.clone() for site, act in clean.items()}
     size = sum(a.numel() * a.element_size() for a in (*resid.values(), *clean.values()))
 
     def replacement(site: Site, head: int | None, rows: torch.Tensor) -> torch.Tensor:
@@ -1229,17 +1326,27 @@ def _site_width(model: LensModel, level: str) -> int:
 
 
 def _estimate_need(
-    model: LensModel, work: memory.Work, level: str, points: int, error: bool = False
+    model: LensModel,
+    work: memory.Work,
+    level: str,
+    points: int,
+    error: bool = False,
+    *,
+    both_ends: bool = False,
 ) -> memory.Need:
     """What a gradient estimate of one batch holds: the clean pass's sites (and the input
     site with ``points`` > 1), then the graph of a pass with a backward and the sites'
-    gradients, then float32 products over the sites (``_gradient_effects``; with ``error``
-    two more: the other end's gradient or the coarse rule's sum, and the error terms)."""
+    gradients (``both_ends``: the clean and corrupt rows in one stacked pass,
+    ``_gradients_at_both_ends``), then float32 products over the sites
+    (``_gradient_effects``; with ``error`` two more: the other end's gradient or the coarse
+    rule's sum, and the error terms)."""
     tokens = work.rows * work.width
     width = _site_width(model, level) + (model.spec.d_model if points > 1 else 0)
     sites = tokens * width * memory.element_bytes(model.dtype)
+    stacked = 2 if both_ends else 1
     backward = memory.Need(
-        activations=memory.gradient_pass(model, work.rows, work.width), buffers=2 * sites
+        activations=memory.gradient_pass(model, stacked * work.rows, work.width),
+        buffers=2 * stacked * sites,
     )
     products = memory.Need(buffers=2 * sites + (5 if error else 3) * tokens * width * 4)
     return memory.largest(backward, products)
@@ -1290,9 +1397,12 @@ def activation_patching_memory(
     clean = work.rows * work.width * _site_width(model, level) * e
     need = _sweep_need(model, options, work) + memory.Need(buffers=clean)
     if options.get("refine") is not None:
-        points = _check_estimator(options.get("estimator", ESTIMATORS[0]), options.get("steps"))
+        estimator = options.get("estimator", ESTIMATORS[0])
+        points = _check_estimator(estimator, options.get("steps"))
         auto = options.get("refine") == "auto"
-        need = memory.largest(need, _estimate_need(model, work, level, points, auto))
+        stacked = _at_both_ends(points, check_rules(estimator, options.get("rules")), auto)
+        estimate = _estimate_need(model, work, level, points, auto, both_ends=stacked)
+        need = memory.largest(need, estimate)
     return need + _result_need(model, level, work)
 
 
@@ -1303,10 +1413,13 @@ def attribution_patching_memory(
     estimates beside the result, with ``error``). Options a call did not give are taken at
     their defaults."""
     level = options.get("level", "head")
-    points = _check_estimator(options.get("estimator", ESTIMATORS[0]), options.get("steps"))
+    estimator = options.get("estimator", ESTIMATORS[0])
+    points = _check_estimator(estimator, options.get("steps"))
     error = bool(options.get("error", False))
-    both_ends = error or options.get("estimator") == "trapezoid"
-    need = _estimate_need(model, work, level, points, both_ends) + _result_need(model, level, work)
+    both = error or estimator == "trapezoid"
+    stacked = _at_both_ends(points, check_rules(estimator, options.get("rules")), both)
+    need = _estimate_need(model, work, level, points, both, both_ends=stacked)
+    need = need + _result_need(model, level, work)
     return need + _result_need(model, level, work) if error else need
 
 

@@ -78,6 +78,19 @@ class TokenBatch:
             )
         )
 
+    def stacked(self, other: TokenBatch) -> TokenBatch:
+        """These rows, then ``other``'s (of the same width)."""
+        return TokenBatch(
+            *(
+                torch.cat([mine, theirs])
+                for mine, theirs in zip(
+                    (self.input_ids, self.attention_mask, self.position_ids, self.read_pos),
+                    (other.input_ids, other.attention_mask, other.position_ids, other.read_pos),
+                    strict=True,
+                )
+            )
+        )
+
     def to(self, device: torch.device) -> TokenBatch:
         return TokenBatch(
             *(
