@@ -53,7 +53,8 @@ margin 2): the share of cells it measured exactly (and of them, those measured f
 their error could exceed tol; the others for the top 10's boundary), the share of all cells
 within 5% of the largest exact |effect| (goal >= 99%), the exact top 10 by |prompt-mean|
 recovered, and its wall time (estimate, error estimate and both stages of measurement) as a
-share of the full exact sweep's (goal <= 25%)."""
+share of the full exact sweep's (goal <= 25%): the median of {rounds} rounds, each timing the
+full sweep and then refine="auto" (the range in brackets); default batch_size 8."""
 
 ERROR_COLUMNS = [
     "date",
@@ -99,7 +100,7 @@ AUTO_COLUMNS = [
     "of them for tol",
     "cells within 5% of the largest exact effect",
     "exact top 10 recovered",
-    "time / full exact",
+    "time / full exact (median, range)",
 ]
 
 
@@ -165,44 +166,55 @@ def error_rows(model, family, prompts, level, exact, t_exact, labels) -> list[li
     return rows
 
 
-def auto_row(model, family, prompts, level, exact, t_exact, label) -> list:
-    """refine="auto" with the estimator ``label`` against the full exact sweep ``exact``
-    (which took ``t_exact`` s)."""
-    name, steps, rules = patching.parse_estimator(
-        label,
-        estimators=patching.ESTIMATORS,
-        paths=patching.PATH_ESTIMATORS,
-        default=patching.DEFAULT_IG_STEPS,
-    )
-    auto, took = timed(
-        lsc.activation_patching,
-        model,
-        prompts,
-        level=level,
-        refine="auto",
-        estimator=name,
-        steps=steps,
-        rules=rules,
-        progress=False,
-    )
+def auto_rows(model, family, prompts, level, exact, labels, rounds) -> list[list]:
+    """refine="auto" with each estimator of ``labels`` against the full exact sweep
+    ``exact``; each one's time as a share of the full sweep's: the median over ``rounds``
+    rounds, each timing the full sweep and then refine="auto" with every estimator
+    (interleaved, so a slow spell of the machine hits them alike)."""
+    ratios: dict[str, list[float]] = {label: [] for label in labels}
+    results = {}
+    for _ in range(rounds):
+        _, t_exact = timed(lsc.activation_patching, model, prompts, level=level, progress=False)
+        for label in labels:
+            name, steps, rules = patching.parse_estimator(
+                label,
+                estimators=patching.ESTIMATORS,
+                paths=patching.PATH_ESTIMATORS,
+                default=patching.DEFAULT_IG_STEPS,
+            )
+            results[label], took = timed(
+                lsc.activation_patching,
+                model,
+                prompts,
+                level=level,
+                refine="auto",
+                estimator=name,
+                steps=steps,
+                rules=rules,
+                progress=False,
+            )
+            ratios[label].append(took / t_exact)
     largest = float(np.abs(exact).max())
-    within = float((np.abs(auto - exact) <= 0.05 * largest).mean())
     k = min(10, exact[0].size)
 
     def top(result) -> set[int]:
         return set(np.argsort(-np.abs(result.mean("prompt").values.ravel()))[:k].tolist())
 
-    recovered = len(top(auto) & top(exact))
-    cells = auto.attrs["refine_cells"]
-    row = [
-        f"{auto.attrs['refine_measured'] / cells:.1%}",
-        f"{auto.attrs['refine_measured_for_tol'] / cells:.1%}",
-        f"{within:.1%}",
-        f"{recovered}/{k}",
-        f"{took / t_exact:.2f}",
-    ]
-    print(f"{model.name} {family} {level} refine='auto' {label}: " + " ".join(row), flush=True)
-    return [*_report.stamp(), model.name, family, level, label, *row]
+    rows = []
+    for label in labels:
+        auto, ratio = results[label], ratios[label]
+        within = float((np.abs(auto - exact) <= 0.05 * largest).mean())
+        cells = auto.attrs["refine_cells"]
+        row = [
+            f"{auto.attrs['refine_measured'] / cells:.1%}",
+            f"{auto.attrs['refine_measured_for_tol'] / cells:.1%}",
+            f"{within:.1%}",
+            f"{len(top(auto) & top(exact))}/{k}",
+            f"{np.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})",
+        ]
+        print(f"{model.name} {family} {level} refine='auto' {label}: " + " ".join(row), flush=True)
+        rows.append([*_report.stamp(), model.name, family, level, label, *row])
+    return rows
 
 
 def edge_rows(model, family, prompts, labels, n_top, n_random, seed) -> list[list]:
@@ -265,6 +277,9 @@ def main() -> None:
     parser.add_argument(
         "--auto-estimators", default="atp,relp:secant", help="estimators refine='auto' runs with"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved timings of refine='auto' (median)"
+    )
     parser.add_argument("--edges", action="store_true", help="also measure edge estimators")
     parser.add_argument("--edge-estimators", default="eap", help='e.g. "eap,eap-ig,relp:secant"')
     parser.add_argument("--edge-top", type=int, default=50, help="top edges sampled")
@@ -277,6 +292,7 @@ def main() -> None:
         estimators="atp,trapezoid,ig:2,relp:secant",
         edge_top=10,
         edge_random=30,
+        rounds=1,
     )
     labels = args.estimators.split(",")
     error_table, auto_table, edge_table = [], [], []
@@ -293,10 +309,15 @@ def main() -> None:
                 )
                 print(f"\n{model.name} {family} {level}: exact sweep {t_exact:.1f} s", flush=True)
                 error_table += error_rows(model, family, prompts, level, exact, t_exact, labels)
-                auto_table += [
-                    auto_row(model, family, prompts, level, exact, t_exact, label)
-                    for label in args.auto_estimators.split(",")
-                ]
+                auto_table += auto_rows(
+                    model,
+                    family,
+                    prompts,
+                    level,
+                    exact,
+                    args.auto_estimators.split(","),
+                    args.rounds,
+                )
             if args.edges:
                 edge_labels = args.edge_estimators.split(",")
                 edge_table += edge_rows(
@@ -310,7 +331,9 @@ def main() -> None:
     if args.edges:
         parts += ["### Edges", _report.table(EDGE_COLUMNS, edge_table)]
     body = "\n\n".join(parts)
-    intro = INTRO.format(model=", ".join(args.models.split(",")), n=args.prompts, seed=args.seed)
+    intro = INTRO.format(
+        model=", ".join(args.models.split(",")), n=args.prompts, seed=args.seed, rounds=args.rounds
+    )
     if args.edges:
         intro += "\n\n" + EDGE_INTRO.format(
             top=args.edge_top, random=args.edge_random, seed=args.seed
