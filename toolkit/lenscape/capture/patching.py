@@ -937,9 +937,7 @@ def _patching_estimator(
         assert batch.corrupt is not None  # inputs prepared with needs_corrupt=True
         with rules_or_plain(model, rules, backend=inputs.backend) as relevance:
             clean_sites = [INPUT_SITE, *sites] if steps > 1 else sites
-            other: dict[Site, torch.Tensor] | None = None
-            first = None
-            keep = resid_sites if kept is not None else ()
+            other, first, keep = None, None, resid_sites if kept is not None else []
             if two_ends:
                 (clean_run, other), first = _gradients_at_both_ends(
                     runner, metric, batch, sites, model=model, keep=keep
@@ -978,8 +976,7 @@ def _patching_estimator(
                 runner, metric, batch, sites, base=batch.corrupt, goal=goal
             )
             terms = {site: plain[site] - products[site] for site in sites}
-        mask = batch.corrupt.attention_mask.float()
-        values = _columns(products, terms, variants, mask)
+        values = _columns(products, terms, variants, batch.corrupt.attention_mask.float())
         values = metrics.check_finite(values, batch.index, metric)
         return Scores(values, top_is_target(clean_run.logits, batch.target))
 
