@@ -155,29 +155,29 @@ def clusters(mixed):
 
 
 @pytest.fixture(scope="session")
-def fresh_runs():
-    """``fresh_runs(code)`` runs ``code`` in two fresh Python processes, at this process's
-    torch thread count (reductions split by thread), and returns the JSON each printed on its
-    last line: for checks that a result does not depend on the process."""
+def warm_python(tmp_path_factory):
+    """Children forked from a warm server that imported torch, nnsight and lenscape once
+    (``_warm.WarmPython``): processes of their own without ~10 s of imports each."""
+    from pathlib import Path
+
+    from _warm import WarmPython
+
+    server = WarmPython(tmp_path_factory.mktemp("warm"), Path(__file__).parent)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def fresh_runs(warm_python):
+    """``fresh_runs(code)`` runs ``code`` in two processes of their own (forked by
+    ``warm_python``, with a fresh interpreter's random state), at this process's torch thread
+    count (reductions split by thread), and returns the JSON each printed on its last line:
+    for checks that a result does not depend on the process."""
     import json
-    import subprocess
-    import sys
 
     def run(code: str) -> list:
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
         threads = f"import torch\ntorch.set_num_threads({torch.get_num_threads()})\n"
-        return [
-            json.loads(
-                subprocess.run(
-                    [sys.executable, "-c", threads + code],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    env=env,
-                ).stdout.splitlines()[-1]
-            )
-            for _ in range(2)
-        ]
+        return [json.loads(warm_python.run(threads + code).splitlines()[-1]) for _ in range(2)]
 
     return run
 

@@ -1,11 +1,8 @@
-"""Plans as data: a built plan pickles and runs in a fresh process without its pre-pass."""
+"""Plans as data: a built plan pickles and runs in another process without its pre-pass."""
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 
 import cloudpickle
 import numpy as np
@@ -17,9 +14,9 @@ from lenscape.sweep.inputs import tokenize
 from lenscape.sweep.options import Options
 from lenscape.sweep.plan import Call, PlanData, run_in_memory
 
-# Runs in a fresh interpreter: rebuild the plan from its pickled data on a model loaded from
-# its recipe, with the pre-pass functions and the tokenizer made to fail (the plan carries
-# its tokens), and pickle the result back.
+# Runs in another process (forked by the warm server, which never saw the plan): rebuild the
+# plan from its pickled data on a model loaded from its recipe, with the pre-pass functions
+# and the tokenizer made to fail (the plan carries its tokens), and pickle the result back.
 FRESH_PROCESS = """
 import pickle, sys
 import cloudpickle
@@ -75,8 +72,8 @@ open(f"{folder}/result.pkl", "wb").write(pickle.dumps(result))
         ),
     ],
 )
-def test_plan_pickles_and_runs_in_a_fresh_process(
-    tiny_llama, factual, tmp_path, planner, options, prepass
+def test_plan_pickles_and_runs_in_another_process(
+    tiny_llama, factual, tmp_path, planner, options, prepass, warm_python
 ):
     name = {
         patching.plan_ablation: "ablation",
@@ -96,10 +93,7 @@ def test_plan_pickles_and_runs_in_a_fresh_process(
     assert set(data.prepass) == prepass
     (tmp_path / "plan.pkl").write_bytes(pickle.dumps(data))
     (tmp_path / "recipe.pkl").write_bytes(cloudpickle.dumps(tiny_llama.recipe))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS, str(tmp_path)], check=True, env=env, timeout=600
-    )
+    warm_python.run(FRESH_PROCESS, str(tmp_path))
     got = pickle.loads((tmp_path / "result.pkl").read_bytes())
     # Same coords, attrs (but whether lsc.check ran on that process's copy of the model)
     # and NaN pattern; numbers to float32 rounding (a fresh process may sum in another order).

@@ -489,18 +489,10 @@ def _wait_until_gated(child, path):
     pytest.fail("the first writer did not get to its second batch in 300 s")
 
 
-def _start(path, mode, file):
-    return subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(path), f"{mode}:{file}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def test_second_writer_fails_fast_and_first_finishes(tiny_llama, factual, tmp_path):
+def test_second_writer_fails_fast_and_first_finishes(tiny_llama, factual, tmp_path, warm_python):
     path, gate, start = tmp_path / "r.zarr", tmp_path / "go", tmp_path / "start"
-    first, second = _start(path, "hold", gate), _start(path, "start", start)
+    first = warm_python.popen(WRITER, str(path), f"hold:{gate}")
+    second = warm_python.popen(WRITER, str(path), f"start:{start}")
     try:
         owner = _wait_until_gated(first, path)
         assert owner["host"] == socket.gethostname()
@@ -515,7 +507,7 @@ def test_second_writer_fails_fast_and_first_finishes(tiny_llama, factual, tmp_pa
         )
         assert "wait for it to finish, or write to another path" in message
         gate.touch()
-        assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
+        assert first.wait(timeout=300) == 0, first.communicate()[1][-2000:]
     finally:
         for child in (first, second):
             if child.poll() is None:
@@ -525,9 +517,9 @@ def test_second_writer_fails_fast_and_first_finishes(tiny_llama, factual, tmp_pa
     xr.testing.assert_identical(lsc.open(path), alone.compute())
 
 
-def test_writer_killed_holding_the_lock_is_resumed(tiny_llama, factual, tmp_path):
+def test_writer_killed_holding_the_lock_is_resumed(tiny_llama, factual, tmp_path, warm_python):
     path = tmp_path / "r.zarr"
-    first = _start(path, "hold", tmp_path / "never")
+    first = warm_python.popen(WRITER, str(path), f"hold:{tmp_path / 'never'}")
     try:
         _wait_until_gated(first, path)
         os.kill(first.pid, signal.SIGKILL)

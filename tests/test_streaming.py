@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from types import SimpleNamespace
@@ -197,11 +196,11 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_equals_uninterrupted(smol, factual, tmp_path):
+def test_sigkill_mid_run_then_resume_equals_uninterrupted(smol, factual, tmp_path, warm_python):
     # blocks, not heads: what is checked is the store, at 60 exact passes a batch, not 270;
     # two batches of two: killed after the first, the second is the one resumed
     prompts, path = factual[:4], tmp_path / "killed.zarr"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(torch.get_num_threads())])
+    child = warm_python.popen(CHILD, str(path), str(torch.get_num_threads()))
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and child.poll() is None:
@@ -346,7 +345,7 @@ KILLED_CALLS = {
 }
 
 
-def _kill_when(child: subprocess.Popen, ready) -> None:
+def _kill_when(child, ready) -> None:
     """SIGKILL ``child`` as soon as ``ready()`` is true (fail if it ends first)."""
     try:
         deadline = time.monotonic() + 300
@@ -376,8 +375,8 @@ def _stored(path) -> dict[str, xr.Dataset | xr.DataArray]:
 
 
 @pytest.mark.parametrize("method", ["edge_attribution", "logit_lens", "faithfulness"])
-def test_newer_methods_resume_after_sigkill_to_identical_numbers(tmp_path, method):
-    """A run killed mid-store and run again in a fresh process (so nothing but the store
+def test_newer_methods_resume_after_sigkill_to_identical_numbers(tmp_path, method, warm_python):
+    """A run killed mid-store and run again in another process (so nothing but the store
     carries over) ends with the store an uninterrupted run of the same call writes (made
     here, at the child's one torch thread)."""
     from pathlib import Path
@@ -387,10 +386,10 @@ def test_newer_methods_resume_after_sigkill_to_identical_numbers(tmp_path, metho
     watched = path / "exact_block.zarr" if method == "faithfulness" else path
     code = KILLED.replace("{call}", KILLED_CALLS[method])
     helpers = str(Path(__file__).parent)
-    child = subprocess.Popen([sys.executable, "-c", code, str(path), "slow", helpers])
+    child = warm_python.popen(code, str(path), "slow", helpers)
     _kill_when(child, lambda: _done(watched) >= 2)
     assert 2 <= _done(watched) < 6
-    subprocess.run([sys.executable, "-c", code, str(path), "", helpers], check=True)
+    warm_python.run(code, str(path), "", helpers)
     whole = tmp_path / ("whole" if method == "faithfulness" else "whole.zarr")
     uninterrupted_call = {
         "lsc": lsc,
