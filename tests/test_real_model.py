@@ -22,14 +22,20 @@ def few(factual):
     return lsc.data.PromptSet([factual[i] for i in (0, 11, 23, 37)], name="factual-4")
 
 
-def test_zero_ablation_matches_plain_hooks_in_the_first_middle_and_last_layer(smol64, few):
+@pytest.fixture(scope="module")
+def two(few, smol64):
+    """Two prompts of different lengths: batched together, one is padded."""
+    two = lsc.data.PromptSet([few[0], few[3]], name="factual-2")
+    assert len({len(smol64.tokenizer(p.text)["input_ids"]) for p in two}) == 2
+    return two
+
+
+def test_zero_ablation_matches_plain_hooks_in_the_first_middle_and_last_layer(smol64, two):
     # Every head is ablated in one batched sweep of two prompts of different lengths (so one
     # is padded); the 27 heads of three layers are checked against one unpadded float64 pass
     # per prompt and head (54 reference passes). The float64 sweep is the cost (270 passes);
-    # tests/test_family_matrix.py checks every head of each tiny family, and
-    # test_padding_invariance_on_bundled_model batches all four prompts.
-    two, layers = lsc.data.PromptSet([few[0], few[3]], name="factual-2"), (0, 15, 29)
-    assert len({len(smol64.tokenizer(p.text)["input_ids"]) for p in two}) == 2
+    # tests/test_family_matrix.py checks every head of each tiny family.
+    layers = (0, 15, 29)
     scores = lsc.ablation(smol64, two, level="head", kind="zero", batch_size=2, progress=False)
     assert scores.shape == (2, 30, 9)
     expected = reference_zero_ablation(smol64, two, layers=layers)
@@ -49,22 +55,24 @@ def test_backends_agree_on_bundled_model(smol, few, method):
 
 
 @pytest.fixture(scope="module")
-def one_at_a_time(smol64, few):
-    """Each method's scores of ``few`` at ``batch_size=1`` (no padding), computed once for
+def one_at_a_time(smol64, two):
+    """Each method's scores of ``two`` at ``batch_size=1`` (no padding), computed once for
     both padding sides: the unbatched run does not depend on the side."""
     computed = {}
 
     def scores(method, level):
         if method not in computed:
-            computed[method] = method(smol64, few, level=level, batch_size=1, progress=False)
+            computed[method] = method(smol64, two, level=level, batch_size=1, progress=False)
         return computed[method]
 
     return scores
 
 
-def test_padding_invariance_on_bundled_model(smol64, few, one_at_a_time):
+def test_padding_invariance_on_bundled_model(smol64, two, one_at_a_time):
     # Both sides in one test: the unbatched reference is computed once (as two parametrized
-    # tests on two xdist workers, each computed it).
+    # tests on two xdist workers, each computed it). Two prompts, one padded: a batch of four
+    # runs the same padded code path at twice the cost (the float64 block sweeps are most of
+    # it).
     for side in ("left", "right"):
         for method, level in [
             (lsc.attribution_patching, "head"),
@@ -73,7 +81,7 @@ def test_padding_invariance_on_bundled_model(smol64, few, one_at_a_time):
         ]:
             one = one_at_a_time(method, level)
             batched = method(
-                smol64, few, level=level, batch_size=4, padding_side=side, progress=False
+                smol64, two, level=level, batch_size=2, padding_side=side, progress=False
             )
             np.testing.assert_allclose(
                 batched.values, one.values, atol=1e-5, err_msg=f"{method.__name__} {side}"
