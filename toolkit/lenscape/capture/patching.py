@@ -114,11 +114,13 @@ AUTO_TOL = 0.05
 AUTO_MARGIN = 2.0
 #: How refine="auto" picks its cells, for its results' attrs.
 AUTO_RULE = (
-    "first the cells where margin * error > tol are measured; then every other cell of a "
+    "first the cells where margin * error > tol are measured; each component's margin is "
+    "then raised to the largest actual / estimated error among its measured cells, and its "
+    "other cells where that margin * error > tol are measured; so is every other cell of a "
     "component whose membership of the top components by |prompt-mean| is still in doubt "
     "(neither surely in nor surely out with |mean| +- the mean of margin * error over its "
     "cells not measured, measured ones exact); lenscape.capture.patching.auto_cells, "
-    "ranking_cells"
+    "calibrated_margins, ranking_cells"
 )
 #: How each fast estimate's error is estimated (``error=True``; the module docstring says
 #: why): name -> (what it is, the passes it adds per batch).
@@ -1049,10 +1051,36 @@ def _refined_columns(inputs: Inputs, estimate: Estimate, k: int, progress: bool)
     return sorted(int(c) for c in order[:k])
 
 
-def error_bounds(errors: np.ndarray, margin: float = AUTO_MARGIN) -> np.ndarray:
-    """How far refine="auto" lets each estimate be off: ``margin`` times its error
-    estimate; a NaN error (not computed) counts as unbounded."""
+def error_bounds(errors: np.ndarray, margin: float | np.ndarray = AUTO_MARGIN) -> np.ndarray:
+    """How far refine="auto" lets each estimate be off: ``margin`` (a number, or one per
+    component) times its error estimate; a NaN error (not computed) counts as unbounded."""
     return np.where(np.isnan(errors), np.inf, margin * np.abs(errors))
+
+
+def calibrated_margins(
+    estimates: np.ndarray,
+    errors: np.ndarray,
+    exact: np.ndarray,
+    measured: np.ndarray,
+    margin: float = AUTO_MARGIN,
+) -> np.ndarray:
+    """Each component's margin once some of its cells are measured: the larger of
+    ``margin`` and the largest ratio of actual to estimated error among its measured cells.
+    Where an error estimate undershot, it undershoots on the component's other prompts too
+    (the same downstream nonlinearity; on SmolLM2 and gemma3-270m most cells beyond tol
+    that ``auto_cells`` left were in components where it had undershot on a measured cell).
+
+    Args:
+        estimates, errors, exact: (prompt, component); ``exact`` read where ``measured``.
+        measured: (prompt, component) bool.
+
+    Returns:
+        (component,) margins, at least ``margin``.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.abs(exact - estimates) / np.abs(errors)
+    ratios = np.where(measured & np.isfinite(ratios), ratios, 0.0)
+    return np.maximum(margin, ratios.max(0, initial=0.0))
 
 
 def auto_cells(
@@ -1144,22 +1172,27 @@ def _auto_refinement(
     """The pre-pass of ``refine="auto"``: every cell's estimate and error estimate
     ((prompt, component) float32, ``estimate`` giving both side by side); the cells off by
     more than tol (``auto_cells``), measured here (``scorer_for``), and their exact values
-    (NaN elsewhere); then the cells the ranking needs (``ranking_cells``), which the plan's
-    sweep measures; the tolerance used; and whether the model answers each clean prompt
-    correctly, when the estimate tells (then the sweeps skip the full unembedding)."""
+    (NaN elsewhere); then the cells the plan's sweep measures (``cells``): those off by more
+    than tol under the margins those measurements calibrate (``calibrated_margins``;
+    ``beyond``) and those the ranking needs (``ranking_cells``); the tolerance used; and
+    whether the model answers each clean prompt correctly, when the estimate tells (then the
+    sweeps skip the full unembedding)."""
     n = len(components(inputs))
     values, correct = _estimates(inputs, estimate, progress, "estimating errors")
     estimates, errors = values[:, :n], values[:, n:]
     first, tol_used = auto_cells(estimates, errors, tol=tol)
     exact = _measured(inputs, scorer_for, first, correct, progress)
+    bounds = error_bounds(errors, calibrated_margins(estimates, errors, exact, first))
+    beyond = (bounds > tol_used) & ~first
     known = np.where(first, exact, estimates)
-    second = ranking_cells(known, error_bounds(errors), first, top=top)
+    second = ranking_cells(known, bounds, first, top=top)
     return {
         "estimates": estimates.astype(np.float32),
         "errors": errors.astype(np.float32),
         "first": first,
         "exact": exact.astype(np.float32),
-        "cells": second,
+        "beyond": beyond,
+        "cells": second | beyond,
         "tol": tol_used,
         "correct": correct,
     }
@@ -1207,6 +1240,7 @@ def _refined_cells(
         ),
     )
     n_first, n_second = int(auto["first"].sum()), int(auto["cells"].sum())
+    n_beyond = int(auto["beyond"].sum())
     return (
         torch.as_tensor(auto["cells"]),
         auto,
@@ -1216,8 +1250,8 @@ def _refined_cells(
             "refine_tol": auto["tol"],
             "refine_margin": AUTO_MARGIN,
             "refine_measured": n_first + n_second,
-            "refine_measured_for_tol": n_first,
-            "refine_measured_for_top": n_second,
+            "refine_measured_for_tol": n_first + n_beyond,
+            "refine_measured_for_top": n_second - n_beyond,
             "refine_cells": int(auto["cells"].size),
             "refine_rule": AUTO_RULE,
             **params,
@@ -1609,9 +1643,12 @@ def activation_patching(
             ``refine_steps``. "auto": estimate every cell and its error
             (``attribution_patching(..., error=True)``), measure exactly the cells whose
             estimate, off by up to ``AUTO_MARGIN`` error estimates, could be wrong by more
-            than ``tol`` (``auto_cells``), then the other cells of the components whose
-            membership of the ``top`` by |prompt-mean| is still in doubt
-            (``ranking_cells``); the other cells keep the estimate. Coords ``measured``
+            than ``tol`` (``auto_cells``); then, with each component's margin raised to
+            the largest actual / estimated error among its measured cells
+            (``calibrated_margins``), its other cells that could be wrong by more than
+            ``tol``, and the other cells of the components whose membership of the
+            ``top`` by |prompt-mean| is still in doubt (``ranking_cells``); the other
+            cells keep the estimate. Coords ``measured``
             (bool, the scores' dims) and ``error`` (0 where measured); attrs
             ``refine_measured`` of ``refine_cells`` (``refine_measured_for_tol`` and
             ``_for_top``), ``refine_tol``, ``refine_top``, ``refine_margin``,
