@@ -1654,12 +1654,13 @@ def activation_patching(
             ``_for_top``), ``refine_tol``, ``refine_top``, ``refine_margin``,
             ``refine_rule``. None: all components.
         estimator, steps, rules: the estimator that ranks components for ``refine`` (see
-            ``attribution_patching``). At level="block", AtP's error estimates run low
-            (benchmarks/RESULTS.md, error_estimates: 98.1-98.8% of cells within 5% with
-            refine="auto"); ``estimator="relp", rules="secant"`` keeps 99.6-99.9% there.
-            refine="auto" pays off on heads (with AtP 0.09-0.11 of a full sweep's time
-            on SmolLM2, 0.28-0.29 on gemma3-270m); a full sweep of blocks is cheap (two
-            components a layer), and refine="auto" costs 0.37-0.94 of one there.
+            ``attribution_patching``). With either, refine="auto" keeps 99.1-100% of
+            cells within 5% of the largest exact effect (benchmarks/RESULTS.md,
+            error_estimates); AtP's error estimates run low at level="block", where the
+            calibrated margins measure more. refine="auto" pays off on heads (with AtP
+            0.10-0.13 of a full sweep's time on SmolLM2, 0.29 on gemma3-270m); a full
+            sweep of blocks is cheap (two components a layer), and refine="auto" costs
+            0.41-0.98 of one there.
         tol: refine="auto"'s tolerance, in the metric's units (> 0); None: ``AUTO_TOL``
             (5%) of the largest |estimate| of the call.
         top: refine="auto" measures every component whose membership of the ``top`` by
