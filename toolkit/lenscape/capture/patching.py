@@ -1066,9 +1066,11 @@ def calibrated_margins(
 ) -> np.ndarray:
     """Each component's margin once some of its cells are measured: the larger of
     ``margin`` and the largest ratio of actual to estimated error among its measured cells.
-    Where an error estimate undershot, it undershoots on the component's other prompts too
-    (the same downstream nonlinearity; on SmolLM2 and gemma3-270m most cells beyond tol
-    that ``auto_cells`` left were in components where it had undershot on a measured cell).
+    Where an error estimate undershot, it often undershoots on the component's other
+    prompts too (the same downstream nonlinearity): of the cells beyond tol that
+    ``auto_cells`` left on 24 held-out pairs of SmolLM2 and gemma3-270m (each family,
+    heads and blocks), these margins catch half (70 of 140; 1-19 of 4-33 per setting),
+    before the ranking stage measures more.
 
     Args:
         estimates, errors, exact: (prompt, component); ``exact`` read where ``measured``.
