@@ -63,6 +63,7 @@ TABLE = dict(estimators=ESTIMATORS, paths=PATH_ESTIMATORS, default=DEFAULT_IG_ST
         ("ig:16", ("ig", 16, None)),
         ("relp", ("relp", 1, "relp")),
         ("relp:secant", ("relp", 1, "secant")),
+        ("relp:secant-0.9", ("relp", 1, "secant-0.9")),
         ("trapezoid", ("trapezoid", 1, None)),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -281,6 +282,69 @@ def test_secant_rules_split_an_mlps_change_exactly(model64):
     torch.testing.assert_close(total, ((y1 - y0.detach()) * readout).sum((0, 2)))
 
 
+def test_shortened_secant_rules_split_an_mlps_partial_change_exactly(model64):
+    """With ``reach`` r < 1 each operation's segment ends r of the way to the reference, the
+    activation and the product evaluated there, so within an MLP the coefficients split the
+    change over the shortened segment exactly: r (x1 - x0) . c = y(x0 + r (x1 - x0)) - y(x0)
+    (and not the whole change y(x1) - y(x0), which the full secant splits)."""
+    rules = RULE_SETS["secant-0.9"]
+    if _refused(model64, "secant-0.9"):  # refused before any pass, with the reason
+        with pytest.raises(ValueError, match="top-k routing"), relevance_rules(model64, rules):
+            pass
+        return
+    mlp = model64.module(model64.spec.computation.mlp, 1)
+    generator = torch.Generator().manual_seed(1)
+    x1, x0, readout = torch.randn(3, 2, 5, 64, generator=generator, dtype=torch.float64)
+    x0.requires_grad_(True)
+    with relevance_rules(model64, rules) as relevance:
+        with torch.no_grad(), relevance.reference():
+            y1 = mlp(x1)
+        y0 = mlp(x0)
+        (coefficient,) = torch.autograd.grad((y0 * readout).sum(), x0)
+    step = rules.reach * (x1 - x0.detach())
+    with torch.no_grad():
+        partial = ((mlp(x0 + step) - y0) * readout).sum((0, 2))
+    total = (step * coefficient).sum((0, 2))
+    torch.testing.assert_close(total, partial)
+    assert not torch.allclose(total, ((y1 - y0.detach()) * readout).sum((0, 2)), rtol=1e-3)
+
+
+def test_shortened_secant_attention_splits_its_partial_change(tokenizer):
+    """The secant attention rule with ``reach`` r: (dq, dk, dv) . r (q1 - q0, ...) sums to
+    the change of the read-out output between q0, k0, v0 and the point r of the way to
+    q1, k1, v1 (soft-capped scores, Gemma 2), up to the softmax's quadrature."""
+    model = _tiny_gemma2(tokenizer, "float64")
+    reach = 0.6
+    rules = Rules(norm="gradient", activation="gradient", product="gradient", attention="secant")
+    generator = torch.Generator().manual_seed(0)
+    q1, q0 = torch.randn(2, 1, 4, 6, 16, generator=generator, dtype=torch.float64)
+    k1, k0, v1, v0 = torch.randn(4, 1, 2, 6, 16, generator=generator, dtype=torch.float64)
+    q0, k0, v0 = (t.clone().requires_grad_(True) for t in (q1 + 0.3 * q0, k1 + 0.3 * k0, v0))
+    readout = torch.randn(1, 6, 4, 16, generator=generator, dtype=torch.float64)
+    mask = torch.full((6, 6), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)
+    steps = [reach * (end - start.detach()) for end, start in ((q1, q0), (k1, k0), (v1, v0))]
+    with relevance_rules(model, dataclasses.replace(rules, reach=reach)) as relevance:
+        call = _capped_attention_call(model)
+        with torch.no_grad(), relevance.reference():
+            call(q1, k1, v1, mask[None, None])
+        out0 = call(q0, k0, v0, mask[None, None])
+        grads = torch.autograd.grad((out0 * readout).sum(), (q0, k0, v0))
+        with torch.no_grad():  # no gradient: the attention's own output
+            ends = [s.detach() + step for s, step in zip((q0, k0, v0), steps, strict=True)]
+            moved = call(*ends, mask[None, None])
+    change = ((moved - out0.detach()) * readout).sum()
+    total = sum((d * g).sum() for d, g in zip(steps, grads, strict=True))
+    torch.testing.assert_close(total, change, rtol=1e-3, atol=1e-6)
+
+
+def test_reach_is_checked(tiny_llama):
+    for reach in (0, -0.5, 1.5, math.nan, True, "0.9"):
+        with pytest.raises(ValueError, match=r"reach must be a number in \(0, 1\]"):
+            Rules(norm="secant", reach=reach)
+    with pytest.raises(ValueError, match="use a secant rule"):
+        Rules(reach=0.9)
+
+
 def test_secant_coefficients_add_up_to_the_whole_change(model64, factual):
     """Along the whole corrupt -> clean change the secant coefficients add up: the sum over
     positions of (clean - corrupt residual stream entering block 0) . c is the change of the
@@ -405,7 +469,7 @@ def test_attention_rules_scale_the_last_layers_query_key_and_value(tiny_llama, b
         torch.testing.assert_close(uniform[name], factor * plain[name])
 
 
-@pytest.mark.parametrize("rules", ["relp", "relp-ah", "attnlrp", "secant"])
+@pytest.mark.parametrize("rules", ["relp", "relp-ah", "attnlrp", "secant", "secant-0.9"])
 def test_backends_give_the_same_coefficients(bridged, batch, rules):
     model = bridged
     sites = [(kind, layer) for layer in range(3) for kind in ("z", "attn", "mlp")]

@@ -93,8 +93,9 @@ ESTIMATORS = ("atp", "ig", "relp", "trapezoid")
 #: The estimators that integrate along the corrupt -> clean input path.
 PATH_ESTIMATORS = ("ig",)
 #: The rule set of ``estimator="relp"`` when ``rules`` is not given: RelP's released rules
-#: (``sweep/relevance.RULE_SETS``). ``rules="secant"`` agrees best with exact patching
-#: (benchmarks/RESULTS.md, section faithfulness).
+#: (``sweep/relevance.RULE_SETS``). ``rules="secant-0.9"`` agrees best with exact patching
+#: of MLP blocks at about "secant"'s cost (benchmarks/RESULTS.md, sections faithfulness and
+#: MLP-block estimator).
 DEFAULT_RULES = "relp"
 #: Integration points of ``estimator="ig"`` when ``steps`` is not given. Measured on SmolLM2
 #: (benchmarks/RESULTS.md, section faithfulness): 2 points raise MLP-block agreement with
@@ -1786,7 +1787,8 @@ def attribution_patching(
             ``DEFAULT_RULES``, RelP's own: RMSNorm scale held, identity rule through the MLP
             non-linearity, half rule through gate x up). "secant" linearises every
             operation between the corrupt and the clean run (a clean reference pass, about
-            1.2x "atp"'s time) and agrees best with exact patching on MLPs.
+            1.2x "atp"'s time); "secant-0.9" over the first 90% of each operation's change,
+            at the same cost, agrees best with exact patching on MLPs.
         error: also estimate each cell's error: a coord ``error`` with the scores' dims and
             units, >= 0, its method and cost in the coord's attrs (``ERROR_METHODS``;
             ``error_method`` in the result's attrs). "atp": the trapezoid correction, one
