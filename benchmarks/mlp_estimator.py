@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help='a bundled model, or "tiny"')
     parser.add_argument("--family", default="factual")
     parser.add_argument("--prompts", type=int, default=0, help="pairs used (0: all aligned)")
-    parser.add_argument("--estimators", default="relp:secant,ig:2")
+    parser.add_argument("--estimators", default="relp:secant,relp:secant-0.9,ig:2")
     parser.add_argument("--rounds", type=int, default=5)
     args = _report.parse_args(parser, model="tiny", prompts=4, rounds=2)
     model = (
