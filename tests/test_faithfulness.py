@@ -93,7 +93,7 @@ def test_the_trapezoid_estimator_takes_its_place_in_the_report(tiny_llama, pairs
 
 def test_the_default_report_compares_relp_where_the_rules_apply(tiny_llama, tokenizer, pairs):
     report = lsc.faithfulness(tiny_llama, pairs[:2], progress=False)
-    assert list(report["estimator"].values) == ["atp", "ig:2", "relp:relp", "relp:secant"]
+    assert list(report["estimator"].values) == ["atp", "ig:2", "relp:relp", "relp:secant-0.9"]
     # routed experts: the held-routing rules apply, the secant rules do not
     mixtral = lsc.models.tiny("mixtral", n_layers=2, seed=0, tokenizer=tokenizer)
     report = lsc.faithfulness(mixtral, pairs[:2], progress=False)

@@ -37,9 +37,10 @@ from .patching import (
 )
 
 #: The estimators a report compares when none are named: plain gradients, integrated
-#: gradients, RelP with its own rules and with the secant rules (benchmarks/RESULTS.md,
-#: section faithfulness, measures each).
-DEFAULT_ESTIMATORS = ("atp", "ig", "relp", "relp:secant")
+#: gradients, RelP with its own rules and with the secant rules over the first 90% of each
+#: operation's change, the best on MLP blocks (benchmarks/RESULTS.md, section faithfulness,
+#: measures each).
+DEFAULT_ESTIMATORS = ("atp", "ig", "relp", "relp:secant-0.9")
 #: Component types compared: per-head outputs, attention blocks, MLP blocks.
 COMPONENT_TYPES = ("head", "attn", "mlp")
 #: Why a statistic can be NaN, recorded in the report's attrs: undefined, never perfect.
@@ -342,7 +343,7 @@ def faithfulness(
             (e.g. "relp:secant"), "trapezoid" (AtP plus its trapezoid correction, one
             backward pass more); the report labels them "atp", "ig:N", "relp:RULES" and
             "trapezoid".
-            None: ``DEFAULT_ESTIMATORS`` ("atp", "ig", "relp", "relp:secant"), less the
+            None: ``DEFAULT_ESTIMATORS`` ("atp", "ig", "relp", "relp:secant-0.9"), less the
             "relp" ones on a model the relevance rules do not support.
         top_k: size of the top sets compared by ``top_overlap``; a type with ``top_k`` or
             fewer components gets NaN there (the overlap would be 1.0 for any estimate).

@@ -151,8 +151,8 @@ ERROR_METHODS = {
     ),
     "secant-vs-atp": (
         "|secant estimate - atp estimate| (edges: - eap estimate): the secant rules "
-        "linearise each operation over the whole corrupt -> clean change, AtP at the "
-        "corrupt end; patching one component "
+        "linearise each operation over the whole corrupt -> clean change (over its first "
+        "90% under 'secant-0.9'), AtP at the corrupt end; patching one component "
         "moves each operation part of the way, so under monotone curvature the exact "
         "effect lies between them",
         "one forward and one backward pass",
