@@ -337,7 +337,7 @@ def test_shortened_secant_attention_splits_its_partial_change(tokenizer):
     torch.testing.assert_close(total, change, rtol=1e-3, atol=1e-6)
 
 
-def test_reach_is_checked(tiny_llama):
+def test_reach_is_checked():
     for reach in (0, -0.5, 1.5, math.nan, True, "0.9"):
         with pytest.raises(ValueError, match=r"reach must be a number in \(0, 1\]"):
             Rules(norm="secant", reach=reach)

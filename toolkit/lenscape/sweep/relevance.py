@@ -795,9 +795,10 @@ def _activation_hook(act: torch.nn.Module, state: Relevance) -> Callable:
         new = output
         if secant:  # the segment's end: the reference, or the activation part of the way
             x1 = state._toward(module, "x", like=x)
-            out1 = state._recorded(module, "out", like=x)
-            if rules.reach != 1:
-                out1 = module.forward(x1)  # ``forward``: no hooks run
+            if rules.reach == 1:
+                out1 = state._recorded(module, "out", like=x)
+            else:  # ``forward``: no hooks run
+                out1 = module.forward(x1)
         if rules.activation == "identity":
             new = _Rerouted.apply(output, x, ratio(x.detach()))
         elif rules.activation == "secant":
