@@ -146,3 +146,22 @@ def test_the_budget_lines_a_notebook_printed_are_collected():
     ]
     nb.cells = [nbformat.v4.new_markdown_cell("Budget: not code"), cell]
     assert notebooks.budget_lines(nb) == ["Budget: 240 s for the fit", "Budget: stopped at 30 s"]
+
+
+# ------------------------------------------------------- refine="auto"'s rule, replayed (issue 44)
+
+
+def test_the_replay_of_refine_auto_picks_the_cells_it_measures(tiny_llama, tmp_path):
+    import numpy as np
+    import refine_rules
+    from faithfulness import aligned_pairs
+
+    import lenscape as lsc
+
+    prompts = aligned_pairs(tiny_llama, lsc.data.prompts("factual")).sample(6, seed=7)
+    exact, estimates, errors = refine_rules.draw(tiny_llama, "factual", 7, 6, tmp_path)
+    auto = lsc.activation_patching(tiny_llama, prompts, level="head", refine="auto", progress=False)
+    measured = auto["measured"].values.reshape(6, -1)
+    assert 0 < measured.sum() < measured.size  # some cells measured, not all
+    np.testing.assert_array_equal(refine_rules.replay(exact, estimates, errors), measured)
+    assert np.array_equal(refine_rules.draw(tiny_llama, "factual", 7, 6, tmp_path)[0], exact)
