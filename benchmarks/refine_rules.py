@@ -17,7 +17,8 @@ replay does not count. The replay as shipped picks the very cells of
 seed 7: the same 310 of 1728 cells).
 
 ``python benchmarks/refine_rules.py`` (the exact sweeps take minutes; the cache in
-``out/refine_rules`` makes a rerun instant); ``--quick``: a tiny random Llama. Writes the
+``out/refine_rules`` makes a rerun instant; it is keyed by model, family, seed and size only, so
+delete it after changing an estimator); ``--quick``: a tiny random Llama. Writes the
 ``refine_rules`` section of RESULTS.md (see _report.py).
 """
 
