@@ -90,9 +90,9 @@ def replay(exact, estimates, errors, *, margin=patching.AUTO_MARGIN, two_part=Fa
     """The (prompt, component) bool cells refine="auto" measures under the variant given (as
     shipped: ``patching._auto_refinement``, its ranking stage decided before the cells
     beyond tol under the calibrated margins are measured, as there)."""
-    bounds = patching.error_bounds(errors, margin)
     first, tol = patching.auto_cells(estimates, errors, margin=margin)
     if two_part:
+        bounds = patching.error_bounds(errors, margin)
         early = bounds > 2 * tol
         if early.any():
             tol = max(tol, patching.AUTO_TOL * float(np.abs(exact[early]).max()))
@@ -102,9 +102,9 @@ def replay(exact, estimates, errors, *, margin=patching.AUTO_MARGIN, two_part=Fa
     )
     bounds = patching.error_bounds(errors, margins)
     measured = first | (bounds > tol)
-    if not halving:
-        return measured | patching.ranking_cells(np.where(first, exact, estimates), bounds, first)
     doubt = patching.ranking_cells(np.where(first, exact, estimates), bounds, first)
+    if not halving:
+        return measured | doubt
     measured |= _halves(doubt, bounds)
     return measured | patching.ranking_cells(np.where(measured, exact, estimates), bounds, measured)
 
