@@ -88,7 +88,7 @@ def _halves(doubt: np.ndarray, bounds: np.ndarray) -> np.ndarray:
 
 def replay(exact, estimates, errors, *, margin=patching.AUTO_MARGIN, two_part=False, halving=False):
     """The (prompt, component) bool cells refine="auto" measures under the variant given (as
-    shipped: ``patching._auto_refinement``, its ranking stage decided before the cells
+    shipped: ``patching.refine._auto_refinement``, its ranking stage decided before the cells
     beyond tol under the calibrated margins are measured, as there)."""
     first, tol = patching.auto_cells(estimates, errors, margin=margin)
     if two_part:

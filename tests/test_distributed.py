@@ -14,7 +14,7 @@ from _helpers import answered_prompts, reference_correct, torch_threads
 
 import lenscape as lsc
 from lenscape import models, store
-from lenscape.capture import patching
+from lenscape.capture.patching import refine
 
 distributed = pytest.importorskip("distributed", reason="needs the dask extra")
 
@@ -121,23 +121,23 @@ def test_refined_run_ranks_once_on_the_client_and_workers_reuse_it(
     client, tiny_llama, factual, tmp_path, monkeypatch
 ):
     def count_ranking_passes():  # on each worker: wrap the ranking pass with a counter
-        from lenscape.capture import patching
+        from lenscape.capture.patching import refine
 
-        if not hasattr(patching, "ranking_passes"):
-            rank = patching._refined_columns
+        if not hasattr(refine, "ranking_passes"):
+            rank = refine._refined_columns
 
             def counted(*args, **kwargs):
-                patching.ranking_passes += 1
+                refine.ranking_passes += 1
                 return rank(*args, **kwargs)
 
-            patching.ranking_passes = 0
-            patching._refined_columns = counted
-        return patching.ranking_passes
+            refine.ranking_passes = 0
+            refine._refined_columns = counted
+        return refine.ranking_passes
 
     on_client = []
-    rank = patching._refined_columns
+    rank = refine._refined_columns
     monkeypatch.setattr(
-        patching, "_refined_columns", lambda *a, **k: on_client.append(1) or rank(*a, **k)
+        refine, "_refined_columns", lambda *a, **k: on_client.append(1) or rank(*a, **k)
     )
     before = sum(client.run(count_ranking_passes).values())
     prompts = factual[:12]

@@ -12,6 +12,7 @@ from _helpers import o_proj_module
 
 import lenscape as lsc
 from lenscape.capture import patching
+from lenscape.capture.patching import refine
 from lenscape.sweep.backend import get_backend
 
 
@@ -252,8 +253,8 @@ def _stages_with_cells(monkeypatch, model, first: np.ndarray, second: np.ndarray
     """Make refine="auto"'s stages measure the (prompt, component) cells ``first`` and
     ``second``; return the list each nnsight pass of ``model`` then appends to (True for a
     pass with gradients)."""
-    monkeypatch.setattr(patching, "auto_cells", lambda estimates, errors, tol: (first, 1.0))
-    monkeypatch.setattr(patching, "ranking_cells", lambda values, bounds, measured, top: second)
+    monkeypatch.setattr(refine, "auto_cells", lambda estimates, errors, tol: (first, 1.0))
+    monkeypatch.setattr(refine, "ranking_cells", lambda values, bounds, measured, top: second)
     runs: list[bool] = []
     backend = get_backend(model, "nnsight")
     original = type(backend).run

@@ -10,12 +10,12 @@ import xarray as xr
 
 import lenscape as lsc
 from lenscape import bootstrap
-from lenscape.capture import patching
 from lenscape.capture.faithfulness import agreement, agreement_bounds
 from lenscape.capture.patching import (
     DEFAULT_IG_STEPS,
     ESTIMATORS,
     PATH_ESTIMATORS,
+    checks,
     parse_estimator,
 )
 from lenscape.sweep.options import MAX_STEPS
@@ -144,7 +144,7 @@ def test_attribution_patching_bounds_the_integration_steps(tiny_llama, pairs):
     """A billion steps would run a billion forward and backward passes per batch."""
     with pytest.raises(ValueError, match=r"steps=1000000000 integration points.*at most 512"):
         lsc.attribution_patching(tiny_llama, pairs, estimator="ig", steps=10**9, progress=False)
-    assert patching._check_estimator("ig", MAX_STEPS) == MAX_STEPS == 512
+    assert checks._check_estimator("ig", MAX_STEPS) == MAX_STEPS == 512
     with pytest.raises(ValueError, match=r"steps=513 integration points.*at most 512"):
         lsc.edge_attribution(tiny_llama, pairs, estimator="eap-ig", steps=513, progress=False)
 

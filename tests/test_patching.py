@@ -22,7 +22,7 @@ from _helpers import (
 
 import lenscape as lsc
 from lenscape import models
-from lenscape.capture import patching
+from lenscape.capture.patching import exact
 
 # ----------------------------------------------------------------------------- exact methods
 
@@ -71,8 +71,8 @@ def test_exact_sweep_reruns_only_the_blocks_after_the_edit(tiny_llama, factual, 
 def _pass_cost(chunk_layers: list[int], chunk_rows: list[int], n_layers: int, width: int):
     """A stacked pass's cost in token-blocks, by ``_packed``'s own rule, written out."""
     blocks = n_layers - chunk_layers[0]
-    overhead = patching.BLOCK_OVERHEAD_TOKENS
-    return blocks * (overhead + width * sum(chunk_rows)) + patching.PASS_OVERHEAD_BLOCKS * overhead
+    overhead = exact.BLOCK_OVERHEAD_TOKENS
+    return blocks * (overhead + width * sum(chunk_rows)) + exact.PASS_OVERHEAD_BLOCKS * overhead
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -85,7 +85,7 @@ def test_packing_is_the_cheapest_cut_into_passes(seed):
     layers = sorted(rng.integers(0, n_layers, n).tolist())
     pieces = [(i, torch.arange(int(rng.integers(1, 9)))) for i in range(n)]
     budget = int(rng.integers(4, 24))
-    passes = list(patching._packed(pieces, budget, layers=layers, n_layers=n_layers, width=width))
+    passes = list(exact._packed(pieces, budget, layers=layers, n_layers=n_layers, width=width))
     assert [i for chunk in passes for i, _ in chunk] == list(range(n))
     assert all(len(chunk) == 1 or sum(len(r) for _, r in chunk) <= budget for chunk in passes)
 
@@ -116,7 +116,7 @@ def test_packing_keeps_one_pass_per_block_for_a_full_sweep_and_splits_far_blocks
     rows = torch.arange(8)
     full = [((layer, head), rows) for layer in range(18) for head in range(4)]
     passes = list(
-        patching._packed(full, 32, layers=[layer for (layer, _), _ in full], n_layers=18, width=12)
+        exact._packed(full, 32, layers=[layer for (layer, _), _ in full], n_layers=18, width=12)
     )
     assert [{layer for (layer, _), _ in chunk} for chunk in passes] == [{b} for b in range(18)]
     few = torch.arange(3)
@@ -125,7 +125,7 @@ def test_packing_keeps_one_pass_per_block_for_a_full_sweep_and_splits_far_blocks
         pieces = [(layer, few) for layer in layers]
         return [
             [layer for layer, _ in chunk]
-            for chunk in patching._packed(pieces, 32, layers=layers, n_layers=18, width=12)
+            for chunk in exact._packed(pieces, 32, layers=layers, n_layers=18, width=12)
         ]
 
     assert blocks_of([0, 17]) == [[0], [17]]

@@ -20,13 +20,13 @@ from lenscape.sweep.plan import Call, PlanData, run_in_memory
 FRESH_PROCESS = """
 import pickle, sys
 import cloudpickle
-from lenscape.capture import patching
+from lenscape.capture.patching import ablation, refine
 from lenscape.sweep.plan import run_in_memory
 
 def redone(*args, **kwargs):
     raise AssertionError("the pre-pass ran again")
 
-patching._site_means = patching._refined_columns = patching._auto_refinement = redone
+ablation._site_means = refine._refined_columns = refine._auto_refinement = redone
 folder = sys.argv[1]
 data = pickle.loads(open(f"{folder}/plan.pkl", "rb").read())
 model = cloudpickle.loads(open(f"{folder}/recipe.pkl", "rb").read())()

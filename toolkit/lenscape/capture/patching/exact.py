@@ -1,0 +1,356 @@
+"""The exact sweep core: a component replaced, the model re-run from the block it edits.
+
+``_sweep_scorer`` measures (prompt, component) cells of one batch. The unedited run is made
+once per batch and keeps the residual stream entering every block; a component of block
+``l`` is then measured by resuming the pass at ``l`` (about half the model on average). The
+variants of one block are stacked in the batch dimension (``variants_per_pass`` copies of
+the batch per pass, each copy editing one component; ``_packed`` cuts the pieces into the
+cheapest passes), so one pass measures many components; refine="auto"'s sweeps share each
+batch's fixed passes (``_FixedPasses``)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ...models import LensModel
+from ...sweep import memory, metrics
+from ...sweep.backend import Site, TokenBatch, get_backend
+from ...sweep.inputs import Batch, Inputs
+from ...sweep.plan import Scores, top_is_target
+from ...sweep.result import components
+
+Variant = tuple[Site, "int | None"]
+#: A variant and the batch rows (a 1-D index tensor) an exact pass edits it on.
+Piece = tuple[Variant, torch.Tensor]
+
+
+def _sites(variants: list[Variant]) -> list[Site]:
+    return list(dict.fromkeys(site for site, _ in variants))
+
+
+def _index(head: int | None, rows: slice | torch.Tensor = slice(None)) -> tuple:
+    """Index (rows, pos[, head]) into a site activation; ``rows`` a slice or 1-D indices."""
+    return (rows, slice(None)) if head is None else (rows, slice(None), head)
+
+
+def _stacked_edit(pieces: list[Piece], replacement):
+    """Edit for a stacked pass: the rows of piece ``i`` (stacked in order) get its
+    variant replaced.
+
+    ``replacement(site, head, rows)`` -> tensor broadcastable to (len(rows), pos[, d]) for
+    the batch rows ``rows``.
+    """
+
+    def edit(site: Site, value: torch.Tensor) -> torch.Tensor:
+        value = value.clone()
+        start = 0
+        for (variant_site, head), rows in pieces:
+            if variant_site == site:
+                stacked = slice(start, start + len(rows))
+                value[_index(head, stacked)] = replacement(site, head, rows)
+            start += len(rows)
+        return value
+
+    return edit
+
+
+def _site_means(inputs: Inputs, sites: list[Site], progress: bool) -> dict[Site, torch.Tensor]:
+    """Mean activation of each site over all real tokens of all prompts: z (n_heads, d_head),
+    blocks (d_model,)."""
+    backend = get_backend(inputs.model, inputs.backend)
+    sums: dict[Site, torch.Tensor] = {}
+    count = 0
+    for batch in tqdm(
+        inputs.batches(), total=inputs.n_batches(), disable=not progress, desc="mean activations"
+    ):
+        with torch.no_grad():
+            run = backend.run(batch.clean, sites=sites)
+        mask = batch.clean.attention_mask.bool()
+        count += int(mask.sum())
+        for site in sites:
+            total = run.acts[site][mask].double().sum(0)
+            sums[site] = sums[site] + total if site in sums else total
+    return {site: (total / count).to(inputs.model.dtype) for site, total in sums.items()}
+
+
+def _layer_groups(variants: list[Variant], columns: list[int]) -> list[tuple[int, list[int]]]:
+    """``columns`` of ``variants`` grouped by the block they edit: [(layer, [column, ...])]."""
+    groups: dict[int, list[int]] = {}
+    for column in columns:
+        (_, layer), _ = variants[column]
+        groups.setdefault(layer, []).append(column)
+    return sorted(groups.items())
+
+
+def _edited_metric(
+    backend: Any,
+    metric: str,
+    batch: Batch,
+    source: str,
+    pieces: list[Piece],
+    unedited: Any,
+    replacement: Callable,
+) -> torch.Tensor:
+    """(sum of len(rows),) metric of one stacked pass: for each piece (variant, rows), the
+    rows ``rows`` of ``batch``'s ``source`` tokens with the variant replaced, stacked in
+    order and resumed from the unedited run's residual stream at the first piece's block
+    (pieces in block order: the rows of a later block's piece run the blocks before it
+    unedited)."""
+    (_, layer), _ = pieces[0][0]
+    stacked = torch.cat([rows for _, rows in pieces])
+    resume = None if layer == 0 else (layer, unedited.acts[("resid_pre", layer)][stacked])
+    target, distractor = batch.target[stacked], batch.distractor[stacked]
+    read = metrics.read_ids(metric, target, distractor)
+    run = backend.run(
+        getattr(batch, source).select(stacked),
+        sites=_sites([variant for variant, _ in pieces]),
+        edit=_stacked_edit(pieces, replacement),
+        resume=resume,
+        vocab=read,
+    )
+    return metrics.compute_read(metric, run.logits, target, distractor, read)
+
+
+# What a stacked pass costs beside its rows' compute, in token-blocks (one token through
+# one block): each block it runs has a fixed cost (hooks, kernel launches) of about
+# BLOCK_OVERHEAD_TOKENS tokens, and the pass itself (tracing, final norm, unembedding)
+# about PASS_OVERHEAD_BLOCKS blocks' worth. Measured on SmolLM2 and gemma3-270m, 2-core
+# CPU, float32: 5-6 ms a block whatever the rows, against 0.06-0.12 ms a token-block.
+BLOCK_OVERHEAD_TOKENS = 64
+PASS_OVERHEAD_BLOCKS = 2
+
+
+def _packed(
+    pieces: list[tuple[Any, torch.Tensor]],
+    budget: int,
+    *,
+    layers: Sequence[int],
+    n_layers: int,
+    width: int,
+) -> Iterator[list[tuple[Any, torch.Tensor]]]:
+    """``pieces`` (anything, rows), in block order, cut into passes of at most ``budget``
+    stacked rows (a piece larger than ``budget`` gets a pass of its own) at the least
+    estimated cost.
+
+    A pass resumes at its first piece's block ``l`` and runs every row through blocks
+    ``l..n_layers-1``, so a row of a later block's piece runs blocks it need not: packing
+    a block-17 piece after a block-1 piece costs it 16 blocks. A pass costs
+    (n_layers - l) * (BLOCK_OVERHEAD_TOKENS + width * rows) + PASS_OVERHEAD_BLOCKS *
+    BLOCK_OVERHEAD_TOKENS token-blocks; the cut is the cheapest one (dynamic programming
+    over the cut points). A full sweep's pieces (every row of every component) fill one
+    pass per block as before; sparse cells (refine) no longer run early blocks for rows
+    of late ones.
+
+    Args:
+        layers: (len(pieces),) the block each piece edits.
+        width: tokens per row.
+    """
+    n = len(pieces)
+    sizes = [len(rows) for _, rows in pieces]
+    best = [0.0] + [float("inf")] * n  # best[j]: least cost of the first j pieces
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        rows = 0
+        for i in range(j - 1, -1, -1):  # the last pass holds pieces i..j-1
+            rows += sizes[i]
+            if rows > budget and i < j - 1:
+                break
+            blocks = n_layers - layers[i]
+            cost = blocks * (BLOCK_OVERHEAD_TOKENS + width * rows)
+            cost += PASS_OVERHEAD_BLOCKS * BLOCK_OVERHEAD_TOKENS
+            if best[i] + cost < best[j]:
+                best[j], cut[j] = best[i] + cost, i
+    ends = [n]
+    while ends[-1]:
+        ends.append(cut[ends[-1]])
+    for start, end in itertools.pairwise(reversed(ends)):
+        yield pieces[start:end]
+
+
+def _write_changes(
+    effects: torch.Tensor, chunk: list[tuple[int, torch.Tensor]], changes: torch.Tensor
+) -> None:
+    """Write one stacked pass's ``changes`` (its rows in ``chunk``'s order) into ``effects``
+    (rows, n_components) at each piece's (rows, column)."""
+    start = 0
+    for column, rows in chunk:
+        effects[rows.cpu(), column] = changes[start : start + len(rows)].float().cpu()
+        start += len(rows)
+
+
+def _unedited(
+    backend: Any,
+    metric: str,
+    batch: Batch,
+    tokens: TokenBatch,
+    sites: list[Site],
+    read: torch.Tensor | None,
+) -> tuple[Any, torch.Tensor]:
+    """The unedited pass over ``tokens`` keeping ``sites``, unembedding the ids ``read``
+    only (all when None), and its metric (rows,)."""
+    run = backend.run(tokens, sites=sites, vocab=read)
+    value = metrics.compute_read(metric, run.logits, batch.target, batch.distractor, read)
+    return run, metrics.check_finite(value, batch.index, metric)
+
+
+class _FixedPasses:
+    """Each batch's fixed passes of an exact sweep (its unedited run with the residual
+    stream entering every block, that run's metric, and the replacement), kept for the
+    sweeps of the same call that measure other cells of the batch (refine="auto"'s two
+    stages), up to ``budget`` bytes; filled by the first sweep over a batch, or by
+    activation patching's estimate, whose clean and corrupt passes are these (measured:
+    they were a third of refine="auto"'s time on gemma3-270m heads). A pickled copy (a
+    plan sent to another process) keeps none."""
+
+    def __init__(self, budget: int):
+        self.budget, self.used = budget, 0
+        self.entries: dict[tuple, tuple] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"budget": self.budget, "used": 0, "entries": {}}
+
+    def get(self, key: tuple) -> tuple | None:
+        return self.entries.get(key)
+
+    def put(self, key: tuple, passes: tuple, size: int) -> None:
+        """Keep ``passes`` of ``size`` bytes if the budget allows."""
+        if self.used + size <= self.budget:
+            self.entries[key] = passes
+            self.used += size
+
+
+def _fixed_key(batch: Batch, read: torch.Tensor | None, decides_correct: bool) -> tuple:
+    """What ``_FixedPasses`` keys a batch's passes by: its prompts, whether its passes
+    unembed every token (``read`` None) or only the ids the metric reads, and whether they
+    hold the clean logits that decide whether the model answers each prompt."""
+    return tuple(batch.index.tolist()), read is None, decides_correct
+
+
+def _blocks_done(groups: list[tuple[int, list[int]]], variants: list[Variant], last: int) -> int:
+    """How many blocks of ``groups`` (``_layer_groups``) a sweep has finished once its
+    pieces (in block order) up to column ``last`` are measured."""
+    layer = variants[last][0][1]
+    return sum(1 for block, group in groups if block < layer or group[-1] == last)
+
+
+# long: one closure per sweep: fixed passes (made or kept), packing, progress steps
+def _sweep_scorer(
+    inputs: Inputs,
+    *,
+    source: str,
+    replacement_for,
+    variants_per_pass: int | None,
+    cells: torch.Tensor | None = None,
+    correct: torch.Tensor | None = None,
+    kept: _FixedPasses | None = None,
+) -> Callable[[Batch, Callable], Scores]:
+    """``score(batch, step)``: metric change when each component is replaced, (rows,
+    n_components), and whether the model answers each clean prompt correctly.
+
+    Args:
+        source: which tokens the edited passes run on, "clean" or "corrupt".
+        replacement_for: ``(batch, whole_vocab) -> (replacement(site, head, rows), clean
+            logits)``: ``replacement`` gives the new value of a component for the batch
+            rows ``rows`` (a 1-D index tensor); the clean logits (rows, vocab) at the read
+            position come from a clean pass it makes (unembedding every token only when
+            ``whole_vocab``), or are None when ``source`` is "clean" (the unedited pass is
+            the clean one) or not ``whole_vocab``.
+        variants_per_pass: a pass stacks at most this many copies of the batch's rows;
+            None: as many as a block has components, or fewer if they do not fit the
+            memory budget.
+            The pieces (component, rows measured) go in block order, so a pass whose
+            pieces span blocks resumes at its first piece's block.
+        cells: (n_prompts, n_components) bool, the cells to measure (prompts in prompt-list
+            order, components in ``components(inputs)`` order); the others are NaN. A pass
+            stacks only the rows a component is measured on. None: every cell.
+        correct: (n_prompts,) bool, known from an earlier pass (refine="auto"'s estimate):
+            then every pass unembeds only what the metric reads (``metrics.read_ids``) and
+            a batch with no cell to measure makes no pass. None: from the sweep's passes.
+        kept: each batch's unedited and replacement passes, shared with the call's other
+            sweeps (they keep the residual stream entering every block), or None.
+    """
+    model, metric = inputs.model, inputs.metric
+    backend = get_backend(model, inputs.backend)
+    variants = components(inputs)
+    if cells is None:
+        cells = torch.ones(len(inputs.tokens), len(variants), dtype=torch.bool)
+    columns = [c for c in range(len(variants)) if cells[:, c].any()]
+    groups = _layer_groups(variants, columns)
+    # A pass holds as many rows as a full sweep's pass over one block would.
+    per_block = max(len(group) for _, group in _layer_groups(variants, list(range(len(variants)))))
+    if kept is None:
+        resid_sites = [("resid_pre", layer) for layer, _ in groups if layer > 0]
+    else:  # another sweep may resume anywhere
+        resid_sites = [("resid_pre", layer) for layer in range(1, model.spec.n_layers)]
+    site_bytes = _site_width(model, inputs.level) * memory.element_bytes(model.dtype)
+
+    def score(batch: Batch, step) -> Scores:
+        tokens = getattr(batch, source)
+        rows = len(batch.index)
+        wanted = cells[batch.index]  # (rows, n_components): the cells to measure
+        effects = torch.full((rows, len(variants)), float("nan"))
+        if correct is not None and not wanted.any():  # nothing to measure: no pass
+            for _ in range(model.spec.n_layers):
+                step()
+            return Scores(effects, correct[batch.index.cpu()])
+        on_device = wanted.to(batch.target.device)
+        per_pass = variants_per_pass or memory.auto_variants_per_pass(
+            model,
+            rows=rows,
+            width=tokens.input_ids.shape[1],
+            wanted=per_block,
+        )
+        # (component, rows measured), in block order.
+        pieces = [(c, on_device[:, c].nonzero()[:, 0]) for _, group in groups for c in group]
+        pieces = [(c, chosen) for c, chosen in pieces if len(chosen)]
+        read = None if correct is None else metrics.read_ids(metric, batch.target, batch.distractor)
+        key = _fixed_key(batch, read, correct is None)
+        with torch.no_grad():
+            passes = None if kept is None else kept.get(key)
+            if passes is None:
+                unedited, base = _unedited(backend, metric, batch, tokens, resid_sites, read)
+                replacement, clean_logits = replacement_for(batch, correct is None)
+                if kept is not None:
+                    resid = sum(a.numel() * a.element_size() for a in unedited.acts.values())
+                    size = resid + tokens.input_ids.numel() * site_bytes
+                    kept.put(key, (unedited, base, replacement, clean_logits), size)
+            else:
+                unedited, base, replacement, clean_logits = passes
+            if correct is None:
+                clean = unedited.logits if clean_logits is None else clean_logits
+                right = top_is_target(clean, batch.target)
+            done = 0  # progress: one step per block, once its last piece is measured
+            layers = [variants[c][0][1] for c, _ in pieces]
+            width = tokens.input_ids.shape[1]
+            for chunk in _packed(
+                pieces, per_pass * rows, layers=layers, n_layers=model.spec.n_layers, width=width
+            ):
+                edited = [(variants[c], chosen) for c, chosen in chunk]
+                value = _edited_metric(
+                    backend, metric, batch, source, edited, unedited, replacement
+                )
+                _write_changes(effects, chunk, value - base[torch.cat([r for _, r in chunk])])
+                finished = _blocks_done(groups, variants, chunk[-1][0])
+                for _ in range(finished - done):
+                    step()
+                done = finished
+            for _ in range(model.spec.n_layers - done):  # blocks with nothing left to measure
+                step()
+        metrics.check_finite(torch.where(wanted, effects, 0.0), batch.index, metric)
+        return Scores(effects, right if correct is None else correct[batch.index.cpu()])
+
+    return score
+
+
+def _site_width(model: LensModel, level: str) -> int:
+    """Numbers per token of every site a ``level`` sweep or estimate reads (z: n_heads x
+    d_head per layer; blocks: the attention and MLP outputs, 2 x d_model per layer)."""
+    spec = model.spec
+    per_layer = {"head": spec.n_heads * spec.d_head, "block": 2 * spec.d_model}
+    heads_and_blocks = per_layer["head"] + per_layer["block"]
+    return spec.n_layers * (heads_and_blocks if level == "all" else per_layer[level])
