@@ -33,6 +33,8 @@ DIMS: tuple[str, ...] = (
     "head",
     "component",
     "pos",
+    # Named spans of the prompts (``Prompt(spans=...)``), in prompt order: string labels.
+    "span",
     "query_pos",
     "key_pos",
     # Edges (capture/edges/): labelled "embed", "L3.H2", "L3.MLP" / "L3.H2.q", "logits".

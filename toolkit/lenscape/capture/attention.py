@@ -30,6 +30,7 @@ from ..sweep.backend import get_backend
 from ..sweep.inputs import Batch, Tokens, batched
 from ..sweep.options import UNMEASURED, Options
 from ..sweep.plan import Call, Plan, Scores, top_is_target
+from ..sweep.positions import token_labels
 from ..sweep.registry import method, run
 from ..sweep.result import prompt_coords, provenance
 
@@ -48,11 +49,6 @@ def eager_attention(model: LensModel) -> Iterator[None]:
         yield
     finally:
         hf.set_attn_implementation(previous)
-
-
-def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """Each token as the text it decodes to (leading spaces kept, newlines shown as ⏎)."""
-    return [tokenizer.decode([i]).replace("\n", "⏎") for i in ids]
 
 
 def _heads(head: int | Sequence[int] | None, n_heads: int) -> list[int]:

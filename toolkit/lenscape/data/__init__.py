@@ -4,18 +4,26 @@ A ``Prompt`` is one measurement unit: a ``text`` whose next token should be ``ta
 optionally a ``corrupt`` text of the same token length whose answer is ``distractor``
 (the counterfactual used by activation/attribution patching and the logit difference).
 A ``PromptSet`` is an immutable sequence of prompts with a name; its ``text`` and
-``category`` become the labels on the ``prompt`` dim of every result.
+``category`` become the labels on the ``prompt`` dim of every result. A prompt may name
+``spans`` of its text (``spans``: "IO", "S2", "subject", "END" ...), which line prompts of
+different lengths up by meaning for ``positions="spans"``; the built-in sets carry them.
 """
 
 from __future__ import annotations
 
 import random
+import re
+import string
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, overload
 
 from .. import _validate
 from .corpus import mixed_items
+from .spans import OTHER as OTHER
+from .spans import SpanSpec as SpanSpec
+from .spans import differing_words, end_span, resolve
+from .spans import find_span as find_span
 from .tables import load_table
 from .tasks import TASKS
 
@@ -30,6 +38,15 @@ class Prompt:
         corrupt: a counterfactual prompt of the same token length, or None.
         distractor: the corrupt prompt's answer (the logit-difference baseline), or None.
         category: a short label (e.g. "capital", "landmark").
+        spans: named character ranges of ``text``, name -> (start, end) (end exclusive),
+            in the order they start; given as offsets, a substring (its first occurrence)
+            or (substring, occurrence counted from 1), e.g. ``{"IO": "Mary", "S2": ("John",
+            2)}``. None: no spans. ``positions="spans"`` reads one cell per span; the name
+            ``"other"`` is reserved for the tokens in none.
+        corrupt_spans: the same names as ranges of ``corrupt``, when its words sit at other
+            characters (they must cover the same token positions as the clean spans:
+            patching reads both texts at the same positions). None: the clean spans'
+            token positions.
     """
 
     text: str
@@ -37,6 +54,8 @@ class Prompt:
     corrupt: str | None = None
     distractor: str | None = None
     category: str = ""
+    spans: dict[str, tuple[int, int]] | None = field(default=None, hash=False)
+    corrupt_spans: dict[str, tuple[int, int]] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         """Refuse fields of the wrong type and empty texts, naming the field.
@@ -46,13 +65,15 @@ class Prompt:
             ValueError: an empty (or whitespace-only) ``text`` or ``corrupt``: there would be
                 no position to read the target at.
         """
-        for field in fields(self):
-            value = getattr(self, field.name)
-            optional = field.name in ("corrupt", "distractor")
+        for text_field in fields(self):
+            if text_field.name in ("spans", "corrupt_spans"):
+                continue
+            value = getattr(self, text_field.name)
+            optional = text_field.name in ("corrupt", "distractor")
             if not isinstance(value, str) and not (optional and value is None):
                 kind = "a string or None" if optional else "a string"
                 raise TypeError(
-                    f"Prompt {field.name} must be {kind}, got {value!r} "
+                    f"Prompt {text_field.name} must be {kind}, got {value!r} "
                     f"({type(value).__name__}); e.g. Prompt(text='The capital of "
                     "France is', target=' Paris')."
                 )
@@ -64,6 +85,31 @@ class Prompt:
                     f"Prompt {name} {value!r} is empty; give the words the model "
                     f"reads before the target{none}."
                 )
+        self._resolve_spans()
+
+    def _resolve_spans(self) -> None:
+        """Turn ``spans`` and ``corrupt_spans`` into checked offsets (``spans.resolve``).
+
+        Raises:
+            TypeError, ValueError: as ``spans.resolve``; ``corrupt_spans`` without a corrupt
+                text or without ``spans``, or naming other spans.
+        """
+        if self.spans is not None:
+            object.__setattr__(self, "spans", resolve(self.spans, self.text))
+        if self.corrupt_spans is None:
+            return
+        if self.corrupt is None or self.spans is None:
+            raise ValueError(
+                "corrupt_spans are ranges of the corrupt text for the clean text's spans; "
+                "give corrupt= and spans= with them, or leave corrupt_spans=None."
+            )
+        ranges = resolve(self.corrupt_spans, self.corrupt, what="corrupt text")
+        if set(ranges) != set(self.spans):
+            raise ValueError(
+                f"corrupt_spans name {sorted(ranges)} but spans name {sorted(self.spans)}; "
+                "give the corrupt text's range of every clean span (same names)."
+            )
+        object.__setattr__(self, "corrupt_spans", ranges)
 
 
 class PromptSet(Sequence[Prompt]):
@@ -137,7 +183,8 @@ Prompts = PromptSet | Iterable[Prompt | dict[str, Any]]
 
 def from_records(records: Iterable[Prompt | dict[str, Any]], name: str = "custom") -> PromptSet:
     """Build a ``PromptSet`` from ``Prompt``s or dicts with keys ``text``, ``target`` and
-    optionally ``corrupt``, ``distractor``, ``category``.
+    optionally ``corrupt``, ``distractor``, ``category``, ``spans`` and ``corrupt_spans``
+    (name -> (start, end) offsets, a substring, or [substring, occurrence]: ``Prompt``).
 
     Raises:
         TypeError: ``records`` is one record (or a string) instead of a list of them, or a
@@ -219,9 +266,30 @@ def as_texts(prompts: Iterable[Prompt | str], *, with_target: bool = False) -> l
 _FACTUAL_KEYS = ("text", "target", "corrupt", "distractor", "category")
 
 
+def _factual_spans(text: str, corrupt: str) -> dict[str, Any]:
+    """A factual pair's spans: ``subject``, the words its corrupt text swaps (ROME's
+    subject), and ``END``, the last word, on both texts."""
+    spans: dict[str, Any] = {}
+    corrupt_spans: dict[str, Any] = {}
+    subject = differing_words(text, corrupt)
+    if subject is not None:
+        spans["subject"], corrupt_spans["subject"] = subject
+    for ranges, words in ((spans, text), (corrupt_spans, corrupt)):
+        end = end_span(words)
+        if subject is None or end[0] >= ranges["subject"][1]:
+            ranges["END"] = end
+    if set(spans) != set(corrupt_spans):
+        return {"spans": spans}
+    return {"spans": spans, "corrupt_spans": corrupt_spans}
+
+
 def _factual() -> PromptSet:
+    records = load_table("factual", keys=_FACTUAL_KEYS)
     return PromptSet(
-        (Prompt(**record) for record in load_table("factual", keys=_FACTUAL_KEYS)),
+        (
+            Prompt(**record, **_factual_spans(record["text"], record["corrupt"]))
+            for record in records
+        ),
         "factual",
     )
 
@@ -236,6 +304,25 @@ def _factual() -> PromptSet:
 # prompt_tables/ioi.json.
 
 
+#: The spans of an IOI prompt, by the template field that fills them: the indirect object
+#: (the answer), the first and the second mention of the subject; ``END`` is the last word.
+IOI_SPANS = {"A": "IO", "B": "S1", "S": "S2"}
+
+
+def _filled(template: str, values: dict[str, str]) -> tuple[str, dict[str, tuple[int, int]]]:
+    """``template`` with its fields filled from ``values``, and the character range of each
+    field's first filling, named by ``IOI_SPANS``, with ``END``."""
+    text, spans = "", {}
+    for literal, field_name, _, _ in string.Formatter().parse(template):
+        text += literal
+        if field_name is not None:
+            name = IOI_SPANS[field_name]
+            if name not in spans:
+                spans[name] = (len(text), len(text) + len(values[field_name]))
+            text += values[field_name]
+    return text, {**spans, "END": end_span(text)}
+
+
 def _ioi(pairs_per_template: int = 12, seed: int = 0) -> PromptSet:
     table = load_table("ioi", keys=("templates", "names"))
     rng = random.Random(seed)
@@ -243,13 +330,17 @@ def _ioi(pairs_per_template: int = 12, seed: int = 0) -> PromptSet:
     for category, template in table["templates"].items():
         for _ in range(pairs_per_template):
             a, b = rng.sample(table["names"], 2)
+            text, spans = _filled(template, {"A": a, "B": b, "S": b})
+            corrupt, corrupt_spans = _filled(template, {"A": a, "B": b, "S": a})
             items.append(
                 Prompt(
-                    template.format(A=a, B=b, S=b),
+                    text,
                     f" {a}",
-                    template.format(A=a, B=b, S=a),
+                    corrupt,
                     f" {b}",
                     category,
+                    spans=spans,
+                    corrupt_spans=corrupt_spans,
                 )
             )
     return PromptSet(items, "ioi")
@@ -284,6 +375,20 @@ def prompts(name: str = "factual") -> PromptSet:
 TASK_SPLITS = ("train", "validation", "all")
 
 
+def _task_spans(text: str) -> dict[str, tuple[int, int]]:
+    """A task item's spans: ``END``, its last word, and for arithmetic (a last line
+    "c op d =") the operands ``A`` and ``B`` of that line."""
+    line_start = text.rfind("\n") + 1
+    operands = re.fullmatch(r"(\d+) \S (\d+) =", text[line_start:])
+    if operands is None:
+        return {"END": end_span(text)}
+    return {
+        "A": (line_start + operands.start(1), line_start + operands.end(1)),
+        "B": (line_start + operands.start(2), line_start + operands.end(2)),
+        "END": end_span(text),
+    }
+
+
 def task(
     name: str, *, split: str = "train", validation_fraction: float = 0.2, seed: int = 0
 ) -> PromptSet:
@@ -305,7 +410,10 @@ def task(
         raise ValueError(f"Unknown split {split!r}; choose one of {list(TASK_SPLITS)}.")
     fraction = _validate.number("validation_fraction", validation_fraction, low=0, high=1)
     seed = _validate.seed("seed", seed)
-    items = [Prompt(text, target, category=category) for text, target, category in TASKS[name]()]
+    items = [
+        Prompt(text, target, category=category, spans=_task_spans(text))
+        for text, target, category in TASKS[name]()
+    ]
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
     n_val = round(fraction * len(items))

@@ -25,6 +25,7 @@ from ..models import LensModel
 from . import memory
 from .backend import TokenBatch
 from .options import Options
+from .positions import SpanPositions, cell_map, n_cells, span_order, span_positions
 
 
 @dataclass
@@ -35,6 +36,8 @@ class Batch:
         index: (batch,) positions of these prompts in the prompt list.
         clean: the clean prompts' tokens; ``corrupt`` the corrupt ones (or None).
         target, distractor: (batch,) token ids (distractor is -1 when absent).
+        cells: (batch, seq, n_cells) float, 1 where a padded token belongs to a position
+            cell (``positions.cell_map``), or None for ``positions="all"``.
     """
 
     index: torch.Tensor
@@ -42,6 +45,7 @@ class Batch:
     corrupt: TokenBatch | None
     target: torch.Tensor
     distractor: torch.Tensor
+    cells: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,11 @@ class Tokens:
             where the metric needs none; a target only for methods that take texts alone).
         fingerprint: SHA-256 of the prompt list (``fingerprint``).
         model: the name of the model whose tokenizer made the ids.
+        spans: per prompt, its spans' token positions (``positions.span_positions``; None
+            for a prompt without spans), or None when no prompt has spans.
+        span_names: the spans in one order across prompts, ``"other"`` last
+            (``positions.span_order``), or None; ``span_order_agrees``: whether every
+            prompt has its spans in that order.
     """
 
     prompts: PromptSet
@@ -66,6 +75,9 @@ class Tokens:
     distractor: torch.Tensor
     fingerprint: str
     model: str
+    spans: list[SpanPositions | None] | None = None
+    span_names: tuple[str, ...] | None = None
+    span_order_agrees: bool = True
 
     def __len__(self) -> int:
         return len(self.clean_ids)
@@ -90,6 +102,8 @@ class Inputs:
         tokens: the prompts, tokenised once per call.
         metric, level, backend, padding_side: the run's options.
         batch_size: prompts per pass (resolved: never None).
+        positions: "all", "each" or "spans" (``sweep/positions``): the cells each
+            component is measured in.
     """
 
     model: LensModel
@@ -99,6 +113,30 @@ class Inputs:
     backend: str
     batch_size: int
     padding_side: str
+    positions: str = "all"
+
+    @property
+    def n_cells(self) -> int:
+        """Cells per component (``positions.n_cells``)."""
+        return n_cells(self.positions, self.tokens.width, self.tokens.span_names)
+
+    def valid_cells(self) -> torch.Tensor:
+        """(n_prompts, n_cells) bool: the cells a prompt has (a position before its end, a
+        span holding some of its tokens); the others are not computed."""
+        tokens = self.tokens
+        if self.positions == "each":
+            lengths = torch.tensor([len(ids) for ids in tokens.clean_ids])
+            return torch.arange(self.n_cells)[None, :] < lengths[:, None]
+        if self.positions == "spans":
+            assert tokens.spans is not None and tokens.span_names is not None  # ``batched``
+            valid = torch.zeros(len(tokens), self.n_cells, dtype=torch.bool)
+            for row, (held, ids) in enumerate(zip(tokens.spans, tokens.clean_ids, strict=True)):
+                held = held or {}
+                for k, name in enumerate(tokens.span_names[:-1]):
+                    valid[row, k] = bool(held.get(name))
+                valid[row, -1] = sum(len(at) for at in held.values()) < len(ids)
+            return valid
+        return torch.ones(len(tokens), 1, dtype=torch.bool)
 
     @property
     def prompts(self) -> PromptSet:
@@ -120,12 +158,18 @@ class Inputs:
             if tokens.corrupt_ids is None
             else pad([tokens.corrupt_ids[i] for i in rows], pad_id, self.padding_side).to(device)
         )
+        clean = pad([tokens.clean_ids[i] for i in rows], pad_id, self.padding_side).to(device)
+        cells = None
+        if self.positions != "all":
+            spans = None if tokens.spans is None else [tokens.spans[i] for i in rows]
+            cells = cell_map(clean, self.positions, self.n_cells, spans, tokens.span_names)
         return Batch(
             index=torch.tensor(rows),
-            clean=pad([tokens.clean_ids[i] for i in rows], pad_id, self.padding_side).to(device),
+            clean=clean,
             corrupt=corrupt,
             target=tokens.target[rows].to(device),
             distractor=tokens.distractor[rows].to(device),
+            cells=cells,
         )
 
     def batches(self) -> Iterator[Batch]:
@@ -175,9 +219,15 @@ def _single_token(tokenizer: Any, text: str, what: str, index: int) -> int:
 
 
 def fingerprint(prompts: PromptSet) -> str:
-    """SHA-256 (16 hex chars) of a prompt list: texts, targets, distractors, corrupt texts
-    and categories, in order. Results carry it in attrs; stores check it before resuming."""
-    records = [[p.text, p.target, p.distractor, p.corrupt, p.category] for p in prompts]
+    """SHA-256 (16 hex chars) of a prompt list: texts, targets, distractors, corrupt texts,
+    categories and (where any prompt has them) spans, in order. Results carry it in attrs;
+    stores check it before resuming."""
+    records: list[list[Any]] = [
+        [p.text, p.target, p.distractor, p.corrupt, p.category] for p in prompts
+    ]
+    if any(p.spans is not None for p in prompts):  # prompts without spans keep their prints
+        for record, p in zip(records, prompts, strict=True):
+            record.append([p.spans, p.corrupt_spans])
     return hashlib.sha256(json.dumps(records).encode()).hexdigest()[:16]
 
 
@@ -230,15 +280,38 @@ def tokenize(
         )
     clean_ids = [tokenizer(p.text)["input_ids"] for p in prompt_set]
     model.check_context([len(ids) for ids in clean_ids], what="text")
+    corrupt_ids = _corrupt_ids(tokenizer, prompt_set, clean_ids) if needs_corrupt else None
+    spans, names, agrees = _spans(tokenizer, prompt_set, clean_ids, corrupt_ids)
     return Tokens(
         prompt_set,
         clean_ids,
-        _corrupt_ids(tokenizer, prompt_set, clean_ids) if needs_corrupt else None,
+        corrupt_ids,
         torch.tensor(target),
         torch.tensor(distractor),
         fingerprint(prompt_set),
         model.name,
+        spans,
+        names,
+        agrees,
     )
+
+
+def _spans(
+    tokenizer: Any,
+    prompts: PromptSet,
+    clean_ids: list[list[int]],
+    corrupt_ids: list[list[int]] | None,
+) -> tuple[list[SpanPositions | None] | None, tuple[str, ...] | None, bool]:
+    """The prompts' spans as token positions, their names in one order and whether every
+    prompt agrees with it (``Tokens``); (None, None, True) when no prompt has spans."""
+    if all(p.spans is None for p in prompts):
+        return None, None, True
+    spans = [
+        span_positions(tokenizer, p, i, ids, None if corrupt_ids is None else corrupt_ids[i])
+        for i, (p, ids) in enumerate(zip(prompts, clean_ids, strict=True))
+    ]
+    names, agrees = span_order([list(held) for held in spans if held is not None])
+    return spans, tuple(names), agrees
 
 
 def _corrupt_ids(tokenizer: Any, prompts: PromptSet, clean_ids: list[list[int]]) -> list[list[int]]:
@@ -314,6 +387,9 @@ def batched(
     Raises:
         MemoryError: the run needs more memory than is available (``memory.check``).
     """
+    positions = options.get("positions", "all")
+    if positions == "spans":
+        check_spans(tokens)
     estimate = plan_memory(model, tokens, options)
     memory.check(estimate)
     return Inputs(
@@ -324,4 +400,22 @@ def batched(
         options.backend,
         estimate.batch_size,
         options.padding_side,
+        positions,
     )
+
+
+def check_spans(tokens: Tokens) -> None:
+    """Refuse ``positions="spans"`` on prompts of which some name no span.
+
+    Raises:
+        ValueError: naming the prompts without spans and how to give them.
+    """
+    missing = [i for i, held in enumerate(tokens.spans or [None] * len(tokens)) if held is None]
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+        raise ValueError(
+            f"positions='spans' reads one cell per named span, but prompt(s) {shown} of "
+            f"{len(tokens)} name no spans; give every prompt spans (Prompt(..., spans={{'IO': "
+            "'Mary'}}), or the 'spans' key of lsc.data.from_records), use a built-in set "
+            "(lsc.data.prompts('ioi') carries them) or positions='each'."
+        )

@@ -35,6 +35,7 @@ class SharedDefaults:
     """The defaults of the shared options (their meaning: ``DESCRIPTIONS``)."""
 
     level: str = "head"
+    positions: str = "all"
     metric: str = "logit_diff"
     batch_size: int | None = 8
     backend: str = "nnsight"
@@ -54,6 +55,13 @@ DESCRIPTIONS = {
     "prompts": "a ``PromptSet`` (or ``Prompt``s / dicts) with single-token targets.",
     "level": '"head" -> dims (prompt, layer, head); "block" -> (prompt, layer, component) '
     "with attn and mlp.",
+    "positions": '"all": every position at once; "each": a ``pos`` dim, one cell per token '
+    "position from each prompt's first token (BOS included), with a ``token`` coord "
+    '(prompt, pos) and NaN past a prompt\'s end; "spans": a ``span`` dim, one cell per named '
+    'span of the prompts (``Prompt(spans=...)``) in prompt order and "other" (tokens in '
+    "none) last, with a ``span_text`` coord (prompt, span). Exact methods replace a cell's "
+    "tokens together; gradient estimates sum their per-position terms, so cells add up to "
+    "the all-positions score.",
     "metric": '"logit_diff", "logprob", "loss" or "logit": what a change is measured on.',
     "batch_size": "prompts per forward pass; None: the largest the method's memory estimate "
     "(``lsc.estimate``) fits in the available memory (CPU: up to 8, GPU: up to 256). A run "
@@ -79,6 +87,12 @@ BATCHING = ("metric", "batch_size", "backend", "padding_side")
 LEVELLED = ("level", *BATCHING)
 #: ... and exact sweeps, which stack edited copies of a batch.
 EXACT = (*LEVELLED, "variants_per_pass")
+#: The node methods that resolve token positions (``sweep/positions``): estimates ...
+POSITIONAL = (*LEVELLED, "positions")
+#: ... and exact sweeps.
+POSITIONAL_EXACT = (*EXACT, "positions")
+#: What ``positions`` takes (``sweep/positions``).
+POSITIONS = ("all", "each", "spans")
 #: Methods that read the model without a metric (the logit lens, attention patterns).
 UNMEASURED = ("batch_size", "backend", "padding_side")
 #: Where every registered method runs: it takes these last.
@@ -127,7 +141,12 @@ COUNT_OPTIONS = {
 #: estimate.
 MAX_STEPS = 512
 #: Choice options -> their allowed values.
-CHOICE_OPTIONS = {"metric": metrics.METRICS, "backend": BACKENDS, "padding_side": PADDING_SIDES}
+CHOICE_OPTIONS = {
+    "metric": metrics.METRICS,
+    "backend": BACKENDS,
+    "padding_side": PADDING_SIDES,
+    "positions": POSITIONS,
+}
 
 
 def integration_points(

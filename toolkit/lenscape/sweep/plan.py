@@ -215,11 +215,12 @@ def one_level_plan(
     prepass: dict[str, Any] | None = None,
     **params: Any,
 ) -> Plan[xr.DataArray]:
-    """A plan measuring every component of ``inputs.level`` whose result is
+    """A plan measuring every component of ``inputs.level`` (in each position cell of
+    ``inputs.positions``) whose result is
     ``to_dataarray`` of its scores (``method``, ``effect`` and ``params`` as there)."""
     return Plan(
         inputs,
-        len(components(inputs)),
+        len(components(inputs)) * inputs.n_cells,
         score,
         lambda values, correct, index: to_dataarray(
             inputs, values, correct=correct, method=method, effect=effect, index=index, **params

@@ -13,18 +13,25 @@ from .. import schema
 from .backend import Site
 from .inputs import Inputs
 from .metrics import LONG_NAMES, UNITS
+from .positions import token_labels
 
 #: The levels a per-component result is measured at: per head, or per attention/MLP block.
 LEVELS = ("head", "block")
+#: ... and, for the node methods that resolve positions, the residual stream entering each
+#: block (``("resid_pre", layer)``; only by position or span).
+NODE_LEVELS = (*LEVELS, "resid")
 
 
 def components(inputs: Inputs) -> list[tuple[Site, int | None]]:
     """The components a level measures, in result order: (site, head or None).
 
     Head level: ``(("z", layer), head)`` for every layer and head. Block level:
-    ``(("attn", layer), None)`` and ``(("mlp", layer), None)`` for every layer.
+    ``(("attn", layer), None)`` and ``(("mlp", layer), None)`` for every layer. Resid
+    level: ``(("resid_pre", layer), None)`` for every layer.
     """
     spec = inputs.model.spec
+    if inputs.level == "resid":
+        return [(("resid_pre", layer), None) for layer in range(spec.n_layers)]
     if inputs.level == "head":
         return [
             (("z", layer), head) for layer in range(spec.n_layers) for head in range(spec.n_heads)
@@ -96,6 +103,43 @@ def provenance(
     )
 
 
+def position_coords(inputs: Inputs, rows: Sequence[int]) -> dict[str, Any]:
+    """Coords of the cells of ``inputs.positions`` for prompts ``rows``: for "each" ``pos``
+    and ``token`` (prompt, pos), each token's text ("" past a prompt's end); for "spans"
+    ``span`` (names in prompt order, "other" last) and ``span_text`` (prompt, span), the
+    text of a prompt's tokens in the span ("" where it has none, " ... " between the
+    runs of "other"). Empty for "all"."""
+    tokens, tokenizer = inputs.tokens, inputs.model.tokenizer
+    if inputs.positions == "each":
+        labels = np.full((len(rows), tokens.width), "", dtype=object)
+        for i, prompt in enumerate(rows):
+            ids = tokens.clean_ids[prompt]
+            labels[i, : len(ids)] = token_labels(tokenizer, ids)
+        return {"pos": np.arange(tokens.width), "token": (("prompt", "pos"), labels.astype(str))}
+    if inputs.positions != "spans":
+        return {}
+    assert tokens.spans is not None and tokens.span_names is not None  # ``inputs.batched``
+    names = list(tokens.span_names)
+    texts = np.full((len(rows), len(names)), "", dtype=object)
+    for i, prompt in enumerate(rows):
+        ids, held = tokens.clean_ids[prompt], tokens.spans[prompt] or {}
+        pieces = token_labels(tokenizer, ids)
+        for k, name in enumerate(names[:-1]):
+            texts[i, k] = "".join(pieces[at] for at in held.get(name, []))
+        named = {at for positions in held.values() for at in positions}
+        runs: list[list[str]] = [[]]  # the "other" tokens, in runs of neighbours
+        for at in range(len(ids)):
+            if at in named:
+                runs.append([])
+            else:
+                runs[-1].append(pieces[at])
+        texts[i, -1] = " ... ".join("".join(run) for run in runs if run)
+    return {
+        "span": np.asarray(names, dtype=str),
+        "span_text": (("prompt", "span"), texts.astype(str)),
+    }
+
+
 def to_dataarray(
     inputs: Inputs,
     values: Any,
@@ -109,7 +153,9 @@ def to_dataarray(
     """Wrap (prompt, n_components) values in order of ``components(inputs)``.
 
     Args:
-        values: (k, n_layers * n_heads) or (k, n_layers * 2), torch or numpy.
+        values: (k, n_layers * n_heads * n_cells) or (k, n_layers * 2 * n_cells), or (k,
+            n_layers * n_cells) at level "resid", torch or numpy (``inputs.n_cells`` cells
+            per component, last: 1 for ``positions="all"``).
         correct: (k,) bool: the model's top clean prediction is the target (coord
             ``correct`` on ``prompt``).
         method: the method's name for attrs (e.g. "ablation").
@@ -118,20 +164,34 @@ def to_dataarray(
         params: method parameters recorded in attrs (scalars).
 
     Returns:
-        DataArray (prompt, layer, head) or (prompt, layer, component), with the coords
-        ``text``, ``category`` and ``correct`` on ``prompt``.
+        DataArray (prompt, layer, head) or (prompt, layer, component), then ``pos`` or
+        ``span`` with ``positions`` "each" or "spans" ((prompt, layer, pos | span) at level
+        "resid"), with the coords ``text``, ``category`` and ``correct`` on ``prompt``
+        (``position_coords`` on the cells).
     """
     spec = inputs.model.spec
     coords = prompt_coords(inputs, index, correct)
-    last = (spec.n_heads,) if inputs.level == "head" else (len(schema.BLOCK_COMPONENTS),)
-    values = values.reshape(len(coords["prompt"]), spec.n_layers, *last)
-    dims = ("prompt", "layer", "head" if inputs.level == "head" else "component")
+    rows = coords["prompt"].tolist()
+    last = {"head": (spec.n_heads,), "block": (len(schema.BLOCK_COMPONENTS),), "resid": ()}
+    dims: tuple[str, ...] = {
+        "head": ("prompt", "layer", "head"),
+        "block": ("prompt", "layer", "component"),
+        "resid": ("prompt", "layer"),
+    }[inputs.level]
+    cells: tuple[int, ...] = ()
+    if inputs.positions != "all":
+        cells = (inputs.n_cells,)
+        dims = (*dims, "pos" if inputs.positions == "each" else "span")
+        coords |= position_coords(inputs, rows)
+    values = values.reshape(len(rows), spec.n_layers, *last[inputs.level], *cells)
     if inputs.level == "block":
         coords["component"] = list(schema.BLOCK_COMPONENTS)
+    positional = {} if inputs.positions == "all" else {"positions": inputs.positions}
     attrs = {
         "long_name": f"{effect} {LONG_NAMES[inputs.metric]}",
         "units": UNITS[inputs.metric],
         **provenance(inputs, method, level=inputs.level),
+        **positional,
         **params,
     }
     return schema.make(values, dims=dims, coords=coords, attrs=attrs, n_layers=spec.n_layers)

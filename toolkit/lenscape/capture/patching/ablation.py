@@ -13,12 +13,13 @@ from ...data import Prompts
 from ...models import LensModel
 from ...sweep.backend import Site, get_backend
 from ...sweep.inputs import Batch, Inputs, batched
-from ...sweep.options import EXACT, Options
+from ...sweep.options import POSITIONAL_EXACT, Options
 from ...sweep.plan import Call, Plan, once
 from ...sweep.registry import method, run
-from ...sweep.result import LEVELS, components
-from .estimates import _columns, _gradient_effects, _gradients
-from .exact import Variant, _FixedPasses, _site_means, _sites
+from ...sweep.result import NODE_LEVELS
+from .checks import check_positions
+from .estimates import _columns, _gradient_effects, _gradients, cell_weights
+from .exact import Variant, _FixedPasses, _site_means, _sites, variants_of
 from .needs import ablation_memory
 from .refine import AUTO_TOP, Estimate, _check_refine, _exact_plan
 
@@ -27,6 +28,7 @@ ABLATION_KINDS = ("zero", "mean")
 
 def _check_ablation(model: LensModel, options: Options) -> None:
     """``ablation``'s own options (``Method.checks``)."""
+    check_positions(options)
     if not isinstance(options.kind, str) or options.kind not in ABLATION_KINDS:
         raise ValueError(
             f"Unknown ablation kind {options.kind!r}; choose one of {list(ABLATION_KINDS)}."
@@ -63,7 +65,7 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
     model, tokens, options = call.model, call.tokens, call.options
     kind = options.kind
     inputs = batched(model, tokens, options)
-    variants = components(inputs)
+    variants = variants_of(inputs)
     sites = _sites(variants)
     goal, replacement_for = _ablation_targets(inputs, variants, kind, call.prepass, call.progress)
     runner = get_backend(model, options.backend)
@@ -91,7 +93,7 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
                 error=error,
                 other=other,
             )
-            return _columns(products, terms, variants, batch.clean.attention_mask.float()), None
+            return _columns(products, terms, variants, cell_weights(batch, batch.clean)), None
 
         return estimate
 
@@ -108,7 +110,13 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
     )
 
 
-@method(plan_ablation, levels=LEVELS, shared=EXACT, memory=ablation_memory, checks=_check_ablation)
+@method(
+    plan_ablation,
+    levels=NODE_LEVELS,
+    shared=POSITIONAL_EXACT,
+    memory=ablation_memory,
+    checks=_check_ablation,
+)
 def ablation(
     model: LensModel,
     prompts: Prompts,

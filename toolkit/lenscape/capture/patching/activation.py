@@ -11,13 +11,13 @@ from ...data import Prompts
 from ...models import LensModel
 from ...sweep.backend import get_backend
 from ...sweep.inputs import Batch, batched
-from ...sweep.options import EXACT, Options
+from ...sweep.options import POSITIONAL_EXACT, Options
 from ...sweep.plan import Call, Plan
 from ...sweep.registry import method, run
-from ...sweep.result import LEVELS, components
-from .checks import _check_estimator, check_estimate, check_rules
+from ...sweep.result import NODE_LEVELS
+from .checks import _check_estimator, check_estimate, check_positions, check_rules
 from .estimates import _patching_estimator, error_method
-from .exact import _FixedPasses, _index, _sites
+from .exact import _FixedPasses, _index, _sites, variants_of
 from .needs import activation_patching_memory
 from .refine import (
     AUTO_TOP,
@@ -31,6 +31,7 @@ def _check_activation_patching(model: LensModel, options: Options) -> None:
     """``activation_patching``'s own options (``Method.checks``): the estimator that ranks
     components only means something with ``refine``."""
     check_estimate(model, options)
+    check_positions(options)
     _check_refine(model, options)
     chosen = {
         name: options.get(name)
@@ -55,7 +56,7 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     rules = check_rules(options.estimator, options.rules)
     inputs = batched(model, tokens, options)
     runner = get_backend(model, options.backend)
-    variants = components(inputs)
+    variants = variants_of(inputs)
     sites = _sites(variants)
 
     def estimate_with(error: bool, kept: _FixedPasses | None) -> Estimate:
@@ -96,9 +97,9 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
 
 @method(
     plan_activation_patching,
-    levels=LEVELS,
+    levels=NODE_LEVELS,
     needs_corrupt=True,
-    shared=EXACT,
+    shared=POSITIONAL_EXACT,
     memory=activation_patching_memory,
     checks=_check_activation_patching,
 )

@@ -11,16 +11,17 @@ import xarray as xr
 from ...data import Prompts
 from ...models import LensModel
 from ...sweep.inputs import Batch, batched
-from ...sweep.options import LEVELLED
+from ...sweep.options import POSITIONAL
 from ...sweep.plan import Call, Plan, Result, Scores
 from ...sweep.registry import method, run
-from ...sweep.result import LEVELS, components, to_dataarray
+from ...sweep.result import NODE_LEVELS, to_dataarray
 from .checks import (
     _check_attribution,
     _check_estimator,
     check_rules,
 )
 from .estimates import _estimator_name, _patching_estimator, error_method, with_error
+from .exact import variants_of
 from .needs import attribution_patching_memory
 
 
@@ -34,12 +35,12 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
     levels = ("head", "block") if level == "all" else (level,)
     first = batched(model, tokens, options, level=levels[0])
     inputs_by_level = {lvl: dataclasses.replace(first, level=lvl) for lvl in levels}
-    widths = [len(components(inputs_by_level[lvl])) for lvl in levels]
+    widths = [len(variants_of(inputs_by_level[lvl])) for lvl in levels]
     rules = check_rules(estimator, options.rules)
     error = options.error
     estimate = _patching_estimator(
         first,
-        [variant for lvl in levels for variant in components(inputs_by_level[lvl])],
+        [variant for lvl in levels for variant in variants_of(inputs_by_level[lvl])],
         steps=points,
         rules=rules,
         error=error,
@@ -89,9 +90,9 @@ def plan_attribution_patching(call: Call) -> Plan[Result]:
 
 @method(
     plan_attribution_patching,
-    levels=(*LEVELS, "all"),
+    levels=(*NODE_LEVELS, "all"),
     needs_corrupt=True,
-    shared=LEVELLED,
+    shared=POSITIONAL,
     memory=attribution_patching_memory,
     checks=_check_attribution,
 )

@@ -122,11 +122,28 @@ def check_estimate(model: LensModel, options: Options) -> None:
     check_relevance(model, check_rules(options.estimator, options.rules), backend=options.backend)
 
 
+def check_positions(options: Options) -> None:
+    """``positions`` against ``level`` (the choice itself is a shared option's check).
+
+    Raises:
+        ValueError: ``level="resid"`` with ``positions="all"``: patching the whole
+            residual stream entering a block replays the clean run (every effect the same).
+    """
+    if options.get("level") == "resid" and options.get("positions", "all") == "all":
+        raise ValueError(
+            "level='resid' patches the residual stream entering each block; at every "
+            "position at once that is the whole clean run from there on, the same effect "
+            "at every layer. Pass positions='each' (a layer x position map) or "
+            "positions='spans'."
+        )
+
+
 def _check_attribution(model: LensModel, options: Options) -> None:
-    """``attribution_patching``'s own options: the estimate's (``check_estimate``) and
-    ``error``, which takes one level (a Dataset of both would hold two ``error`` coords of
-    different dims)."""
+    """``attribution_patching``'s own options: the estimate's (``check_estimate``),
+    ``positions`` (``check_positions``) and ``error``, which takes one level (a Dataset of
+    both would hold two ``error`` coords of different dims)."""
     check_estimate(model, options)
+    check_positions(options)
     if _validate.flag("error", options.error) and options.level == "all":
         raise ValueError(
             "error=True takes level='head' or level='block' (the error coord has the "

@@ -203,21 +203,38 @@ def _gradients(
 def _component_columns(
     products: dict[Site, torch.Tensor], variants: list[Variant], mask: torch.Tensor
 ) -> torch.Tensor:
-    """Sum per-site products over real positions into (batch, len(variants)) columns.
+    """Sum per-site products over real positions (or over each position cell's) into
+    (batch, len(variants)) columns.
 
     Args:
         products: site -> (batch, pos, head, d_head) for "z" sites, (batch, pos, d_model)
-            for blocks.
-        mask: (batch, pos) 1 at real tokens.
+            for blocks and the residual stream.
+        mask: (batch, pos) 1 at real tokens, or (batch, pos, n_cells) the batch's cell map
+            (``Batch.cells``): then each component's cells, cells last.
     """
     columns = []
+    by_cell = mask.ndim == 3
     for site in _sites(variants):
         product = products[site]
-        if site[0] == "z":  # (batch, pos, head, d_head) -> (batch, head)
+        if site[0] == "z" and by_cell:  # (batch, pos, head, d_head) -> (batch, head * cell)
+            columns.append(torch.einsum("bphd,bpc->bhc", product, mask).flatten(1))
+        elif site[0] == "z":  # (batch, pos, head, d_head) -> (batch, head)
             columns.append(torch.einsum("bphd,bp->bh", product, mask))
+        elif by_cell:  # (batch, pos, d_model) -> (batch, cell)
+            columns.append(torch.einsum("bpd,bpc->bc", product, mask))
         else:  # (batch, pos, d_model) -> (batch, 1)
             columns.append(torch.einsum("bpd,bp->b", product, mask)[:, None])
-    return torch.cat(columns, dim=1)
+    values = torch.cat(columns, dim=1)
+    if by_cell:  # a cell a row has no token in is not computed
+        held = (mask.sum(1) > 0).repeat(1, values.shape[1] // mask.shape[2])
+        values = torch.where(held, values, float("nan"))
+    return values
+
+
+def cell_weights(batch: Batch, tokens: TokenBatch) -> torch.Tensor:
+    """What ``_columns`` sums a batch's per-position products with: its cell map
+    (``Batch.cells``), or with ``positions="all"`` the real tokens of ``tokens``."""
+    return tokens.attention_mask.float() if batch.cells is None else batch.cells
 
 
 def _columns(
@@ -228,7 +245,7 @@ def _columns(
 ) -> torch.Tensor:
     """(batch, len(variants)) estimates on the CPU, then, with error ``terms``
     (``_gradient_effects``), (batch, len(variants)) error estimates: |terms summed over
-    real positions|."""
+    real positions| (or over each cell's, ``mask`` as in ``_component_columns``)."""
     values = _component_columns(products, variants, mask)
     if terms is not None:
         values = torch.cat([values, _component_columns(terms, variants, mask).abs()], dim=1)
@@ -390,7 +407,7 @@ def _patching_estimator(
                 runner, metric, batch, sites, base=batch.corrupt, goal=goal
             )
             terms = {site: plain[site] - products[site] for site in sites}
-        values = _columns(products, terms, variants, batch.corrupt.attention_mask.float())
+        values = _columns(products, terms, variants, cell_weights(batch, batch.corrupt))
         values = metrics.check_finite(values, batch.index, metric)
         return Scores(values, top_is_target(clean_run.logits, batch.target))
 

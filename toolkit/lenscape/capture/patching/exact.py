@@ -24,13 +24,25 @@ from ...sweep.inputs import Batch, Inputs
 from ...sweep.plan import Scores, top_is_target
 from ...sweep.result import components
 
-Variant = tuple[Site, "int | None"]
+#: One column of a result: (site, head or None, cell or None): the component and the
+#: position cell it is replaced in (``sweep/positions``; None: every position).
+Variant = tuple[Site, "int | None", "int | None"]
 #: A variant and the batch rows (a 1-D index tensor) an exact pass edits it on.
 Piece = tuple[Variant, torch.Tensor]
 
 
+def variants_of(inputs: Inputs) -> list[Variant]:
+    """The columns of a result measured on ``inputs``: each component of
+    ``components(inputs)`` in each of its ``inputs.n_cells`` position cells, cells last
+    (cell None with ``positions="all"``)."""
+    if inputs.positions == "all":
+        return [(site, head, None) for site, head in components(inputs)]
+    cells = range(inputs.n_cells)
+    return [(site, head, cell) for site, head in components(inputs) for cell in cells]
+
+
 def _sites(variants: list[Variant]) -> list[Site]:
-    return list(dict.fromkeys(site for site, _ in variants))
+    return list(dict.fromkeys(site for site, _, _ in variants))
 
 
 def _index(head: int | None, rows: slice | torch.Tensor = slice(None)) -> tuple:
@@ -38,21 +50,28 @@ def _index(head: int | None, rows: slice | torch.Tensor = slice(None)) -> tuple:
     return (rows, slice(None)) if head is None else (rows, slice(None), head)
 
 
-def _stacked_edit(pieces: list[Piece], replacement):
+def _stacked_edit(pieces: list[Piece], replacement, cells: torch.Tensor | None = None):
     """Edit for a stacked pass: the rows of piece ``i`` (stacked in order) get its
-    variant replaced.
+    variant replaced, at every position (cell None) or at the positions of its cell.
 
     ``replacement(site, head, rows)`` -> tensor broadcastable to (len(rows), pos[, d]) for
-    the batch rows ``rows``.
+    the batch rows ``rows``; ``cells``: the batch's (batch, seq, n_cells) cell map
+    (``Batch.cells``), needed when a variant has a cell.
     """
 
     def edit(site: Site, value: torch.Tensor) -> torch.Tensor:
         value = value.clone()
         start = 0
-        for (variant_site, head), rows in pieces:
+        for (variant_site, head, cell), rows in pieces:
             if variant_site == site:
-                stacked = slice(start, start + len(rows))
-                value[_index(head, stacked)] = replacement(site, head, rows)
+                stacked = _index(head, slice(start, start + len(rows)))
+                new = replacement(site, head, rows)
+                if cell is not None:
+                    assert cells is not None  # see Args
+                    old = value[stacked]
+                    at = cells[rows, :, cell].bool().reshape(len(rows), -1, *[1] * (old.ndim - 2))
+                    new = torch.where(at, torch.as_tensor(new, dtype=old.dtype).to(old), old)
+                value[stacked] = new
             start += len(rows)
         return value
 
@@ -82,7 +101,7 @@ def _layer_groups(variants: list[Variant], columns: list[int]) -> list[tuple[int
     """``columns`` of ``variants`` grouped by the block they edit: [(layer, [column, ...])]."""
     groups: dict[int, list[int]] = {}
     for column in columns:
-        (_, layer), _ = variants[column]
+        (_, layer), _, _ = variants[column]
         groups.setdefault(layer, []).append(column)
     return sorted(groups.items())
 
@@ -101,7 +120,7 @@ def _edited_metric(
     order and resumed from the unedited run's residual stream at the first piece's block
     (pieces in block order: the rows of a later block's piece run the blocks before it
     unedited)."""
-    (_, layer), _ = pieces[0][0]
+    (_, layer), _, _ = pieces[0][0]
     stacked = torch.cat([rows for _, rows in pieces])
     resume = None if layer == 0 else (layer, unedited.acts[("resid_pre", layer)][stacked])
     target, distractor = batch.target[stacked], batch.distractor[stacked]
@@ -109,7 +128,7 @@ def _edited_metric(
     run = backend.run(
         getattr(batch, source).select(stacked),
         sites=_sites([variant for variant, _ in pieces]),
-        edit=_stacked_edit(pieces, replacement),
+        edit=_stacked_edit(pieces, replacement, batch.cells),
         resume=resume,
         vocab=read,
     )
@@ -249,8 +268,9 @@ def _sweep_scorer(
     correct: torch.Tensor | None = None,
     kept: _FixedPasses | None = None,
 ) -> Callable[[Batch, Callable], Scores]:
-    """``score(batch, step)``: metric change when each component is replaced, (rows,
-    n_components), and whether the model answers each clean prompt correctly.
+    """``score(batch, step)``: metric change when each component is replaced (in each of
+    its position cells), (rows, n_columns), and whether the model answers each clean
+    prompt correctly.
 
     Args:
         source: which tokens the edited passes run on, "clean" or "corrupt".
@@ -265,9 +285,10 @@ def _sweep_scorer(
             memory budget.
             The pieces (component, rows measured) go in block order, so a pass whose
             pieces span blocks resumes at its first piece's block.
-        cells: (n_prompts, n_components) bool, the cells to measure (prompts in prompt-list
-            order, components in ``components(inputs)`` order); the others are NaN. A pass
-            stacks only the rows a component is measured on. None: every cell.
+        cells: (n_prompts, n_columns) bool, the cells to measure (prompts in prompt-list
+            order, columns in ``variants_of(inputs)`` order); the others are NaN, as are
+            the position cells a prompt does not have (``Inputs.valid_cells``). A pass
+            stacks only the rows a column is measured on. None: every cell.
         correct: (n_prompts,) bool, known from an earlier pass (refine="auto"'s estimate):
             then every pass unembeds only what the metric reads (``metrics.read_ids``) and
             a batch with no cell to measure makes no pass. None: from the sweep's passes.
@@ -276,9 +297,9 @@ def _sweep_scorer(
     """
     model, metric = inputs.model, inputs.metric
     backend = get_backend(model, inputs.backend)
-    variants = components(inputs)
-    if cells is None:
-        cells = torch.ones(len(inputs.tokens), len(variants), dtype=torch.bool)
+    variants = variants_of(inputs)
+    valid = inputs.valid_cells().repeat(1, len(variants) // inputs.n_cells)
+    cells = valid if cells is None else cells & valid
     columns = [c for c in range(len(variants)) if cells[:, c].any()]
     groups = _layer_groups(variants, columns)
     # A pass holds as many rows as a full sweep's pass over one block would.
@@ -349,8 +370,13 @@ def _sweep_scorer(
 
 def _site_width(model: LensModel, level: str) -> int:
     """Numbers per token of every site a ``level`` sweep or estimate reads (z: n_heads x
-    d_head per layer; blocks: the attention and MLP outputs, 2 x d_model per layer)."""
+    d_head per layer; blocks: the attention and MLP outputs, 2 x d_model per layer; the
+    residual stream: d_model per layer)."""
     spec = model.spec
-    per_layer = {"head": spec.n_heads * spec.d_head, "block": 2 * spec.d_model}
+    per_layer = {
+        "head": spec.n_heads * spec.d_head,
+        "block": 2 * spec.d_model,
+        "resid": spec.d_model,
+    }
     heads_and_blocks = per_layer["head"] + per_layer["block"]
     return spec.n_layers * (heads_and_blocks if level == "all" else per_layer[level])

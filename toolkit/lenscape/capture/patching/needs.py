@@ -43,8 +43,10 @@ def _sweep_need(model: LensModel, options: Options, work: memory.Work) -> memory
     (kept by the unedited pass) and a pass of ``variants_per_pass`` stacked copies (by
     default one block's components, as many as memory allows)."""
     spec, e = model.spec, memory.element_bytes(model.dtype)
-    # One block's components: a pass of a sparse sweep (refine) packs as many rows.
-    wanted = spec.n_heads if options.get("level", "head") == "head" else 2
+    # One block's components (in each position cell): a pass of a sparse sweep (refine)
+    # packs as many rows.
+    per_layer = {"head": spec.n_heads, "block": 2, "resid": 1}[options.get("level", "head")]
+    wanted = per_layer * _cells_bound(options, work)
     copies = options.get("variants_per_pass") or memory.auto_variants_per_pass(
         model, rows=work.rows, width=work.width, wanted=wanted
     )
@@ -53,11 +55,17 @@ def _sweep_need(model: LensModel, options: Options, work: memory.Work) -> memory
     return memory.Need(activations=stacked, buffers=(spec.n_layers + copies) * resid)
 
 
-def _result_need(model: LensModel, level: str, work: memory.Work) -> memory.Need:
-    """The (prompt, component) float32 result of every prompt, held in memory."""
+def _cells_bound(options: Options, work: memory.Work) -> int:
+    """At most how many position cells a component has: 1 for ``positions="all"``, else
+    the tokens of the longest prompt (a span holds at least one token)."""
+    return 1 if options.get("positions", "all") == "all" else work.width
+
+
+def _result_need(model: LensModel, level: str, work: memory.Work, cells: int = 1) -> memory.Need:
+    """The (prompt, component[, cell]) float32 result of every prompt, held in memory."""
     spec = model.spec
-    columns = {"head": spec.n_heads, "block": 2, "all": spec.n_heads + 2}[level]
-    return memory.Need(buffers=work.n_prompts * spec.n_layers * columns * 4)
+    columns = {"head": spec.n_heads, "block": 2, "resid": 1, "all": spec.n_heads + 2}[level]
+    return memory.Need(buffers=work.n_prompts * spec.n_layers * columns * cells * 4)
 
 
 def ablation_memory(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
@@ -68,7 +76,7 @@ def ablation_memory(model: LensModel, options: Options, work: memory.Work) -> me
     if options.get("refine") is not None:
         auto = options.get("refine") == "auto"
         need = memory.largest(need, _estimate_need(model, work, level, 1, auto))
-    return need + _result_need(model, level, work)
+    return need + _result_need(model, level, work, _cells_bound(options, work))
 
 
 def activation_patching_memory(
@@ -89,7 +97,7 @@ def activation_patching_memory(
         stacked = _at_both_ends(points, check_rules(estimator, options.get("rules")), auto)
         estimate = _estimate_need(model, work, level, points, auto, both_ends=stacked)
         need = memory.largest(need, estimate)
-    return need + _result_need(model, level, work)
+    return need + _result_need(model, level, work, _cells_bound(options, work))
 
 
 def attribution_patching_memory(
@@ -105,5 +113,5 @@ def attribution_patching_memory(
     both = error or estimator == "trapezoid"
     stacked = _at_both_ends(points, check_rules(estimator, options.get("rules")), both)
     need = _estimate_need(model, work, level, points, both, both_ends=stacked)
-    need = need + _result_need(model, level, work)
-    return need + _result_need(model, level, work) if error else need
+    need = need + _result_need(model, level, work, _cells_bound(options, work))
+    return need + _result_need(model, level, work, _cells_bound(options, work)) if error else need

@@ -11,6 +11,7 @@ so benchmarks replay them offline."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -25,9 +26,8 @@ from ...sweep import memory
 from ...sweep.inputs import Batch, Inputs
 from ...sweep.options import Options
 from ...sweep.plan import Call, Plan, Scores, once, one_level_plan
-from ...sweep.result import components
 from .estimates import with_error
-from .exact import _FixedPasses, _sweep_scorer
+from .exact import _FixedPasses, _sweep_scorer, variants_of
 
 #: ``refine="auto"``: the components whose ranking it keeps exact, the tolerance (a share
 #: of the largest |estimate|) when ``tol`` is not given, and how many error estimates a
@@ -60,14 +60,17 @@ def _check_refine(model: LensModel, options: Options) -> None:
     ``top``, which only refine="auto" reads."""
     refine = options.refine
     spec = model.spec
-    n_components = spec.n_layers * (spec.n_heads if options.level == "head" else 2)
+    per_layer = {"head": spec.n_heads, "block": 2, "resid": 1}[options.level]
+    # By position the columns are known once the prompts are (``_refined_columns``).
+    by_position = options.get("positions", "all") != "all"
+    n_components = None if by_position else spec.n_layers * per_layer
     if isinstance(refine, str):
         if refine != "auto":
             raise ValueError(
                 f"refine must be a positive integer, 'auto' or None, got {refine!r}; e.g. "
                 "refine=10 (the 10 largest estimates) or refine='auto'."
             )
-    elif refine is not None and _validate.positive_int("refine", refine) > n_components:
+    elif refine is not None and _validate.positive_int("refine", refine) > (n_components or refine):
         raise ValueError(
             f"refine must be an integer from 1 to {n_components} (the number of "
             f"components at level={options.level!r}), got {refine!r}; None measures all."
@@ -112,16 +115,18 @@ def _estimates(
 
 
 def _refined_columns(inputs: Inputs, estimate: Estimate, k: int, progress: bool) -> list[int]:
-    """Positions (in ``components(inputs)``) of the ``k`` components whose prompt-mean
-    estimate is largest in absolute value, in component order."""
-    n_components = len(components(inputs))
+    """Positions (in ``variants_of(inputs)``) of the ``k`` columns (components, or
+    components in a position cell) whose prompt-mean estimate is largest in absolute value,
+    in column order."""
+    n_components = len(variants_of(inputs))
     k = _validate.positive_int("refine", k)
     if k > n_components:
         raise ValueError(
             f"refine must be an integer from 1 to {n_components} (the number of "
             f"components at level={inputs.level!r}), got {k!r}; None measures all."
         )
-    total = _estimates(inputs, estimate, progress, "ranking components")[0].sum(0)
+    # Summed over the prompts that have a position cell (NaN: one past a prompt's end).
+    total = np.nansum(_estimates(inputs, estimate, progress, "ranking components")[0], 0)
     order = np.argsort(-np.abs(total), kind="stable")
     return sorted(int(c) for c in order[:k])
 
@@ -178,7 +183,8 @@ def auto_cells(
     Returns:
         ((prompt, component) bool, the tolerance used).
     """
-    largest = float(np.abs(estimates).max()) if estimates.size else 0.0
+    finite = np.abs(estimates[np.isfinite(estimates)])
+    largest = float(finite.max()) if finite.size else 0.0
     tol = AUTO_TOL * largest if tol is None else float(tol)
     return error_bounds(errors, margin) > tol, tol
 
@@ -203,8 +209,13 @@ def ranking_cells(
     Returns:
         (prompt, component) bool.
     """
-    spread = np.where(measured, 0.0, bounds).mean(0)
-    mean = np.abs(values.mean(0))
+    # Position cells a prompt does not have are NaN in ``values``: means over the others.
+    missing = np.isnan(values)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column no prompt has: NaN
+        spread = np.nanmean(np.where(missing, np.nan, np.where(measured, 0.0, bounds)), 0)
+        mean = np.abs(np.nanmean(values, 0))
+    spread, mean = np.nan_to_num(spread), np.nan_to_num(mean)
     low, high = np.maximum(mean - spread, 0.0), mean + spread
     top = min(top, len(mean))
     # (component, other): whether the other could reach / surely exceeds the component.
@@ -213,7 +224,7 @@ def ranking_cells(
     surely_in = could_reach.sum(1) < top
     surely_out = (low[None, :] > high[:, None]).sum(1) >= top
     in_doubt = ~(surely_in | surely_out)
-    return in_doubt[None, :] & ~measured
+    return in_doubt[None, :] & ~measured & ~missing
 
 
 def _measured(
@@ -254,9 +265,11 @@ def _auto_refinement(
     ``beyond``) and those the ranking needs (``ranking_cells``); the tolerance used; and
     whether the model answers each clean prompt correctly, when the estimate tells (then the
     sweeps skip the full unembedding)."""
-    n = len(components(inputs))
+    n = len(variants_of(inputs))
     values, correct = _estimates(inputs, estimate, progress, "estimating errors")
     estimates, errors = values[:, :n], values[:, n:]
+    # A position cell a prompt does not have (NaN estimate) is never measured.
+    errors = np.where(np.isnan(estimates), 0.0, errors)
     first, tol_used = auto_cells(estimates, errors, tol=tol)
     exact = _measured(inputs, scorer_for, first, correct, progress)
     bounds = error_bounds(errors, calibrated_margins(estimates, errors, exact, first))
@@ -295,7 +308,7 @@ def _refined_cells(
     """
     options, prepass, progress = call.options, call.prepass, call.progress
     refine, (estimator, points, _) = options.refine, ranking
-    n_components = len(components(inputs))
+    n_components = len(variants_of(inputs))
     if refine is None:
         return None, None, {}
     params: dict[str, Any] = {"refine_estimator": estimator, "refine_steps": points}
