@@ -202,8 +202,8 @@ def _with_first(output, value):
 
 
 def hand_run(model, ids, edit=None):
-    """One unpadded forward pass of the HF model with plain hooks at the sites ("in", 0)
-    (the residual stream entering block 0), ("z", layer) (the o_proj input, (pos, n_heads x
+    """One unpadded forward pass of the HF model with plain hooks at the sites ("in", layer)
+    (the residual stream entering each block), ("z", layer) (the o_proj input, (pos, n_heads x
     d_head)), ("attn", layer) / ("mlp", layer) (the block's contribution to the residual
     stream) and ("final", -1) (the final norm's input). ``edit(site, value)`` (values with
     a batch dim of 1) may return a replacement.
@@ -222,10 +222,9 @@ def hand_run(model, ids, edit=None):
     def stream(site):
         return lambda m, a, k: _replace_hidden(a, k, apply(site, _hidden_of(a, k)))
 
-    handles.append(
-        hand_block(model, 0)["block"].register_forward_pre_hook(stream(("in", 0)), with_kwargs=True)
-    )
     for layer in range(model.spec.n_layers):
+        block = hand_block(model, layer)["block"]
+        handles.append(block.register_forward_pre_hook(stream(("in", layer)), with_kwargs=True))
         handles.append(
             o_proj_module(model, layer).register_forward_pre_hook(
                 lambda m, a, site=("z", layer): (apply(site, a[0]), *a[1:])
@@ -274,7 +273,7 @@ def hand_block_effects(model, prompt, *, source, replacement):
     return out
 
 
-def hand_gradient_scores(model, prompt, steps=1):
+def hand_gradient_scores(model, prompt, steps=1, by_position=False):
     """Attribution patching (``steps=1``) or its integrated-gradient variant by plain
     autograd: the gradient of the corrupt run's logit difference w.r.t. each head's o_proj
     input slice and each block's output, averaged over the runs whose block-0 input is
@@ -282,20 +281,22 @@ def hand_gradient_scores(model, prompt, steps=1):
     summed over positions.
 
     Returns:
-        (heads (layer, head), blocks (layer, component)) float64 arrays.
+        (heads (layer, head), blocks (layer, component)) float64 arrays; ``by_position``:
+        (heads (layer, head, pos), blocks (layer, component, pos), resid (layer, pos)), the
+        products not summed over positions, the residual stream entering each block too.
     """
     spec = model.spec
     clean_ids, corrupt_ids, target, distractor = _pair(model, prompt)
     with torch.no_grad():
         _, clean = hand_run(model, clean_ids)
-    sites = [site for site in clean if site[0] in ("z", *COMPONENTS)]
+    sites = [site for site in clean if site[0] in ("z", *COMPONENTS, "in")]
     grads, corrupt = dict.fromkeys(sites, 0.0), {}
     for k in range(steps):
         leaves = {site: torch.zeros_like(clean[site], requires_grad=True) for site in sites}
 
         def edit(site, value, alpha=k / steps, leaves=leaves):
-            if site == ("in", 0):
-                return value + alpha * (clean[site][None] - value) if alpha else None
+            if site == ("in", 0) and alpha:
+                value = value + alpha * (clean[site][None] - value)
             return value + leaves[site][None] if site in leaves else None
 
         logits, acts = hand_run(model, corrupt_ids, edit)
@@ -304,16 +305,73 @@ def hand_gradient_scores(model, prompt, steps=1):
             grads[site] = grads[site] + grad.double() / steps
             if k == 0:
                 corrupt[site] = acts[site].detach()
-    heads = np.zeros((spec.n_layers, spec.n_heads))
-    blocks = np.zeros((spec.n_layers, 2))
+    n_pos = clean_ids.shape[1]
+    heads = np.zeros((spec.n_layers, spec.n_heads, n_pos))
+    blocks = np.zeros((spec.n_layers, 2, n_pos))
+    resid = np.zeros((spec.n_layers, n_pos))
     for site in sites:
         kind, layer = site
-        product = grads[site] * (clean[site] - corrupt[site]).double()
+        product = grads[site] * (clean[site] - corrupt[site]).double()  # (pos, width)
         if kind == "z":
-            heads[layer] = product.view(-1, spec.n_heads, spec.d_head).sum((0, 2)).numpy()
+            heads[layer] = product.view(n_pos, spec.n_heads, spec.d_head).sum(2).T.numpy()
+        elif kind == "in":
+            resid[layer] = product.sum(1).numpy()
         else:
-            blocks[layer, COMPONENTS.index(kind)] = float(product.sum())
-    return heads, blocks
+            blocks[layer, COMPONENTS.index(kind)] = product.sum(1).numpy()
+    if by_position:
+        return heads, blocks, resid
+    return heads.sum(-1), blocks.sum(-1)
+
+
+def hand_span_positions(model, prompt):
+    """Each span's token positions by the rule itself, from the tokenizer's character
+    offsets (a token belongs to a span when their characters overlap), and "other" last."""
+    encoded = model.tokenizer(prompt.text, return_offsets_mapping=True)
+    held = {name: [] for name in prompt.spans}
+    for pos, (start, end) in enumerate(encoded["offset_mapping"]):
+        for name, (a, b) in prompt.spans.items():
+            if end > start and start < b and a < end:
+                held[name].append(pos)
+    named = {pos for positions in held.values() for pos in positions}
+    held["other"] = [pos for pos in range(len(encoded["input_ids"])) if pos not in named]
+    return held
+
+
+def hand_positional_patching(model, prompt, level, cells):
+    """(layer, [head | component,] cell) exact patching by hand, unpadded: the corrupt
+    run's logit difference change when one component's clean value is patched in at the
+    positions of one cell (``cells``: lists of positions; an empty one is NaN)."""
+    spec = model.spec
+    clean_ids, corrupt_ids, target, distractor = _pair(model, prompt)
+    with torch.no_grad():
+        _, clean = hand_run(model, clean_ids)
+        base = float(_diff(hand_run(model, corrupt_ids)[0], target, distractor))
+    parts = {
+        "resid": [("in", None)],
+        "head": [("z", head) for head in range(spec.n_heads)],
+        "block": [(kind, None) for kind in COMPONENTS],
+    }[level]
+    out = np.full((spec.n_layers, len(parts), len(cells)), np.nan)
+    for layer in range(spec.n_layers):
+        for k, (kind, head) in enumerate(parts):
+            columns = (
+                slice(None) if head is None else slice(head * spec.d_head, (head + 1) * spec.d_head)
+            )
+            for c, positions in enumerate(cells):
+                if not positions:
+                    continue
+
+                def edit(site, value, chosen=(kind, layer), at=positions, cols=columns):
+                    if site != chosen:
+                        return None
+                    value = value.clone()
+                    value[0, at, cols] = clean[site][at, cols]
+                    return value
+
+                with torch.no_grad():
+                    logits, _ = hand_run(model, corrupt_ids, edit)
+                out[layer, k, c] = float(_diff(logits, target, distractor)) - base
+    return out[:, 0] if level == "resid" else out
 
 
 def hand_dla(model, prompt):
@@ -513,6 +571,68 @@ def test_gradient_estimates_match_plain_autograd(model, prompts, estimator):
     expected = [hand_gradient_scores(model, p, steps) for p in prompts]
     assert_matches(grid(scores["heads"]), [e[0] for e in expected], f"{estimator} heads")
     assert_matches(grid(scores["blocks"]), [e[1] for e in expected], f"{estimator} blocks")
+
+
+def _by_position(values, width):
+    """Per-prompt arrays (..., pos) padded with NaN to ``width`` positions."""
+    pad = [(0, 0)] * (values.ndim - 1) + [(0, width - values.shape[-1])]
+    return np.pad(values, pad, constant_values=np.nan)
+
+
+def assert_cells_match(actual, expected, what):
+    """As ``assert_matches``, over the cells the reference computes; the others NaN in both."""
+    actual, expected = np.asarray(actual, dtype=float), np.asarray(expected, dtype=float)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected), err_msg=what)
+    known = ~np.isnan(expected)
+    assert_matches(actual[known], expected[known], what)
+
+
+@pytest.mark.parametrize("level", ["resid", "head", "block"])
+def test_patching_by_position_matches_hand_hooks(model, prompts, level):
+    """Exact patching one token position at a time (prompts of different lengths, padded
+    in one call), against unpadded hand hooks; positions past a prompt's end are NaN."""
+    got = result(model, prompts, "activation_patching", level=level, positions="each")
+    width = got.sizes["pos"]
+    expected = []
+    for p in prompts:
+        length = len(model.tokenizer(p.text)["input_ids"])
+        cells = [[pos] for pos in range(length)]
+        expected.append(_by_position(hand_positional_patching(model, p, level, cells), width))
+    assert_cells_match(grid(got), expected, f"{level} patching by position")
+
+
+def test_patching_by_span_matches_hand_hooks(model, prompts):
+    """Heads patched at all of a span's tokens together, the spans found by the rule
+    (characters overlap) from the tokenizer's offsets, against hand hooks."""
+    got = result(model, prompts, "activation_patching", level="head", positions="spans")
+    names = list(got["span"].values)
+    assert names[-1] == "other"
+    expected = []
+    for p in prompts:
+        held = hand_span_positions(model, p)
+        expected.append(
+            hand_positional_patching(model, p, "head", [held.get(n, []) for n in names])
+        )
+    assert_cells_match(grid(got), expected, "head patching by span")
+
+
+def test_attribution_by_position_matches_plain_autograd_and_adds_up(model, prompts):
+    """AtP per position (heads, blocks and the residual stream) equals plain autograd, and
+    each estimate's positions and spans add up to its all-positions score."""
+    by_pos = result(model, prompts, "attribution_patching", level="all", positions="each")
+    width = by_pos["heads"].sizes["pos"]
+    expected = [hand_gradient_scores(model, p, by_position=True) for p in prompts]
+    for name, k in (("heads", 0), ("blocks", 1)):
+        want = [_by_position(e[k], width) for e in expected]
+        assert_cells_match(grid(by_pos[name]), want, f"AtP {name} by position")
+    resid = result(model, prompts, "attribution_patching", level="resid", positions="each")
+    assert_cells_match(grid(resid), [_by_position(e[2], width) for e in expected], "AtP resid")
+    whole = result(model, prompts, "attribution_patching", level="all")
+    by_span = result(model, prompts, "attribution_patching", level="all", positions="spans")
+    for name in ("heads", "blocks"):
+        assert_matches(grid(by_pos[name].sum("pos")), grid(whole[name]), f"{name}: positions")
+        assert_matches(grid(by_span[name].sum("span")), grid(whole[name]), f"{name}: spans")
 
 
 def test_direct_logit_attribution_matches_the_hand_projection(model, prompts):

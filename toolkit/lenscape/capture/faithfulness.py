@@ -25,6 +25,7 @@ from .. import _validate, bootstrap, schema
 from ..data import Prompts
 from ..models import LensModel
 from ..sweep.inputs import Tokens, tokenize
+from ..sweep.options import BATCHING
 from ..sweep.registry import check_part, method, part_store
 from .patching import (
     DEFAULT_IG_STEPS,
@@ -321,7 +322,12 @@ def _costs(
     }
 
 
-@method(None, needs_corrupt=True, store="a folder: one .zarr store per part")
+@method(
+    None,
+    needs_corrupt=True,
+    shared=(*BATCHING, "positions"),
+    store="a folder: one .zarr store per part",
+)
 def faithfulness(
     model: LensModel,
     prompts: Prompts,
@@ -335,6 +341,8 @@ def faithfulness(
 
     Runs exact activation patching at head and block level and ``attribution_patching``
     (level "all") with each estimator, on the same prompts (tokenised once) and metric.
+    With ``positions`` "each" or "spans" both are resolved by position and the statistics
+    compare (component, position) cells (cells a prompt lacks are left out).
 
     Args:
         prompts: clean/corrupt pairs (e.g. ``lsc.data.prompts("factual")`` or ``("ioi")``).

@@ -18,7 +18,7 @@ from ...sweep.plan import Call, Plan, once
 from ...sweep.registry import method, run
 from ...sweep.result import NODE_LEVELS
 from .checks import check_positions
-from .estimates import _columns, _gradient_effects, _gradients, cell_weights
+from .estimates import _gradient_effects, _gradients, checked_columns
 from .exact import Variant, _FixedPasses, _site_means, _sites, variants_of
 from .needs import ablation_memory
 from .refine import AUTO_TOP, Estimate, _check_refine, _exact_plan
@@ -93,7 +93,8 @@ def plan_ablation(call: Call) -> Plan[xr.DataArray]:
                 error=error,
                 other=other,
             )
-            return _columns(products, terms, variants, cell_weights(batch, batch.clean)), None
+            values = checked_columns(products, terms, variants, batch, batch.clean, options.metric)
+            return values, None
 
         return estimate
 

@@ -224,11 +224,7 @@ def _component_columns(
             columns.append(torch.einsum("bpd,bpc->bc", product, mask))
         else:  # (batch, pos, d_model) -> (batch, 1)
             columns.append(torch.einsum("bpd,bp->b", product, mask)[:, None])
-    values = torch.cat(columns, dim=1)
-    if by_cell:  # a cell a row has no token in is not computed
-        held = (mask.sum(1) > 0).repeat(1, values.shape[1] // mask.shape[2])
-        values = torch.where(held, values, float("nan"))
-    return values
+    return torch.cat(columns, dim=1)
 
 
 def cell_weights(batch: Batch, tokens: TokenBatch) -> torch.Tensor:
@@ -250,6 +246,24 @@ def _columns(
     if terms is not None:
         values = torch.cat([values, _component_columns(terms, variants, mask).abs()], dim=1)
     return values.cpu()
+
+
+def checked_columns(
+    products: dict[Site, torch.Tensor],
+    terms: dict[Site, torch.Tensor] | None,
+    variants: list[Variant],
+    batch: Batch,
+    tokens: TokenBatch,
+    metric: str,
+) -> torch.Tensor:
+    """``_columns`` of one batch summed with ``cell_weights(batch, tokens)``, checked to be
+    finite, then NaN in the position cells a row holds no token of (not computed)."""
+    weights = cell_weights(batch, tokens)
+    values = metrics.check_finite(_columns(products, terms, variants, weights), batch.index, metric)
+    if batch.cells is None:
+        return values
+    held = (weights.sum(1) > 0).cpu()  # (rows, n_cells)
+    return torch.where(held.repeat(1, values.shape[1] // held.shape[1]), values, float("nan"))
 
 
 def _estimator_name(estimator: str, points: int, rules: str | None) -> str:
@@ -407,8 +421,7 @@ def _patching_estimator(
                 runner, metric, batch, sites, base=batch.corrupt, goal=goal
             )
             terms = {site: plain[site] - products[site] for site in sites}
-        values = _columns(products, terms, variants, cell_weights(batch, batch.corrupt))
-        values = metrics.check_finite(values, batch.index, metric)
+        values = checked_columns(products, terms, variants, batch, batch.corrupt, metric)
         return Scores(values, top_is_target(clean_run.logits, batch.target))
 
     return estimate
