@@ -44,6 +44,9 @@ F4_MODEL, F4_TASKS = "smollm2-135m", ("math", "syntax")
 F4_COLORS = ["#000000", "#1a9850", "#ffd700", "#d73027"]  # black -> green -> yellow -> red
 #: Prompts of the cached runs (the notebooks' default settings).
 N_PROMPTS, FINETUNE_STEPS, IG_STEPS, CIRCUIT_EDGES, RESAMPLES = 16, 200, 5, 60, 200
+#: The factual prompt causal tracing draws: "The Eiffel Tower is located in the city of" (its
+#: subject three tokens, as in ROME's figure).
+TRACED = 24
 
 Drawn = tuple[xr.DataArray | xr.Dataset, Any]
 
@@ -210,6 +213,58 @@ def agreement(cache: Path) -> Drawn:
     return report, lsc.agreement_chart(report)
 
 
+def ioi_by_span(cache: Path) -> Drawn:
+    """Where in the prompt the indirect-object heads act: exact patching of every head at
+    each named span (IO, S1, S2, END, other), mean over every IOI prompt and template."""
+    prompts = lsc.data.prompts("ioi")
+    per_prompt = lsc.activation_patching(
+        lsc.load(F4_MODEL),
+        prompts,
+        level="head",
+        positions="spans",
+        store=cache / "ioi_heads_by_span.zarr",
+        progress=False,
+    )
+    pooled = per_prompt.mean("prompt", keep_attrs=True)
+    chart = lsc.heatmap(
+        pooled,
+        x="head",
+        y="layer",
+        facet_col="span",
+        scale="auto",
+        title=f"Exact patching of each head at each span ({F4_MODEL}, mean over "
+        f"{len(prompts)} IOI pairs of 5 templates)",
+    )
+    return pooled, chart
+
+
+def causal_trace(cache: Path) -> Drawn:
+    """ROME's causal tracing of factual recall: the indirect effect of restoring the
+    residual stream, a 10-layer window of MLP outputs or of attention outputs at one
+    (layer, token), on one factual prompt the model answers right."""
+    model = lsc.load(F4_MODEL)
+    prompt = lsc.data.prompts("factual")[TRACED]
+    traces = {
+        kind: _cached(
+            cache / f"causal_trace_{kind}.nc",
+            lambda kind=kind: lsc.causal_trace(model, [prompt], kind=kind, progress=False),
+        ).isel(prompt=0)
+        for kind in ("resid", "mlp", "attn")
+    }
+    drawn = xr.concat(
+        [t.drop_vars(["role"], errors="ignore") for t in traces.values()], dim="model"
+    ).assign_coords(model=["residual stream", "MLP (10-layer window)", "attention (10-layer window)"])
+    chart = lsc.heatmap(
+        drawn,
+        x="pos",
+        y="layer",
+        facet_col="model",
+        title=f"Causal tracing of {prompt.text!r} -> {prompt.target!r} ({F4_MODEL}; subject "
+        "tokens noised, one cell restored)",
+    )
+    return drawn, chart
+
+
 #: Figure name -> (how it is drawn, where its numbers come from).
 FIGURES: dict[str, tuple[Callable[[Path], Drawn], str]] = {
     "f1_block_masks": (f1, 'lsc.recorded("block_masks", model=...) for smollm2-135m, gemma3-270m'),
@@ -227,6 +282,16 @@ FIGURES: dict[str, tuple[Callable[[Path], Drawn], str]] = {
         ".sample(16, seed=0), cached run); lsc.aggregate.mean",
     ),
     "agreement": (agreement, "lsc.faithfulness on the factual prompts (cached run)"),
+    "ioi_by_span": (
+        ioi_by_span,
+        "lsc.activation_patching(level='head', positions='spans') on the 60 IOI pairs "
+        "(cached run); mean over prompts",
+    ),
+    "causal_trace": (
+        causal_trace,
+        "lsc.causal_trace (kind resid, mlp, attn; ROME's protocol: noise 3, 10 samples, "
+        "seed 0) on one factual prompt (cached run)",
+    ),
 }
 
 

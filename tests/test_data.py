@@ -242,7 +242,7 @@ def test_builtin_sets_are_the_same_prompts_as_before_the_tables_moved(kind, name
     assert hashlib.sha256(json.dumps(records).encode()).hexdigest() == FROZEN[kind, name]
 
 
-@pytest.mark.parametrize("name", ["factual", "ioi", "math", "syntax"])
+@pytest.mark.parametrize("name", ["factual", "ioi", "math", "syntax", "repeated"])
 def test_built_in_spans_hold_tokens_of_the_bundled_tokenizer(smol_tokenizer, name):
     """Every span of every built-in prompt holds at least one token of SmolLM2's own
     tokenizer, no token sits in two spans, and a corrupt text's spans sit at the clean
@@ -256,3 +256,17 @@ def test_built_in_spans_hold_tokens_of_the_bundled_tokenizer(smol_tokenizer, nam
         held = span_positions(smol_tokenizer, p, i, clean, corrupt)
         assert held is not None and list(held) == list(p.spans)
         assert held["END"][-1] == len(clean) - 1, (i, p.text)  # the last word, read last
+
+
+def test_repeated_sequences_read_twice_and_their_corrupt_repeat_is_shuffled(smol_tokenizer):
+    prompts = lsc.data.prompts("repeated")
+    assert len(prompts) == 20 and prompts[0].text == lsc.data.prompts("repeated")[0].text
+    for p in prompts:
+        words = p.text.split()
+        first, second = words[:25], words[25:]
+        assert second == first[:24] and p.target == " " + first[24]
+        shuffled = p.corrupt.split()[25:]
+        assert sorted(shuffled) == sorted(second) and all(
+            a != b for a, b in zip(shuffled, second, strict=True)
+        )
+    _assert_pairs_tokenize_as_required(smol_tokenizer, prompts)

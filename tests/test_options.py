@@ -23,6 +23,8 @@ PACKAGE = Path(lsc.__file__).parent
 
 #: (module, function, option): a default of the same name that means something else, kept.
 OWN_MEANING = {
+    # Causal tracing restores one cell at a time: its default is ROME's layer x token map.
+    ("capture/tracing.py", "causal_trace", "positions"),
     # The fits' batch sizes are their protocol's (32 items per update in causal head gating,
     # texts per pass in the block-mask fit), not prompts per scoring pass, and never None.
     ("fits/gating.py", "task_loss", "batch_size"),

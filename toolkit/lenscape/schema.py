@@ -31,6 +31,9 @@ DIMS: tuple[str, ...] = (
     "cluster",
     "layer",
     "head",
+    # A key/value head (a head's key or value under grouped-query attention, shared by
+    # its query heads): ``part="k"`` / ``"v"`` of the patching methods.
+    "kv_head",
     "component",
     "pos",
     # Named spans of the prompts (``Prompt(spans=...)``), in prompt order: string labels.
@@ -50,6 +53,7 @@ INT_DIMS: tuple[str, ...] = (
     "cluster",
     "layer",
     "head",
+    "kv_head",
     "pos",
     "query_pos",
     "key_pos",

@@ -346,6 +346,73 @@ def _ioi(pairs_per_template: int = 12, seed: int = 0) -> PromptSet:
     return PromptSet(items, "ioi")
 
 
+#: Words of ``prompts("repeated")`` per sequence (before the repeat) and sequences.
+REPEATED_WORDS, REPEATED_PROMPTS = 25, 20
+
+
+def _repeated(seed: int = 0) -> PromptSet:
+    """Random word sequences read twice: an induction head predicts the second copy from
+    the first. Words are drawn (seeded) from the built-in tables' lowercase words, the
+    sequence's last word (the target) from the IOI names (one token with a leading space);
+    the text stops one word before the end of the repeat. The corrupt text shuffles the
+    repeat (no word at its place), so the first copy no longer predicts it, and lengths
+    stay the same under any tokenizer; its distractor is another name."""
+    corpus = load_table(
+        "corpus", keys=("names", "places", "things", "facts", "funcs", "items", "tasks", "verbs")
+    )
+    lists = load_table("tasks", keys=("nouns", "verbs", "subjects", "adjectives", "pronouns"))
+    entries = [corpus[k] for k in ("places", "things", "items", "verbs")]
+    entries += [lists[k] for k in ("nouns", "verbs", "adjectives")]
+    pool = sorted(
+        {word for entry in entries for word in _words(entry) if word.isalpha() and word.islower()}
+    )
+    names = load_table("ioi", keys=("templates", "names"))["names"]
+    rng = random.Random(seed)
+    items = []
+    for _ in range(REPEATED_PROMPTS):
+        words = [*rng.sample(pool, REPEATED_WORDS - 1)]
+        answer, other = rng.sample(names, 2)
+        sequence = [*words, answer]
+        shuffled = words[:]
+        while any(a == b for a, b in zip(shuffled, words, strict=True)):
+            rng.shuffle(shuffled)
+        first = " ".join(sequence)
+        text = f"{first} {' '.join(words)}"
+        corrupt = f"{first} {' '.join(shuffled)}"
+        repeat = len(first) + 1
+        spans = {
+            "first": (0, len(first)),
+            "second": (repeat, text.rindex(" ")),
+            "END": end_span(text),
+        }
+        corrupt_spans = {
+            "first": (0, len(first)),
+            "second": (repeat, corrupt.rindex(" ")),
+            "END": end_span(corrupt),
+        }
+        items.append(
+            Prompt(
+                text,
+                f" {answer}",
+                corrupt,
+                f" {other}",
+                "repeated",
+                spans=spans,
+                corrupt_spans=corrupt_spans,
+            )
+        )
+    return PromptSet(items, "repeated")
+
+
+def _words(value: Any) -> list[str]:
+    """Every word of a table entry (strings in nested lists and objects)."""
+    if isinstance(value, str):
+        return value.split()
+    if isinstance(value, dict):
+        return [w for item in value.values() for w in _words(item)]
+    return [w for item in value for w in _words(item)]
+
+
 def _mixed() -> PromptSet:
     return PromptSet((Prompt(text, "", category=kind) for text, kind in mixed_items()), "mixed")
 
@@ -355,6 +422,7 @@ PROMPT_SETS: dict[str, Callable[[], PromptSet]] = {
     "factual": _factual,
     "ioi": _ioi,
     "mixed": _mixed,
+    "repeated": _repeated,
 }
 
 
@@ -362,6 +430,8 @@ def prompts(name: str = "factual") -> PromptSet:
     """A built-in prompt set: ``"factual"`` (85 clean/corrupt factual-recall pairs),
     ``"ioi"`` (60 indirect-object pairs from 5 templates: clean answer = the indirect object,
     corrupt = the subject swapped, so its answer is the other name) or
+    ``"repeated"`` (20 sequences of 25 random words read twice, the target the next word
+    of the repeat, the corrupt text's repeat shuffled: induction heads) or
     ``"mixed"`` (320 short texts of 8 kinds: narrative, arithmetic, code, dialogue, facts,
     lists, instructions, to-dos; empty targets, for clustering and block masks)."""
     if name not in PROMPT_SETS:

@@ -5,6 +5,9 @@ block ``layer``, (batch, pos, d_model); ``("z", layer)`` is the per-head output 
 output projection, (batch, pos, n_heads, d_head); ``("attn", layer)`` and ``("mlp", layer)``
 are the blocks' contributions to the residual stream, (batch, pos, d_model);
 ``("resid_final", -1)`` is the residual stream entering the final norm, (batch, pos, d_model);
+``("q", layer)``, ``("k", layer)`` and ``("v", layer)`` are the query, key and value
+projections' outputs per head, (batch, pos, heads, d_head), keys and values per key/value
+head (families with separate projections only);
 ``("pattern", layer)`` is the attention pattern, (batch, n_heads, query_pos, key_pos) over
 query heads (the HF model must run with ``attn_implementation="eager"`` for nnsight).
 
@@ -51,7 +54,23 @@ BeforeFn = Callable[[torch.Tensor, torch.Tensor | None], None]
 #: d_model) as the residual stream entering it; earlier blocks are skipped.
 Resume = tuple[int, torch.Tensor]
 
-SITE_KINDS = ("resid_pre", "z", "pattern", "attn", "mlp", "resid_final")
+SITE_KINDS = ("resid_pre", "q", "k", "v", "z", "pattern", "attn", "mlp", "resid_final")
+#: Sites held per head, (batch, pos, heads, d_head): the query, key and value projections'
+#: outputs (keys and values per key/value head) and the per-head outputs.
+HEAD_SITES = ("q", "k", "v", "z")
+
+
+def heads_of(spec: ModelSpec, kind: str) -> int:
+    """How many heads a per-head site holds: key/value heads for "k" and "v"."""
+    return spec.n_kv_heads if kind in ("k", "v") else spec.n_heads
+
+
+def head_view(spec: ModelSpec, site: Site, value: torch.Tensor) -> torch.Tensor:
+    """A per-head site's flat (batch, pos, heads * d_head) value as (batch, pos, heads,
+    d_head); any other site's as it is."""
+    if site[0] not in HEAD_SITES:
+        return value
+    return value.view(*value.shape[:2], heads_of(spec, site[0]), spec.d_head)
 
 
 @dataclass
@@ -139,6 +158,13 @@ def site_module(layout: ArchLayout, site: Site) -> SiteModule:
         return SiteModule(block, "input")
     if kind == "z":
         return SiteModule(f"{block}.{layout.o_proj}", "input")
+    if kind in ("q", "k", "v"):
+        if len(layout.qkv) != 3:
+            raise ValueError(
+                f"This family fuses its query, key and value projections ({layout.qkv[0]}): "
+                f"it has no separate {kind!r} output to read or patch; use part='out'."
+            )
+        return SiteModule(f"{block}.{layout.qkv['qkv'.index(kind)]}", "output")
     if kind == "attn":
         return SiteModule(
             f"{block}.{layout.attn_out}", "output", 0 if layout.attn_out_tuple else None
@@ -241,8 +267,7 @@ class NNsightBackend:
                 if where.port == "input":
                     value = envoy.input
                     shape = value.shape
-                    if site[0] == "z":
-                        value = value.view(*shape[:2], spec.n_heads, spec.d_head)
+                    value = head_view(spec, site, value)
                     if edit is not None:
                         value = edit(site, value)
                     # Feed the (viewed) tensor back so gradients w.r.t. it exist.
@@ -253,6 +278,14 @@ class NNsightBackend:
                     if edit is not None:
                         value = edit(site, value)
                         envoy.output = (*output[: where.item], value, *output[where.item + 1 :])
+                elif site[0] in HEAD_SITES:  # a projection's output, viewed per head
+                    value = envoy.output
+                    shape = value.shape
+                    value = head_view(spec, site, value)
+                    if edit is not None:
+                        value = edit(site, value)
+                    # Fed back, as for inputs, so gradients w.r.t. the view exist.
+                    envoy.output = value.reshape(shape)
                 else:
                     value = envoy.output
                     if edit is not None:
@@ -304,6 +337,9 @@ class TransformerLensBackend:
         kind, layer = site
         return {
             "resid_pre": f"blocks.{layer}.hook_in",
+            "q": f"blocks.{layer}.attn.hook_q",
+            "k": f"blocks.{layer}.attn.hook_k",
+            "v": f"blocks.{layer}.attn.hook_v",
             "z": f"blocks.{layer}.attn.hook_z",
             "attn": f"blocks.{layer}.hook_attn_out",
             "mlp": f"blocks.{layer}.hook_mlp_out",
@@ -462,9 +498,7 @@ class _Standing:
         def hook(module, args, kwargs):
             value = args[0] if args else kwargs["hidden_states"]
             shape = value.shape
-            if site[0] == "z":
-                value = value.view(*shape[:2], spec.n_heads, spec.d_head)
-            value = self.edit(site, value).reshape(shape)
+            value = self.edit(site, head_view(spec, site, value)).reshape(shape)
             if args:
                 return (value, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": value}
@@ -474,7 +508,7 @@ class _Standing:
     def _output_hook(self, site: Site, where: SiteModule):
         def hook(module, args, output):
             if where.item is None:
-                return self.edit(site, output)
+                return self.edit(site, head_view(self.spec, site, output)).reshape(output.shape)
             value = self.edit(site, output[where.item])
             return (*output[: where.item], value, *output[where.item + 1 :])
 

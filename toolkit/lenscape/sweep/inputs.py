@@ -104,6 +104,9 @@ class Inputs:
         batch_size: prompts per pass (resolved: never None).
         positions: "all", "each" or "spans" (``sweep/positions``): the cells each
             component is measured in.
+        part: at level "head", the part of each head measured: "out" (its output before
+            the output projection), "q" (its query), "k" or "v" (the key or value of each
+            key/value head).
     """
 
     model: LensModel
@@ -114,6 +117,7 @@ class Inputs:
     batch_size: int
     padding_side: str
     positions: str = "all"
+    part: str = "out"
 
     @property
     def n_cells(self) -> int:
@@ -401,6 +405,7 @@ def batched(
         estimate.batch_size,
         options.padding_side,
         positions,
+        options.get("part", "out"),
     )
 
 

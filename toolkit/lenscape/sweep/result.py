@@ -10,7 +10,7 @@ import numpy as np
 import xarray as xr
 
 from .. import schema
-from .backend import Site
+from .backend import Site, heads_of
 from .inputs import Inputs
 from .metrics import LONG_NAMES, UNITS
 from .positions import token_labels
@@ -27,11 +27,17 @@ def components(inputs: Inputs) -> list[tuple[Site, int | None]]:
 
     Head level: ``(("z", layer), head)`` for every layer and head. Block level:
     ``(("attn", layer), None)`` and ``(("mlp", layer), None)`` for every layer. Resid
-    level: ``(("resid_pre", layer), None)`` for every layer.
+    level: ``(("resid_pre", layer), None)`` for every layer. With ``inputs.part`` "q",
+    "k" or "v": ``((part, layer), head)``, over the key/value heads for "k" and "v".
     """
     spec = inputs.model.spec
     if inputs.level == "resid":
         return [(("resid_pre", layer), None) for layer in range(spec.n_layers)]
+    if inputs.level == "head" and inputs.part != "out":  # a head's query, key or value
+        heads = heads_of(spec, inputs.part)
+        return [
+            ((inputs.part, layer), head) for layer in range(spec.n_layers) for head in range(heads)
+        ]
     if inputs.level == "head":
         return [
             (("z", layer), head) for layer in range(spec.n_layers) for head in range(spec.n_heads)
@@ -172,9 +178,11 @@ def to_dataarray(
     spec = inputs.model.spec
     coords = prompt_coords(inputs, index, correct)
     rows = coords["prompt"].tolist()
-    last = {"head": (spec.n_heads,), "block": (len(schema.BLOCK_COMPONENTS),), "resid": ()}
+    heads = heads_of(spec, inputs.part)
+    last = {"head": (heads,), "block": (len(schema.BLOCK_COMPONENTS),), "resid": ()}
+    head_dim = "kv_head" if inputs.part in ("k", "v") else "head"
     dims: tuple[str, ...] = {
-        "head": ("prompt", "layer", "head"),
+        "head": ("prompt", "layer", head_dim),
         "block": ("prompt", "layer", "component"),
         "resid": ("prompt", "layer"),
     }[inputs.level]
@@ -187,6 +195,8 @@ def to_dataarray(
     if inputs.level == "block":
         coords["component"] = list(schema.BLOCK_COMPONENTS)
     positional = {} if inputs.positions == "all" else {"positions": inputs.positions}
+    if inputs.part != "out":
+        positional["part"] = inputs.part
     attrs = {
         "long_name": f"{effect} {LONG_NAMES[inputs.metric]}",
         "units": UNITS[inputs.metric],

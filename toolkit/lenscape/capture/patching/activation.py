@@ -15,7 +15,7 @@ from ...sweep.options import POSITIONAL_EXACT, Options
 from ...sweep.plan import Call, Plan
 from ...sweep.registry import method, run
 from ...sweep.result import NODE_LEVELS
-from .checks import _check_estimator, check_estimate, check_positions, check_rules
+from .checks import _check_estimator, check_estimate, check_part, check_positions, check_rules
 from .estimates import _patching_estimator, error_method
 from .exact import _FixedPasses, _index, _sites, variants_of
 from .needs import activation_patching_memory
@@ -32,6 +32,7 @@ def _check_activation_patching(model: LensModel, options: Options) -> None:
     components only means something with ``refine``."""
     check_estimate(model, options)
     check_positions(options)
+    check_part(model, options)
     _check_refine(model, options)
     chosen = {
         name: options.get(name)
@@ -111,6 +112,7 @@ def activation_patching(
     estimator: str = "atp",
     steps: int | None = None,
     rules: str | None = None,
+    part: str = "out",
     tol: float | None = None,
     top: int = AUTO_TOP,
     **shared,
@@ -145,6 +147,11 @@ def activation_patching(
             0.10-0.13 of a full sweep's time on SmolLM2, 0.29 on gemma3-270m); a full
             sweep of blocks is cheap (two components a layer), and refine="auto" costs
             0.41-0.98 of one there.
+        part: at level "head", which part of each head: "out" (its output before the
+            output projection), "q" (its query: a dim ``head``), "k" or "v" (its key or
+            value projection's output, per key/value head: a dim ``kv_head``, one cell
+            shared by the query heads of a group under grouped-query attention, never
+            copied out to them); families that fuse q/k/v refuse "q", "k" and "v".
         tol: refine="auto"'s tolerance, in the metric's units (> 0); None: ``AUTO_TOL``
             (5%) of the largest |estimate| of the call.
         top: refine="auto" measures every component whose membership of the ``top`` by

@@ -103,6 +103,7 @@ def attribution_patching(
     estimator: str = "atp",
     steps: int | None = None,
     rules: str | None = None,
+    part: str = "out",
     error: bool = False,
     **shared,
 ) -> Result:
@@ -135,6 +136,11 @@ def attribution_patching(
             operation between the corrupt and the clean run (a clean reference pass, about
             1.2x "atp"'s time); "secant-0.9" over the first 90% of each operation's change,
             at the same cost, agrees best with exact patching on MLPs.
+        part: at level "head", which part of each head: "out" (its output before the
+            output projection), "q" (its query: a dim ``head``), "k" or "v" (its key or
+            value projection's output, per key/value head: a dim ``kv_head``, one cell
+            shared by the query heads of a group under grouped-query attention, never
+            copied out to them); families that fuse q/k/v refuse "q", "k" and "v".
         error: also estimate each cell's error: a coord ``error`` with the scores' dims and
             units, >= 0, its method and cost in the coord's attrs (``ERROR_METHODS``;
             ``error_method`` in the result's attrs). "atp": the trapezoid correction, one

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from ... import _validate
 from ...models import LensModel
+from ...sweep.backend import site_module
 from ...sweep.options import DEFAULTS, MAX_STEPS, Options, integration_points
 from ...sweep.relevance import RULE_SETS, unsupported
 
@@ -122,6 +123,33 @@ def check_estimate(model: LensModel, options: Options) -> None:
     check_relevance(model, check_rules(options.estimator, options.rules), backend=options.backend)
 
 
+#: What ``part`` takes: a head's output, query, key or value.
+PARTS = ("out", "q", "k", "v")
+
+
+def check_part(model: LensModel, options: Options) -> None:
+    """``part`` against ``level`` and the model's family, before any pass.
+
+    Raises:
+        ValueError: an unknown part, a part but "out" at another level than "head", or
+            "q", "k" or "v" on a family that fuses its projections.
+    """
+    part = options.get("part", "out")
+    if part == "pattern":
+        raise ValueError(
+            "part='pattern' (patching a head's attention weights) is not built yet; patch "
+            "its query and key (part='q', part='k') or its output (part='out')."
+        )
+    _validate.choice("part", part, PARTS)
+    if part != "out" and options.level != "head":
+        raise ValueError(
+            f"part={part!r} is a part of a head: it takes level='head', not "
+            f"level={options.level!r}."
+        )
+    if part != "out":
+        site_module(model.spec.layout, (part, 0))  # a fused family has no such output
+
+
 def check_positions(options: Options) -> None:
     """``positions`` against ``level`` (the choice itself is a shared option's check).
 
@@ -144,6 +172,7 @@ def _check_attribution(model: LensModel, options: Options) -> None:
     both would hold two ``error`` coords of different dims)."""
     check_estimate(model, options)
     check_positions(options)
+    check_part(model, options)
     if _validate.flag("error", options.error) and options.level == "all":
         raise ValueError(
             "error=True takes level='head' or level='block' (the error coord has the "

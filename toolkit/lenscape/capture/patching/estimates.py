@@ -18,7 +18,7 @@ import xarray as xr
 
 from ...models import LensModel
 from ...sweep import metrics
-from ...sweep.backend import RunResult, Site, TokenBatch, get_backend
+from ...sweep.backend import HEAD_SITES, RunResult, Site, TokenBatch, get_backend
 from ...sweep.inputs import Batch, Inputs
 from ...sweep.plan import Scores, top_is_target
 from ...sweep.relevance import RULE_SETS, clean_pass, rules_or_plain
@@ -216,9 +216,10 @@ def _component_columns(
     by_cell = mask.ndim == 3
     for site in _sites(variants):
         product = products[site]
-        if site[0] == "z" and by_cell:  # (batch, pos, head, d_head) -> (batch, head * cell)
+        per_head = site[0] in HEAD_SITES
+        if per_head and by_cell:  # (batch, pos, head, d_head) -> (batch, head * cell)
             columns.append(torch.einsum("bphd,bpc->bhc", product, mask).flatten(1))
-        elif site[0] == "z":  # (batch, pos, head, d_head) -> (batch, head)
+        elif per_head:  # (batch, pos, head, d_head) -> (batch, head)
             columns.append(torch.einsum("bphd,bp->bh", product, mask))
         elif by_cell:  # (batch, pos, d_model) -> (batch, cell)
             columns.append(torch.einsum("bpd,bpc->bc", product, mask))
