@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import altair as alt
 import xarray as xr
 
 import lenscape as lsc
@@ -251,17 +252,25 @@ def causal_trace(cache: Path) -> Drawn:
         ).isel(prompt=0)
         for kind in ("resid", "mlp", "attn")
     }
-    drawn = xr.concat(
-        [t.drop_vars(["role"], errors="ignore") for t in traces.values()], dim="model"
-    ).assign_coords(model=["residual stream", "MLP (10-layer window)", "attention (10-layer window)"])
-    chart = lsc.heatmap(
-        drawn,
-        x="pos",
-        y="layer",
-        facet_col="model",
+    names = {
+        "resid": "residual stream",
+        "mlp": "MLP, 10-layer window",
+        "attn": "attention, 10-layer window",
+    }
+    panels = [
+        lsc.heatmap(
+            trace,
+            x="pos",
+            y="layer",
+            title=f"{names[kind]}",
+        )
+        for kind, trace in traces.items()
+    ]
+    chart = alt.hconcat(*panels).properties(
         title=f"Causal tracing of {prompt.text!r} -> {prompt.target!r} ({F4_MODEL}; subject "
-        "tokens noised, one cell restored)",
+        "noised, one cell restored; indirect effect on p(answer))"
     )
+    drawn = xr.Dataset({kind: trace.drop_vars("role") for kind, trace in traces.items()})
     return drawn, chart
 
 
