@@ -96,7 +96,10 @@ def corpus() -> list[str]:
     """Every text, target and counterfactual of the built-in prompt sets and tasks."""
     import lenscape as lsc
 
-    sets = [lsc.data.prompts(name) for name in lsc.data.PROMPT_SETS]
+    # "repeated" (random words read twice, added later) is left out: the tiny test models'
+    # tokenizer, and so their random weights, stay those every test was written against;
+    # its texts still tokenize (a word the merges do not cover, into smaller pieces).
+    sets = [lsc.data.prompts(name) for name in lsc.data.PROMPT_SETS if name != "repeated"]
     sets += [lsc.data.task(name, split="all") for name in ("math", "syntax")]
     texts = []
     for prompt_set in sets:

@@ -82,7 +82,7 @@ def checked_pattern(kind: Any, ids: np.ndarray) -> np.ndarray:
     if isinstance(kind, str):
         if kind not in PATTERNS:
             raise ValueError(
-                f"Unknown head pattern {kind!r}; choose one of {list(PATTERNS)} or pass a "
+                f"Unknown head pattern kind={kind!r}; choose one of {list(PATTERNS)} or pass a "
                 "function of a prompt's token ids returning an (n, n) pattern."
             )
         return PATTERNS[kind](ids)

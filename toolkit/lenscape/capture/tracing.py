@@ -363,7 +363,8 @@ def causal_trace_memory(model: LensModel, options: Options, work: memory.Work) -
 
 @method(
     plan_causal_trace,
-    shared=UNMEASURED,
+    shared=(*UNMEASURED, "positions"),
+    defaults={"positions": "each"},
     memory=causal_trace_memory,
     checks=_check_trace,
 )
@@ -376,7 +377,6 @@ def causal_trace(
     noise: float = 3.0,
     samples: int = 10,
     seed: int = 0,
-    positions: str = "each",
     **shared,
 ) -> xr.DataArray:
     """Causal tracing of factual recall (ROME): the indirect effect of restoring one clean

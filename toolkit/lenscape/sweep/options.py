@@ -99,10 +99,13 @@ UNMEASURED = ("batch_size", "backend", "padding_side")
 PLACE = ("store", "client", "progress")
 
 
-def signature(function: Any, shared: Sequence[str]) -> inspect.Signature:
+def signature(
+    function: Any, shared: Sequence[str], defaults: Mapping[str, Any] | None = None
+) -> inspect.Signature:
     """``function``'s signature with the ``shared`` options (then ``PLACE``) in place of its
-    ``**shared`` catch-all: keyword-only, with their defaults (``DEFAULTS``) and types (the
-    annotations of ``SharedDefaults``). What ``help()``, the editor and ``capture_to`` see.
+    ``**shared`` catch-all: keyword-only, with their defaults (``DEFAULTS``, or the method's
+    own ``defaults``) and types (the annotations of ``SharedDefaults``). What ``help()``, the
+    editor and ``capture_to`` see.
 
     Raises:
         ValueError: an option of ``shared`` that is not a shared one.
@@ -120,7 +123,7 @@ def signature(function: Any, shared: Sequence[str]) -> inspect.Signature:
         inspect.Parameter(
             name,
             inspect.Parameter.KEYWORD_ONLY,
-            default=getattr(DEFAULTS, name),
+            default=(defaults or {}).get(name, getattr(DEFAULTS, name)),
             annotation=types[name],
         )
         for name in (*shared, *PLACE)

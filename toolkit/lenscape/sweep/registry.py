@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -74,6 +74,8 @@ class Method:
         memory: its footprint, ``(model, options, memory.Work) -> memory.Need``: what one
             batch holds beyond the weights, which picks ``batch_size=None`` and refuses a
             run that cannot fit (``inputs.batched``); ``lsc.estimate`` reports it.
+        shared_defaults: the shared options whose default differs for this method
+            (``method(defaults=)``).
         checks: ``(model, options) -> None``: the method's own checks of its options,
             against each other and the model (raising ``ValueError``/``TypeError``), run
             with the shared ones (``check``) before the prompts are tokenised; a composite
@@ -94,6 +96,7 @@ class Method:
     public: bool = True
     memory: memory.Footprint = memory.one_gradient_pass
     checks: Callable[[LensModel, Options], None] | None = None
+    shared_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def options(self) -> list[str]:
@@ -117,9 +120,17 @@ METHODS: dict[str, Method] = {}
 
 
 def method(
-    planner: Planner[Any] | None, *, shared: Sequence[str] = BATCHING, **settings: Any
+    planner: Planner[Any] | None,
+    *,
+    shared: Sequence[str] = BATCHING,
+    defaults: Mapping[str, Any] | None = None,
+    **settings: Any,
 ) -> Callable[[F], F]:
     """Register the decorated public function as a method (``Method`` fields ``settings``).
+
+    ``defaults`` gives a shared option another default for this method, where the shared
+    one would mean nothing there (causal tracing restores one position cell at a time:
+    ``positions="each"``).
 
     The function declares its own options and takes the shared ones as ``**shared``; the
     registered function (a ``functools.wraps`` wrapper) has the whole signature
@@ -132,7 +143,7 @@ def method(
         name = function.__name__
         if name in METHODS and METHODS[name].function.__module__ != function.__module__:
             raise ValueError(f"Two methods are named {name!r}; give the new one another name.")
-        full = signature(function, shared)
+        full = signature(function, shared, defaults or {})
 
         @functools.wraps(function)
         @in_one_call  # the weights hashed once per call, parts of a report included
@@ -143,7 +154,9 @@ def method(
 
         bound.__signature__ = full  # type: ignore[attr-defined]
         bound.__doc__ = describe(function.__doc__, full.parameters)
-        spec = METHODS[name] = Method(name, bound, planner, **settings)
+        spec = METHODS[name] = Method(
+            name, bound, planner, shared_defaults=dict(defaults or {}), **settings
+        )
         if planner is not None:
             memory.FOOTPRINTS[name] = spec.memory
             memory.ESTIMATES[name] = functools.partial(_estimate, spec)
