@@ -72,8 +72,10 @@ class Entry:
     @property
     def shown(self) -> str:
         """The name as a user types it (``lsc.open``, ``lsc.aggregate.mean``)."""
-        prefix = "lsc" if self.module == "lenscape" else "lsc." + self.module.split(".", 1)[1]
-        return f"{prefix}.{self.name}"
+        if self.module == "lenscape":
+            return f"lsc.{self.name}"
+        prefix = self.module.removeprefix("lenscape.")
+        return f"lsc.{prefix}.{self.name}" if prefix != self.module else f"{prefix}.{self.name}"
 
 
 def defined_names(module: types.ModuleType) -> list[str]:
@@ -128,7 +130,7 @@ def entries(module_name: str) -> list[Entry]:
     for name in public_names(module_name):
         value = getattr(module, name)
         kind = _kind(value)
-        doc = inspect.getdoc(value) if kind != "constant" else ""
+        doc = inspect.getdoc(value) if kind != "constant" else comment_above(module_name, name)
         target = _home(module_name, name, value)
         if kind == "module":
             target = f"reference/{MODULES[target]}.md" if target in MODULES else target
@@ -168,12 +170,29 @@ def _directive(entry: Entry, level: int) -> str:
     )
 
 
+def comment_above(module_name: str, name: str) -> str:
+    """The ``#:`` comment lines right above ``name``'s top-level assignment, joined ("" if
+    none): how lenscape documents a constant."""
+    lines = Path(inspect.getfile(importlib.import_module(module_name))).read_text().splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith((f"{name} =", f"{name}: ")):
+            above = []
+            for previous in reversed(lines[:index]):
+                if not previous.startswith("#:"):
+                    break
+                above.insert(0, previous.removeprefix("#:").strip())
+            return " ".join(above)
+    return ""
+
+
 def _constant(entry: Entry, level: int) -> str:
     value = getattr(importlib.import_module(entry.module), entry.name)
+    doc = comment_above(entry.module, entry.name)
     text = repr(value)
     shown = text if len(text) <= 300 else text[:300] + " …"
     heading = "#" * level
-    return f"{heading} `{entry.shown}` {{ #{entry.name} }}\n\n```python\n{entry.name} = {shown}\n```\n"
+    code = f"```python\n{entry.name} = {shown}\n```"
+    return f"{heading} `{entry.shown}` {{ #{entry.name} }}\n\n{doc}\n\n{code}\n"
 
 
 def _module_link(entry: Entry, level: int) -> str:
@@ -215,7 +234,7 @@ def page(module_name: str) -> str:
 def _summary_table(found: list[Entry]) -> list[str]:
     rows = ["| name | what it is |", "| --- | --- |"]
     for e in found:
-        summary = e.summary.replace("|", "\\|") if e.kind != "constant" else "constant"
+        summary = (e.summary or "constant").replace("|", "\\|")
         rows.append(f"| [`{e.shown}`](#{anchor(e)}) | {summary} |")
     return [*rows, ""]
 

@@ -170,9 +170,7 @@ def _demo(args: argparse.Namespace) -> None:
 def _agreement_table(report: Any) -> Any:
     """The demo's printed table: per estimator and component type, Pearson r over cells with
     its bootstrap interval, top-10 overlap, and the estimator's seconds."""
-    low, high = (
-        report["pearson_cells_interval"].sel(bound=b, drop=True) for b in ("low", "high")
-    )
+    low, high = (report["pearson_cells_interval"].sel(bound=b, drop=True) for b in ("low", "high"))
     table = report[["pearson_cells", "top_overlap"]].assign(r_low=low, r_high=high).to_dataframe()
     table["r (95% interval)"] = [
         f"{r:.3f} [{lo:.3f}, {hi:.3f}]"
