@@ -53,6 +53,8 @@ docs-notebooks: install
 # need Debian's chromium: .ci/ensure-chromium installs it (as root) or fails loudly, unless
 # LENSCAPE_SKIP_BROWSER=1 opts out. Tests run on one pytest-xdist worker per core, each with one
 # torch thread (tests/conftest.py); work stealing keeps both cores busy to the end.
+# tests/test_site.py builds the documentation site (strict, as `make docs` does) and opens it
+# in that Chromium.
 test: install
 	$(VENV)/bin/ruff check toolkit tests benchmarks
 	$(VENV)/bin/ruff format --check toolkit tests benchmarks
