@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv install demo figures test lab bench gpu-check clean
+.PHONY: venv install demo figures docs docs-notebooks test lab bench gpu-check clean
 
 venv: $(PY)
 
@@ -16,7 +16,7 @@ $(PY):
 
 # pyproject.toml declares ranges; constraints.txt holds the exact tested versions.
 $(STAMP): $(PY) pyproject.toml constraints.txt
-	$(PIP) install --quiet --no-compile -c constraints.txt -e ".[test,notebooks,dask]"
+	$(PIP) install --quiet --no-compile -c constraints.txt -e ".[test,notebooks,dask,docs]"
 	# pip compiles the bytecode on one core (115 s of a 314 s install here); compileall on every
 	# core takes 57 s. Machines that set PYTHONDONTWRITEBYTECODE never write it at import, so it
 	# is compiled here. -qq: a file no Python 3.11 reads (torch's py312 test fixtures) is skipped
@@ -36,11 +36,25 @@ demo: install
 figures: install
 	$(PY) docs/figures.py
 
+# The documentation site, offline, into site/ (ignored by git), in strict mode: a broken link,
+# a missing page or a public name without a docstring fails it (about 20 s; docs/build.py).
+# Tutorials show a cached execution of each notebook when docs-notebooks made one from the
+# notebook as it is, else its cells and the gallery figures it draws.
+docs: install
+	$(PY) docs/build.py
+
+# Runs every notebook at its default setting (minutes each) into out/docs-notebooks/, for
+# the tutorials' outputs; `make docs` then uses them. Not part of `make test`.
+docs-notebooks: install
+	$(PY) docs/tutorials.py --execute
+
 # Static checks first, so a lint, format or type finding fails fast, before the long test run
 # (any finding fails the target; the settings live in pyproject.toml). The real-browser tests
 # need Debian's chromium: .ci/ensure-chromium installs it (as root) or fails loudly, unless
 # LENSCAPE_SKIP_BROWSER=1 opts out. Tests run on one pytest-xdist worker per core, each with one
 # torch thread (tests/conftest.py); work stealing keeps both cores busy to the end.
+# tests/test_site.py builds the documentation site (strict, as `make docs` does) and opens it
+# in that Chromium.
 test: install
 	$(VENV)/bin/ruff check toolkit tests benchmarks
 	$(VENV)/bin/ruff format --check toolkit tests benchmarks
@@ -63,4 +77,4 @@ gpu-check: install
 	$(PY) benchmarks/run_all.py --only gpu_check --conditions "make gpu-check"
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) out site

@@ -167,7 +167,7 @@ def test_the_installed_command_runs_and_fails_cleanly(tmp_path):
 def test_demo_runs_on_a_tiny_model_folder(tmp_path, monkeypatch, capsys, tokenizer, factual):
     """``lenscape demo`` on a tiny model saved to a folder: the store and the charts are
     written into --out and nowhere else, and the stored exact map is activation patching of
-    the first N factual prompts on that model."""
+    a seeded sample of N factual prompts (every category in proportion) on that model."""
     folder = tmp_path / "tiny"
     tiny = lsc.models.tiny("llama", n_layers=2, seed=0, tokenizer=tokenizer)
     tiny.hf.save_pretrained(folder)
@@ -195,8 +195,10 @@ def test_demo_runs_on_a_tiny_model_folder(tmp_path, monkeypatch, capsys, tokeniz
     report = lsc.open(tmp_path / "run" / "demo.zarr")
     exact = report["exact_heads"]
     assert exact.sizes == {"prompt": 2, "layer": 2, "head": 4}
-    assert list(exact["text"].values) == factual.texts[:2]
-    expected = lsc.activation_patching(tiny, factual[:2], level="head", progress=False)
+    sample = factual.sample(2, seed=0)
+    assert list(exact["text"].values) == sample.texts
+    assert "r (95% interval)" in out and "--prompts all narrows it" in out
+    expected = lsc.activation_patching(tiny, sample, level="head", progress=False)
     np.testing.assert_allclose(exact.transpose(*expected.dims).values, expected.values, atol=1e-5)
 
 

@@ -75,7 +75,7 @@ def test_make_installs_from_the_lock():
     makefile = (ROOT / "Makefile").read_text()
     commands = [line for line in makefile.splitlines() if not line.lstrip().startswith("#")]
     assert any(line.endswith("-c constraints.txt torch") for line in commands)
-    assert '-c constraints.txt -e ".[test,notebooks,dask]"' in makefile
+    assert '-c constraints.txt -e ".[test,notebooks,dask,docs]"' in makefile
     assert locked()["torch"] == "2.13.0"  # the CPU wheel on disk here, never a CUDA download
 
 
@@ -84,7 +84,7 @@ def test_ci_and_readme_use_the_two_commands():
     readme = (ROOT / "README.md").read_text()
     assert "make demo" in readme and "make test" in readme
     makefile = (ROOT / "Makefile").read_text()
-    for target in ("venv:", "install:", "demo:", "test:", "lab:", "bench:"):
+    for target in ("venv:", "install:", "demo:", "docs:", "test:", "lab:", "bench:"):
         assert target in makefile
 
 

@@ -158,6 +158,10 @@ def ordered_dims(dims: Sequence[Hashable]) -> tuple[str, ...]:
 
     Raises:
         ValueError: if a dim is not in the vocabulary.
+
+    Examples:
+        >>> lsc.schema.ordered_dims(("head", "layer", "prompt"))
+        ('prompt', 'layer', 'head')
     """
     known = [d for d in dims if isinstance(d, str) and d in DIMS]
     if len(known) < len(dims):
@@ -167,7 +171,12 @@ def ordered_dims(dims: Sequence[Hashable]) -> tuple[str, ...]:
 
 
 def depth_coord(n_layers: int, layers: Sequence[int] | None = None) -> np.ndarray:
-    """Relative depth ``layer / (n_layers - 1)`` in [0, 1], to align models of different depth."""
+    """Relative depth ``layer / (n_layers - 1)`` in [0, 1], to align models of different depth.
+
+    Examples:
+        >>> lsc.schema.depth_coord(5).tolist()
+        [0.0, 0.25, 0.5, 0.75, 1.0]
+    """
     index = np.arange(n_layers) if layers is None else np.asarray(layers)
     return index / max(n_layers - 1, 1)
 

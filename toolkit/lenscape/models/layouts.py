@@ -348,7 +348,7 @@ def resolve_layout(config: Any, layout: ArchLayout | str | None = None) -> ArchL
             f"{sorted(ARCHITECTURES)}; for another family pass layout=lsc.ArchLayout(...) "
             "naming where its blocks, o_proj, attention and MLP outputs, final norm and "
             "unembedding live (or layout='llama' if it is built like one of these), and the "
-            "self-check on load verifies it (README, section Models)."
+            "self-check on load verifies it (docs/site/how-to/own-model.md)."
         )
     return ARCHITECTURES[model_type]
 
