@@ -216,8 +216,9 @@ def agreement(cache: Path) -> Drawn:
 
 def ioi_by_span(cache: Path) -> Drawn:
     """Where in the prompt the indirect-object heads act: exact patching of every head at
-    each named span (IO, S1, S2, END, other), mean over every IOI prompt and template."""
-    prompts = lsc.data.prompts("ioi")
+    each named span (IO, S1, S2, END, other), mean over two pairs of each of the five IOI
+    templates (their lengths differ; spans line them up)."""
+    prompts = lsc.data.prompts("ioi").sample(10, seed=0)
     per_prompt = lsc.activation_patching(
         lsc.load(F4_MODEL),
         prompts,
@@ -234,7 +235,7 @@ def ioi_by_span(cache: Path) -> Drawn:
         facet_col="span",
         scale="auto",
         title=f"Exact patching of each head at each span ({F4_MODEL}, mean over "
-        f"{len(prompts)} IOI pairs of 5 templates)",
+        f"{len(prompts)} IOI pairs, 2 of each of 5 templates)",
     )
     return pooled, chart
 
@@ -293,8 +294,8 @@ FIGURES: dict[str, tuple[Callable[[Path], Drawn], str]] = {
     "agreement": (agreement, "lsc.faithfulness on the factual prompts (cached run)"),
     "ioi_by_span": (
         ioi_by_span,
-        "lsc.activation_patching(level='head', positions='spans') on the 60 IOI pairs "
-        "(cached run); mean over prompts",
+        "lsc.activation_patching(level='head', positions='spans') on 10 IOI pairs "
+        "(prompts('ioi').sample(10, seed=0): 2 of each template; cached run); mean over prompts",
     ),
     "causal_trace": (
         causal_trace,
