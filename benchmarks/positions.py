@@ -27,7 +27,9 @@ import argparse
 import itertools
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,6 +37,9 @@ import torch
 os.environ.setdefault("TQDM_DISABLE", "1")  # read at import: TransformerLens' bars
 
 import _report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _helpers import span_positions_by_rule
 
 import lenscape as lsc
 from lenscape.sweep.backend import get_backend
@@ -192,15 +197,8 @@ def largest_gap(ours, theirs) -> tuple[float, float]:
 
 
 def span_cells(model, prompt, names):
-    """Each span's token positions by the rule (characters overlap), "other" last."""
-    encoded = model.tokenizer(prompt.text, return_offsets_mapping=True)
-    held = {name: [] for name in prompt.spans}
-    for pos, (start, end) in enumerate(encoded["offset_mapping"]):
-        for name, (a, b) in prompt.spans.items():
-            if end > start and start < b and a < end:
-                held[name].append(pos)
-    named = {pos for positions in held.values() for pos in positions}
-    held["other"] = [pos for pos in range(len(encoded["input_ids"])) if pos not in named]
+    """Each span's token positions by the rule (characters overlap), in ``names``' order."""
+    held = span_positions_by_rule(model.tokenizer, prompt)
     return [held.get(name, []) for name in names]
 
 

@@ -724,3 +724,17 @@ def reference_edge_scores_plain(model, prompt, steps=1, receivers=None, at="corr
             if hand_edge_exists(model, s, receiver):
                 scores[sender, label] = float(((clean[sender] - corrupt[sender]) * grad).sum())
     return scores
+
+
+def span_positions_by_rule(tokenizer, prompt) -> dict[str, list[int]]:
+    """Each span's token positions by the rule itself, from the tokenizer's character
+    offsets (a token belongs to a span when their characters overlap), "other" last."""
+    encoded = tokenizer(prompt.text, return_offsets_mapping=True)
+    held = {name: [] for name in prompt.spans}
+    for pos, (start, end) in enumerate(encoded["offset_mapping"]):
+        for name, (a, b) in prompt.spans.items():
+            if end > start and start < b and a < end:
+                held[name].append(pos)
+    named = {pos for positions in held.values() for pos in positions}
+    held["other"] = [pos for pos in range(len(encoded["input_ids"])) if pos not in named]
+    return held

@@ -186,3 +186,17 @@ def pytest_collection_modifyitems(items):
     """The tests marked ``slow`` (real models, notebooks, fresh processes) run first: with
     two workers stealing work, a minutes-long test started last would run alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture
+def no_pass(monkeypatch, tiny_llama):
+    """Makes every forward pass of ``tiny_llama``'s nnsight backend fail: a check that must
+    come before any pass fails its test otherwise."""
+    from lenscape.sweep.backend import get_backend
+
+    backend = get_backend(tiny_llama, "nnsight")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pass ran before the check")
+
+    monkeypatch.setattr(type(backend), "run", refuse)

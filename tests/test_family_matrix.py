@@ -48,6 +48,7 @@ from _helpers import (
     o_proj_module,
     reference_activation_patching,
     reference_zero_ablation,
+    span_positions_by_rule,
     torch_threads,
 )
 
@@ -323,20 +324,6 @@ def hand_gradient_scores(model, prompt, steps=1, by_position=False):
     return heads.sum(-1), blocks.sum(-1)
 
 
-def hand_span_positions(model, prompt):
-    """Each span's token positions by the rule itself, from the tokenizer's character
-    offsets (a token belongs to a span when their characters overlap), and "other" last."""
-    encoded = model.tokenizer(prompt.text, return_offsets_mapping=True)
-    held = {name: [] for name in prompt.spans}
-    for pos, (start, end) in enumerate(encoded["offset_mapping"]):
-        for name, (a, b) in prompt.spans.items():
-            if end > start and start < b and a < end:
-                held[name].append(pos)
-    named = {pos for positions in held.values() for pos in positions}
-    held["other"] = [pos for pos in range(len(encoded["input_ids"])) if pos not in named]
-    return held
-
-
 def hand_positional_patching(model, prompt, level, cells):
     """(layer, [head | component,] cell) exact patching by hand, unpadded: the corrupt
     run's logit difference change when one component's clean value is patched in at the
@@ -610,7 +597,7 @@ def test_patching_by_span_matches_hand_hooks(model, prompts):
     assert names[-1] == "other"
     expected = []
     for p in prompts:
-        held = hand_span_positions(model, p)
+        held = span_positions_by_rule(model.tokenizer, p)
         expected.append(
             hand_positional_patching(model, p, "head", [held.get(n, []) for n in names])
         )

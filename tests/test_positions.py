@@ -131,17 +131,6 @@ def test_corrupt_spans_at_other_token_positions_are_refused(tiny_llama):
 # -------------------------------------------------------------- checks before any pass
 
 
-@pytest.fixture
-def no_pass(monkeypatch, tiny_llama):
-    """Makes any forward pass fail: the checks must come first."""
-    backend = get_backend(tiny_llama, "nnsight")
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a pass ran before the check")
-
-    monkeypatch.setattr(type(backend), "run", refuse)
-
-
 def test_spans_on_prompts_without_spans_are_refused_before_any_pass(tiny_llama, factual, no_pass):
     plain = [Prompt(p.text, p.target, p.corrupt, p.distractor) for p in factual[:2]]
     for method in (lsc.ablation, lsc.activation_patching, lsc.attribution_patching):

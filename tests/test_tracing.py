@@ -11,7 +11,6 @@ from _helpers import _hidden_of, _replace_hidden
 import lenscape as lsc
 from lenscape.capture.tracing import window_layers
 from lenscape.data import Prompt
-from lenscape.sweep.backend import get_backend
 
 
 @pytest.fixture(scope="module")
@@ -120,16 +119,6 @@ def test_window_follows_rome():
     assert window_layers("mlp", 15, 10, 30) == list(range(10, 20))
     assert window_layers("attn", 29, 10, 30) == list(range(24, 30))
     assert window_layers("resid", 7, 10, 30) == [7]
-
-
-@pytest.fixture
-def no_pass(monkeypatch, tiny_llama):
-    backend = get_backend(tiny_llama, "nnsight")
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a pass ran before the check")
-
-    monkeypatch.setattr(type(backend), "run", refuse)
 
 
 @pytest.mark.parametrize(
