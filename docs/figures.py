@@ -267,7 +267,10 @@ def causal_trace(cache: Path) -> Drawn:
         )
         for kind, trace in traces.items()
     ]
-    chart = alt.hconcat(*panels).properties(
+    config = panels[0].config  # one config for the row: Vega-Lite keeps it at the top
+    for panel in panels:
+        panel.config = alt.Undefined
+    chart = alt.hconcat(*panels, config=config).properties(
         title=f"Causal tracing of {prompt.text!r} -> {prompt.target!r} ({F4_MODEL}; subject "
         "noised, one cell restored; indirect effect on p(answer))"
     )
