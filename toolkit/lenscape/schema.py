@@ -33,6 +33,7 @@ DIMS: tuple[str, ...] = (
     "head",
     "component",
     "pos",
+    "span",
     "query_pos",
     "key_pos",
     # Edges (capture/edges/): labelled "embed", "L3.H2", "L3.MLP" / "L3.H2.q", "logits".
