@@ -855,7 +855,8 @@ def prompt_tokens(da: xr.DataArray, prompt: Any, mark: Mapping[Hashable, Any]) -
         if pooled and "prompt" in token.dims:
             texts = aggregate.token_labels(da, "prompt").values
         else:
-            texts = token.sel(at).values.astype(str) if at else token.values.astype(str)
+            mine = at if at and "prompt" in token.dims else {}
+            texts = token.sel(mine).values.astype(str)
         cells = [
             _token_box(str(t), f"pos {p}", mark.get("pos") == p)
             for p, t in zip(da["pos"].values.tolist(), np.ravel(texts).tolist(), strict=True)
@@ -865,7 +866,7 @@ def prompt_tokens(da: xr.DataArray, prompt: Any, mark: Mapping[Hashable, Any]) -
         text = da["span_text"]
         if pooled and "prompt" in text.dims:
             text = text.isel(prompt=0)
-        elif at:
+        elif at and "prompt" in text.dims:
             text = text.sel(at)
         cells = [
             _token_box(
