@@ -99,6 +99,10 @@ SYMLOG_RATIO = 100.0
 #: in the lightest tenth of a linear scale (one head at +8.7 and the rest near white).
 OUTLIER_RATIO = 10.0
 OUTLIER_QUANTILE = 0.9
+#: ... and when the largest |value| is at least ``ALONE_RATIO`` times every other: one cell
+#: would take the darkest colour and the rest at most 40% of the range (notebook 01's exact
+#: map of 10 heads: L23.H4 at 8.7, the next at 3.0 and most near 1, all near white).
+ALONE_RATIO = 2.5
 #: A symmetric-log scale is linear within this share of its limit (Vega's ``constant``), so
 #: it spans three powers of ten: a value at 1% of the limit takes a third of the colour
 #: range, at 10% two thirds (a linear scale: 1% and 10%).
@@ -358,8 +362,9 @@ def pick_scale(values: Any, scale: Any, *, name: str = "scale") -> str:
     """The colour scale of ``values``: ``scale`` itself when it is "symlog" or "linear";
     for "auto", symmetric-log when the largest finite |value| is at least ``SYMLOG_RATIO``
     times the median one (the values span orders of magnitude) or at least
-    ``OUTLIER_RATIO`` times their ``OUTLIER_QUANTILE`` (a few outliers would wash the rest
-    of a linear map out to white), else linear.
+    ``OUTLIER_RATIO`` times their ``OUTLIER_QUANTILE`` or ``ALONE_RATIO`` times the next
+    largest (a few outliers, or one, would wash the rest of a linear map out to white),
+    else linear.
 
     Args:
         values: the values the scale serves (for a shared scale, all of them).
@@ -379,7 +384,8 @@ def pick_scale(values: Any, scale: Any, *, name: str = "scale") -> str:
     top = magnitude.max()
     spread = top >= SYMLOG_RATIO * np.median(magnitude)
     outlier = top >= OUTLIER_RATIO * np.quantile(magnitude, OUTLIER_QUANTILE)
-    return "symlog" if spread or outlier else "linear"
+    alone = top >= ALONE_RATIO * np.sort(magnitude)[-2]
+    return "symlog" if spread or outlier or alone else "linear"
 
 
 def symlog_ticks(limit: float, *, signed: bool = True) -> list[float]:
