@@ -805,10 +805,10 @@ def _graph_notes(
     out at a tie."""
     notes = [f"colour and width: {label_from_attrs(scores, 'score')}"]
     if {"k", "v"} & set(kinds):
+        columns = "column KV0" if layout.n_kv == 1 else f"columns KV0 to KV{layout.n_kv - 1}"
         notes.append(
-            f"k and v edges end at a key/value head (a diamond, columns KV0 to "
-            f"KV{layout.n_kv - 1}, each shared by {layout.group} query heads: KV0 by H0 to "
-            f"H{layout.group - 1})"
+            f"k and v edges end at a key/value head (a diamond, {columns}, each shared by "
+            f"{layout.group} query heads: KV0 by H0 to H{layout.group - 1})"
         )
     notes.append(
         "hover a line for the edge and its score"

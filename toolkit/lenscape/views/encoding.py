@@ -322,7 +322,7 @@ def axis_encoding(
             axis = {
                 "axis": alt.Axis(
                     labelExpr=f"{texts}[indexof({keys}, datum.value)]",
-                    labelAngle=-45 if channel == "x" else 0,
+                    labelAngle=-90 if channel == "x" else 0,  # upright boxes never overlap
                     labelLimit=LABEL_LIMIT,
                 ),
                 "title": f"{name} ({ticks[name].removesuffix(SHORT)})",
