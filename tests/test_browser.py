@@ -703,3 +703,109 @@ def test_circuit_pictures_read_in_the_browser(chromium, tmp_path, artifacts):
     labels = [box for box in texts["grid"] if box["text"] in receivers]
     assert len(labels) == len(receivers)
     assert _overlaps(labels) == []
+
+
+def _collisions(boxes):
+    """Every pair of a chart's texts that overlap (``_overlaps``), as Chromium lays them out;
+    the white outline drawn under a name (the same text in the same box) is no collision."""
+    seen, texts = set(), []
+    for box in boxes:
+        key = (box["text"], *(round(box[k]) for k in ("x", "y", "w", "h")))
+        if box["text"].strip() and box["w"] > 0 and box["h"] > 0 and key not in seen:
+            seen.add(key)
+            texts.append(box)
+    return _overlaps(texts)
+
+
+#: The chart's drawn width (its SVG) and the number of lines of its first rule mark.
+CHART_SIZE = """() => {
+  const svg = document.querySelector('.vega-embed svg.marks');
+  return {width: svg.getBoundingClientRect().width,
+          lines: document.querySelectorAll('.vega-embed .mark-rule line').length};
+}"""
+
+
+def _page_charts(report):
+    """The pictures of issue 61 at the notebooks' sizes, from synthetic results: a head map
+    with one outlier, two side by side, a circuit graph of a SmolLM2-shaped and of a
+    Gemma-shaped 1% circuit (hundreds of edges), the per-prompt bars of 16 prompts whose
+    texts begin alike, a token map pooled over prompts and the agreement chart of four
+    estimators."""
+    import numpy as np
+    import xarray as xr
+    from test_page_fit import edge_scores, heavy_heads
+    from test_positions import each
+
+    from lenscape.views.charts import bars
+
+    both = xr.concat([heavy_heads(0), heavy_heads(1)], dim="prompts").assign_coords(
+        prompts=["all 16 prompts", "the 12 prompts the model answers right"]
+    )
+    texts = [
+        f"The chemical symbol of element number {i} in the periodic table is" for i in range(3)
+    ]
+    texts += [f"The currency used in the country called number {i} is the" for i in range(13)]
+    per_prompt = lenscape.schema.make(
+        np.linspace(-1, 1, 16),
+        dims=("prompt",),
+        coords={"text": texts},
+        attrs={
+            **dict.fromkeys(lenscape.schema.PROVENANCE_ATTRS[2:], "synthetic"),
+            "long_name": "attribution",
+            "units": "logit diff",
+        },
+    )
+    smol, gemma = edge_scores(30, 9, 3), edge_scores(18, 4, 1)
+    return {
+        "head_map": lenscape.heatmap(heavy_heads(), x="head", y="layer"),
+        "head_maps": lenscape.heatmap(both, x="head", y="layer", facet_col="prompts"),
+        "graph_smollm2": lenscape.circuit_graph(smol, lenscape.circuit(smol, fraction=0.01)),
+        "graph_gemma3": lenscape.circuit_graph(gemma, lenscape.circuit(gemma, fraction=0.1)),
+        "bars": bars(per_prompt, y="prompt", title="layer 23, head 4: per prompt"),
+        "tokens": lenscape.heatmap(
+            lenscape.aggregate.mean(each(), "prompt").mean("head"), x="pos", y="layer"
+        ),
+        "agreement": lenscape.agreement_chart(report),
+    }
+
+
+def test_every_picture_fits_the_page_and_no_labels_overlap(
+    chromium, tmp_path, artifacts, tiny_llama, factual
+):
+    """Issue 61, drawn by Chromium: every picture is at most the notebook output area's
+    width, no two of its texts overlap, and the circuit graph draws at most
+    ``DRAWN_EDGES`` lines by default."""
+    from playwright.sync_api import expect, sync_playwright
+    from test_notebooks import OUTPUT_WIDTH
+
+    from lenscape.views.circuit import DRAWN_EDGES
+
+    report = lenscape.faithfulness(
+        tiny_llama,
+        factual[:4],
+        estimators=("atp", "ig:2", "relp:relp", "relp:secant-0.9"),
+        progress=False,
+    )
+    found = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1068, "height": 1400})
+            for name, chart in _page_charts(report).items():
+                path = tmp_path / f"{name}.html"
+                chart.save(path, format="html", inline=True, embed_options={"renderer": "svg"})
+                page.goto(path.as_uri())
+                expect(page.locator(CHART)).to_be_visible(timeout=30_000)
+                found[name] = {**page.evaluate(CHART_SIZE), "boxes": page.evaluate(TEXT_BOXES)}
+                page.screenshot(path=artifacts / f"fit_{name}.png", full_page=True)
+        finally:
+            browser.close()
+    (artifacts / "fit_widths.json").write_text(
+        json.dumps({name: f["width"] for name, f in found.items()}, indent=1)
+    )
+    wide = {name: f["width"] for name, f in found.items() if f["width"] > OUTPUT_WIDTH}
+    assert not wide, f"wider than the output area ({OUTPUT_WIDTH} px): {wide}"
+    for name, f in found.items():
+        assert _collisions(f["boxes"]) == [], name
+    for name in ("graph_smollm2", "graph_gemma3"):
+        assert 0 < found[name]["lines"] <= DRAWN_EDGES, name

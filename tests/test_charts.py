@@ -40,15 +40,16 @@ def test_agreement_chart(tiny_llama, factual):
     pairs = factual[:4]
     report = lsc.faithfulness(tiny_llama, pairs, estimators=("atp",), progress=False)
     spec = lsc.agreement_chart(report).to_dict()
-    scatter, statistics = (row["hconcat"] for row in spec["vconcat"])
+    scatter, statistics = spec["vconcat"][0]["concat"], spec["vconcat"][1]["hconcat"]
     panels = scatter
     assert [p["title"]["text"] for p in panels] == ["heads", "attention blocks", "MLP blocks"]
     at = dict(estimator="atp", component_type="mlp")
     r_mlp = float(report["pearson_means"].sel(at))
     low, high = report["pearson_means_interval"].sel(at).values
-    assert panels[2]["title"]["subtitle"] == (
-        f"r over prompt means: {r_mlp:.2f} [{low:.2f}, {high:.2f}] (atp)"
-    )
+    assert panels[2]["title"]["subtitle"] == [  # one line per estimator: no overlap
+        "r over prompt means:",
+        f"atp: {r_mlp:.2f} [{low:.2f}, {high:.2f}]",
+    ]
     # the second row: each statistic with its interval as an error bar
     assert [p["title"]["text"] for p in statistics] == [
         "r over prompt means",
@@ -66,11 +67,13 @@ def test_agreement_chart(tiny_llama, factual):
         "low": pytest.approx(low),
         "high": pytest.approx(high),
     }
-    assert statistics[2]["title"]["subtitle"] == (
-        "undefined, not drawn: attention blocks (atp), MLP blocks (atp)"
-    )  # 3 blocks of each kind: a top-10 overlap is undefined
+    assert statistics[2]["title"]["subtitle"] == [
+        "undefined, not drawn:",
+        "attention blocks (atp),",
+        "MLP blocks (atp)",
+    ]  # 3 blocks of each kind: a top-10 overlap is undefined
     old = report.drop_vars([v for v in report.data_vars if str(v).endswith("_interval")])
-    assert "hconcat" in lsc.agreement_chart(old).to_dict()  # a report saved before intervals
+    assert "concat" in lsc.agreement_chart(old).to_dict()  # a report saved before intervals
     points = next(layer for layer in panels[0]["layer"] if layer["mark"]["type"] == "circle")
     assert len(points["data"]["values"]) == 12  # 3 layers x 4 heads, one estimator
     first = points["data"]["values"][0]
@@ -166,13 +169,15 @@ def test_agreement_chart_counts_not_computed_cells_and_stays_valid_json(tiny_lla
     holed["pearson_means"] = report["pearson_means"].where(report["component_type"] != "head")
     spec = lsc.agreement_chart(holed).to_dict()
     json.dumps(spec, allow_nan=False)
-    heads = spec["vconcat"][0]["hconcat"][0]
+    heads = spec["vconcat"][0]["concat"][0]
     points = next(layer for layer in heads["layer"] if layer["mark"]["type"] == "circle")
     n_heads = tiny_llama.spec.n_heads
     assert len(points["data"]["values"]) == (tiny_llama.spec.n_layers - 1) * n_heads
-    assert heads["title"]["subtitle"] == (
-        f"r over prompt means: undefined (atp); {n_heads} cells not computed (NaN), not drawn"
-    )
+    assert heads["title"]["subtitle"] == [
+        "r over prompt means:",
+        "atp: undefined",
+        f"{n_heads} cells not computed (NaN), not drawn",
+    ]
 
 
 def test_bars_draw_the_mean_and_its_interval_when_asked():

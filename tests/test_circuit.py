@@ -15,7 +15,7 @@ from lenscape.schema import RECEIVER_KINDS
 from lenscape.views.circuit import (
     DASHES,
     GRID_STEP,
-    KV_DROP,
+    KV_GAP,
     NO_EDGE,
     NODE_SHAPES,
     NOT_MEASURED,
@@ -72,30 +72,36 @@ def test_every_node_is_named_and_layers_run_down_as_in_every_heatmap(scores):
     """Columns H0.. and MLP, rows L0.. from the top (layer 0 at the top, as heatmaps and the
     edge grid draw it); a node per query head, key/value head and MLP, each named in its
     tooltip; the embeddings above layer 0 and the logits below the last layer, each named
-    beside its triangle; a key/value head just above the middle of the query heads that
-    share it."""
+    beside its triangle on a white outline; the key/value heads in columns of their own
+    (KV0 ...) between the query heads and the MLP, so no diamond sits on a head's dot."""
     spec = circuit_graph(scores, edges=7).to_dict()
     points = _layer(spec, "point")
     nodes = {n["node"]: n for n in points["data"]["values"]}
     assert len(nodes) == 2 + 2 * (4 + 2 + 1)
-    assert (nodes["embeddings"]["x"], nodes["embeddings"]["y"]) == (2.0, -1.0)
-    assert (nodes["logits"]["x"], nodes["logits"]["y"]) == (2.0, 2.0)
+    assert (nodes["embeddings"]["x"], nodes["embeddings"]["y"]) == (1.5, -1.0)
+    assert (nodes["logits"]["x"], nodes["logits"]["y"]) == (1.5, 2.0)
     assert (nodes["L1.H3"]["x"], nodes["L1.H3"]["y"]) == (3.0, 1.0)
-    assert (nodes["L0.MLP"]["x"], nodes["L0.MLP"]["y"]) == (4.0, 0.0)
     kv = nodes["L1.KV1"]
-    assert (kv["x"], kv["y"]) == (2.5, 1 - KV_DROP) and kv["role"] == "key/value head"
+    assert (kv["x"], kv["y"]) == (3 + KV_GAP + 1.5, 1.0) and kv["role"] == "key/value head"
     assert kv["about"] == "key/value head of L1.H2-H3"
+    assert nodes["L1.KV0"]["x"] == kv["x"] - 1
+    assert (nodes["L0.MLP"]["x"], nodes["L0.MLP"]["y"]) == (kv["x"] + 1 + KV_GAP, 0.0)
+    places = [(n["x"], n["y"]) for n in nodes.values()]
+    assert len(set(places)) == len(places)  # no node on another
     assert {t["field"] for t in points["encoding"]["tooltip"]} == {"node", "about"}
     shapes = points["encoding"]["shape"]["scale"]
     assert shapes["domain"] == list(NODE_SHAPES) and len(set(shapes["range"])) == len(NODE_SHAPES)
     x_axis, y_axis = points["encoding"]["x"]["axis"], points["encoding"]["y"]["axis"]
-    assert x_axis["values"] == [0, 1, 2, 3, 4] and "'MLP'" in x_axis["labelExpr"]
+    assert x_axis["values"] == [0, 1, 2, 3, kv["x"] - 1, kv["x"], nodes["L0.MLP"]["x"]]
+    labels = json.loads(x_axis["labelExpr"].split("[indexof(")[0])
+    assert labels == ["H0", "H1", "H2", "H3", "KV0", "KV1", "MLP"]  # every column named
     assert y_axis["values"] == [0, 1] and points["encoding"]["y"]["scale"]["reverse"] is True
     names = [layer for layer in _layers(spec) if layer["mark"]["type"] == "text"]
     assert [
         (n["data"]["values"][0]["name"], n["data"]["values"][0]["x"], n["mark"]["dy"])
         for n in names
-    ] == [("embeddings", 2.0, -7), ("logits", 2.0, 7)]  # with its triangle, on its outer side
+    ] == [("embeddings", 1.5, -9), ("logits", 1.5, 9)] * 2  # outline, then the name
+    assert names[0]["mark"]["stroke"] == "white" and "stroke" not in names[2]["mark"]
     used = {r["sender"] for r in _layer(spec, "rule")["data"]["values"]}
     assert all(nodes[s if s != "embed" else "embeddings"]["used"] for s in used)
 
@@ -180,7 +186,7 @@ def test_graph_of_a_circuit_with_a_kind_filter(scores):
     rows = _layer(spec, "rule")["data"]["values"]
     assert {r["receiver"] for r in rows} == {"L1.KV1.k", "logits"}
     k_edge = next(r for r in rows if r["kind"] == "k")
-    assert (k_edge["x2"], k_edge["y2"]) == (2.5, 1 - KV_DROP)  # the key/value head's node
+    assert (k_edge["x2"], k_edge["y2"]) == (3 + KV_GAP + 1.5, 1.0)  # the key/value head's node
     assert k_edge["to"] == "L1.KV1"
     total = int(graph.valid.sum())
     assert spec["title"]["text"] == (
@@ -397,7 +403,9 @@ def test_weak_edges_show_on_a_symmetric_log_scale_with_the_linear_one_an_option_
     colour = lines["color"]["scale"]
     assert colour["type"] == "symlog" and colour["constant"] == pytest.approx(100 * SYMLOG_SHARE)
     assert colour["domain"] == [-100.0, 100.0] and colour["domainMid"] == 0
-    ticks = [0.1, 1.0, 10.0, 100.0]  # the powers of ten from the linear part to the limit
+    # the powers of ten from the linear part to the limit, but 0.1: 10% of the way from 0,
+    # its label would sit on 0's (encoding.TICK_GAP)
+    ticks = [1.0, 10.0, 100.0]
     assert lines["color"]["legend"]["values"] == [-t for t in ticks[::-1]] + [0.0] + ticks
     assert lines["strokeWidth"]["scale"]["type"] == "sqrt"
     assert any(
@@ -505,6 +513,7 @@ def test_a_consensus_circuit_says_so_in_the_title(scores):
         method="circuit", consensus_share=0.5, n_resamples=200, budget=3, n_edges=1
     )
     title = circuit_graph(scores, circuit).to_dict()["title"]["text"]
+    title = " ".join(title) if isinstance(title, list) else title  # long titles wrap
     assert title.startswith(
         "Consensus circuit of 1 edges (in ≥ 50% of 200 resampled top-3 circuits, on paths"
     )

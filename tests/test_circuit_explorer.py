@@ -121,3 +121,18 @@ def test_the_explorer_displays_with_a_picture_of_its_graph():
     assert "application/vnd.jupyter.widget-view+json" in data
     assert base64.b64decode(data["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
     assert metadata["image/png"]["width"] > 100
+
+
+def test_the_edge_slider_has_a_row_of_its_own_and_a_usable_length():
+    """Issue 61: beside the two toggle rows, flexbox squeezed the slider to about 30 px. It
+    is the first row of the widget, SLIDER_WIDTH wide and never narrower; the toggles wrap
+    in the row below."""
+    from lenscape.views.circuit_explorer import SLIDER_WIDTH
+
+    explorer = CircuitExplorer(_scores(), edges=5)
+    assert explorer.widget.children[0] is explorer.budget
+    assert explorer.budget.layout.width == explorer.budget.layout.min_width == SLIDER_WIDTH
+    assert int(SLIDER_WIDTH.removesuffix("px")) >= 400
+    toggles = explorer.widget.children[1]
+    assert list(toggles.children) == [explorer.kinds, explorer.scale]
+    assert toggles.layout.flex_flow == "row wrap"

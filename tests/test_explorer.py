@@ -252,7 +252,7 @@ ZERO_ONE = (SIGNED > 0).astype(float)
             per_prompt(SIGNED > 0).assign_attrs(long_name="kept", units="bool"),
             View("head", "layer", {"prompt": "share"}),
             "share of 3 prompts where kept",
-            ["share of 3 prompts where", "kept (share of prompts)"],
+            ["share of 3 prompts where kept", "(share of prompts)"],  # units on a line of their own
             "quantitative",
             None,
         ),
@@ -390,8 +390,9 @@ def test_clicking_a_cell_shows_its_values_per_prompt_and_the_detail_view():
     rows = next(rows for rows in bars["datasets"].values() if "text" in rows[0])
     assert [r["value"] for r in rows] == pytest.approx(SIGNED[:, 1, 0].tolist())
     assert [r["text"] for r in rows] == PROMPTS
+    # each prompt's text shortened in the middle (the full text is in the rows, for the tooltip)
     assert bars["layer"][-1]["encoding"]["y"]["axis"]["labelExpr"].startswith(
-        '["The capital of France'
+        '["The capital of F\\u2026ce is the city of"'
     )
     # the mean's interval beside the bars: the numbers of the heatmap's tooltip
     cell = next(r for r in inline_rows(spec(e)) if r["layer"] == 1 and r["head"] == 0)

@@ -571,6 +571,15 @@ def _seed_roles(w: World) -> xr.DataArray:
     return aggregate.roles(w.roles["facilitation"] >= 0.5, w.roles["interference"] >= 0.5)
 
 
+def _by_position(w: World) -> xr.DataArray:
+    """The world's scores as a (prompt, layer, pos) result by position: the heads as
+    positions, with a (prompt, pos) ``token`` coord whose position 1 differs by prompt."""
+    da = w.scores.rename(head="pos")
+    prompts, positions = da["prompt"].values, da["pos"].values
+    token = [[f"p{p}" if q == 1 else f"t{q}" for q in positions] for p in prompts]
+    return da.assign_coords(token=(("prompt", "pos"), np.array(token)))
+
+
 def _scores_2d(w: World) -> xr.DataArray:
     return w.scores.mean("prompt")
 
@@ -637,6 +646,14 @@ BY_LABEL: dict[str, ByLabel] = {
     "aggregate.mean": ByLabel(
         aggregate.mean, lambda w: {"da": w.scores, "n_resamples": 100}, ("da",)
     ),
+    "aggregate.token_labels": ByLabel(
+        aggregate.token_labels, lambda w: {"da": _by_position(w)}, ("da",)
+    ),
+    "aggregate.pooled_tokens": ByLabel(
+        aggregate.pooled_tokens,
+        lambda w: {"pooled": _by_position(w).mean("prompt"), "da": _by_position(w)},
+        ("pooled", "da"),
+    ),
     "aggregate.reliability": ByLabel(
         aggregate.reliability, lambda w: {"da": w.scores, "n_splits": 4, "top_k": 2}, ("da",)
     ),
@@ -693,6 +710,7 @@ def test_every_function_that_takes_results_back_is_read_by_label():
 AGGREGATE_REST: dict[str, dict[str, Any]] = {
     "binarize": {"threshold": 0.5},
     "roles": {"interference": xr.DataArray([True, False], dims="head")},
+    "pooled_tokens": {"da": xr.DataArray([1.0, 2.0], dims="prompt")},
 }
 
 

@@ -34,6 +34,13 @@ from . import _validate, bootstrap, mask_rules, schema
 ROLES = ("neither", "facilitating", "interfering", "both")
 #: Labels of the ``bound`` dim of ``mean``'s and ``reliability``'s results.
 BOUNDS = ("mean", "low", "high")
+#: The coord of each position's token (``positions="each"`` results: on (prompt, pos), or
+#: on pos once pooled), and what a pooled position's label says when the prompts' tokens
+#: there differ (``pooled_tokens``).
+TOKEN = "token"
+TOKENS_DIFFER = "tokens differ"
+#: The attr that counts the pooled positions whose tokens differ between prompts.
+MIXED_POSITIONS = "mixed_positions"
 #: Most random splits per size in ``reliability``, and most sizes.
 MAX_SPLITS = 10_000
 MAX_SIZES = 50
@@ -48,6 +55,77 @@ def _check(da: xr.DataArray, dim: str) -> None:
             f"Cannot aggregate over '{dim}': the data has dims {list(da.dims)}; "
             "pass dim= one of them."
         )
+
+
+def _shared_tokens(token: xr.DataArray, dim: str) -> tuple[np.ndarray, int]:
+    """``token_labels``' labels (along ``pos``, in ``token``'s order) and mixed count."""
+    texts = token.transpose(dim, "pos").values.astype(str)
+    labels, mixed = [], 0
+    for p, column in zip(token["pos"].values.tolist(), texts.T, strict=True):
+        present = {t for t in column.tolist() if t != ""}
+        if len(present) > 1:
+            mixed += 1
+            labels.append(f"pos {p} ({TOKENS_DIFFER})")
+        else:
+            labels.append(present.pop() if present else "")
+    return np.array(labels, dtype=object), mixed
+
+
+def token_labels(da: xr.DataArray, dim: str = "prompt") -> xr.DataArray:
+    """One label per position of a result by position (a (``dim``, pos) ``token`` coord):
+    the token every prompt has there (prompts past their end, "", do not count), "" where
+    no prompt reaches, and "pos 7 (tokens differ)" (``TOKENS_DIFFER``) where the prompts'
+    tokens differ, so that a mean over them there mixes words.
+
+    Args:
+        da: a result with a ``token`` coord on (``dim``, pos), e.g. (prompt, layer, pos).
+        dim: the dim the labels pool over.
+
+    Returns:
+        The labels along ``pos`` (its coords), with the count of positions whose tokens
+        differ in the ``mixed_positions`` attr.
+
+    Raises:
+        TypeError: ``da`` not a DataArray. ValueError: no (``dim``, pos) ``token`` coord.
+    """
+    _check(da, dim)
+    token = da.coords.get(TOKEN)
+    if token is None or set(token.dims) != {dim, "pos"}:
+        raise ValueError(
+            f"da has no token coord on ({dim}, pos) (coords {list(map(str, da.coords))}); "
+            "pass a result captured with positions='each'."
+        )
+    labels, mixed = _shared_tokens(token, dim)
+    return xr.DataArray(
+        labels, dims="pos", coords={"pos": token["pos"].values}, attrs={MIXED_POSITIONS: mixed}
+    )
+
+
+def pooled_tokens(pooled: xr.DataArray, da: xr.DataArray, dim: str = "prompt") -> xr.DataArray:
+    """``pooled`` (``da`` reduced over ``dim``, e.g. ``da.mean("prompt")``) with the 1-D
+    ``token`` label per position that xarray's reduction dropped (``token_labels``) and the
+    count of positions whose tokens differ in its ``mixed_positions`` attr.
+
+    Args:
+        pooled: the reduced result, with a ``pos`` dim.
+        da: the result before the reduction.
+        dim: the dim reduced.
+
+    Returns:
+        ``pooled`` with the labels, or ``pooled`` itself where ``da`` had no (``dim``, pos)
+        ``token`` coord or ``pooled`` no ``pos`` dim.
+
+    Raises:
+        TypeError: ``pooled`` or ``da`` not a DataArray.
+    """
+    _validate.result("pooled", pooled, kind=xr.DataArray, made_by="a reduction of a result")
+    _check(da, dim)
+    token = da.coords.get(TOKEN)
+    if token is None or set(token.dims) != {dim, "pos"} or "pos" not in pooled.dims:
+        return pooled
+    labels = token_labels(da, dim).sel(pos=pooled["pos"])
+    out = pooled.assign_coords({TOKEN: ("pos", labels.values)})
+    return out.assign_attrs({MIXED_POSITIONS: labels.attrs[MIXED_POSITIONS]})
 
 
 def _finish(
@@ -554,6 +632,9 @@ def mean(
         error estimates, which bounds the mean's error as they bound each prompt's
         (|mean(estimate - exact)| <= mean |estimate - exact|); NaN where any prompt's is
         (unknown stays unknown). A ``measured`` coord becomes "measured on every prompt".
+        A (prompt, pos) ``token`` coord becomes one label per position (``pooled_tokens``:
+        the shared token, or "pos 7 (tokens differ)"), with the count of mixed positions
+        in the ``mixed_positions`` attr.
 
     Raises:
         TypeError: ``da`` not a DataArray, or an option of the wrong type.
@@ -564,7 +645,7 @@ def mean(
     ci, n_resamples, seed = bootstrap.check(ci, n_resamples, seed)
     da = _along_labels(da, [dim])
     rows = _rows(da, dim)
-    point = da.mean(dim)
+    point = pooled_tokens(da.mean(dim), da, dim)
     low, high = _bounds(rows, ci, n_resamples, seed).reshape((2, *point.shape))
     out = point.expand_dims(bound=list(BOUNDS), axis=-1).copy(
         data=np.stack([point.values.astype(np.float64), low, high], axis=-1)

@@ -29,10 +29,12 @@ from lenscape.mask_rules import NAN_LABEL
 from lenscape.schema import LABEL_COORDS, name_from_attrs
 
 from .encoding import (
+    SHORT,
     VALUE,
     axis_encoding,
     cell_columns,
     cell_tooltip,
+    distinct_labels,
     in_label_order,
     unchecked_build,
 )
@@ -109,6 +111,10 @@ def bars(
         if d == y and c in da.coords and da[c].dtype.kind in "OUS"
     ]
     ticks = {y: labels[0]} if labels else {}
+    if labels:  # labels that tell the bars apart; the full text stays in the tooltip
+        short = distinct_labels(da[labels[0]].values.tolist(), da[y].values.tolist())
+        da = da.assign_coords({f"{labels[0]}{SHORT}": (y, short)})
+        ticks = {y: f"{labels[0]}{SHORT}"}
     colour = _answer_colours(da, y, data["values"], cols)
     chart = (
         alt.Chart(data)
@@ -296,17 +302,20 @@ def logit_lens_chart(
     )
 
 
-def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) -> ChartType:
+def agreement_chart(report: xr.Dataset, *, width: int = 210, height: int = 200) -> ChartType:
     """Scatter of estimated vs exact prompt-mean effects, one panel per component type, and
     the agreement statistics with their intervals.
 
     Args:
         report: ``lsc.faithfulness(...)``'s Dataset (``exact_heads``, ``estimate_heads``,
             ``exact_blocks``, ``estimate_blocks``, ``pearson_means``).
-        width, height: of each panel, in pixels.
+        width, height: of each panel, in pixels. The defaults fit a notebook's output area
+            of about 1,000 px: three panels with their axes and the legend, every subtitle
+            line within its panel (one line per estimator).
 
     Returns:
-        A first row of panels for heads, attention blocks and MLP blocks side by side; x =
+        A first row of panels for heads, attention blocks and MLP blocks side by side
+        (wrapped ``AGREEMENT_COLUMNS`` to a row); x =
         exact activation patching, y = estimate, one colour per estimator, the line y = x
         for reference, and each estimator's Pearson r over prompt means in the panel title
         (named so: the report's ``pearson_cells`` is another statistic, r over single
@@ -351,7 +360,7 @@ def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) 
     panels = [
         _agreement_panel(report, ctype, units=units, width=width, height=height) for ctype in types
     ]
-    rows: list[ChartType] = [alt.hconcat(*panels)]
+    rows: list[ChartType] = [alt.concat(*panels, columns=AGREEMENT_COLUMNS)]
     if all(f"{stat}_interval" in report.data_vars for stat in _INTERVAL_PANELS):
         rows.append(_interval_row(report, types, width=width))
     attrs = report.attrs
@@ -359,9 +368,13 @@ def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) 
         (alt.vconcat(*rows) if len(rows) > 1 else rows[0])
         .properties(
             title=alt.Title(
-                "Can I trust the fast map? Estimate vs exact activation patching (prompt means)",
+                [
+                    "Can I trust the fast map?",
+                    "Estimate vs exact activation patching (prompt means)",
+                ],
                 subtitle=f"{attrs.get('model', '')}, {attrs.get('n_prompts', '?')} prompts of "
                 f"{attrs.get('prompt_set', '?')}, metric {attrs.get('metric', '?')}",
+                anchor="start",
             ),
             usermeta={"embedOptions": {"actions": False}},
         )
@@ -369,6 +382,11 @@ def agreement_chart(report: xr.Dataset, *, width: int = 220, height: int = 220) 
     )
 
 
+#: Panels per row of ``agreement_chart`` (more component types wrap to the next row).
+AGREEMENT_COLUMNS = 3
+#: How far beyond the data a scatter's axes reach (a share of the data's range), so points
+#: at the limits (r = 1, the largest effect) sit inside the frame, not on its edge.
+AXIS_PAD = 0.06
 #: Panel titles of ``agreement_chart`` per component type.
 _COMPONENT_TYPES = {"head": "heads", "attn": "attention blocks", "mlp": "MLP blocks"}
 #: The statistics ``agreement_chart`` draws with their intervals, and their axis titles.
@@ -399,24 +417,29 @@ def _interval_row(report: xr.Dataset, types: list[str], *, width: int) -> alt.HC
     share = bootstrap.percent(float(report["pearson_means_interval"].attrs.get("ci", 0.95)))
     panels = [
         _interval_panel(
-            report, stat, title.format(k=report.attrs.get("top_k", "k")), types
-        ).properties(width=width)
-        for stat, title in _INTERVAL_PANELS.items()
+            report, stat, title.format(k=report.attrs.get("top_k", "k")), types, labels=i == 0
+        ).properties(width=width - 30 if i == 0 else width)
+        for i, (stat, title) in enumerate(_INTERVAL_PANELS.items())
     ]
     return alt.hconcat(*panels).properties(
         title=alt.Title(
             f"Agreement with {share} intervals",
-            subtitle=f"points: the statistic; bars: its {share} interval ({bootstrap.METHOD} "
-            "over prompts)",
+            subtitle=[
+                "points: the statistic",
+                f"bars: its {share} interval ({bootstrap.METHOD} over prompts)",
+            ],
             anchor="start",
         )
     )
 
 
-def _interval_panel(report: xr.Dataset, stat: str, title: str, types: list[str]) -> alt.LayerChart:
+def _interval_panel(
+    report: xr.Dataset, stat: str, title: str, types: list[str], *, labels: bool = True
+) -> alt.LayerChart:
     """A point per (component type, estimator) at ``stat`` with its interval as an error
     bar; undefined (NaN) statistics are left out and named in the subtitle, an undefined
-    interval leaves the point without a bar."""
+    interval leaves the point without a bar. ``labels``: name the component types on the
+    y axis (the first panel of a row; the others share its rows)."""
     rows, undefined = [], []
     for ctype in types:
         kind = _COMPONENT_TYPES.get(ctype, ctype)
@@ -434,18 +457,27 @@ def _interval_panel(report: xr.Dataset, stat: str, title: str, types: list[str])
             )
             rows.append({"component type": kind, "estimator": label, "value": value, **ends})
     base = alt.Chart(alt.Data(values=rows)).encode(
-        y=alt.Y("component type:N", sort=[_COMPONENT_TYPES.get(t, t) for t in types], title=None),
+        y=alt.Y(
+            "component type:N",
+            sort=[_COMPONENT_TYPES.get(t, t) for t in types],
+            title=None,
+            axis=alt.Axis() if labels else alt.Axis(labels=False, ticks=False),
+        ),
         yOffset="estimator:N",
         color=alt.Color("estimator:N", title="estimator"),
     )
-    domain = [-1.0 if stat.startswith("pearson") else 0.0, 1.0]
+    low = -1.0 if stat.startswith("pearson") else 0.0
+    pad = AXIS_PAD * (1.0 - low)
+    domain = [low - pad, 1.0 + pad]  # points at r = 1 inside the frame
     bars = (
         base.transform_filter("isValid(datum.low)")
         .mark_rule(strokeWidth=2)
-        .encode(x=alt.X("low:Q", title=title, scale=alt.Scale(domain=domain)), x2="high:Q")
+        .encode(
+            x=alt.X("low:Q", title=title, scale=alt.Scale(domain=domain, nice=False)), x2="high:Q"
+        )
     )
     points = base.mark_point(filled=True, size=40).encode(
-        x=alt.X("value:Q", title=title, scale=alt.Scale(domain=domain)),
+        x=alt.X("value:Q", title=title, scale=alt.Scale(domain=domain, nice=False)),
         tooltip=[
             alt.Tooltip("component type:N"),
             alt.Tooltip("estimator:N"),
@@ -454,7 +486,11 @@ def _interval_panel(report: xr.Dataset, stat: str, title: str, types: list[str])
             alt.Tooltip("high:Q", title="interval: high", format=".3f"),
         ],
     )
-    subtitle = f"undefined, not drawn: {', '.join(undefined)}" if undefined else alt.Undefined
+    subtitle = (
+        ["undefined, not drawn:", *[f"{u}," for u in undefined[:-1]], undefined[-1]]
+        if undefined
+        else alt.Undefined
+    )
     return alt.layer(bars, points).properties(title=alt.Title(title, subtitle=subtitle))
 
 
@@ -472,13 +508,14 @@ def _agreement_panel(
     rows, not_computed = _agreement_rows(exact, estimate)
     values = [row[key] for row in rows for key in ("exact", "estimate")]
     low, high = (min(values), max(values)) if values else (0.0, 1.0)
-    r_text = "r over prompt means: " + ", ".join(
-        f"{_with_interval(report, 'pearson_means', estimator=label, component_type=ctype)} "
-        f"({label})"
+    pad = AXIS_PAD * ((high - low) or 1.0)
+    low, high = low - pad, high + pad  # the extreme points inside the frame
+    r_text = ["r over prompt means:"] + [
+        f"{label}: {_with_interval(report, 'pearson_means', estimator=label, component_type=ctype)}"
         for label in report["estimator"].values.tolist()
-    )
+    ]
     if not_computed:
-        r_text += f"; {not_computed} cells {NAN_LABEL} (NaN), not drawn"
+        r_text.append(f"{not_computed} cells {NAN_LABEL} (NaN), not drawn")
     diagonal = (
         alt.Chart(
             alt.Data(values=[{"exact": low, "estimate": low}, {"exact": high, "estimate": high}])
@@ -498,9 +535,13 @@ def _agreement_panel(
             x=alt.X(
                 "exact:Q",
                 title=f"exact patching effect ({units})",
-                scale=alt.Scale(domain=[low, high]),
+                scale=alt.Scale(domain=[low, high], nice=False),
             ),
-            y=alt.Y("estimate:Q", title=f"estimate ({units})", scale=alt.Scale(domain=[low, high])),
+            y=alt.Y(
+                "estimate:Q",
+                title=f"estimate ({units})",
+                scale=alt.Scale(domain=[low, high], nice=False),
+            ),
             color=alt.Color("estimator:N", title="estimator"),
             tooltip=tooltip,
         )
@@ -508,7 +549,9 @@ def _agreement_panel(
     return alt.layer(diagonal, points).properties(
         width=width,
         height=height,
-        title=alt.Title(_COMPONENT_TYPES.get(ctype, ctype), subtitle=r_text),
+        title=alt.Title(
+            _COMPONENT_TYPES.get(ctype, ctype), subtitle=r_text, anchor="start", subtitleFontSize=11
+        ),
     )
 
 

@@ -11,17 +11,21 @@ coords are read, so this module never imports torch. Every chart exports with
 The graph is a grid of named nodes: layers top to bottom (the embeddings above ``L0``, the
 logits below the last layer: the model computes downwards, as every heatmap of lenscape
 draws layer 0 at the top and the edge grid draws its senders down from the embeddings), a
-layer's query heads side by side (``H0`` ...) with its MLP at the right, and each key/value
-head (a diamond, ``L3.KV1``) just above the query heads that share it, on the side its
-inputs come from. The embeddings and the logits are triangles named beside them. An edge is
-a line from its sender to the node that reads it: a q edge ends at its query head, a k or v
-edge at its key/value head, an MLP edge at the MLP, a logits edge at the logits. The line
-style says the receiver kind (solid q, dashed k, dotted v, long dashes MLP, dash-dot
-logits), colour and width the score, and the tooltip names the edge, its score and, where
+layer's query heads side by side (``H0`` ...), then its key/value heads (diamonds, columns
+``KV0`` ..., each named on the axis and shared by a group of query heads: its tooltip says
+which), then its MLP at the right: no node sits on another. The embeddings and the logits
+are triangles named beside them. An edge is a line from its sender to the node that reads
+it: a q edge ends at its query head, a k or v edge at its key/value head, an MLP edge at
+the MLP, a logits edge at the logits. The line style says the receiver kind (solid q,
+dashed k, dotted v, long dashes MLP, dash-dot logits), colour and width the score, and
+the tooltip names the edge, its score and, where
 ``lsc.edge_agreement`` measured it, its exact effect. Given a ``lsc.circuit_stability``
 result, each line's opacity is the share of bootstrap resamples whose circuit keeps the
 edge, and the title says over how many resamples. The title says what is drawn: the
-budget, the receiver kinds and the estimator.
+budget, the receiver kinds and the estimator. A circuit of more edges than ``edges``
+(``DRAWN_EDGES``, 50, by default) draws its strongest ones and says so, with how to draw
+them all: the others stay in the data and in ``CircuitExplorer``. Titles and subtitle lines
+wrap at ``LINE_CHARS``, so the chart keeps about its own width.
 
 **Scales.** Edge scores are heavy-tailed (on the indirect-object task one edge, embeddings
 -> L0.MLP, scores 11 while most circuit edges score below 1), so when they span orders of
@@ -59,10 +63,17 @@ from altair.typing import ChartType
 from .. import _validate, mask_rules
 from ..schema import RECEIVER_KINDS, edge_exists
 from .encoding import SCALES, SYMLOG_SHARE, in_label_order, jsonable, pick_scale, symlog_ticks
-from .heatmaps import TITLE_LIMIT, heatmap, label_from_attrs, legend_title
+from .heatmaps import TITLE_LIMIT, heatmap, label_from_attrs, legend_title, wrap_line
 
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
 MAX_EDGES = 2000
+#: Edges the graph draws by default, of a circuit or of the top edges: about as many lines
+#: as a reader can follow on a 30-layer graph (654 lines of a 1% circuit pile onto the MLP
+#: column); the title says how many the circuit holds and how to draw them all.
+DRAWN_EDGES = 50
+#: Longest title or subtitle line of the graph, in characters (longer ones wrap), so the
+#: chart keeps about its own width and fits a notebook's output area.
+LINE_CHARS = 115
 #: Line style (Vega ``strokeDash``) of each receiver kind, all different in kind, not only
 #: in length: solid, short dashes, dots, long dashes, dash-dot.
 DASHES: dict[str, list[float]] = {
@@ -91,8 +102,9 @@ NODE_SHAPES = {
     "MLP": "square",
     "embeddings, logits": "triangle-up",
 }
-#: How far before its layer's row (towards the embeddings) a key/value head is drawn.
-KV_DROP = 0.4
+#: The gap between a layer's query heads and its key/value heads' columns (``KV0`` ...),
+#: in columns: key/value heads never sit on a query head.
+KV_GAP = 0.5
 #: Tooltip of an edge ``lsc.edge_agreement`` did not measure.
 NOT_MEASURED = "not measured (lsc.edge_agreement)"
 #: Coords an edge result carries on its sender and receiver dims (the graph's layout).
@@ -204,13 +216,13 @@ class _Layout:
     def node(self, kind: str, layer: int, head: int) -> _Node:
         """The node a sender of ``kind`` is, or the node a receiver of ``kind`` reads into
         (a q receiver its query head, a k or v receiver its key/value head)."""
-        middle = self.n_heads / 2
+        middle = (self.n_heads - 1) / 2
         if kind == "embed":
             return _Node("embeddings", "embeddings, logits", "token embeddings", middle, -1.0)
         if kind == "logits":
             return _Node("logits", "embeddings, logits", "the logits", middle, self.n_layers)
         if kind == "mlp":
-            return _Node(f"L{layer}.MLP", "MLP", f"MLP of layer {layer}", self.n_heads, layer)
+            return _Node(f"L{layer}.MLP", "MLP", f"MLP of layer {layer}", self.mlp_x, layer)
         if kind in ("head", "q"):
             return _Node(f"L{layer}.H{head}", "query head", f"query head {head}", head, layer)
         first = head * self.group
@@ -218,9 +230,24 @@ class _Layout:
             f"L{layer}.KV{head}",
             "key/value head",
             f"key/value head of L{layer}.H{first}-H{first + self.group - 1}",
-            first + (self.group - 1) / 2,
-            layer - KV_DROP,
+            self.kv_x(head),
+            layer,
         )
+
+    def kv_x(self, kv: int) -> float:
+        """The column of key/value head ``kv``: right of the query heads, after a gap."""
+        return self.n_heads - 1 + KV_GAP + 0.5 + kv
+
+    @property
+    def mlp_x(self) -> float:
+        """The MLP's column, the last one, right of the key/value heads."""
+        return self.kv_x(self.n_kv - 1) + 1 + KV_GAP
+
+    def columns(self) -> tuple[list[float], list[str]]:
+        """Every column's position and name: H0 ..., KV0 ..., MLP."""
+        xs = [float(h) for h in range(self.n_heads)] + [self.kv_x(k) for k in range(self.n_kv)]
+        names = [f"H{h}" for h in range(self.n_heads)] + [f"KV{k}" for k in range(self.n_kv)]
+        return [*xs, self.mlp_x], [*names, "MLP"]
 
     def nodes(self) -> list[_Node]:
         """Every node: the embeddings, per layer its query heads, key/value heads and MLP,
@@ -235,14 +262,15 @@ class _Layout:
     def axes(self) -> dict[str, alt.X | alt.Y]:
         """The x (query heads, then the MLP) and y (embeddings, layers, logits) encodings,
         every column and row named."""
-        mlp, top = self.n_heads, self.n_layers
+        top = self.n_layers
+        xs, names = self.columns()
         x = alt.X(
             "x:Q",
             title=None,
-            scale=alt.Scale(domain=[-0.6, mlp + 0.6], nice=False, zero=False),
+            scale=alt.Scale(domain=[-0.6, self.mlp_x + 0.6], nice=False, zero=False),
             axis=alt.Axis(
-                values=list(range(mlp + 1)),
-                labelExpr=f"datum.value == {mlp} ? 'MLP' : 'H' + datum.value",
+                values=xs,
+                labelExpr=f"{json.dumps(names)}[indexof({json.dumps(xs)}, datum.value)]",
                 orient="top",
                 grid=False,
                 ticks=False,
@@ -265,18 +293,19 @@ class _Layout:
 
     def end_labels(self) -> alt.LayerChart:
         """The names of the embeddings and the logits, on their triangles' outer side (above
-        the embeddings, below the logits: no edge crosses there), not at the axis."""
+        the embeddings, below the logits: no edge crosses there), not at the axis, each on a
+        white outline so that no line end under it hides a letter."""
         embed, logits = self.node("embed", -1, -1), self.node("logits", self.n_layers, -1)
 
         def name(node: _Node) -> alt.Chart:
             return alt.Chart(alt.Data(values=[{"x": node.x, "y": node.y, "name": node.name}]))
 
-        style: dict[str, Any] = {"fontSize": 12, "fontWeight": "bold", "color": "#222222"}
-        above = name(embed).mark_text(baseline="bottom", dy=-7, **style)
-        below = name(logits).mark_text(baseline="top", dy=7, **style)
-        return alt.LayerChart(
-            layer=[mark.encode(**self.axes(), text="name:N") for mark in (above, below)]
-        )
+        style: dict[str, Any] = {"fontSize": 12, "fontWeight": "bold"}
+        marks = []
+        for paint in ({"color": "white", "stroke": "white", "strokeWidth": 4}, {"color": "#222"}):
+            marks.append(name(embed).mark_text(baseline="bottom", dy=-9, **style, **paint))
+            marks.append(name(logits).mark_text(baseline="top", dy=9, **style, **paint))
+        return alt.LayerChart(layer=[mark.encode(**self.axes(), text="name:N") for mark in marks])
 
 
 def _check_graph_options(
@@ -320,7 +349,7 @@ def circuit_graph(
     scores: xr.DataArray,
     circuit: xr.DataArray | None = None,
     *,
-    edges: int = 50,
+    edges: int = DRAWN_EDGES,
     kinds: Sequence[str] = RECEIVER_KINDS,
     exact: xr.Dataset | None = None,
     stability: xr.DataArray | None = None,
@@ -341,7 +370,10 @@ def circuit_graph(
             (``lenscape.mask_rules.kept``: non-zero and computed, never NaN); None: draw the
             ``edges`` edges with the largest |score| (ties broken in graph order, and the
             subtitle names the edges left out at a tie).
-        edges: how many top edges to draw without a circuit (at most ``MAX_EDGES``).
+        edges: the most edges drawn (at most ``MAX_EDGES``; default ``DRAWN_EDGES``, as
+            many as a reader can follow): the top edges by |score|, or, with a
+            ``circuit``, its strongest kept edges; the title says how many the circuit holds
+            and how to draw them all (``edges=`` that many, or ``lsc.CircuitExplorer``).
         kinds: receiver kinds to draw (a subset of q, k, v, mlp, logits).
         exact: a report of ``lsc.edge_agreement`` on the same model: the tooltip of each
             edge it measured shows its exact effect (mean over its prompts).
@@ -387,11 +419,6 @@ def circuit_graph(
     if cut:
         measured = {**(measured or {}), **cut}
         source = " and ".join(part for part in (source, "lsc.exact_cut") if part)
-    if len(chosen) > MAX_EDGES:
-        raise ValueError(
-            f"The circuit has {len(chosen)} edges to draw, more than {MAX_EDGES}; choose a "
-            "smaller budget or fewer receiver kinds."
-        )
     layout = _Layout.of(scores)
     rows = _edge_rows(scores, chosen, layout, measured, shares)
     ramp = _Ramp(limit or max(row["magnitude"] for row in rows) or 1.0, scale, limit is not None)
@@ -404,10 +431,17 @@ def circuit_graph(
     notes.insert(1, ramp.note())
     if stability is not None:
         notes.insert(2, _stability_note(stability))
+    held = _held_edges(scores, circuit, kinds) if circuit is not None else 0
+    if held > len(rows):
+        notes.insert(
+            0,
+            f"drawn: the {len(rows)} strongest of its {held:,} edges by |score| (edges={held} "
+            "draws all; lsc.CircuitExplorer steps through them)",
+        )
     return chart.properties(
         title=alt.TitleParams(
-            title or _graph_title(scores, circuit, len(rows), kinds, stability),
-            subtitle=notes,
+            wrapped(title or _graph_title(scores, circuit, len(rows), kinds, stability)),
+            subtitle=[part for note in notes for part in _wrap(note)],
             anchor="start",
             limit=TITLE_LIMIT,
         ),
@@ -467,6 +501,36 @@ class _Ramp:
                 f"±{self.constant:.2g}; width square root (scale='linear' for linear ones)"
             )
         return f"scales: linear up to {end} (scale='symlog' shows weak edges)"
+
+
+def _wrap(line: str) -> list[str]:
+    """``line`` as lines of at most ``LINE_CHARS`` characters, broken between words."""
+    return wrap_line(line, LINE_CHARS)
+
+
+def wrapped(title: str) -> str | list[str]:
+    """A title kept within ``LINE_CHARS``: itself, or its parts (at " · ") as lines."""
+    if len(title) <= LINE_CHARS:
+        return title
+    parts = title.split(" · ")
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + 3 + len(part) <= LINE_CHARS:
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
+    return [piece for line in lines for piece in _wrap(line)]
+
+
+def _held_edges(scores: xr.DataArray, circuit: xr.DataArray, kinds: Sequence[str]) -> int:
+    """How many edges of ``kinds`` the circuit keeps (``mask_rules.kept``)."""
+    of_kinds = np.isin(scores["receiver_kind"].values, list(kinds))[None, :]
+    kept = mask_rules.kept(
+        circuit.transpose("sender", "receiver").sel(
+            sender=scores["sender"], receiver=scores["receiver"]
+        )
+    )
+    return int((kept.values & of_kinds).sum())
 
 
 def _cut_effects(circuit: Any) -> dict[tuple[str, str], str]:
@@ -741,9 +805,10 @@ def _graph_notes(
     out at a tie."""
     notes = [f"colour and width: {label_from_attrs(scores, 'score')}"]
     if {"k", "v"} & set(kinds):
+        columns = "column KV0" if layout.n_kv == 1 else f"columns KV0 to KV{layout.n_kv - 1}"
         notes.append(
-            f"k and v edges end at a key/value head (a diamond, e.g. L3.KV1), drawn just above "
-            f"the {layout.group} query heads that share it"
+            f"k and v edges end at a key/value head (a diamond, {columns}, each shared by "
+            f"{layout.group} query heads: KV0 by H0 to H{layout.group - 1})"
         )
     notes.append(
         "hover a line for the edge and its score"
@@ -801,7 +866,9 @@ def _chosen_edges(
                 f"circuit keeps no edge{which}, so there is nothing to draw; pick a larger "
                 "circuit (lsc.circuit(scores, edges=50)) or other kinds."
             )
-        return chosen, ""
+        if len(chosen) <= edges:
+            return chosen, ""
+        of_kinds = kept.values & of_kinds  # the circuit's strongest edges, as below
     magnitude = np.where(of_kinds & np.isfinite(values), np.abs(values), -np.inf).ravel()
     count = min(edges, int(np.isfinite(magnitude).sum()))
     if count == 0:

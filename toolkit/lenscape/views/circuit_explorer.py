@@ -34,6 +34,9 @@ from .circuit import MAX_EDGES, check_edges, circuit_graph
 from .encoding import pick_scale
 from .offline import enable_offline, with_image
 
+#: The edge slider's width: room for its 20-odd budgets to be told apart by the hand (its
+#: default, about 30 px of track beside the toggles, was not).
+SLIDER_WIDTH = "440px"
 #: The slider's steps within each power of ten (1, 1.5, 2, 3, 5, 7 times it).
 STEPS = (1, 1.5, 2, 3, 5, 7)
 
@@ -92,6 +95,7 @@ class CircuitExplorer:
             value=start,
             description="colour",
             tooltips=["symmetric log: weak edges show", "linear in the score"],
+            style={"button_width": "80px"},
         )
         most = min(finite, MAX_EDGES)
         self.budget = widgets.SelectionSlider(
@@ -99,10 +103,14 @@ class CircuitExplorer:
             value=min(edges, most),
             description="edges",
             continuous_update=False,
+            layout={"width": SLIDER_WIDTH, "min_width": SLIDER_WIDTH},
         )
         present = [k for k in RECEIVER_KINDS if (scores["receiver_kind"] == k).any()]
         self.kinds = widgets.ToggleButtons(
-            options=["all", *present], value="all", description="receivers"
+            options=["all", *present],
+            value="all",
+            description="receivers",
+            style={"button_width": "64px"},
         )
         self._message = widgets.HTML()
         enable_offline()
@@ -111,8 +119,17 @@ class CircuitExplorer:
         )
         for control in (self.budget, self.kinds, self.scale):
             control.observe(lambda _: self.redraw(), names="value")
+        # the slider on a row of its own: beside the toggles, flexbox squeezed it to 30 px
         self.widget = widgets.VBox(
-            [widgets.HBox([self.budget, self.kinds, self.scale]), self._message, self._chart]
+            [
+                self.budget,
+                widgets.HBox(
+                    [self.kinds, self.scale],
+                    layout={"flex_flow": "row wrap", "align_items": "center"},
+                ),
+                self._message,
+                self._chart,
+            ]
         )
 
     @property

@@ -78,16 +78,38 @@ INFINITE = "infinite"
 #: Sender and receiver kinds of an edge result in the graph's order within a layer: the
 #: embeddings first, then a layer's heads (its q, k, v receivers), its MLP, the logits last.
 EDGE_KINDS = ("embed", "head", "q", "k", "v", "mlp", "logits")
+#: The attr of a ``positions="spans"`` result that lists its spans in prompt order (a JSON
+#: list), so that a ``sortby`` or ``isel`` of the ``span`` dim draws them in that order.
+SPAN_ORDER = "span_order"
+#: Longest tick label of a labelled axis (prompt texts, tokens) in characters, and in
+#: pixels (Vega cuts a label there with "…": cut labels of one length read alike).
+LABEL_CHARS = 34
+LABEL_LIMIT = 220
+#: The suffix of a label coord that holds a shortened copy of another (``distinct_labels``);
+#: the axis title names the coord it shortens.
+SHORT = "_short"
 #: Colour scales of continuous values: "auto" picks one of the others by ``pick_scale``.
 SCALES = ("auto", "symlog", "linear")
 #: ``scale="auto"`` is symmetric-log when the largest |value| is at least this many times
 #: the median |value|: more than half the cells would then sit within 1% of the top of a
 #: linear scale, which no eye tells from 0.
 SYMLOG_RATIO = 100.0
+#: ``scale="auto"`` is also symmetric-log when the largest |value| is at least
+#: ``OUTLIER_RATIO`` times the ``OUTLIER_QUANTILE`` of |value|: nine cells in ten would sit
+#: in the lightest tenth of a linear scale (one head at +8.7 and the rest near white).
+OUTLIER_RATIO = 10.0
+OUTLIER_QUANTILE = 0.9
+#: ... and when the largest |value| is at least ``ALONE_RATIO`` times every other: one cell
+#: would take the darkest colour and the rest at most 40% of the range (notebook 01's exact
+#: map of 10 heads: L23.H4 at 8.7, the next at 3.0 and most near 1, all near white).
+ALONE_RATIO = 2.5
 #: A symmetric-log scale is linear within this share of its limit (Vega's ``constant``), so
 #: it spans three powers of ten: a value at 1% of the limit takes a third of the colour
 #: range, at 10% two thirds (a linear scale: 1% and 10%).
 SYMLOG_SHARE = 0.001
+#: Least distance of a symmetric-log legend tick from 0 (and so from its neighbour of the
+#: other sign), as a share of the scale from 0 to its limit: closer labels collide.
+TICK_GAP = 0.25
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _Data = TypeVar("_Data", bound=xr.DataArray | xr.Dataset)
@@ -98,9 +120,35 @@ def _natural(label: Any) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(label)))
 
 
+def span_order(data: xr.DataArray | xr.Dataset) -> list[str] | None:
+    """The spans of a ``positions="spans"`` result in prompt order, from its ``SPAN_ORDER``
+    attr (a JSON list, e.g. '["S1", "IO", "S2", "END", "other"]'; a Dataset's own attrs or
+    its first variable's that has it), or None without one."""
+    holders = [data.attrs] + (
+        [v.attrs for v in data.data_vars.values()] if isinstance(data, xr.Dataset) else []
+    )
+    for attrs in holders:
+        if SPAN_ORDER in attrs:
+            order = json.loads(str(attrs[SPAN_ORDER]))
+            if not isinstance(order, list):
+                raise ValueError(
+                    f"attr {SPAN_ORDER!r} must be a JSON list of span names in prompt order, "
+                    f'such as \'["S1", "IO", "other"]\', got {attrs[SPAN_ORDER]!r}.'
+                )
+            return [str(name) for name in order]
+    return None
+
+
 def _label_keys(data: xr.DataArray | xr.Dataset, dim: Hashable) -> list[Any]:
     """One sort key per label of ``dim`` (see ``in_label_order``)."""
     labels = data[dim].values
+    if dim == "span":  # an ordered label dim: prompt order, never the alphabet
+        order = span_order(data)
+        if order is None:
+            return list(range(len(labels)))
+        known = {name: i for i, name in enumerate(order)}
+        rest = [(len(order), i) for i in range(len(labels))]
+        return [(known[s], 0) if s in known else rest[i] for i, s in enumerate(labels.tolist())]
     parts = [f"{dim}_{part}" for part in ("layer", "kind", "head")]
     if all(p in data.coords and data[p].dims == (dim,) for p in parts):  # edges: graph order
         layer, kind, head = (data[p].values.tolist() for p in parts)
@@ -124,6 +172,8 @@ def in_label_order(data: _Data, *, name: str = "da") -> _Data:
 
     The natural order: numbers ascending; ``component`` in the schema's vocabulary order
     (attn, mlp; q_proj, k_proj ...); ``bound`` as mean, low, high (``aggregate.BOUNDS``);
+    ``span`` in prompt order (S1, IO, S2, END, other: the ``span_order`` attr, see
+    ``span_order``; without it the coord's own order, never the alphabet);
     edges (``sender``/``receiver`` with their ``_layer``, ``_kind`` and ``_head`` coords) in
     the graph's order, layer by layer; other labels as text, with digit runs compared as
     numbers.
@@ -152,6 +202,28 @@ def in_label_order(data: _Data, *, name: str = "da") -> _Data:
     )
     out = data.isel(order) if order else data
     return out if list(out.dims) == dims else out.transpose(*dims)
+
+
+def distinct_labels(labels: list[str], keys: list[Any], chars: int = LABEL_CHARS) -> list[str]:
+    """Tick labels that tell their items apart: each label shortened in the middle to at
+    most ``chars`` characters ("The chemical … of gold is"), and where two would still read
+    the same, each of those prefixed with its key ("3: The chemical …"); the full text
+    belongs in the tooltip."""
+
+    def middle(text: str) -> str:
+        if len(text) <= chars:
+            return text
+        head = (chars - 1) // 2
+        return text[:head].rstrip() + "…" + text[len(text) - (chars - 1 - head) :].lstrip()
+
+    short = [middle(str(label)) for label in labels]
+    seen: dict[str, int] = {}
+    for text in short:
+        seen[text] = seen.get(text, 0) + 1
+    return [
+        f"{key}: {middle(str(label))[: chars - len(str(key)) - 2]}" if seen[text] > 1 else text
+        for key, label, text in zip(keys, labels, short, strict=True)
+    ]
 
 
 def unchecked_build(build: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -250,10 +322,10 @@ def axis_encoding(
             axis = {
                 "axis": alt.Axis(
                     labelExpr=f"{texts}[indexof({keys}, datum.value)]",
-                    labelAngle=-45 if channel == "x" else 0,
-                    labelLimit=120,
+                    labelAngle=-90 if channel == "x" else 0,  # upright boxes never overlap
+                    labelLimit=LABEL_LIMIT,
                 ),
-                "title": f"{name} ({ticks[name]})",
+                "title": f"{name} ({ticks[name].removesuffix(SHORT)})",
             }
         return {channel: cls(f"{name}:{vega_type(da, name)}", sort=sort, **{"title": name, **axis})}
     lo, hi = min(cols[f"{name}_start"], default=0), max(cols[f"{name}_end"], default=1)
@@ -270,7 +342,7 @@ def cell_tooltip(da: xr.DataArray, binary: bool, legend: str) -> list[alt.Toolti
     names = coord_names(da)
     tips = []
     for name in names:
-        if name in AFTER_VALUE:
+        if name in AFTER_VALUE or name.endswith(SHORT):  # a shortened copy: the full one shows
             continue
         kind = vega_type(da, name)
         fmt: dict[str, Any] = {"format": ".3f"} if kind == "Q" else {}
@@ -289,7 +361,10 @@ def cell_tooltip(da: xr.DataArray, binary: bool, legend: str) -> list[alt.Toolti
 def pick_scale(values: Any, scale: Any, *, name: str = "scale") -> str:
     """The colour scale of ``values``: ``scale`` itself when it is "symlog" or "linear";
     for "auto", symmetric-log when the largest finite |value| is at least ``SYMLOG_RATIO``
-    times the median one (the values span orders of magnitude), else linear.
+    times the median one (the values span orders of magnitude) or at least
+    ``OUTLIER_RATIO`` times their ``OUTLIER_QUANTILE`` or ``ALONE_RATIO`` times the next
+    largest (a few outliers, or one, would wash the rest of a linear map out to white),
+    else linear.
 
     Args:
         values: the values the scale serves (for a shared scale, all of them).
@@ -306,15 +381,24 @@ def pick_scale(values: Any, scale: Any, *, name: str = "scale") -> str:
     magnitude = np.abs(arr[np.isfinite(arr)])
     if magnitude.size < 2 or not magnitude.max() > 0:
         return "linear"
-    return "symlog" if magnitude.max() >= SYMLOG_RATIO * np.median(magnitude) else "linear"
+    top = magnitude.max()
+    spread = top >= SYMLOG_RATIO * np.median(magnitude)
+    outlier = top >= OUTLIER_RATIO * np.quantile(magnitude, OUTLIER_QUANTILE)
+    alone = top >= ALONE_RATIO * np.sort(magnitude)[-2]
+    return "symlog" if spread or outlier or alone else "linear"
 
 
 def symlog_ticks(limit: float, *, signed: bool = True) -> list[float]:
     """Legend values of a symmetric-log scale up to ``limit`` (linear within
     ``SYMLOG_SHARE`` x ``limit``): 0 and the powers of ten from its linear part to the
-    limit, of both signs when ``signed``, so the legend reads as the log scale it is."""
+    limit, of both signs when ``signed``, so the legend reads as the log scale it is. A
+    power that would sit within ``TICK_GAP`` of the scale's half-length from 0 is left out:
+    its label would collide with 0's (0.01 / 0 / -0.01 on a scale up to ±8.7)."""
     if not limit > 0:
         return [0.0]
-    low = int(np.ceil(np.log10(limit * SYMLOG_SHARE)))
+    constant = limit * SYMLOG_SHARE
+    low = int(np.ceil(np.log10(constant)))
     powers = [10.0**k for k in range(low, int(np.floor(np.log10(limit))) + 1)]
+    full = np.log1p(limit / constant)
+    powers = [p for p in powers if np.log1p(p / constant) / full >= TICK_GAP]
     return ([-p for p in powers[::-1]] if signed else []) + [0.0] + powers

@@ -28,6 +28,10 @@ The controls cannot mislead:
   prompts the model answers wrong (a ``correct`` coord) are marked, and one switch pools
   only the prompts it gets right.
 - Click details follow the selection: changing a control redraws them for the new view.
+- Results by position (a ``pos`` dim with a ``token`` coord, or a ``span`` dim with a
+  ``span_text`` coord) get a prompt inspector: the tokens (or spans) of the prompt shown,
+  ◀ ▶ to step through the prompts, the clicked cell's token or span highlighted; pooling
+  prompts keeps one token label per position (``aggregate.pooled_tokens``).
 - Only the sample dims (``prompt``, ``seed``) open averaged; every other dim (model,
   component, a method setting such as ``target_sparsity``, ``kind``) opens on its first
   value in label order, so different quantities are never averaged together by default.
@@ -379,7 +383,7 @@ class _Reduction:
             self.steps.append(f"{how} over {self.da.sizes[dim]} {dim}s")
             last = i == len(pooled) - 1
             if ci is None or not last or dim != "prompt" or how != "mean" or self.mask:
-                self.da = REDUCERS[how](self.da, dim)
+                self.da = aggregate.pooled_tokens(REDUCERS[how](self.da, dim), self.da, str(dim))
                 continue
             self.da = aggregate.mean(self.da, "prompt", ci=ci)
             self.steps[-1] += f", {bootstrap.percent(ci)} interval"
@@ -391,7 +395,9 @@ class _Reduction:
         if not dims:
             return
         over = " and ".join(f"{self.da.sizes[d]} {d}s" for d in dims)
-        self.da = mask_rules.share(self.da, dims)
+        before, self.da = self.da, mask_rules.share(self.da, dims)
+        for dim in dims:
+            self.da = aggregate.pooled_tokens(self.da, before, str(dim))
         self.attrs.update(
             long_name=f"share of {over} with {self.name}"
             if binarized
@@ -728,7 +734,7 @@ def _switches(data: Data, *, correct_only: bool, scale: str) -> dict[str, widget
         value=scale,
         description="colour",
         tooltips=["linear in the value", "symmetric log: weak values show beside strong ones"],
-        style={"button_width": "64px"},
+        style={"button_width": "80px"},
     )
     return controls
 
@@ -814,6 +820,76 @@ def uncertainty_lines(values: xr.DataArray, attrs: Mapping[Hashable, Any]) -> li
                 "(refine='auto'): their values are exact, error 0"
             )
     return lines
+
+
+#: Background of the token or span of the clicked cell in the prompt inspector.
+MARK_COLOR = "#ffd54f"
+
+
+def _token_box(text: str, about: str, marked: bool) -> str:
+    """One token (or span) of the prompt inspector as an HTML box, its spaces kept."""
+    style = (
+        "display:inline-block;margin:1px;padding:0 3px;border:1px solid #bbb;"
+        "border-radius:3px;font-family:monospace;white-space:pre;"
+        + (f"background:{MARK_COLOR};font-weight:bold;border-color:#b58900;" if marked else "")
+    )
+    mark = ' data-marked="1"' if marked else ""
+    return f'<span title="{html.escape(about)}" style="{style}"{mark}>{html.escape(text)}</span>'
+
+
+def prompt_tokens(da: xr.DataArray, prompt: Any, mark: Mapping[Hashable, Any]) -> str:
+    """The prompt inspector's HTML: the tokens (``pos``, a ``token`` coord) or spans
+    (``span``, a ``span_text`` coord) of one prompt, the one at the clicked cell (``mark``:
+    its ``pos`` or ``span``) highlighted; "" when ``da`` has neither.
+
+    Args:
+        da: the variable shown.
+        prompt: the prompt picked, or None while prompts are pooled (then the tokens all
+            prompts share, "pos 7 (tokens differ)" where they differ).
+        mark: the clicked cell's coordinates (may be empty).
+    """
+    pooled = prompt is None and "prompt" in da.dims
+    at = {"prompt": prompt} if prompt is not None and "prompt" in da.dims else {}
+    if "pos" in da.dims and aggregate.TOKEN in da.coords:
+        token = da[aggregate.TOKEN]
+        if pooled and "prompt" in token.dims:
+            texts = aggregate.token_labels(da, "prompt").values
+        else:
+            mine = at if at and "prompt" in token.dims else {}
+            texts = token.sel(mine).values.astype(str)
+        cells = [
+            _token_box(str(t), f"pos {p}", mark.get("pos") == p)
+            for p, t in zip(da["pos"].values.tolist(), np.ravel(texts).tolist(), strict=True)
+            if str(t) != ""
+        ]
+    elif "span" in da.dims and "span_text" in da.coords:
+        text = da["span_text"]
+        if pooled and "prompt" in text.dims:
+            text = text.isel(prompt=0)
+        elif at and "prompt" in text.dims:
+            text = text.sel(at)
+        cells = [
+            _token_box(
+                f"{name}: {t}" if t else f"{name}: (none)", f"span {name}", mark.get("span") == name
+            )
+            for name, t in zip(
+                da["span"].values.tolist(), text.values.astype(str).tolist(), strict=True
+            )
+        ]
+    else:
+        return ""
+    n = da.sizes.get("prompt", 1)
+    if pooled:
+        heading = (
+            f"spans, with the first of {n} prompts' texts"
+            if "span" in da.dims
+            else f"tokens shared by the {n} prompts pooled ('{aggregate.TOKENS_DIFFER}' where not)"
+        ) + "; step with ◀ ▶ to read one prompt"
+    else:
+        heading = f"prompt {prompt}" if prompt is not None else "the prompt"
+        if prompt is not None and "text" in da.coords and "prompt" in da["text"].dims:
+            heading += f": {shorten(str(da['text'].sel(prompt=prompt).values), 80)}"
+    return f"<small>{html.escape(heading)}</small><br>" + "".join(cells)
 
 
 class _Details:
@@ -979,6 +1055,9 @@ class Explorer:
             rule), ``threshold`` (number box), ``correct`` (checkbox, only with a ``correct``
             coord), ``swap`` (toggle), ``scale`` (the colour scale: linear or symlog).
         widget: the ipywidgets container holding the controls, the chart and the details.
+        tokens: the prompt inspector (results with a ``pos`` or ``span`` dim): the shown
+            prompt's tokens or spans (``prompt_tokens``), the clicked cell's highlighted;
+            ◀ ▶ beside it step through the prompts (``step_prompt``).
         view: the current ``View``.
         array: the reduced DataArray behind the current chart.
         cell: the coordinates of the clicked cell, or None.
@@ -1041,6 +1120,9 @@ class Explorer:
         self._note(self.array)
         self._chart = alt.JupyterChart(chart, embed_options={"renderer": "svg", "actions": False})
         self._details = _Details(detail)
+        self.tokens = widgets.HTML()
+        self._steps = self._step_buttons()
+        self._show_tokens()
         self.widget = self._layout()
         self._sync()
         self._watch_selection()
@@ -1060,6 +1142,7 @@ class Explorer:
                     layout={"flex_flow": "row wrap", "align_items": "center"},
                 ),
                 widgets.HBox([c[str(d)] for d in self._others], layout={"flex_flow": "row wrap"}),
+                self._inspector(),
                 self._message,
                 widgets.HBox(
                     [self._chart, self._details.box],
@@ -1067,6 +1150,44 @@ class Explorer:
                 ),
             ]
         )
+
+    def _inspector(self) -> widgets.Widget:
+        """The prompt inspector's row: the prompt steps (with a ``prompt`` dim) and the
+        tokens or spans; an empty box for results with neither ``pos`` nor ``span``."""
+        if not {"pos", "span"} & set(_dims(self.data)):
+            return widgets.HBox()
+        steps = self._steps if "prompt" in self._others else []
+        return widgets.HBox([*steps, self.tokens], layout={"align_items": "center"})
+
+    def _step_buttons(self) -> list[widgets.Button]:
+        """◀ and ▶: the previous and the next prompt (``step_prompt``)."""
+        buttons = []
+        for label, tip, step in (("◀", "previous prompt", -1), ("▶", "next prompt", 1)):
+            button = widgets.Button(description=label, tooltip=tip, layout={"width": "44px"})
+            button.on_click(lambda _, step=step: self.step_prompt(step))
+            buttons.append(button)
+        return buttons
+
+    def step_prompt(self, step: int) -> None:
+        """Pick the next (``step`` 1) or previous (-1) prompt in the prompt dropdown; from a
+        pooled view, the first (or last) prompt."""
+        control = self.controls.get("prompt")
+        if control is None:
+            return
+        values = self.data["prompt"].values.tolist()
+        now = control.value
+        if now in values:
+            control.value = values[(values.index(now) + step) % len(values)]
+        else:
+            control.value = values[0 if step > 0 else -1]
+
+    def _show_tokens(self) -> None:
+        """Redraw the prompt inspector for the prompt shown, marking the clicked cell's
+        token or span."""
+        picked = self.view.pick.get("prompt")
+        prompt = None if picked is None or picked in REDUCERS else picked
+        mark = self._clicked or {}
+        self.tokens.value = prompt_tokens(self._current(), prompt, mark)
 
     @property
     def chart(self) -> ChartType:
@@ -1168,6 +1289,7 @@ class Explorer:
         self._chart.chart = chart
         self._watch_selection()
         self._redo_details()
+        self._show_tokens()
 
     def _redo_details(self) -> None:
         """Redraw the details of the clicked cell for the current selection (prompt -> mean
@@ -1245,6 +1367,7 @@ class Explorer:
         if interval is not None and interval.dims != ("bound",):  # a facet's cell: no one mean
             interval = None
         self._details.show(da, da.sel(self.cell), at=at, picks=picks, interval=interval)
+        self._show_tokens()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return with_image(self.widget._repr_mimebundle_(**kwargs), self.chart)

@@ -53,7 +53,7 @@ import xarray as xr
 from altair.typing import ChartType
 
 from lenscape import _validate
-from lenscape.aggregate import BOUNDS
+from lenscape.aggregate import BOUNDS, TOKEN, TOKENS_DIFFER, token_labels
 from lenscape.bootstrap import percent
 from lenscape.mask_rules import MASK_UNITS, NAN_LABEL, STATES, is_mask
 from lenscape.schema import LABEL_COORDS, name_from_attrs
@@ -87,11 +87,17 @@ INF_COLOR = "#252525"
 BINARY_COLORS = ("#fde0c5", "#1d4e89")
 #: Colours of ``lenscape.aggregate.ROLES``: neither (black), facilitating, interfering, both.
 ROLE_COLORS = ("#000000", "#2ca02c", "#d62728", "#ffbf00")
-#: Longest legend title; longer descriptions move to the subtitle.
+#: Longest legend title on one line; longer ones put their units on a line of their own.
 LEGEND_CHARS = 24
+#: Longest line of a legend title (its quantity; Vega cuts a title at ``LEGEND_LIMIT`` px).
+LEGEND_LINE = 30
+#: Widest legend title and label in pixels (Vega's default, 180, cut longer quantities).
+LEGEND_LIMIT = 220
 #: Widest title and subtitle line in pixels: Vega-Lite would cut them at the chart's width
 #: (a 3-head chart is 66 px wide), hiding what a view shows.
 TITLE_LIMIT = 1600
+#: Longest subtitle line in characters (about 900 px at the subtitle's 12 px): longer ones wrap.
+LINE_CHARS = 140
 #: Facet panels per row when ``columns`` is not given.
 FACET_COLUMNS = 4
 #: Label coords drawn as tick labels of their axis by default (tokens of an attention pattern).
@@ -117,11 +123,29 @@ def label_from_attrs(da: xr.DataArray, default: str = VALUE) -> str:
 
 
 def legend_title(text: str) -> str | list[str]:
-    """A legend title that is never cut: ``text`` itself, or its words wrapped into lines
-    of at most ``LEGEND_CHARS`` characters (a word longer than that is its own line)."""
+    """A legend title that is never cut and keeps the quantity on one line and the units on
+    the next: "attribution (logit diff)" -> ["attribution", "(logit diff)"]; ``text``
+    itself when it fits ``LEGEND_CHARS``; a quantity longer than ``LEGEND_LINE`` wraps
+    between words (a word longer than that is its own line)."""
     if len(text) <= LEGEND_CHARS:
         return text
-    return textwrap.wrap(text, LEGEND_CHARS, break_long_words=False, break_on_hyphens=False)
+    name, units = text, ""
+    if text.endswith(")") and " (" in text:
+        cut = text.rindex(" (")
+        name, units = text[:cut], text[cut + 1 :]
+    lines = (
+        [name]
+        if len(name) <= LEGEND_LINE
+        else textwrap.wrap(name, LEGEND_LINE, break_long_words=False, break_on_hyphens=False)
+    )
+    return [*lines, units] if units else lines
+
+
+def wrap_line(line: str, chars: int | None = None) -> list[str]:
+    """A title or subtitle line as lines of at most ``chars`` (``LINE_CHARS``) characters,
+    broken between words, so that a long sentence never widens a chart past a notebook's
+    output area."""
+    return textwrap.wrap(line, chars or LINE_CHARS, break_long_words=False) or [line]
 
 
 @functools.cache
@@ -321,6 +345,7 @@ def heatmap(
     _check_roles(da, x=x, y=y, facet_row=facet_row, facet_col=facet_col)
     cells = _read_cells(da, binary=binary, labels=labels, categories=categories)
     cells = dataclasses.replace(cells, interval=interval)
+    da, ticks, position_notes = _position_labels(da, x=x, y=y)
     kind = "linear" if cells.binary else pick_scale(cells.finite, scale)
     enc, scale_note = _encodings(
         da, cells, color=color, center=center, domain=domain, scale=kind, tooltip=tooltip
@@ -331,7 +356,7 @@ def heatmap(
         y=y,
         enc=enc,
         labels=cells.states if cells.binary else None,
-        ticks={**{d: c for d, c in TOKEN_COORDS.items() if c in da.coords}, **(tick_labels or {})},
+        ticks={**ticks, **(tick_labels or {})},
         has_inf=cells.has_inf,
         legend=cells.label,
         unsure=interval.label if interval else None,
@@ -344,7 +369,66 @@ def heatmap(
         columns=columns or FACET_COLUMNS,
         independent=independent,
     )
-    return _framed(chart, da, cells, title=title, actions=actions, notes=[scale_note])
+    notes = [scale_note, *position_notes]
+    return _framed(chart, da, cells, title=title, actions=actions, notes=notes)
+
+
+def _position_labels(
+    da: xr.DataArray, *, x: str, y: str
+) -> tuple[xr.DataArray, dict[str, str], list[str]]:
+    """The tick labels of token axes (``TOKEN_COORDS``) and what the subtitle says of them.
+
+    A ``pos`` axis is labelled with the tokens: those of the one prompt shown (a ``token``
+    coord on pos), or those every prompt shares at each position (a (prompt, pos) coord,
+    ``aggregate.token_labels``): a position whose tokens differ is labelled so ("pos 7
+    (tokens differ)") and the subtitle warns that a mean over prompts there mixes words. A
+    pos axis without tokens says in the subtitle that they are lost (xarray's
+    ``da.mean("prompt")`` drops the coord; ``lsc.aggregate.mean`` keeps it).
+
+    Returns:
+        ``da`` (with a 1-D ``shared_token`` coord where the tokens were per prompt), the
+        axis dim -> label coord of the tick labels, and the subtitle lines.
+    """
+    ticks = {d: c for d, c in TOKEN_COORDS.items() if c in da.coords and da[c].dims == (d,)}
+    if "pos" not in (x, y):
+        return da, ticks, []
+    token = da.coords.get(TOKEN)
+    if token is None or "pos" not in token.dims or token.ndim > 2:
+        lost = "the token labels are lost" if da.attrs.get("positions") == "each" else "no tokens"
+        return (
+            da,
+            ticks,
+            [
+                f"pos: numbered only, {lost} (xarray's da.mean('prompt') drops the (prompt, "
+                "pos) token coord; lsc.aggregate.mean(da, 'prompt') keeps one per position)"
+            ],
+        )
+    if token.dims == ("pos",):
+        labels = token.values.astype(str)
+        name = TOKEN
+    else:
+        (pooled,) = (d for d in token.dims if d != "pos")
+        labels = token_labels(da, str(pooled)).values
+        name = "shared_token"
+    positions = da["pos"].values.tolist()
+    labels = np.array(
+        [str(t) if str(t) else f"pos {p}" for p, t in zip(positions, labels, strict=True)],
+        dtype=object,
+    )
+    da = da.assign_coords({name: ("pos", labels)})
+    mixed = sum(TOKENS_DIFFER in str(t) for t in labels)
+    notes = []
+    if mixed:
+        where = (
+            "the axis names the position only"
+            if "prompt" in da.dims
+            else "a mean over prompts there mixes words"
+        )
+        notes.append(
+            f"tokens differ between the prompts at {mixed} of {len(labels)} positions "
+            f"(labelled '{TOKENS_DIFFER}'): {where}"
+        )
+    return da, {**ticks, "pos": name}, notes
 
 
 def _check_options(
@@ -714,6 +798,7 @@ def _framed(
         colour=None if described else cells.label,
     ) + (cells.interval.lines if cells.interval else [])
     subtitle += [note for note in notes if note]
+    subtitle = [part for line in subtitle for part in wrap_line(line)]
     titles = (
         alt.TitleParams(
             heading, subtitle=subtitle or alt.Undefined, anchor="start", limit=TITLE_LIMIT
@@ -726,6 +811,7 @@ def _framed(
     return chart.configure(
         scale=alt.ScaleConfig(invalid={"color": {"value": NAN_COLOR}}),
         view=alt.ViewConfig(stroke=None),
+        legend=alt.LegendConfig(titleLimit=LEGEND_LIMIT),
     )
 
 
@@ -989,18 +1075,36 @@ def _color(
         kw["range"] = custom
     else:
         kw["scheme"] = scheme or default
+    note = _scale_note(kw["domain"], signed="domainMid" in kw, symlog=scale == "symlog")
     if scale != "symlog":
-        return alt.Color(f"{VALUE}:Q", scale=alt.Scale(**kw), title=title), None
+        return alt.Color(f"{VALUE}:Q", scale=alt.Scale(**kw), title=title), note
     low, high = kw["domain"]
     limit = max(abs(low), abs(high))
     kw.update(type="symlog", constant=limit * SYMLOG_SHARE)
     ticks = [t for t in symlog_ticks(limit) if low <= t <= high]
     legend = alt.Legend(values=ticks, format=".3~r")
-    note = (
-        f"colour: symmetric log up to ±{limit:.3g}, linear within ±{limit * SYMLOG_SHARE:.2g} "
-        "(scale='linear' for a linear one)"
-    )
     return alt.Color(f"{VALUE}:Q", scale=alt.Scale(**kw), title=title, legend=legend), note
+
+
+def _scale_note(domain: Sequence[float], *, signed: bool, symlog: bool) -> str | None:
+    """The subtitle line naming a continuous colour scale: a symmetric-log one up to its
+    limit; one of a single sign (probabilities, shares) as the sequential scale it is, with
+    its true range (never "±1" for values that are never negative); None for a linear
+    diverging one (its legend says it all)."""
+    low, high = domain
+    limit = max(abs(low), abs(high))
+    other = "(scale='linear' for a linear one)"
+    if symlog and signed:
+        return (
+            f"colour: symmetric log up to ±{limit:.3g}, linear within "
+            f"±{limit * SYMLOG_SHARE:.2g} {other}"
+        )
+    if symlog:
+        return (
+            f"colour: sequential on a log-like (symmetric log) scale, {low:.3g} to {high:.3g}, "
+            f"linear below {limit * SYMLOG_SHARE:.2g} {other}"
+        )
+    return None if signed else f"colour: sequential, {low:.3g} to {high:.3g}"
 
 
 def _subtitle(
