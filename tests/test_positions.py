@@ -6,6 +6,8 @@ Hand-hook references for every family are in ``test_family_matrix.py``."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -325,3 +327,12 @@ def _close_per_prompt(ours, theirs, base, what):
     scale = np.abs(theirs).max()
     assert scale > 0, what
     assert np.abs(ours - theirs).max() <= RTOL * scale, f"{what}: {np.abs(ours - theirs).max()}"
+
+
+def test_span_maps_keep_the_prompt_order_through_a_sortby(tiny_llama, mixed_lengths):
+    got = lsc.attribution_patching(tiny_llama, mixed_lengths, positions="spans", progress=False)
+    assert json.loads(got.attrs["span_order"]) == list(got["span"].values)
+    pooled = lsc.aggregate.mean(got).sel(bound="mean")
+    shuffled = pooled.sortby("span")  # alphabetical: END first
+    spec = lsc.heatmap(shuffled, x="head", y="layer", facet_col="span").to_dict()
+    assert json.dumps(spec).find('"IO"') < json.dumps(spec).find('"END"')

@@ -42,7 +42,7 @@ from ..sweep.options import UNMEASURED, Options
 from ..sweep.plan import Call, Plan, Scores, once, top_is_target
 from ..sweep.positions import real_positions
 from ..sweep.registry import method, run
-from ..sweep.result import position_coords, prompt_coords, provenance
+from ..sweep.result import position_coords, prompt_coords, provenance, span_order
 
 KINDS = ("resid", "mlp", "attn")
 #: Where the noise goes: the residual stream entering block 0 (the embeddings).
@@ -308,6 +308,7 @@ def _traced(
         **provenance(inputs, "causal_trace", level=options.kind),
         "metric": "prob",
         "positions": inputs.positions,
+        **span_order(inputs),
         "kind": options.kind,
         "window": int(options.window),
         "noise": float(options.noise),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,6 +147,15 @@ def position_coords(inputs: Inputs, rows: Sequence[int]) -> dict[str, Any]:
     }
 
 
+def span_order(inputs: Inputs) -> dict[str, str]:
+    """The ``span_order`` attr of a ``positions="spans"`` result: its spans in prompt
+    order as a JSON list, so a view draws them in that order after a ``sortby`` or
+    ``isel`` of ``span`` (``views.encoding.in_label_order``); empty otherwise."""
+    if inputs.positions != "spans" or inputs.tokens.span_names is None:
+        return {}
+    return {"span_order": json.dumps(list(inputs.tokens.span_names))}
+
+
 def to_dataarray(
     inputs: Inputs,
     values: Any,
@@ -195,6 +205,7 @@ def to_dataarray(
     if inputs.level == "block":
         coords["component"] = list(schema.BLOCK_COMPONENTS)
     positional = {} if inputs.positions == "all" else {"positions": inputs.positions}
+    positional |= span_order(inputs)
     if inputs.part != "out":
         positional["part"] = inputs.part
     attrs = {
