@@ -258,18 +258,16 @@ def causal_trace(cache: Path) -> Drawn:
         "mlp": "MLP, 10-layer window",
         "attn": "attention, 10-layer window",
     }
-    panels = [
+    largest = max(float(abs(trace).max()) for trace in traces.values())
+    panels = [  # one colour domain: a colour means the same effect in every panel
         lsc.heatmap(
-            trace,
-            x="pos",
-            y="layer",
-            title=f"{names[kind]}",
+            trace, x="pos", y="layer", domain=(-largest, largest), title=f"{names[kind]}"
         )
         for kind, trace in traces.items()
     ]
     config = panels[0].config  # one config for the row: Vega-Lite keeps it at the top
-    for panel in panels:
-        panel.config = alt.Undefined
+    for panel in panels:  # a concatenated panel holds neither config nor usermeta
+        panel.config = panel.usermeta = alt.Undefined
     chart = alt.hconcat(*panels, config=config).properties(
         title=f"Causal tracing of {prompt.text!r} -> {prompt.target!r} ({F4_MODEL}; subject "
         "noised, one cell restored; indirect effect on p(answer))"
