@@ -260,9 +260,7 @@ def causal_trace(cache: Path) -> Drawn:
     }
     largest = max(float(abs(trace).max()) for trace in traces.values())
     panels = [  # one colour domain: a colour means the same effect in every panel
-        lsc.heatmap(
-            trace, x="pos", y="layer", domain=(-largest, largest), title=f"{names[kind]}"
-        )
+        lsc.heatmap(trace, x="pos", y="layer", domain=(-largest, largest), title=f"{names[kind]}")
         for kind, trace in traces.items()
     ]
     config = panels[0].config  # one config for the row: Vega-Lite keeps it at the top

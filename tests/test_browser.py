@@ -734,7 +734,7 @@ def _page_charts(report):
     import numpy as np
     import xarray as xr
     from test_page_fit import edge_scores, heavy_heads
-    from test_positions import each
+    from test_views_positions import each
 
     from lenscape.views.charts import bars
 

@@ -100,7 +100,8 @@ def test_every_public_name_has_a_reference_entry(built_site):
         assert lacking == [], f"{module}: no reference entry for {lacking}"
     # A registered method's entry shows its whole signature and the shared options' text.
     page = (built_site / "reference" / "lenscape.html").read_text()
-    ablation = page.split('id="lenscape.capture.patching.ablation"')[1].split("doc-heading")[1]
+    entry = next(e for e in reference.entries("lenscape") if e.name == "ablation")
+    ablation = page.split(f'id="{reference.anchor(entry)}"')[1].split("doc-heading")[1]
     assert "batch_size" in ablation and "padding_side" in ablation
 
 

@@ -98,6 +98,9 @@ LEGEND_LIMIT = 220
 TITLE_LIMIT = 1600
 #: Longest subtitle line in characters (about 900 px at the subtitle's 12 px): longer ones wrap.
 LINE_CHARS = 140
+#: The widest a row of independent panels draws its cells (``_panel_grid``), leaving room
+#: for tick labels and the legend in a notebook output area of about 1,000 px.
+ROW_PX = 720
 #: Facet panels per row when ``columns`` is not given.
 FACET_COLUMNS = 4
 #: Label coords drawn as tick labels of their axis by default (tokens of an attention pattern).
@@ -762,9 +765,18 @@ def _panel_grid(
     """Separate panels, one per facet value, each titled by its value ("model a · cluster
     2"): rows of ``facet_row`` values, or ``facet_col`` values wrapped into ``columns``."""
 
+    across = len(_facet_selections(da, facet_col)) if facet_col else 1
+    across = across if facet_row else min(across, columns)
+    # A row of panels shares one notebook column: each panel's cells narrow so the row
+    # spans at most ROW_PX (a panel alone spans up to 480 px, ``_size``).
+    shrink = min(1.0, ROW_PX / (480 * across))
+
     def part(at: dict[str, Any]) -> alt.Chart | alt.LayerChart:
         heading = " · ".join(_facet_label(da, k, v) for k, v in at.items())
-        return panel(da.sel(at)).properties(title=heading)
+        chart = panel(da.sel(at)).properties(title=heading)
+        if isinstance(chart.width, alt.Step) and shrink < 1:
+            chart = chart.properties(width=alt.Step(max(6, int(chart.width.step * shrink))))
+        return chart
 
     if facet_row:
         return alt.vconcat(
