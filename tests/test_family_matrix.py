@@ -1,4 +1,4 @@
-"""The family x method matrix of README, section Models: every family ``lsc.models.tiny``
+"""The family x method matrix (docs/site/explanation/families.md): every family ``lsc.models.tiny``
 builds, every node-level method, each checked against an independent computation.
 
 The references are written by hand from the Hugging Face modules (``_helpers.hand_block``

@@ -18,7 +18,7 @@ a head's sender output is its o_proj share times the norm's per-position scale a
 *in that run* (computed from the whole attention output), so the heads sum exactly to the
 block's output, patching every edge gives the other run, and patching all of a block's
 heads' edges is patching the block; patching one head's outgoing edges is not patching the
-head (which also moves the scale the other heads share: README, section Edges, gives the
+head (which also moves the scale the other heads share: docs/site/explanation/families.md gives the
 size of the difference on gemma3-270m).
 
 One module per job:
