@@ -622,6 +622,21 @@ def test_attribution_by_position_matches_plain_autograd_and_adds_up(model, promp
         assert_matches(grid(by_span[name].sum("span")), grid(whole[name]), f"{name}: spans")
 
 
+def test_integrated_gradients_of_the_residual_stream_by_position(model, prompts):
+    """IG at level "resid": its input site (the stream entering block 0) is one of the sites
+    it scores, interpolated once, not once per time it is named."""
+    got = result(
+        model, prompts, "attribution_patching", level="resid", positions="each", estimator="ig"
+    )
+    steps = int(got.attrs["steps"])
+    width = got.sizes["pos"]
+    expected = [
+        _by_position(hand_gradient_scores(model, p, steps, by_position=True)[2], width)
+        for p in prompts
+    ]
+    assert_cells_match(grid(got), expected, "IG resid by position")
+
+
 def test_direct_logit_attribution_matches_the_hand_projection(model, prompts):
     heads = result(model, prompts, "direct_logit_attribution", level="head")
     blocks = result(model, prompts, "direct_logit_attribution", level="block")

@@ -184,7 +184,10 @@ def _gradients(
     whole = read_out_with is not None and read is not None
     assert not (whole and edit is not None), "read_out_with reads the unedited stream"
     final = [FINAL_SITE] if whole else []
-    run = runner.run(tokens, sites=[*also, *sites, *final], edit=edit, grad=True, vocab=read)
+    # Once each: the input site is also a site of level "resid" (an edit applied twice
+    # would interpolate twice).
+    wanted = list(dict.fromkeys([*also, *sites, *final]))
+    run = runner.run(tokens, sites=wanted, edit=edit, grad=True, vocab=read)
     value = metrics.check_finite(
         metrics.compute_read(metric, run.logits, batch.target, batch.distractor, read),
         batch.index,
@@ -382,7 +385,7 @@ def _patching_estimator(
     def estimate(batch: Batch) -> Scores:
         assert batch.corrupt is not None  # inputs prepared with needs_corrupt=True
         with rules_or_plain(model, rules, backend=inputs.backend) as relevance:
-            clean_sites = [INPUT_SITE, *sites] if steps > 1 else sites
+            clean_sites = list(dict.fromkeys([INPUT_SITE, *sites])) if steps > 1 else sites
             other, first, keep = None, None, resid_sites if kept is not None else []
             if two_ends:
                 (clean_run, other), first = _gradients_at_both_ends(
