@@ -10,15 +10,14 @@
   (of 48); MLP windows peak at 6.6%; attention at the last subject token only 1.6%.
 - **Induction heads** (``lsc.head_scores(kind="induction", rows="pattern")`` on
   ``lsc.data.prompts("repeated")``): the top heads by score, then the next-token loss on
-  the repeated half (``lsc.token_loss``) with those heads zeroed (a standing edit of their
-  o_proj input) against as many random heads (seeded draws), each a mean over the prompts
+  the repeated half (``lsc.token_loss``) with those heads zeroed (``lsc.heads_off``)
+  against as many random heads (seeded draws), each a mean over the prompts
   with a 95% bootstrap interval.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 
 import numpy as np
@@ -32,7 +31,6 @@ import torch
 import lenscape as lsc
 from lenscape import aggregate
 from lenscape.capture.tracing import ROLES, by_role
-from lenscape.sweep.backend import standing_edit
 
 
 def tracing_rows(model, prompts, samples):
@@ -57,19 +55,7 @@ def tracing_rows(model, prompts, samples):
 def repeated_half_loss(model, prompts, heads):
     """(prompt,) mean next-token loss over each prompt's second copy with ``heads``
     ((layer, head) pairs) zeroed."""
-    by_layer: dict[int, list[int]] = {}
-    for layer, head in heads:
-        by_layer.setdefault(layer, []).append(head)
-
-    def zero(site, value):
-        value = value.clone()
-        value[:, :, by_layer[site[1]]] = 0
-        return value
-
-    sites = [("z", layer) for layer in by_layer]
-    with contextlib.ExitStack() as stack:
-        if sites:
-            stack.enter_context(standing_edit(model, sites, zero))
+    with lsc.heads_off(model, heads):
         loss = lsc.token_loss(model, prompts, progress=False)
     # the second copy starts after the first copy's tokens ("first" span)
     starts = [len(model.tokenizer(p.text[: p.spans["first"][1]])["input_ids"]) for p in prompts]

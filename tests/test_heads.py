@@ -96,3 +96,46 @@ def test_token_loss_is_the_next_token_cross_entropy(tiny_llama, repeated):
         np.testing.assert_allclose(got.values[i, : len(ids)], expected.numpy(), atol=1e-4)
         assert np.isnan(got.values[i, len(ids) :]).all()
         assert got["next_token"].values[i, len(ids) - 1] == p.target
+
+
+def test_heads_off_zero_those_heads_outputs_only(tiny_llama, repeated):
+    """Within ``lsc.heads_off`` the model's logits are those of a plain forward hook that
+    zeroes the heads' slices of the output projection's input; outside it, the intact ones."""
+    spec = tiny_llama.spec
+    off = [(0, 1), (2, 3), (2, 0)]
+    ids = torch.tensor([tiny_llama.tokenizer(repeated[0].text)["input_ids"]])
+
+    def zero(layer):
+        def hook(module, args):
+            z = args[0].clone().view(*args[0].shape[:2], spec.n_heads, spec.d_head)
+            z[:, :, [h for at, h in off if at == layer]] = 0
+            return (z.flatten(2),)
+
+        return hook
+
+    layers = tiny_llama.hf.model.layers
+    handles = [
+        layers[layer].self_attn.o_proj.register_forward_pre_hook(zero(layer))
+        for layer in {at for at, _ in off}
+    ]
+    with torch.no_grad():
+        expected = tiny_llama.hf(ids).logits
+    for handle in handles:
+        handle.remove()
+    with torch.no_grad():
+        intact = tiny_llama.hf(ids).logits
+        with lsc.heads_off(tiny_llama, off) as model:
+            got = model.hf(ids).logits
+        after = tiny_llama.hf(ids).logits
+    assert (expected - intact).abs().max() > 1e-3  # the heads matter
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(after, intact)
+
+
+@pytest.mark.parametrize(
+    ("heads", "message"),
+    [([(0, 4)], "head in 0..3"), ([(3, 0)], "layer in 0..2"), (7, "list of"), ([(1,)], "pairs")],
+)
+def test_heads_off_refuses_what_names_no_head(tiny_llama, heads, message):
+    with pytest.raises(ValueError, match=message), lsc.heads_off(tiny_llama, heads):
+        pass

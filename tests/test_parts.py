@@ -1,14 +1,20 @@
-"""The parts of a head (``part="q" | "k" | "v"``): exact patching and attribution patching of
-a head's query, or a key/value head's key or value, by position, against plain hooks on the
-Hugging Face projections, against TransformerLens's by-position q/k/v patching, on every
-tiny family that has separate projections; and the refusals."""
+"""The parts of a head (``part="q" | "k" | "v" | "pattern"``): exact patching and attribution
+patching of a head's query, a key/value head's key or value, or a head's attention pattern,
+by position, against plain hooks on the Hugging Face projections (for patterns, an attention
+function of our own that swaps the weights), against TransformerLens's q/k/v/pattern
+patching, on every tiny family that has separate projections; and the refusals."""
 
 from __future__ import annotations
+
+import contextlib
+import sys
 
 import numpy as np
 import pytest
 import torch
 from _helpers import _pair
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 import lenscape as lsc
 from lenscape import models
@@ -72,6 +78,68 @@ def hand_part_patching(model, prompt, part):
     return out
 
 
+@contextlib.contextmanager
+def swapped_attention(model, swap):
+    """Within the block the HF model runs its family's eager attention through ``swap(layer,
+    weights) -> weights`` (batch, heads, query, key) before the weights meet the values
+    (an attention function registered for the test; the values repeated per query head as
+    the family's own ``repeat_kv`` does)."""
+    family = sys.modules[type(model.hf.model.layers[0].self_attn).__module__]
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        _, weights = family.eager_attention_forward(
+            module, query, key, value, attention_mask, **kwargs
+        )
+        weights = swap(module.layer_idx, weights)
+        values = family.repeat_kv(value, module.num_key_value_groups)
+        return torch.matmul(weights, values).transpose(1, 2).contiguous(), weights
+
+    AttentionInterface.register("lenscape_test_swap", attention)
+    AttentionMaskInterface.register("lenscape_test_swap", eager_mask)  # an additive mask
+    previous = model.hf.config._attn_implementation
+    model.hf.set_attn_implementation("lenscape_test_swap")
+    try:
+        yield
+    finally:
+        model.hf.set_attn_implementation(previous)
+
+
+def hand_pattern_patching(model, prompt):
+    """(layer, head, pos): the corrupt run's logit difference change when one head's
+    attention weights at one query position are its clean ones."""
+    spec = model.spec
+    clean_ids, corrupt_ids, target, other = _pair(model, prompt)
+    clean = {}
+
+    def record(layer, weights):
+        clean[layer] = weights.clone()
+        return weights
+
+    with torch.no_grad(), swapped_attention(model, record):
+        model.hf(clean_ids)
+
+    def diff(at=None):
+        def put(layer, weights):
+            if at is None or layer != at[0]:
+                return weights
+            weights = weights.clone()
+            weights[0, at[1], at[2]] = clean[layer][0, at[1], at[2]]
+            return weights
+
+        with torch.no_grad(), swapped_attention(model, put):
+            logits = model.hf(corrupt_ids).logits[0, -1]
+        return float(logits[target] - logits[other])
+
+    base = diff()
+    n_pos = clean_ids.shape[1]
+    out = np.zeros((spec.n_layers, spec.n_heads, n_pos))
+    for layer in range(spec.n_layers):
+        for head in range(spec.n_heads):
+            for pos in range(n_pos):
+                out[layer, head, pos] = diff((layer, head, pos)) - base
+    return out
+
+
 @pytest.fixture(scope="module")
 def pair(factual):
     return PromptSet([factual[0]], name="factual")
@@ -99,6 +167,51 @@ def test_parts_by_position_equal_plain_hooks_on_every_family(family, pair, part)
     assert scale > 0
     # metrics in float32: to 1e-4 of the largest effect (or 1e-7 of a logit, tiny effects)
     assert np.abs(got.values[0] - expected).max() <= 1e-4 * scale + 1e-7
+
+
+def test_patterns_by_position_equal_plain_attention_on_every_family(family, pair):
+    got = lsc.activation_patching(family, pair, part="pattern", positions="each", progress=False)
+    assert got.dims == ("prompt", "layer", "head", "pos") and got.attrs["part"] == "pattern"
+    expected = hand_pattern_patching(family, pair[0])
+    scale = np.abs(expected).max()
+    assert scale > 0
+    assert np.abs(got.values[0] - expected).max() <= 1e-4 * scale + 1e-7
+    # all positions at once: the whole pattern of a head
+    whole = lsc.activation_patching(family, pair, part="pattern", progress=False)
+    assert whole.dims == ("prompt", "layer", "head")
+
+
+def test_attribution_of_patterns_equals_plain_autograd(tiny_llama, pair):
+    """AtP of a pattern: the corrupt run's metric gradient w.r.t. each head's attention
+    weights, times (clean - corrupt weights), summed over key positions, by query position."""
+    spec = tiny_llama.spec
+    got = lsc.attribution_patching(
+        tiny_llama, pair, part="pattern", positions="each", progress=False
+    )
+    clean_ids, corrupt_ids, target, other = _pair(tiny_llama, pair[0])
+    weights = {}
+
+    def keep(grad):
+        def hook(layer, value):
+            if grad:
+                value = value.detach().requires_grad_(True)
+            weights[layer, grad] = value
+            return value
+
+        return hook
+
+    with torch.no_grad(), swapped_attention(tiny_llama, keep(False)):
+        tiny_llama.hf(clean_ids)
+    with swapped_attention(tiny_llama, keep(True)):
+        logits = tiny_llama.hf(corrupt_ids).logits[0, -1]
+    (logits[target] - logits[other]).backward()
+    for layer in range(spec.n_layers):
+        corrupt = weights[layer, True]
+        product = corrupt.grad * (weights[layer, False] - corrupt.detach())
+        np.testing.assert_allclose(
+            got.values[0, layer], product[0].sum(-1).numpy(), atol=1e-5, rtol=1e-4
+        )
+    tiny_llama.hf.zero_grad(set_to_none=True)
 
 
 def test_grouped_keys_stay_grouped(tiny_llama, pair):
@@ -154,6 +267,7 @@ def test_attribution_of_parts_equals_plain_autograd(tiny_llama, pair, part):
         ("q", "get_act_patch_attn_head_q_by_pos"),
         ("k", "get_act_patch_attn_head_k_by_pos"),
         ("v", "get_act_patch_attn_head_v_by_pos"),
+        ("pattern", "get_act_patch_attn_head_pattern_by_pos"),
     ],
 )
 def test_parts_equal_transformer_lens_by_position(tiny_llama, pair, part, function):
@@ -171,10 +285,9 @@ def test_parts_equal_transformer_lens_by_position(tiny_llama, pair, part, functi
         got = getattr(patching, function)(bridge, corrupt_ids, cache, metric, reduce="mean")
         theirs = got.numpy() - base
     ours = lsc.activation_patching(tiny_llama, pair, part=part, positions="each", progress=False)
-    # TransformerLens: [layer, pos, heads]
-    np.testing.assert_allclose(
-        ours.isel(prompt=0).transpose("layer", "pos", ...).values, theirs, atol=1e-5
-    )
+    # TransformerLens: [layer, pos, heads]; patterns [layer, head, dest_pos]
+    order = ("layer", "head", "pos") if part == "pattern" else ("layer", "pos", ...)
+    np.testing.assert_allclose(ours.isel(prompt=0).transpose(*order).values, theirs, atol=1e-5)
 
 
 @pytest.mark.parametrize("family_name", ["gpt2", "gpt_neox", "phi3"])
@@ -188,7 +301,9 @@ def test_fused_projections_refuse_parts(tokenizer, pair, family_name):
     ("options", "message"),
     [
         ({"part": "k", "level": "block"}, "takes level='head'"),
-        ({"part": "pattern"}, "not built yet"),
+        ({"part": "pattern", "error": True}, "plain AtP only"),
+        ({"part": "pattern", "estimator": "ig"}, "plain AtP only"),
+        ({"part": "pattern", "level": "block"}, "takes level='head'"),
         ({"part": "keys"}, "Unknown part"),
     ],
 )

@@ -234,6 +234,7 @@ CALLS: dict[str, Any] = {
     ),
     "masked_loss": lambda w: ((w.model, w.mixed[:2], w.masks["mask"]), dict()),
     "apply_mask": lambda w: ((w.model, w.masks["mask"].sel(cluster=0)), dict()),
+    "heads_off": lambda w: ((w.model, [(0, 0)]), dict()),
     "attention_pattern": lambda w: ((w.model, "The cat sat"), dict(layer=0)),
     "logit_lens": lambda w: ((w.model, w.pairs[0]), dict()),
     "faithfulness": lambda w: ((w.model, w.pairs), dict(estimators=["atp"], progress=False)),
@@ -334,7 +335,7 @@ def _call(name: str, world: World, argument: str, value: Any) -> Any:
     else:
         kwargs = {**kwargs, argument: value}
     result = function(*args, **kwargs)
-    if name == "apply_mask":  # a context manager: enter it once
+    if name in ("apply_mask", "heads_off"):  # a context manager: enter it once
         with result:
             pass
     return result

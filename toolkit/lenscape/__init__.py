@@ -88,6 +88,7 @@ _EXPORTS = {
     "from_hf": "models:from_hf",
     "gating_check": "fits:gating_check",
     "head_gating": "fits:head_gating",
+    "heads_off": "fits:heads_off",
     "heatmap": "views:heatmap",
     "load": "models:load",
     "mask_comparison": "fits:mask_comparison",

@@ -6,7 +6,7 @@ are the two fits and their causal checks; ``recordings`` ships their reference-p
 runs (``recorded_data/``), made once and checked on load.
 """
 
-from .gating import gating_check, head_gating, task_loss
+from .gating import gating_check, head_gating, heads_off, task_loss
 from .masks import apply_mask, block_mask_estimate, block_masks, mask_comparison, masked_loss
 from .optim import TimeBudgetWarning
 from .recordings import recorded
@@ -18,6 +18,7 @@ __all__ = [
     "block_masks",
     "gating_check",
     "head_gating",
+    "heads_off",
     "mask_comparison",
     "masked_loss",
     "recorded",

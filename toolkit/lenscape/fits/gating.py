@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -261,6 +261,67 @@ def _check_gates(model: LensModel, gates) -> torch.Tensor:
 
 
 @in_one_call
+@contextlib.contextmanager
+def heads_off(model: LensModel, heads: Any) -> Iterator[LensModel]:
+    """Within the block every forward pass of ``model`` runs with ``heads`` switched off
+    (gate 0: each one's output before the output projection is zero), on every backend
+    and in direct ``model.hf`` calls; yields ``model``.
+
+    Args:
+        heads: (layer, head) pairs, e.g. ``[(17, 3), (18, 6)]``, or a (layer, head) bool
+            DataArray, True where a head is off (read by label: any transpose).
+
+    Raises:
+        ValueError: a pair that is not two ints naming a head of the model, or a mask
+            whose labels are not the model's layers and heads.
+    """
+    spec = model.spec
+    if isinstance(heads, xr.DataArray):
+        expected = {"layer": range(spec.n_layers), "head": range(spec.n_heads)}
+        off = _validate.labels("heads", heads, expected, made_by="a (layer, head) bool mask")
+        if off.dims != ("layer", "head") or off.dtype != bool:
+            raise ValueError(
+                f"heads must be a bool (layer, head) DataArray, True where a head is off; "
+                f"got dims {heads.dims} of dtype {heads.dtype}. For example "
+                "heads=scores.mean('prompt') > 0.3."
+            )
+        pairs = [(int(layer), int(head)) for layer, head in np.argwhere(off.values)]
+    elif isinstance(heads, (list, tuple, set)):
+        pairs = [_head_pair(spec.n_layers, spec.n_heads, pair) for pair in heads]
+    else:
+        raise ValueError(
+            f"heads takes a list of (layer, head) pairs or a (layer, head) bool DataArray, "
+            f"got {type(heads).__name__}; for example heads=[(17, 3), (18, 6)]."
+        )
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in pairs:
+        by_layer.setdefault(layer, []).append(head)
+
+    def zeroed(site: Site, z: torch.Tensor) -> torch.Tensor:
+        z = z.clone()
+        z[:, :, by_layer[site[1]]] = 0
+        return z
+
+    sites = [("z", layer) for layer in sorted(by_layer)]
+    with standing_edit(model, sites, zeroed) if sites else contextlib.nullcontext():
+        yield model
+
+
+def _head_pair(n_layers: int, n_heads: int, pair: Any) -> tuple[int, int]:
+    """``pair`` as (layer, head), checked to name a head of a model of that size."""
+    ints = (
+        isinstance(pair, (tuple, list))
+        and len(pair) == 2
+        and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in pair)
+    )
+    if not ints or not (0 <= pair[0] < n_layers and 0 <= pair[1] < n_heads):
+        raise ValueError(
+            f"heads takes (layer, head) pairs of ints with layer in 0..{n_layers - 1} and "
+            f"head in 0..{n_heads - 1}; got {pair!r}. For example heads=[(17, 3), (18, 6)]."
+        )
+    return int(pair[0]), int(pair[1])
+
+
 def task_loss(
     model: LensModel,
     prompts: Prompts,

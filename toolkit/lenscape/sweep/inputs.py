@@ -106,7 +106,7 @@ class Inputs:
             component is measured in.
         part: at level "head", the part of each head measured: "out" (its output before
             the output projection), "q" (its query), "k" or "v" (the key or value of each
-            key/value head).
+            key/value head) or "pattern" (its attention pattern).
     """
 
     model: LensModel

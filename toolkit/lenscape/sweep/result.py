@@ -29,12 +29,14 @@ def components(inputs: Inputs) -> list[tuple[Site, int | None]]:
     Head level: ``(("z", layer), head)`` for every layer and head. Block level:
     ``(("attn", layer), None)`` and ``(("mlp", layer), None)`` for every layer. Resid
     level: ``(("resid_pre", layer), None)`` for every layer. With ``inputs.part`` "q",
-    "k" or "v": ``((part, layer), head)``, over the key/value heads for "k" and "v".
+    "k" or "v": ``((part, layer), head)``, over the key/value heads for "k" and "v"; with
+    "pattern", the "z" sites (a head's output with its pattern swapped,
+    ``capture/patching/pattern``).
     """
     spec = inputs.model.spec
     if inputs.level == "resid":
         return [(("resid_pre", layer), None) for layer in range(spec.n_layers)]
-    if inputs.level == "head" and inputs.part != "out":  # a head's query, key or value
+    if inputs.level == "head" and inputs.part in ("q", "k", "v"):
         heads = heads_of(spec, inputs.part)
         return [
             ((inputs.part, layer), head) for layer in range(spec.n_layers) for head in range(heads)

@@ -39,11 +39,12 @@ def _check_ablation(model: LensModel, options: Options) -> None:
 def _ablation_targets(
     inputs: Inputs, variants: list[Variant], kind: str, prepass: dict[str, Any], progress: bool
 ) -> tuple[Callable, Callable]:
-    """What an ablation replaces a component with: ``goal(site, act)`` (the replacement of
-    a whole activation, for the ranking pass of ``refine``) and ``replacement_for(batch)``
-    (as ``_sweep_scorer`` takes it); the means of kind="mean" are kept in ``prepass``."""
+    """What an ablation replaces a component with: ``goal(site, act, acts)`` (the
+    replacement of a whole activation, for the ranking pass of ``refine``; ``acts``, the
+    run's other kept activations, unread) and ``replacement_for(batch)`` (as
+    ``_sweep_scorer`` takes it); the means of kind="mean" are kept in ``prepass``."""
     if kind == "zero":
-        return (lambda site, act: torch.zeros_like(act)), (
+        return (lambda site, act, acts=None: torch.zeros_like(act)), (
             lambda batch, whole_vocab: ((lambda s, h, rows: 0.0), None)
         )
     cpu_means = once(
@@ -56,7 +57,7 @@ def _ablation_targets(
     def replacement_for(batch, whole_vocab):
         return (lambda site, head, rows: means[site] if head is None else means[site][head]), None
 
-    return (lambda site, act: means[site].expand_as(act)), replacement_for
+    return (lambda site, act, acts=None: means[site].expand_as(act)), replacement_for
 
 
 def plan_ablation(call: Call) -> Plan[xr.DataArray]:

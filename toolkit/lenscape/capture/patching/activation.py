@@ -15,10 +15,12 @@ from ...sweep.options import POSITIONAL_EXACT, Options
 from ...sweep.plan import Call, Plan
 from ...sweep.registry import method, run
 from ...sweep.result import NODE_LEVELS
+from ..attention import eager_attention
 from .checks import _check_estimator, check_estimate, check_part, check_positions, check_rules
 from .estimates import _patching_estimator, error_method
 from .exact import _FixedPasses, _index, _sites, variants_of
 from .needs import activation_patching_memory
+from .pattern import pattern_sites, swapped_outputs, value_sites
 from .refine import (
     AUTO_TOP,
     Estimate,
@@ -80,9 +82,16 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     def replacement_for(batch, whole_vocab):  # called under no_grad
         # Without whole_vocab the logits are not read: unembed one token, not all.
         vocab = None if whole_vocab else batch.target[:, None]
-        clean = runner.run(batch.clean, sites=sites, vocab=vocab)
+        if options.part == "pattern":  # the clean patterns over the corrupt run's values
+            with eager_attention(model):
+                clean = runner.run(batch.clean, sites=pattern_sites(model.spec), vocab=vocab)
+            values = runner.run(batch.corrupt, sites=value_sites(model.spec), vocab=vocab).acts
+            replaced = swapped_outputs(model.spec, clean.acts, values)
+        else:
+            clean = runner.run(batch.clean, sites=sites, vocab=vocab)
+            replaced = clean.acts
         logits = clean.logits if whole_vocab else None
-        return (lambda site, head, rows: clean.acts[site][_index(head, rows)]), logits
+        return (lambda site, head, rows: replaced[site][_index(head, rows)]), logits
 
     return _exact_plan(
         call,
@@ -151,7 +160,11 @@ def activation_patching(
             output projection), "q" (its query: a dim ``head``), "k" or "v" (its key or
             value projection's output, per key/value head: a dim ``kv_head``, one cell
             shared by the query heads of a group under grouped-query attention, never
-            copied out to them); families that fuse q/k/v refuse "q", "k" and "v".
+            copied out to them) or "pattern" (its attention pattern over the values it
+            meets: the output A(source) V(target), ``capture/patching/pattern``; with
+            estimator "atp" and no error estimate in ``attribution_patching``, and without
+            refine="auto" here); families that fuse q/k/v refuse "q", "k", "v" and
+            "pattern".
         tol: refine="auto"'s tolerance, in the metric's units (> 0); None: ``AUTO_TOL``
             (5%) of the largest |estimate| of the call.
         top: refine="auto" measures every component whose membership of the ``top`` by

@@ -140,7 +140,11 @@ def attribution_patching(
             output projection), "q" (its query: a dim ``head``), "k" or "v" (its key or
             value projection's output, per key/value head: a dim ``kv_head``, one cell
             shared by the query heads of a group under grouped-query attention, never
-            copied out to them); families that fuse q/k/v refuse "q", "k" and "v".
+            copied out to them) or "pattern" (its attention pattern over the values it
+            meets: the output A(source) V(target), ``capture/patching/pattern``; with
+            estimator "atp" and no error estimate in ``attribution_patching``, and without
+            refine="auto" here); families that fuse q/k/v refuse "q", "k", "v" and
+            "pattern".
         error: also estimate each cell's error: a coord ``error`` with the scores' dims and
             units, >= 0, its method and cost in the coord's attrs (``ERROR_METHODS``;
             ``error_method`` in the result's attrs). "atp": the trapezoid correction, one

@@ -123,23 +123,20 @@ def check_estimate(model: LensModel, options: Options) -> None:
     check_relevance(model, check_rules(options.estimator, options.rules), backend=options.backend)
 
 
-#: What ``part`` takes: a head's output, query, key or value.
-PARTS = ("out", "q", "k", "v")
+#: What ``part`` takes: a head's output, query, key, value or attention pattern.
+PARTS = ("out", "q", "k", "v", "pattern")
 
 
 def check_part(model: LensModel, options: Options) -> None:
-    """``part`` against ``level`` and the model's family, before any pass.
+    """``part`` against ``level``, the model's family and, for "pattern", the estimate,
+    before any pass.
 
     Raises:
-        ValueError: an unknown part, a part but "out" at another level than "head", or
-            "q", "k" or "v" on a family that fuses its projections.
+        ValueError: an unknown part, a part but "out" at another level than "head", "q",
+            "k", "v" or "pattern" on a family that fuses its projections, or "pattern"
+            with an estimate other than plain AtP (``capture/patching/pattern`` says why).
     """
     part = options.get("part", "out")
-    if part == "pattern":
-        raise ValueError(
-            "part='pattern' (patching a head's attention weights) is not built yet; patch "
-            "its query and key (part='q', part='k') or its output (part='out')."
-        )
     _validate.choice("part", part, PARTS)
     if part != "out" and options.level != "head":
         raise ValueError(
@@ -147,7 +144,30 @@ def check_part(model: LensModel, options: Options) -> None:
             f"level={options.level!r}."
         )
     if part != "out":
-        site_module(model.spec.layout, (part, 0))  # a fused family has no such output
+        site_module(model.spec.layout, ("v" if part == "pattern" else part, 0))  # fused: none
+    if part == "pattern":
+        _check_pattern_estimate(options)
+
+
+def _check_pattern_estimate(options: Options) -> None:
+    """The estimates ``part="pattern"`` takes: AtP at the corrupt run, without its error
+    (the gradient with respect to a pattern is grad_z . V, and every other estimate reads
+    it where the values differ from the corrupt run's)."""
+    chosen = [
+        f"{name}={options.get(name)!r}"
+        for name, allowed in (("estimator", "atp"), ("error", False))
+        if options.get(name, allowed) != allowed
+    ]
+    if options.get("refine") == "auto":
+        chosen.append("refine='auto'")
+    if chosen:
+        raise ValueError(
+            f"part='pattern' is estimated by plain AtP only, not with {', '.join(chosen)}: a "
+            "pattern's gradient is the head's output gradient times the values, which the "
+            "other estimates and the error estimate read away from the corrupt run. Use "
+            "estimator='atp' without error (or refine=k), or lsc.activation_patching(..., "
+            "part='pattern') for the exact effect."
+        )
 
 
 def check_positions(options: Options) -> None:

@@ -22,9 +22,11 @@ from ...sweep.backend import HEAD_SITES, RunResult, Site, TokenBatch, get_backen
 from ...sweep.inputs import Batch, Inputs
 from ...sweep.plan import Scores, top_is_target
 from ...sweep.relevance import RULE_SETS, clean_pass, rules_or_plain
+from ..attention import eager_attention
 from ..lens import read_out
 from .checks import DEFAULT_RULES
 from .exact import Variant, _fixed_key, _FixedPasses, _index, _sites
+from .pattern import pattern_sites, swapped_output, value_sites
 
 #: Where integrated gradients interpolates: the residual stream entering block 0.
 INPUT_SITE: Site = ("resid_pre", 0)
@@ -74,7 +76,7 @@ def _gradient_effects(
     sites: list[Site],
     *,
     base: TokenBatch,
-    goal: Callable[[Site, torch.Tensor], torch.Tensor],
+    goal: Callable[[Site, torch.Tensor, dict[Site, torch.Tensor]], torch.Tensor],
     steps: int = 1,
     clean_input: torch.Tensor | None = None,
     error: bool = False,
@@ -98,7 +100,8 @@ def _gradient_effects(
     Args:
         base: tokens of the run the replacement is made in (corrupt for patching, clean
             for ablation).
-        goal: ``(site, base activation) -> replacement activation``, same shape.
+        goal: ``(site, base activation, the base run's kept activations) -> replacement
+            activation``, the activation's shape.
         clean_input: (batch, pos, d_model) the clean residual stream entering block 0;
             needed when ``steps > 1``.
         error: also return the error terms.
@@ -145,7 +148,7 @@ def _gradient_effects(
         for site, grad in grads.items():
             if k == 0:
                 act = run.acts[site].detach()
-                deltas[site] = (goal(site, act) - act).float()
+                deltas[site] = (goal(site, act, run.acts) - act).float()
                 grad_sums[site] = grad.float()
                 coarse_sums[site] = width * grad.float()
             else:
@@ -359,6 +362,26 @@ def _gradients_at_both_ends(
     return halves[0], halves[1]
 
 
+def _patching_goal(
+    model: LensModel, clean: dict[Site, torch.Tensor], pattern: bool
+) -> tuple[Callable, dict[Site, torch.Tensor]]:
+    """What activation patching's estimate moves each site towards (``_gradient_effects``'s
+    ``goal``): the clean run's activation ``clean[site]`` or, with ``pattern``, the head
+    outputs of the clean patterns ``clean[("pattern", layer)]`` over the corrupt run's
+    values (``capture/patching/pattern``), kept in the returned dict as they are made."""
+    replaced: dict[Site, torch.Tensor] = {}
+
+    def goal(site: Site, act: torch.Tensor, acts: dict[Site, torch.Tensor]) -> torch.Tensor:
+        if not pattern:
+            return clean[site]
+        values = acts[("v", site[1])].detach()
+        replaced[site] = swapped_output(model.spec, clean[("pattern", site[1])], values)
+        return replaced[site]
+
+    return goal, replaced
+
+
+# long: one closure per batch: its clean end (plain, both ends, patterns), goal and error terms
 def _patching_estimator(
     inputs: Inputs,
     variants: list[Variant],
@@ -382,6 +405,8 @@ def _patching_estimator(
     secant = rules is not None and RULE_SETS[rules].needs_reference
     two_ends = _at_both_ends(steps, rules, error or corrected)
 
+    pattern = inputs.part == "pattern"  # the goal: the clean patterns over the corrupt values
+
     def estimate(batch: Batch) -> Scores:
         assert batch.corrupt is not None  # inputs prepared with needs_corrupt=True
         with rules_or_plain(model, rules, backend=inputs.backend) as relevance:
@@ -391,14 +416,16 @@ def _patching_estimator(
                 (clean_run, other), first = _gradients_at_both_ends(
                     runner, metric, batch, sites, model=model, keep=keep
                 )
+            elif pattern:  # plain AtP only (``check_part``)
+                clean_sites = pattern_sites(model.spec)
+                with torch.no_grad(), eager_attention(model):
+                    clean_run = runner.run(batch.clean, sites=clean_sites)
+                keep = [*keep, *value_sites(model.spec)]
             else:
                 with torch.no_grad(), clean_pass(relevance):
                     clean_run = runner.run(batch.clean, sites=clean_sites)
             clean = {site: clean_run.acts[site].detach() for site in clean_sites}
-
-            def goal(site: Site, act: torch.Tensor) -> torch.Tensor:
-                return clean[site]
-
+            goal, replaced = _patching_goal(model, clean, pattern)
             products, terms, corrupt_run = _gradient_effects(
                 runner,
                 metric,
@@ -414,7 +441,7 @@ def _patching_estimator(
                 first=first,
             )
             if kept is not None:
-                _keep_estimate_passes(kept, metric, batch, corrupt_run, clean)
+                _keep_estimate_passes(kept, metric, batch, corrupt_run, replaced or clean)
         if corrected:
             assert terms is not None  # asked for above
             products = {site: products[site] + terms[site] for site in sites}

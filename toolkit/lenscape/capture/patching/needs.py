@@ -61,6 +61,18 @@ def _cells_bound(options: Options, work: memory.Work) -> int:
     return 1 if options.get("positions", "all") == "all" else work.width
 
 
+def _pattern_need(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
+    """With ``part="pattern"``: the clean run's attention patterns of every block (batch,
+    n_heads, pos, pos) and the corrupt run's values (``capture/patching/pattern``); else
+    nothing."""
+    if options.get("part", "out") != "pattern":
+        return memory.Need()
+    spec, e = model.spec, memory.element_bytes(model.dtype)
+    patterns = spec.n_heads * work.width
+    values = spec.n_kv_heads * spec.d_head
+    return memory.Need(buffers=spec.n_layers * work.rows * work.width * (patterns + values) * e)
+
+
 def _result_need(model: LensModel, level: str, work: memory.Work, cells: int = 1) -> memory.Need:
     """The (prompt, component[, cell]) float32 result of every prompt, held in memory."""
     spec = model.spec
@@ -97,6 +109,7 @@ def activation_patching_memory(
         stacked = _at_both_ends(points, check_rules(estimator, options.get("rules")), auto)
         estimate = _estimate_need(model, work, level, points, auto, both_ends=stacked)
         need = memory.largest(need, estimate)
+    need = need + _pattern_need(model, options, work)
     return need + _result_need(model, level, work, _cells_bound(options, work))
 
 
@@ -113,5 +126,6 @@ def attribution_patching_memory(
     both = error or estimator == "trapezoid"
     stacked = _at_both_ends(points, check_rules(estimator, options.get("rules")), both)
     need = _estimate_need(model, work, level, points, both, both_ends=stacked)
+    need = need + _pattern_need(model, options, work)
     need = need + _result_need(model, level, work, _cells_bound(options, work))
     return need + _result_need(model, level, work, _cells_bound(options, work)) if error else need
