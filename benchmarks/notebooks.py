@@ -117,7 +117,7 @@ def parse_threads(text: str) -> list[int | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--only", default="01,02,03,04,05", help="notebook number prefixes, comma-separated"
+        "--only", default="01,02,03,04,05,06", help="notebook number prefixes, comma-separated"
     )
     parser.add_argument(
         "--threads",

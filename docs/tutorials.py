@@ -40,6 +40,7 @@ FIGURES = {
     "03_head_roles": ("f4_head_roles",),
     "04_weight_maps": ("f2_weight_importance", "f3_weight_change"),
     "05_circuits": ("circuit",),
+    "06_where_in_the_prompt": ("ioi_by_span", "causal_trace"),
 }
 WIDGET = "application/vnd.jupyter.widget-view+json"
 #: Longest text output shown on a page, in lines (the rest is cut, and the cut is said).

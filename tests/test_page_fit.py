@@ -65,6 +65,16 @@ def test_side_by_side_head_maps_fit():
     assert width(lsc.heatmap(both, x="head", y="layer", facet_col="prompts")) <= OUTPUT_WIDTH
 
 
+@pytest.mark.parametrize("columns", [None, 5])
+def test_head_maps_by_span_fit(columns):
+    """Heads at each of IOI's five spans, shared scale (notebook 06): four (the default
+    wrap) or five panels across."""
+    spans = ["IO", "S1", "S2", "END", "other"]
+    by_span = xr.concat([heavy_heads(i) for i in range(5)], dim="span").assign_coords(span=spans)
+    chart = lsc.heatmap(by_span, x="head", y="layer", facet_col="span", columns=columns)
+    assert width(chart) <= OUTPUT_WIDTH
+
+
 @pytest.mark.parametrize(
     ("shape", "fraction"), [((30, 9, 3), 0.01), ((18, 4, 1), 0.1)], ids=["smollm2", "gemma3"]
 )

@@ -30,10 +30,10 @@ def projections(model, layer):
     return {"q": attention.q_proj, "k": attention.k_proj, "v": attention.v_proj}
 
 
-def hand_part_patching(model, prompt, part):
+def hand_part_patching(model, prompt, part, layers=None):
     """(layer, head, pos): the corrupt run's logit difference change when one head's slice
     of the ``part`` projection's output at one position is its clean value (plain forward
-    hooks, unpadded)."""
+    hooks, unpadded); ``layers``: only those (rows in that order; None: every layer)."""
     spec = model.spec
     heads = spec.n_kv_heads if part in ("k", "v") else spec.n_heads
     clean_ids, corrupt_ids, target, other = _pair(model, prompt)
@@ -70,11 +70,12 @@ def hand_part_patching(model, prompt, part):
         return float(logits[target] - logits[other])
 
     base = diff()
-    out = np.zeros((spec.n_layers, heads, n_pos))
-    for layer in range(spec.n_layers):
+    layers = range(spec.n_layers) if layers is None else layers
+    out = np.zeros((len(layers), heads, n_pos))
+    for row, layer in enumerate(layers):
         for head in range(heads):
             for pos in range(n_pos):
-                out[layer, head, pos] = diff(layer, head, pos) - base
+                out[row, head, pos] = diff(layer, head, pos) - base
     return out
 
 
@@ -104,9 +105,10 @@ def swapped_attention(model, swap):
         model.hf.set_attn_implementation(previous)
 
 
-def hand_pattern_patching(model, prompt):
+def hand_pattern_patching(model, prompt, layers=None):
     """(layer, head, pos): the corrupt run's logit difference change when one head's
-    attention weights at one query position are its clean ones."""
+    attention weights at one query position are its clean ones; ``layers`` as
+    ``hand_part_patching``'s."""
     spec = model.spec
     clean_ids, corrupt_ids, target, other = _pair(model, prompt)
     clean = {}
@@ -132,11 +134,12 @@ def hand_pattern_patching(model, prompt):
 
     base = diff()
     n_pos = clean_ids.shape[1]
-    out = np.zeros((spec.n_layers, spec.n_heads, n_pos))
-    for layer in range(spec.n_layers):
+    layers = range(spec.n_layers) if layers is None else layers
+    out = np.zeros((len(layers), spec.n_heads, n_pos))
+    for row, layer in enumerate(layers):
         for head in range(spec.n_heads):
             for pos in range(n_pos):
-                out[layer, head, pos] = diff((layer, head, pos)) - base
+                out[row, head, pos] = diff((layer, head, pos)) - base
     return out
 
 

@@ -25,6 +25,7 @@ if _typing.TYPE_CHECKING:
         block_masks,
         gating_check,
         head_gating,
+        heads_off,
         mask_comparison,
         masked_loss,
         recorded,

@@ -367,6 +367,7 @@ def heatmap(
     chart = _arrange(
         da,
         panel,
+        x=x,
         facet_row=facet_row,
         facet_col=facet_col,
         columns=columns or FACET_COLUMNS,
@@ -715,6 +716,7 @@ def _arrange(
     da: xr.DataArray,
     panel: Callable[[xr.DataArray], alt.Chart | alt.LayerChart],
     *,
+    x: str,
     facet_row: str | None,
     facet_col: str | None,
     columns: int,
@@ -731,6 +733,8 @@ def _arrange(
         return panel(da)
     if independent:  # one chart per facet: Vega-Lite's faceted independent scales break sorting
         return _panel_grid(da, panel, facet_row=facet_row, facet_col=facet_col, columns=columns)
+    across = len(coord_order(da, facet_col)) if facet_col else 1
+    panel = _fitted(panel, across if facet_row else min(across, columns), x)
     if facet_row and facet_col:
         return panel(da).facet(
             row=alt.Row(
@@ -752,6 +756,26 @@ def _arrange(
         ),
         columns=1 if facet_row else columns,
     )
+
+
+def _fitted(
+    panel: Callable[[xr.DataArray], alt.Chart | alt.LayerChart], across: int, x: str
+) -> Callable[[xr.DataArray], alt.Chart | alt.LayerChart]:
+    """``panel`` with its cells (along ``x``) narrowed so that ``across`` panels side by
+    side (a shared-scale facet row) span at most ROW_PX: a row of nine-head panels of a
+    4-wide facet was 1,068 px, wider than a notebook's output area."""
+
+    def fitted(part: xr.DataArray) -> alt.Chart | alt.LayerChart:
+        chart = panel(part)
+        step = chart.width.step if isinstance(chart.width, alt.Step) else None
+        if step is None:
+            return chart
+        cells = len(coord_order(part, x))
+        # Vega-Lite puts 20 px between facet panels
+        shrink = min(1.0, (ROW_PX - 20 * (across - 1)) / (step * cells * across))
+        return chart.properties(width=alt.Step(max(6, int(step * shrink)))) if shrink < 1 else chart
+
+    return fitted
 
 
 def _panel_grid(
