@@ -82,7 +82,7 @@ def plan_activation_patching(call: Call) -> Plan[xr.DataArray]:
     def replacement_for(batch, whole_vocab):  # called under no_grad
         # Without whole_vocab the logits are not read: unembed one token, not all.
         vocab = None if whole_vocab else batch.target[:, None]
-        if options.part == "pattern":  # the clean patterns over the corrupt run's values
+        if inputs.part == "pattern":  # the clean patterns over the corrupt run's values
             with eager_attention(model):
                 clean = runner.run(batch.clean, sites=pattern_sites(model.spec), vocab=vocab)
             values = runner.run(batch.corrupt, sites=value_sites(model.spec), vocab=vocab).acts
