@@ -68,30 +68,44 @@ def test_exact_sweep_reruns_only_the_blocks_after_the_edit(tiny_llama, factual, 
     )
 
 
-def _pass_cost(chunk_layers: list[int], chunk_rows: list[int], n_layers: int, width: int):
-    """A stacked pass's cost in token-blocks, by ``_packed``'s own rule, written out."""
+def _pass_cost(
+    chunk_layers: list[int], chunk_rows: list[int], n_layers: int, width: int, first: int = 0
+):
+    """A stacked pass's cost in token-blocks, by ``_packed``'s own rule, written out; it
+    runs the columns from ``first`` on."""
     blocks = n_layers - chunk_layers[0]
     overhead = exact.BLOCK_OVERHEAD_TOKENS
-    return blocks * (overhead + width * sum(chunk_rows)) + exact.PASS_OVERHEAD_BLOCKS * overhead
+    cost = blocks * (overhead + (width - first) * sum(chunk_rows))
+    return cost + exact.PASS_OVERHEAD_BLOCKS * overhead
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_packing_is_the_cheapest_cut_into_passes(seed):
     """``_packed`` keeps the pieces in order, never puts more than the budget's rows in a
     pass of several pieces, and its cut costs what the cheapest of every contiguous cut
-    costs (brute force over all 2^(n-1) cuts)."""
+    costs (brute force over all 2^(n-1) cuts), with and without position cells (a pass
+    runs the columns from its pieces' first start on)."""
     rng = np.random.default_rng(seed)
     n, n_layers, width = int(rng.integers(1, 9)), 18, int(rng.integers(1, 20))
     layers = sorted(rng.integers(0, n_layers, n).tolist())
+    starts = rng.integers(0, width, n).tolist() if seed % 2 else None
     pieces = [(i, torch.arange(int(rng.integers(1, 9)))) for i in range(n)]
     budget = int(rng.integers(4, 24))
-    passes = list(exact._packed(pieces, budget, layers=layers, n_layers=n_layers, width=width))
+    passes = list(
+        exact._packed(pieces, budget, layers=layers, n_layers=n_layers, width=width, starts=starts)
+    )
     assert [i for chunk in passes for i, _ in chunk] == list(range(n))
     assert all(len(chunk) == 1 or sum(len(r) for _, r in chunk) <= budget for chunk in passes)
 
     def cost(chunks):
         return sum(
-            _pass_cost([layers[i] for i, _ in c], [len(r) for _, r in c], n_layers, width)
+            _pass_cost(
+                [layers[i] for i, _ in c],
+                [len(r) for _, r in c],
+                n_layers,
+                width,
+                0 if starts is None else min(starts[i] for i, _ in c),
+            )
             for c in chunks
         )
 

@@ -336,3 +336,52 @@ def test_span_maps_keep_the_prompt_order_through_a_sortby(tiny_llama, mixed_leng
     shuffled = pooled.sortby("span")  # alphabetical: END first
     spec = lsc.heatmap(shuffled, x="head", y="layer", facet_col="span").to_dict()
     assert json.dumps(spec).find('"IO"') < json.dumps(spec).find('"END"')
+
+
+# ------------------------------------------------- passes that skip the unchanged prefix
+
+
+@pytest.mark.parametrize("family", lsc.models.TINY_ARCHITECTURES)
+def test_suffix_passes_equal_whole_passes(family, tokenizer, mixed_lengths, monkeypatch):
+    """By position, an exact pass runs only the columns from its first edited one, with the
+    earlier keys and values from the unedited run: the same numbers as whole passes, left
+    padded and batched, for patching and for mean ablation (a replacement with no pos dim).
+    Where a sliding window is shorter than the prompts (tiny gemma3_text's is 4 tokens) the
+    prefix's cache lacks columns, and every pass runs whole."""
+    from lenscape.sweep import backend
+
+    model = lsc.models.tiny(family, n_layers=3, seed=0, tokenizer=tokenizer)
+    suffix_cuts = []
+    whole_run = backend.NNsightBackend.run
+
+    def counting_run(self, batch, **kwargs):
+        if kwargs.get("past") is not None:
+            suffix_cuts.append(kwargs["past"][0])
+        return whole_run(self, batch, **kwargs)
+
+    monkeypatch.setattr(backend.NNsightBackend, "run", counting_run)
+    calls = [
+        (lsc.activation_patching, dict(level="head", positions="each", variants_per_pass=1)),
+        (lsc.activation_patching, dict(level="resid", positions="spans")),
+        (lsc.ablation, dict(level="block", positions="each", kind="mean", variants_per_pass=1)),
+    ]
+    results = []
+    for method, options in calls:
+        common = dict(padding_side="left", batch_size=2, progress=False, **options)
+        results.append(method(model, mixed_lengths, **common))
+    window = getattr(model.hf.config, "sliding_window", None)
+    longest = max(len(tokenizer(p.text)["input_ids"]) for p in mixed_lengths)
+    sliding = "sliding_attention" in (getattr(model.hf.config, "layer_types", None) or [])
+    short_window = sliding and window is not None and window <= longest
+    if short_window:
+        assert suffix_cuts == []
+    else:
+        assert suffix_cuts and min(suffix_cuts) > 0
+    monkeypatch.setattr(backend.NNsightBackend, "runs_suffix", False)
+    for (method, options), fast in zip(calls, results, strict=True):
+        common = dict(padding_side="left", batch_size=2, progress=False, **options)
+        whole = method(model, mixed_lengths, **common)
+        scale = float(np.nanmax(np.abs(whole.values)))
+        np.testing.assert_array_equal(np.isnan(fast.values), np.isnan(whole.values))
+        # float32 rounding of the metric (order 1), not of the effects
+        np.testing.assert_allclose(fast.values, whole.values, atol=max(1e-6, 1e-4 * scale), rtol=0)

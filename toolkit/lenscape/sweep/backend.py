@@ -18,8 +18,12 @@ embeddings on (weights stay frozen), so callers take ``torch.autograd.grad`` of 
 metric with respect to the kept activations. With ``resume=(layer, resid)`` the pass
 starts at block ``layer`` from a residual stream kept by an earlier pass over the same
 tokens: blocks ``0..layer-1`` are not run at all (exact sweeps re-run only the suffix of
-the model after the component they edit). Everything else (metrics, sweeps, attribution)
-lives above this seam and is backend-agnostic.
+the model after the component they edit). A backend with ``runs_suffix`` also takes
+``past=(cut, cache)``: the pass runs only the tokens from column ``cut`` on, reading the
+earlier columns' keys and values from ``cache`` (``prefix_cache``, from a pass over the same
+tokens kept with ``keep_cache=True``); an edit that changes no column before ``cut`` gives
+the same logits (exact sweeps by position skip the unchanged prefix). Everything else
+(metrics, sweeps, attribution) lives above this seam and is backend-agnostic.
 
 The seam owns three things: the ``Backend`` protocol (what a backend must do), the table
 ``BACKEND_CLASSES`` (name -> class) with ``get_backend``'s per-model cache, and *standing
@@ -37,7 +41,7 @@ import copy
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -53,6 +57,9 @@ BeforeFn = Callable[[torch.Tensor, torch.Tensor | None], None]
 #: ``(layer, resid)``: start the pass at block ``layer`` (>= 1) with ``resid`` (batch, pos,
 #: d_model) as the residual stream entering it; earlier blocks are skipped.
 Resume = tuple[int, torch.Tensor]
+#: ``(cut, cache)``: run only columns ``cut..`` of the batch; ``cache`` (a transformers
+#: ``Cache``) holds every layer's keys and values of columns ``0..cut-1``.
+Past = tuple[int, Any]
 
 SITE_KINDS = ("resid_pre", "q", "k", "v", "z", "pattern", "attn", "mlp", "resid_final")
 #: Sites held per head, (batch, pos, heads, d_head): the query, key and value projections'
@@ -126,10 +133,13 @@ class RunResult:
     Attributes:
         logits: (batch, vocab) logits at ``read_pos`` ((batch, k) with ``vocab=``).
         acts: site -> activation as seen by the model after any edit (canonical shape).
+        cache: the pass's keys and values of every layer (a transformers ``Cache``), with
+            ``keep_cache=True``; else None.
     """
 
     logits: torch.Tensor
     acts: dict[Site, torch.Tensor] = field(default_factory=dict)
+    cache: Any = None
 
 
 def site_order(site: Site) -> tuple[int, int]:
@@ -181,6 +191,8 @@ class Backend(Protocol):
     activations at ``sites`` (in forward order), with standing edits applied first."""
 
     name: ClassVar[str]
+    #: Whether ``run`` takes ``keep_cache`` and ``past`` (a suffix of the columns).
+    runs_suffix: ClassVar[bool]
 
     def run(
         self,
@@ -191,6 +203,8 @@ class Backend(Protocol):
         grad: bool = False,
         resume: Resume | None = None,
         vocab: torch.Tensor | None = None,
+        keep_cache: bool = False,
+        past: Past | None = None,
     ) -> RunResult:
         """Returns the logits at ``batch.read_pos`` and the kept activations.
 
@@ -202,6 +216,9 @@ class Backend(Protocol):
             vocab: (batch, k) token ids: the logits of these only, (batch, k); the
                 unembedding's full (d_model, vocab) product is skipped, most of a short
                 pass's cost for a big vocabulary (Gemma's 262k tokens).
+            keep_cache: return the pass's keys and values (``RunResult.cache``).
+            past: ``(cut, cache)``: run columns ``cut..`` only (``batch`` and ``resume``
+                are full width; edits see ``cut..`` only).
         """
         ...
 
@@ -216,11 +233,44 @@ def _model_kwargs(batch: TokenBatch) -> dict[str, torch.Tensor]:
     }
 
 
+def _suffix_kwargs(batch: TokenBatch, past: Past) -> dict[str, Any]:
+    """Forward kwargs of a pass over columns ``cut..`` of ``batch`` after ``cache``: the
+    attention mask stays full width (it covers the cached columns too)."""
+    cut, cache = past
+    return {
+        "attention_mask": batch.attention_mask,
+        "position_ids": batch.position_ids[:, cut:],
+        "logits_to_keep": batch.read_pos[:, None] - cut,
+        "past_key_values": cache,
+        "use_cache": True,
+    }
+
+
+def prefix_cache(config: Any, cache: Any, rows: torch.Tensor, cut: int, width: int) -> Any | None:
+    """A new ``DynamicCache`` holding the keys and values of columns ``0..cut-1`` of the
+    batch rows ``rows`` of ``cache`` (a pass's ``RunResult.cache`` over ``width`` columns),
+    for ``past=``; None when a layer of ``cache`` does not hold every column (a sliding
+    window shorter than the batch), where a suffix pass would not see what the full pass
+    saw."""
+    from transformers import DynamicCache
+
+    layers = getattr(cache, "layers", None)
+    if not layers or any(getattr(layer, "keys", None) is None for layer in layers):
+        return None
+    if any(layer.keys.shape[-2] != width for layer in layers):
+        return None
+    prefix = DynamicCache(config=config)
+    for index, layer in enumerate(layers):
+        prefix.update(layer.keys[rows, :, :cut], layer.values[rows, :, :cut], index)
+    return prefix
+
+
 class NNsightBackend:
     """Runs passes through ``nnsight.NNsight`` wrapping the HF module itself (standing
     edits are module hooks on that module, so they apply inside the trace)."""
 
     name: ClassVar[str] = "nnsight"
+    runs_suffix: ClassVar[bool] = True
 
     def __init__(self, model: LensModel, standing: list[_Standing]):
         import nnsight  # imported on first use: importing it takes seconds
@@ -245,12 +295,19 @@ class NNsightBackend:
         grad: bool = False,
         resume: Resume | None = None,
         vocab: torch.Tensor | None = None,
+        keep_cache: bool = False,
+        past: Past | None = None,
     ) -> RunResult:
         spec, layout = self.spec, self.spec.layout
         acts: dict[Site, torch.Tensor] = {}
+        cut = 0 if past is None else past[0]
+        kwargs = _model_kwargs(batch) if past is None else _suffix_kwargs(batch, past)
+        if keep_cache:
+            kwargs["use_cache"] = True
+        cache = None  # a trace passes back only what it saves
         with (
             torch.set_grad_enabled(grad),
-            self.envoy.trace(batch.input_ids, **_model_kwargs(batch)),
+            self.envoy.trace(batch.input_ids[:, cut:], **kwargs),
         ):
             if grad:
                 embed = self._envoy(layout.embed)
@@ -260,7 +317,7 @@ class NNsightBackend:
                 # blocks 0..layer-1 with output ``resid`` makes ``resid`` enter block ``layer``.
                 start, resid = resume
                 for layer in range(start):
-                    self._envoy(f"{layout.layers}.{layer}").skip(resid)
+                    self._envoy(f"{layout.layers}.{layer}").skip(resid[:, cut:])
             for site in sorted(sites, key=site_order):
                 where = site_module(layout, site)
                 envoy = self._envoy(where.path)
@@ -295,9 +352,11 @@ class NNsightBackend:
             if vocab is not None and self.unembed is not None:
                 self._unembed_only(vocab)
             logits = self.envoy.output.logits[:, 0].save()
+            if keep_cache:
+                cache = self.envoy.output.past_key_values.save()
         if vocab is not None and self.unembed is None:
             logits = logits.gather(1, vocab)
-        return RunResult(logits, acts)
+        return RunResult(logits, acts, cache)
 
     def _unembed_only(self, vocab: torch.Tensor) -> None:
         """Inside a trace: the unembedding returns the logits of ``vocab`` (batch, k) only,
@@ -320,6 +379,7 @@ class TransformerLensBackend:
     """
 
     name: ClassVar[str] = "transformer_lens"
+    runs_suffix: ClassVar[bool] = False
 
     def __init__(self, model: LensModel, standing: list[_Standing]):
         from transformer_lens.model_bridge import TransformerBridge  # slow import, on use
@@ -356,7 +416,11 @@ class TransformerLensBackend:
         grad: bool = False,
         resume: Resume | None = None,
         vocab: torch.Tensor | None = None,
+        keep_cache: bool = False,
+        past: Past | None = None,
     ) -> RunResult:
+        if keep_cache or past is not None:
+            raise ValueError("The TransformerLens backend runs whole passes only (no past=).")
         acts: dict[Site, torch.Tensor] = {}
         kept = set(sites)
         edited = kept | {site for entry in self.standing for site in entry.sites}
@@ -438,6 +502,11 @@ def _state(model: LensModel) -> _ModelState:
     if model not in _STATES:
         _STATES[model] = _ModelState()
     return _STATES[model]
+
+
+def has_standing_edits(model: LensModel) -> bool:
+    """Whether a standing edit (``standing_edit``) is active on ``model``."""
+    return bool(_state(model).standing)
 
 
 def get_backend(model: LensModel, name: str) -> Backend:

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from ...models import LensModel
 from ...sweep import memory, metrics
-from ...sweep.backend import Site, TokenBatch, get_backend
+from ...sweep.backend import Site, TokenBatch, get_backend, has_standing_edits, prefix_cache
 from ...sweep.inputs import Batch, Inputs
 from ...sweep.plan import Scores, top_is_target
 from ...sweep.result import components
@@ -50,13 +50,16 @@ def _index(head: int | None, rows: slice | torch.Tensor = slice(None)) -> tuple:
     return (rows, slice(None)) if head is None else (rows, slice(None), head)
 
 
-def _stacked_edit(pieces: list[Piece], replacement, cells: torch.Tensor | None = None):
+def _stacked_edit(
+    pieces: list[Piece], replacement, cells: torch.Tensor | None = None, cut: int = 0
+):
     """Edit for a stacked pass: the rows of piece ``i`` (stacked in order) get its
     variant replaced, at every position (cell None) or at the positions of its cell.
 
     ``replacement(site, head, rows)`` -> tensor broadcastable to (len(rows), pos[, d]) for
-    the batch rows ``rows``; ``cells``: the batch's (batch, seq, n_cells) cell map
-    (``Batch.cells``), needed when a variant has a cell.
+    the batch rows ``rows`` (full width: one with a pos dim is cut to columns ``cut..``,
+    those a pass over a suffix of the columns runs); ``cells``: the batch's (batch, seq,
+    n_cells) cell map (``Batch.cells``), needed when a variant has a cell.
     """
 
     def edit(site: Site, value: torch.Tensor) -> torch.Tensor:
@@ -66,10 +69,13 @@ def _stacked_edit(pieces: list[Piece], replacement, cells: torch.Tensor | None =
             if variant_site == site:
                 stacked = _index(head, slice(start, start + len(rows)))
                 new = replacement(site, head, rows)
+                if cut and isinstance(new, torch.Tensor) and new.ndim >= 2:
+                    new = new[:, cut:]
                 if cell is not None:
                     assert cells is not None  # see Args
                     old = value[stacked]
-                    at = cells[rows, :, cell].bool().reshape(len(rows), -1, *[1] * (old.ndim - 2))
+                    at = cells[rows, cut:, cell].bool()
+                    at = at.reshape(len(rows), -1, *[1] * (old.ndim - 2))
                     new = torch.where(at, torch.as_tensor(new, dtype=old.dtype).to(old), old)
                 value[stacked] = new
             start += len(rows)
@@ -106,6 +112,23 @@ def _layer_groups(variants: list[Variant], columns: list[int]) -> list[tuple[int
     return sorted(groups.items())
 
 
+def _piece_starts(
+    pieces: list[Piece], cells: torch.Tensor | None, read_pos: torch.Tensor
+) -> list[int]:
+    """The first column each piece edits: 0 for a piece with no cell (every position),
+    else the first token of its cell over its rows (``cells``: ``Batch.cells``), at most
+    its rows' first read position (``read_pos``: (batch,))."""
+    starts = []
+    for (_, _, cell), rows in pieces:
+        if cell is None or cells is None:
+            starts.append(0)
+            continue
+        at = cells[rows, :, cell].bool()
+        first = torch.where(at.any(1), at.float().argmax(1), at.shape[1])
+        starts.append(int(torch.minimum(first, read_pos[rows]).min()))
+    return starts
+
+
 def _edited_metric(
     backend: Any,
     metric: str,
@@ -114,23 +137,37 @@ def _edited_metric(
     pieces: list[Piece],
     unedited: Any,
     replacement: Callable,
+    cut: int = 0,
+    config: Any = None,
 ) -> torch.Tensor:
     """(sum of len(rows),) metric of one stacked pass: for each piece (variant, rows), the
     rows ``rows`` of ``batch``'s ``source`` tokens with the variant replaced, stacked in
     order and resumed from the unedited run's residual stream at the first piece's block
     (pieces in block order: the rows of a later block's piece run the blocks before it
-    unedited)."""
+    unedited).
+
+    With ``cut`` > 0 (no piece edits a column before it) and the unedited run's keys and
+    values kept (``unedited.cache``; ``config``: the HF model's config), the pass runs only
+    the columns from ``cut`` on: the model is causal, so every earlier column is the
+    unedited run's, at every block."""
     (_, layer), _, _ = pieces[0][0]
     stacked = torch.cat([rows for _, rows in pieces])
+    tokens = getattr(batch, source).select(stacked)
     resume = None if layer == 0 else (layer, unedited.acts[("resid_pre", layer)][stacked])
     target, distractor = batch.target[stacked], batch.distractor[stacked]
     read = metrics.read_ids(metric, target, distractor)
+    width = tokens.input_ids.shape[1]
+    cache = None
+    if cut and unedited.cache is not None:
+        cache = prefix_cache(config, unedited.cache, stacked, cut, width)
+    cut = cut if cache is not None else 0
     run = backend.run(
-        getattr(batch, source).select(stacked),
+        tokens,
         sites=_sites([variant for variant, _ in pieces]),
-        edit=_stacked_edit(pieces, replacement, batch.cells),
+        edit=_stacked_edit(pieces, replacement, batch.cells, cut),
         resume=resume,
         vocab=read,
+        **({} if cache is None else {"past": (cut, cache)}),
     )
     return metrics.compute_read(metric, run.logits, target, distractor, read)
 
@@ -151,6 +188,7 @@ def _packed(
     layers: Sequence[int],
     n_layers: int,
     width: int,
+    starts: Sequence[int] | None = None,
 ) -> Iterator[list[tuple[Any, torch.Tensor]]]:
     """``pieces`` (anything, rows), in block order, cut into passes of at most ``budget``
     stacked rows (a piece larger than ``budget`` gets a pass of its own) at the least
@@ -163,24 +201,29 @@ def _packed(
     BLOCK_OVERHEAD_TOKENS token-blocks; the cut is the cheapest one (dynamic programming
     over the cut points). A full sweep's pieces (every row of every component) fill one
     pass per block as before; sparse cells (refine) no longer run early blocks for rows
-    of late ones.
+    of late ones. With ``starts``, a pass runs only the columns from its pieces' first
+    start on, so ``width`` is ``width - min(starts)`` for it: a pass of late position
+    cells is cheaper apart from early ones.
 
     Args:
         layers: (len(pieces),) the block each piece edits.
         width: tokens per row.
+        starts: (len(pieces),) the first column each piece edits; None: 0 for all.
     """
     n = len(pieces)
     sizes = [len(rows) for _, rows in pieces]
+    starts = [0] * n if starts is None else starts
     best = [0.0] + [float("inf")] * n  # best[j]: least cost of the first j pieces
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
-        rows = 0
+        rows, first = 0, width
         for i in range(j - 1, -1, -1):  # the last pass holds pieces i..j-1
             rows += sizes[i]
+            first = min(first, starts[i])
             if rows > budget and i < j - 1:
                 break
             blocks = n_layers - layers[i]
-            cost = blocks * (BLOCK_OVERHEAD_TOKENS + width * rows)
+            cost = blocks * (BLOCK_OVERHEAD_TOKENS + (width - first) * rows)
             cost += PASS_OVERHEAD_BLOCKS * BLOCK_OVERHEAD_TOKENS
             if best[i] + cost < best[j]:
                 best[j], cut[j] = best[i] + cost, i
@@ -209,10 +252,14 @@ def _unedited(
     tokens: TokenBatch,
     sites: list[Site],
     read: torch.Tensor | None,
+    keep_cache: bool = False,
 ) -> tuple[Any, torch.Tensor]:
-    """The unedited pass over ``tokens`` keeping ``sites``, unembedding the ids ``read``
-    only (all when None), and its metric (rows,)."""
-    run = backend.run(tokens, sites=sites, vocab=read)
+    """The unedited pass over ``tokens`` keeping ``sites`` (and its keys and values, with
+    ``keep_cache``), unembedding the ids ``read`` only (all when None), and its metric
+    (rows,)."""
+    run = backend.run(
+        tokens, sites=sites, vocab=read, **({"keep_cache": True} if keep_cache else {})
+    )
     value = metrics.compute_read(metric, run.logits, batch.target, batch.distractor, read)
     return run, metrics.check_finite(value, batch.index, metric)
 
@@ -250,11 +297,12 @@ def _fixed_key(batch: Batch, read: torch.Tensor | None, decides_correct: bool) -
     return tuple(batch.index.tolist()), read is None, decides_correct
 
 
-def _blocks_done(groups: list[tuple[int, list[int]]], variants: list[Variant], last: int) -> int:
+def _blocks_done(groups: list[tuple[int, list[int]]], layers: list[int], index: int) -> int:
     """How many blocks of ``groups`` (``_layer_groups``) a sweep has finished once its
-    pieces (in block order) up to column ``last`` are measured."""
-    layer = variants[last][0][1]
-    return sum(1 for block, group in groups if block < layer or group[-1] == last)
+    pieces (in block order, editing blocks ``layers``) up to piece ``index`` are measured."""
+    layer = layers[index]
+    last_of_block = index + 1 == len(layers) or layers[index + 1] != layer
+    return sum(1 for block, _ in groups if block < layer) + int(last_of_block)
 
 
 # long: one closure per sweep: fixed passes (made or kept), packing, progress steps
@@ -309,6 +357,8 @@ def _sweep_scorer(
     else:  # another sweep may resume anywhere
         resid_sites = [("resid_pre", layer) for layer in range(1, model.spec.n_layers)]
     site_bytes = _site_width(model, inputs.level) * memory.element_bytes(model.dtype)
+    cache_bytes = _cache_width(model) * memory.element_bytes(model.dtype)
+    config = model.hf.config
 
     def score(batch: Batch, step) -> Scores:
         tokens = getattr(batch, source)
@@ -334,11 +384,23 @@ def _sweep_scorer(
         with torch.no_grad():
             passes = None if kept is None else kept.get(key)
             if passes is None:
-                unedited, base = _unedited(backend, metric, batch, tokens, resid_sites, read)
+                # By position, the edited passes skip the columns before a cell (their
+                # keys and values kept here); not under a standing edit, which may read
+                # every column of a pass.
+                suffix = (
+                    inputs.positions != "all"
+                    and getattr(backend, "runs_suffix", False)
+                    and not has_standing_edits(model)
+                )
+                unedited, base = _unedited(
+                    backend, metric, batch, tokens, resid_sites, read, keep_cache=suffix
+                )
                 replacement, clean_logits = replacement_for(batch, correct is None)
                 if kept is not None:
                     resid = sum(a.numel() * a.element_size() for a in unedited.acts.values())
-                    size = resid + tokens.input_ids.numel() * site_bytes
+                    size = resid + tokens.input_ids.numel() * (
+                        site_bytes + (cache_bytes if suffix else 0)
+                    )
                     kept.put(key, (unedited, base, replacement, clean_logits), size)
             else:
                 unedited, base, replacement, clean_logits = passes
@@ -346,17 +408,36 @@ def _sweep_scorer(
                 clean = unedited.logits if clean_logits is None else clean_logits
                 right = top_is_target(clean, batch.target)
             done = 0  # progress: one step per block, once its last piece is measured
+            start_of: dict[int, int] = {}
+            if unedited.cache is not None:  # each block's pieces by their first column
+                found = [(variants[c], chosen) for c, chosen in pieces]
+                start_of = dict(
+                    zip(
+                        (c for c, _ in pieces),
+                        _piece_starts(found, batch.cells, tokens.read_pos),
+                        strict=True,
+                    )
+                )
+                pieces.sort(key=lambda piece: (variants[piece[0]][0][1], start_of[piece[0]]))
             layers = [variants[c][0][1] for c, _ in pieces]
-            width = tokens.input_ids.shape[1]
+            starts = [start_of.get(c, 0) for c, _ in pieces]
+            width, measured = tokens.input_ids.shape[1], 0
             for chunk in _packed(
-                pieces, per_pass * rows, layers=layers, n_layers=model.spec.n_layers, width=width
+                pieces,
+                per_pass * rows,
+                layers=layers,
+                n_layers=model.spec.n_layers,
+                width=width,
+                starts=starts,
             ):
                 edited = [(variants[c], chosen) for c, chosen in chunk]
+                cut = min(start_of.get(c, 0) for c, _ in chunk)
                 value = _edited_metric(
-                    backend, metric, batch, source, edited, unedited, replacement
+                    backend, metric, batch, source, edited, unedited, replacement, cut, config
                 )
                 _write_changes(effects, chunk, value - base[torch.cat([r for _, r in chunk])])
-                finished = _blocks_done(groups, variants, chunk[-1][0])
+                measured += len(chunk)
+                finished = _blocks_done(groups, layers, measured - 1)
                 for _ in range(finished - done):
                     step()
                 done = finished
@@ -366,6 +447,13 @@ def _sweep_scorer(
         return Scores(effects, right if correct is None else correct[batch.index.cpu()])
 
     return score
+
+
+def _cache_width(model: LensModel) -> int:
+    """Numbers per token of a pass's keys and values over every layer (kept by an exact
+    sweep by position)."""
+    spec = model.spec
+    return 2 * spec.n_layers * spec.n_kv_heads * spec.d_head
 
 
 def _site_width(model: LensModel, level: str) -> int:

@@ -8,7 +8,7 @@ from ...sweep import memory
 from ...sweep.options import Options
 from .checks import ESTIMATORS, _check_estimator, check_rules
 from .estimates import _at_both_ends
-from .exact import _site_width
+from .exact import _cache_width, _site_width
 
 
 def _estimate_need(
@@ -40,8 +40,9 @@ def _estimate_need(
 
 def _sweep_need(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
     """What an exact sweep of one batch holds: the residual stream entering every block
-    (kept by the unedited pass) and a pass of ``variants_per_pass`` stacked copies (by
-    default one block's components, as many as memory allows)."""
+    (kept by the unedited pass; by position, its keys and values too) and a pass of
+    ``variants_per_pass`` stacked copies (by default one block's components, as many as
+    memory allows)."""
     spec, e = model.spec, memory.element_bytes(model.dtype)
     # One block's components (in each position cell): a pass of a sparse sweep (refine)
     # packs as many rows.
@@ -52,7 +53,11 @@ def _sweep_need(model: LensModel, options: Options, work: memory.Work) -> memory
     )
     resid = work.rows * work.width * spec.d_model * e
     stacked = memory.forward_pass(model, copies * work.rows, work.width)
-    return memory.Need(activations=stacked, buffers=(spec.n_layers + copies) * resid)
+    # By position: the unedited run's keys and values, and a pass's copy of their prefix
+    # for its stacked rows.
+    positional = _cells_bound(options, work) > 1
+    cache = (1 + copies) * work.rows * work.width * _cache_width(model) * e if positional else 0
+    return memory.Need(activations=stacked, buffers=(spec.n_layers + copies) * resid + cache)
 
 
 def _cells_bound(options: Options, work: memory.Work) -> int:
