@@ -301,7 +301,9 @@ class NNsightBackend:
         spec, layout = self.spec, self.spec.layout
         acts: dict[Site, torch.Tensor] = {}
         cut = 0 if past is None else past[0]
-        kwargs = _model_kwargs(batch) if past is None else _suffix_kwargs(batch, past)
+        kwargs: dict[str, Any] = (
+            _model_kwargs(batch) if past is None else _suffix_kwargs(batch, past)
+        )
         if keep_cache:
             kwargs["use_cache"] = True
         cache = None  # a trace passes back only what it saves
