@@ -298,7 +298,7 @@ class NNsightBackend:
         keep_cache: bool = False,
         past: Past | None = None,
     ) -> RunResult:
-        spec, layout = self.spec, self.spec.layout
+        layout = self.spec.layout
         acts: dict[Site, torch.Tensor] = {}
         cut = 0 if past is None else past[0]
         kwargs: dict[str, Any] = (
@@ -321,36 +321,7 @@ class NNsightBackend:
                 for layer in range(start):
                     self._envoy(f"{layout.layers}.{layer}").skip(resid[:, cut:])
             for site in sorted(sites, key=site_order):
-                where = site_module(layout, site)
-                envoy = self._envoy(where.path)
-                if where.port == "input":
-                    value = envoy.input
-                    shape = value.shape
-                    value = head_view(spec, site, value)
-                    if edit is not None:
-                        value = edit(site, value)
-                    # Feed the (viewed) tensor back so gradients w.r.t. it exist.
-                    envoy.input = value.reshape(shape)
-                elif where.item is not None:
-                    output = envoy.output
-                    value = output[where.item]
-                    if edit is not None:
-                        value = edit(site, value)
-                        envoy.output = (*output[: where.item], value, *output[where.item + 1 :])
-                elif site[0] in HEAD_SITES:  # a projection's output, viewed per head
-                    value = envoy.output
-                    shape = value.shape
-                    value = head_view(spec, site, value)
-                    if edit is not None:
-                        value = edit(site, value)
-                    # Fed back, as for inputs, so gradients w.r.t. the view exist.
-                    envoy.output = value.reshape(shape)
-                else:
-                    value = envoy.output
-                    if edit is not None:
-                        value = edit(site, value)
-                        envoy.output = value
-                acts[site] = value.save()
+                acts[site] = self._edited(site, edit).save()  # type: ignore[attr-defined]
             if vocab is not None and self.unembed is not None:
                 self._unembed_only(vocab)
             logits = self.envoy.output.logits[:, 0].save()
@@ -359,6 +330,40 @@ class NNsightBackend:
         if vocab is not None and self.unembed is None:
             logits = logits.gather(1, vocab)
         return RunResult(logits, acts, cache)
+
+    def _edited(self, site: Site, edit: EditFn | None) -> torch.Tensor:
+        """Inside a trace: ``site``'s value (canonical shape), replaced by ``edit``'s."""
+        spec = self.spec
+        where = site_module(spec.layout, site)
+        envoy = self._envoy(where.path)
+        if where.port == "input":
+            value = envoy.input
+            shape = value.shape
+            value = head_view(spec, site, value)
+            if edit is not None:
+                value = edit(site, value)
+            # Feed the (viewed) tensor back so gradients w.r.t. it exist.
+            envoy.input = value.reshape(shape)
+        elif where.item is not None:
+            output = envoy.output
+            value = output[where.item]
+            if edit is not None:
+                value = edit(site, value)
+                envoy.output = (*output[: where.item], value, *output[where.item + 1 :])
+        elif site[0] in HEAD_SITES:  # a projection's output, viewed per head
+            value = envoy.output
+            shape = value.shape
+            value = head_view(spec, site, value)
+            if edit is not None:
+                value = edit(site, value)
+            # Fed back, as for inputs, so gradients w.r.t. the view exist.
+            envoy.output = value.reshape(shape)
+        else:
+            value = envoy.output
+            if edit is not None:
+                value = edit(site, value)
+                envoy.output = value
+        return value
 
     def _unembed_only(self, vocab: torch.Tensor) -> None:
         """Inside a trace: the unembedding returns the logits of ``vocab`` (batch, k) only,

@@ -305,6 +305,44 @@ def _blocks_done(groups: list[tuple[int, list[int]]], layers: list[int], index: 
     return sum(1 for block, _ in groups if block < layer) + int(last_of_block)
 
 
+def _batch_passes(
+    inputs: Inputs,
+    backend: Any,
+    batch: Batch,
+    source: str,
+    resid_sites: list[Site],
+    read: torch.Tensor | None,
+    replacement_for: Callable,
+    kept: _FixedPasses | None,
+    key: tuple,
+) -> tuple:
+    """A batch's fixed passes (unedited run, its metric, the replacement and the clean
+    logits, as ``_sweep_scorer`` documents them), from ``kept`` or made (and kept there).
+
+    By position, the unedited run also keeps its keys and values, so the edited passes
+    skip the columns before a cell; not under a standing edit, which may read every
+    column of a pass."""
+    passes = None if kept is None else kept.get(key)
+    if passes is not None:
+        return passes
+    model, tokens = inputs.model, getattr(batch, source)
+    suffix = (
+        inputs.positions != "all"
+        and getattr(backend, "runs_suffix", False)
+        and not has_standing_edits(model)
+    )
+    unedited, base = _unedited(
+        backend, inputs.metric, batch, tokens, resid_sites, read, keep_cache=suffix
+    )
+    replacement, clean_logits = replacement_for(batch, read is None)
+    if kept is not None:
+        width = _site_width(model, inputs.level) + (_cache_width(model) if suffix else 0)
+        resid = sum(a.numel() * a.element_size() for a in unedited.acts.values())
+        size = resid + tokens.input_ids.numel() * width * memory.element_bytes(model.dtype)
+        kept.put(key, (unedited, base, replacement, clean_logits), size)
+    return unedited, base, replacement, clean_logits
+
+
 # long: one closure per sweep: fixed passes (made or kept), packing, progress steps
 def _sweep_scorer(
     inputs: Inputs,
@@ -356,8 +394,6 @@ def _sweep_scorer(
         resid_sites = [("resid_pre", layer) for layer, _ in groups if layer > 0]
     else:  # another sweep may resume anywhere
         resid_sites = [("resid_pre", layer) for layer in range(1, model.spec.n_layers)]
-    site_bytes = _site_width(model, inputs.level) * memory.element_bytes(model.dtype)
-    cache_bytes = _cache_width(model) * memory.element_bytes(model.dtype)
     config = model.hf.config
 
     def score(batch: Batch, step) -> Scores:
@@ -382,28 +418,9 @@ def _sweep_scorer(
         read = None if correct is None else metrics.read_ids(metric, batch.target, batch.distractor)
         key = _fixed_key(batch, read, correct is None)
         with torch.no_grad():
-            passes = None if kept is None else kept.get(key)
-            if passes is None:
-                # By position, the edited passes skip the columns before a cell (their
-                # keys and values kept here); not under a standing edit, which may read
-                # every column of a pass.
-                suffix = (
-                    inputs.positions != "all"
-                    and getattr(backend, "runs_suffix", False)
-                    and not has_standing_edits(model)
-                )
-                unedited, base = _unedited(
-                    backend, metric, batch, tokens, resid_sites, read, keep_cache=suffix
-                )
-                replacement, clean_logits = replacement_for(batch, correct is None)
-                if kept is not None:
-                    resid = sum(a.numel() * a.element_size() for a in unedited.acts.values())
-                    size = resid + tokens.input_ids.numel() * (
-                        site_bytes + (cache_bytes if suffix else 0)
-                    )
-                    kept.put(key, (unedited, base, replacement, clean_logits), size)
-            else:
-                unedited, base, replacement, clean_logits = passes
+            unedited, base, replacement, clean_logits = _batch_passes(
+                inputs, backend, batch, source, resid_sites, read, replacement_for, kept, key
+            )
             if correct is None:
                 clean = unedited.logits if clean_logits is None else clean_logits
                 right = top_is_target(clean, batch.target)
@@ -411,13 +428,8 @@ def _sweep_scorer(
             start_of: dict[int, int] = {}
             if unedited.cache is not None:  # each block's pieces by their first column
                 found = [(variants[c], chosen) for c, chosen in pieces]
-                start_of = dict(
-                    zip(
-                        (c for c, _ in pieces),
-                        _piece_starts(found, batch.cells, tokens.read_pos),
-                        strict=True,
-                    )
-                )
+                starts = _piece_starts(found, batch.cells, tokens.read_pos)
+                start_of = {c: start for (c, _), start in zip(pieces, starts, strict=True)}
                 pieces.sort(key=lambda piece: (variants[piece[0]][0][1], start_of[piece[0]]))
             layers = [variants[c][0][1] for c, _ in pieces]
             starts = [start_of.get(c, 0) for c, _ in pieces]
