@@ -336,28 +336,21 @@ class NNsightBackend:
         spec = self.spec
         where = site_module(spec.layout, site)
         envoy = self._envoy(where.path)
-        if where.port == "input":
-            value = envoy.input
-            shape = value.shape
-            value = head_view(spec, site, value)
-            if edit is not None:
-                value = edit(site, value)
-            # Feed the (viewed) tensor back so gradients w.r.t. it exist.
-            envoy.input = value.reshape(shape)
-        elif where.item is not None:
+        if where.item is not None:
             output = envoy.output
             value = output[where.item]
             if edit is not None:
                 value = edit(site, value)
                 envoy.output = (*output[: where.item], value, *output[where.item + 1 :])
-        elif site[0] in HEAD_SITES:  # a projection's output, viewed per head
-            value = envoy.output
+        elif where.port == "input" or site[0] in HEAD_SITES:
+            # A module's input, or a projection's output viewed per head: fed back (viewed
+            # and reshaped) even unedited, so gradients w.r.t. the view exist.
+            value = getattr(envoy, where.port)
             shape = value.shape
             value = head_view(spec, site, value)
             if edit is not None:
                 value = edit(site, value)
-            # Fed back, as for inputs, so gradients w.r.t. the view exist.
-            envoy.output = value.reshape(shape)
+            setattr(envoy, where.port, value.reshape(shape))
         else:
             value = envoy.output
             if edit is not None:

@@ -167,7 +167,7 @@ def _edited_metric(
         edit=_stacked_edit(pieces, replacement, batch.cells, cut),
         resume=resume,
         vocab=read,
-        **({} if cache is None else {"past": (cut, cache)}),
+        past=None if cache is None else (cut, cache),
     )
     return metrics.compute_read(metric, run.logits, target, distractor, read)
 
@@ -257,9 +257,7 @@ def _unedited(
     """The unedited pass over ``tokens`` keeping ``sites`` (and its keys and values, with
     ``keep_cache``), unembedding the ids ``read`` only (all when None), and its metric
     (rows,)."""
-    run = backend.run(
-        tokens, sites=sites, vocab=read, **({"keep_cache": True} if keep_cache else {})
-    )
+    run = backend.run(tokens, sites=sites, vocab=read, keep_cache=keep_cache)
     value = metrics.compute_read(metric, run.logits, batch.target, batch.distractor, read)
     return run, metrics.check_finite(value, batch.index, metric)
 
@@ -326,11 +324,7 @@ def _batch_passes(
     if passes is not None:
         return passes
     model, tokens = inputs.model, getattr(batch, source)
-    suffix = (
-        inputs.positions != "all"
-        and getattr(backend, "runs_suffix", False)
-        and not has_standing_edits(model)
-    )
+    suffix = inputs.positions != "all" and backend.runs_suffix and not has_standing_edits(model)
     unedited, base = _unedited(
         backend, inputs.metric, batch, tokens, resid_sites, read, keep_cache=suffix
     )
