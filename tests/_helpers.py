@@ -738,3 +738,71 @@ def span_positions_by_rule(tokenizer, prompt) -> dict[str, list[int]]:
     named = {pos for positions in held.values() for pos in positions}
     held["other"] = [pos for pos in range(len(encoded["input_ids"])) if pos not in named]
     return held
+
+
+def reference_edge_scores_by_span(model, prompt, steps=1):
+    """EAP or EAP-IG by span, by hand: as ``reference_edge_scores_plain`` per receiver, a
+    k or v receiver once per query span t with its block's attention output kept off the
+    gradient outside t (z -> z m_t + z.detach() (1 - m_t) at the o_proj input: equal
+    values, the gradient through t's queries only); each score summed over a span's
+    positions alone (``span_positions_by_rule``). Returns {(span, sender, receiver): score}
+    for the real edges, k and v receivers labelled "L1.KV0.k@END"."""
+    clean_ids, corrupt_ids, target, distractor = _pair(model, prompt)
+    spans = span_positions_by_rule(model.tokenizer, prompt)
+    order = list(spans)
+    clean, _ = hand_senders(model, clean_ids)
+    corrupt, _ = hand_senders(model, corrupt_ids)
+    clean_embed = clean["embed"][None].to(model.dtype)
+    width = clean_ids.shape[1]
+    scores = {}
+    for label, receiver in hand_receivers(model):
+        kind, layer = receiver[0], receiver[1]
+        queries = order if kind in ("k", "v") else [None]
+        for query in queries:
+            hooks = []
+            if query is not None:
+                keep = torch.zeros(width, 1, dtype=model.dtype)
+                keep[spans[query]] = 1
+
+                def only_at(m, a, k, keep=keep):
+                    z = a[0]
+                    return (z * keep + z.detach() * (1 - keep), *a[1:]), k
+
+                hooks.append((hand_block(model, layer)["o_proj"], only_at))
+            grad = 0.0
+            for step in range(steps):
+                leaf = torch.zeros((1, *clean["embed"].shape), dtype=model.dtype)
+                leaf.requires_grad_(True)
+
+                def path(x, alpha=step / steps):
+                    return x + alpha * (clean_embed - x)
+
+                own = hand_receiver_hooks(model, receiver, leaf)
+                metric = hand_metric(
+                    model,
+                    corrupt_ids,
+                    target,
+                    distractor,
+                    [*own, *hooks],
+                    embed=path if step else None,
+                )
+                (g,) = torch.autograd.grad(metric, leaf)
+                grad = grad + g[0].double() / steps
+            name = label if query is None else f"{label}@{query}"
+            for sender in clean:
+                s = (
+                    "embed"
+                    if sender == "embed"
+                    else (
+                        (int(sender[1:].split(".")[0]), "mlp")
+                        if sender.endswith("MLP")
+                        else (int(sender[1:].split(".")[0]), int(sender.split(".H")[1]))
+                    )
+                )
+                if not hand_edge_exists(model, s, receiver):
+                    continue
+                product = ((clean[sender] - corrupt[sender]) * grad).sum(-1)
+                for span, at in spans.items():
+                    if at:
+                        scores[span, sender, name] = float(product[at].sum())
+    return scores

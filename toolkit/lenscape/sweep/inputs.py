@@ -364,10 +364,11 @@ def plan_memory(model: LensModel, tokens: Tokens, options: Options) -> memory.Es
     with ``batch_size=None`` the largest that fits (``memory.plan``)."""
     footprint = memory.FOOTPRINTS.get(options.method, memory.one_gradient_pass)
     width, n_prompts = tokens.width, len(tokens)
+    n_spans = None if tokens.span_names is None else len(tokens.span_names)
     return memory.plan(
         model,
         options.method,
-        lambda rows: footprint(model, options, memory.Work(rows, width, n_prompts)),
+        lambda rows: footprint(model, options, memory.Work(rows, width, n_prompts, n_spans)),
         n_prompts=n_prompts,
         width=width,
         batch_size=options.get("batch_size"),

@@ -179,11 +179,13 @@ def loss_logits(model: LensModel, positions: int, *, dtype: torch.dtype | None =
 @dataclass(frozen=True)
 class Work:
     """What one call runs: ``n_prompts`` prompts of at most ``width`` tokens, ``rows`` per
-    pass."""
+    pass; ``n_spans``: the cells of ``positions="spans"`` (named spans and "other"), or
+    None when not known (planned as at most ``width``)."""
 
     rows: int
     width: int
     n_prompts: int
+    n_spans: int | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ One module per job:
 - ``hooks``: the forward hooks that give every receiver its own residual stream (for its
   input gradient, or for patching any set of edges in one pass);
 - ``scores``: EAP and EAP-IG (``edge_attribution``), a planned method;
+- ``by_span``: the same by (component, span) node (``positions="spans"``; the graph:
+  ``graph.SpanGraph``): each key/value gradient split by the query span it reaches;
 - ``circuits``: the top edges on a path embeddings -> logits (``circuit``), pure numpy;
 - ``patching``: exact edge patching of edge-set variants (``edge_patching``,
   ``circuit_faithfulness``);

@@ -22,6 +22,7 @@ import numpy as np
 import xarray as xr
 
 from ... import _validate
+from ...data.spans import OTHER
 from ...models import LensModel
 from ...schema import edge_exists
 
@@ -188,8 +189,9 @@ class Graph:
         """The graph a (sender, receiver) result was measured on, from its labels.
 
         Raises:
-            ValueError: labels that are not those of any model's graph.
+            ValueError: labels that are not those of any model's graph, or edges by span.
         """
+        refuse_by_span("The edge result", result)
         kinds = result["sender_kind"].values if "sender_kind" in result.coords else None
         if kinds is None or "receiver_kind" not in result.coords:
             raise ValueError(
@@ -213,6 +215,154 @@ class Graph:
                 "lsc.edge_attribution returned them."
             )
         return graph
+
+
+@dataclass(frozen=True)
+class SpanGraph:
+    """The edges between (component, span) nodes of ``base``'s model, for prompts whose
+    named spans come in the order ``spans`` (``OTHER``, the tokens in no named span, last).
+
+    The residual stream is per position, so a sender at span s is read at span s: an edge
+    result has a ``span`` dim (before ``sender`` and ``receiver``, the canonical order),
+    where its sender writes and its receiver reads. A q, MLP or
+    logits receiver acts at that span. Only attention moves information across positions: a
+    key/value head's k or v input at span s feeds its query group's outputs at every span t
+    its keys can reach (t after s, or s itself; ``OTHER``'s tokens lie anywhere), so k and v
+    receivers are one per query span t, labelled "L3.KV1.k@END" (coord ``query_span``; "" for
+    the others). Summed over ``span`` and over each k and v receiver's query spans, the
+    scores are ``base``'s.
+
+    Receivers per layer: q heads, then per query span its k heads and its v heads, then the
+    MLP; then the logits.
+    """
+
+    base: Graph
+    spans: tuple[str, ...]
+
+    @property
+    def n_spans(self) -> int:
+        return len(self.spans)
+
+    @property
+    def residual(self) -> str:
+        return self.base.residual
+
+    @property
+    def per_layer(self) -> int:
+        base = self.base
+        return base.n_heads + 2 * base.n_kv_heads * self.n_spans + 1
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(n_spans, n_senders, n_receivers): a result's dims in canonical order."""
+        return self.n_spans, len(self.base.senders), len(self.receivers)
+
+    def attn_receivers(self, layer: int) -> slice:
+        """Layer ``layer``'s q receivers, then its k and v receivers query span by span."""
+        start = layer * self.per_layer
+        return slice(start, start + self.per_layer - 1)
+
+    def kv_receivers(self, layer: int, query_span: int) -> slice:
+        """Layer ``layer``'s k heads then v heads feeding queries at span ``query_span``."""
+        n_kv = self.base.n_kv_heads
+        start = self.attn_receivers(layer).start + self.base.n_heads + 2 * n_kv * query_span
+        return slice(start, start + 2 * n_kv)
+
+    def mlp_receiver(self, layer: int) -> int:
+        return (layer + 1) * self.per_layer - 1
+
+    @functools.cached_property
+    def receivers(self) -> list[tuple[str, int, int, str]]:
+        """(kind, layer, head, query span: "" for q, MLP and logits receivers)."""
+        base, out = self.base, []
+        for layer in range(base.n_layers):
+            out += [("q", layer, head, "") for head in range(base.n_heads)]
+            for span in self.spans:
+                out += [("k", layer, head, span) for head in range(base.n_kv_heads)]
+                out += [("v", layer, head, span) for head in range(base.n_kv_heads)]
+            out.append(("mlp", layer, -1, ""))
+        out.append(("logits", base.n_layers, -1, ""))
+        return out
+
+    @functools.cached_property
+    def base_receiver(self) -> np.ndarray:
+        """(n_receivers,) each receiver's index among ``base.receivers`` (its query span
+        dropped)."""
+        index = {label: k for k, label in enumerate(self.base.receivers)}
+        return np.asarray([index[kind, layer, head] for kind, layer, head, _ in self.receivers])
+
+    @functools.cached_property
+    def upstream(self) -> np.ndarray:
+        """(n_receivers,) how many senders (a prefix) each receiver reads."""
+        return self.base.upstream[self.base_receiver]
+
+    def reaches(self, span: str, query_span: str) -> bool:
+        """Whether keys and values at ``span`` can feed queries at ``query_span``: the same
+        span, a later one, or either is ``OTHER`` (whose tokens lie anywhere)."""
+        order = self.spans.index
+        return OTHER in (span, query_span) or order(span) <= order(query_span)
+
+    @functools.cached_property
+    def valid(self) -> np.ndarray:
+        """(n_spans, n_senders, n_receivers) bool: the edge exists: its sender is upstream
+        of its receiver (``Graph.valid``) and, through a key or value, its span reaches the
+        receiver's query span (``reaches``)."""
+        upstream = self.base.valid[:, self.base_receiver]
+        reach = np.asarray(
+            [
+                [not query or self.reaches(span, query) for _, _, _, query in self.receivers]
+                for span in self.spans
+            ]
+        )
+        return upstream[None] & reach[:, None]
+
+    @functools.cached_property
+    def receiver_labels(self) -> list[str]:
+        labels = [self.base.receiver_labels[k] for k in self.base_receiver]
+        return [
+            f"{label}@{query}" if query else label
+            for label, (_, _, _, query) in zip(labels, self.receivers, strict=True)
+        ]
+
+    @property
+    def sender_labels(self) -> list[str]:
+        return self.base.sender_labels
+
+    def coords(self) -> dict[str, Any]:
+        """Dim and label coords of a (span, sender, receiver) result."""
+        coords = self.base.coords()
+        receivers = self.receivers
+        coords.update(
+            receiver=self.receiver_labels,
+            receiver_kind=("receiver", [kind for kind, _, _, _ in receivers]),
+            receiver_layer=("receiver", np.asarray([r[1] for r in receivers], np.int64)),
+            receiver_head=("receiver", np.asarray([r[2] for r in receivers], np.int64)),
+            query_span=("receiver", [query for _, _, _, query in receivers]),
+            span=list(self.spans),
+        )
+        return coords
+
+    def describe(self) -> str:
+        n_spans, n_senders, n_receivers = self.shape
+        return (
+            f"{self.base.describe()}; by span ({', '.join(self.spans)}): {n_senders} senders "
+            f"x {n_receivers} receivers x {n_spans} spans, {int(self.valid.sum())} edges"
+        )
+
+
+def refuse_by_span(name: str, result: Any) -> None:
+    """Refuse edges by span where position-agnostic edges are read.
+
+    Raises:
+        ValueError: ``result`` has a ``span`` dim, with what to pass instead.
+    """
+    if isinstance(result, xr.DataArray) and "span" in result.dims:
+        raise ValueError(
+            f"{name} holds edges by span (edge_attribution(..., positions='spans')), and "
+            "this reads position-agnostic edges: circuits over (component, span) nodes are "
+            "not built yet. Pass edge_attribution's scores without positions='spans' (the "
+            "by-span scores summed over spans and query spans are those)."
+        )
 
 
 def _parallel(result: xr.DataArray) -> bool:
@@ -242,6 +392,8 @@ def aligned(name: str, result: Any, graph: Graph, *, made_by: str, dims=EDGE_DIM
         ValueError: other dims, or senders / receivers missing, extra or repeated: named.
     """
     _validate.result(name, result, kind=xr.DataArray, made_by=made_by, dims=dims)
+    if "span" not in dims:
+        refuse_by_span(name, result)
     if set(result.dims) != set(dims):
         extra = sorted(set(map(str, result.dims)) - set(dims))
         fix = (

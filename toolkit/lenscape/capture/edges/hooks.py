@@ -87,6 +87,9 @@ class Pass:
             it, times ``sign`` (edge attribution's clean - corrupt differences).
         sign: the factor of ``into``.
         keep_resids: keep each block's input in ``resids`` (``receiver_gradients``).
+        keep_heads_input: keep each block's o_proj input, in the graph, in
+            ``heads_inputs`` (layer -> (batch, pos, n_heads * d_head)): edges by span take
+            its gradient back to the k and v leaves one query span at a time.
         senders: (batch, pos, n_senders, d_model), filled with this pass's sender outputs.
         resids: layer -> (batch, pos, d_model) the residual stream entering the block.
         differences: with ``patched``, (n_senders, batch, pos, d_model) other - current.
@@ -104,6 +107,8 @@ class Pass:
     into: torch.Tensor | None = None
     sign: float = 1.0
     keep_resids: bool = False
+    keep_heads_input: bool = False
+    heads_inputs: dict[int, torch.Tensor] = field(default_factory=dict)
     senders: torch.Tensor | None = None
     resids: dict[int, torch.Tensor] = field(default_factory=dict)
     resid: torch.Tensor | None = None
@@ -293,6 +298,8 @@ def _attention_hooks(
 
     def head_outputs(module, args):
         z = args[0]
+        if state.keep_heads_input:
+            state.heads_inputs[layer] = z
         with torch.no_grad():  # recorded detached: no graph for it
             heads = per_head(
                 z.view(*z.shape[:2], n_heads, spec.d_head), output_columns(model, layer)
@@ -395,7 +402,11 @@ def _projection_gradient(
 
 
 def receiver_gradients(
-    model: LensModel, state: Pass, grads: dict[tuple[str, int], torch.Tensor], layer: int
+    model: LensModel,
+    state: Pass,
+    grads: dict[tuple[str, int], torch.Tensor],
+    layer: int,
+    kinds: tuple[str, ...] | None = None,
 ) -> Iterator[tuple[slice, torch.Tensor]]:
     """The input gradients of block ``layer``'s q, k and v receivers, chunk by chunk.
 
@@ -409,6 +420,7 @@ def receiver_gradients(
     Args:
         grads: the gradients of the pass's leaves (``Pass.deltas``) by key; those of each
             projection's (kind, ``layer``) are read.
+        kinds: only the projections of these kinds ("q", "k", "v", "qkv"); None: all.
 
     Returns:
         (columns, gradient) per chunk: the chunk's receivers among the layer's attention
@@ -424,6 +436,8 @@ def receiver_gradients(
     wide = any(projection.norm for projection, _ in parts["projections"])
     normed = resid if norm is None or not wide else norm.forward(resid)
     for projection, _ in parts["projections"]:
+        if kinds is not None and projection.kind not in kinds:
+            continue
         gradient = _projection_gradient(
             model, layer, projection, normed, grads[projection.kind, layer]
         )

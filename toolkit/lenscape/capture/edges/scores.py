@@ -29,6 +29,7 @@ error against exact single-edge patching.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,13 +46,14 @@ from ...sweep.backend import TokenBatch
 from ...sweep.inputs import Batch, Inputs, batched
 from ...sweep.memory import Need, Work
 from ...sweep.metrics import LONG_NAMES, UNITS
-from ...sweep.options import Options, integration_points
+from ...sweep.options import BATCHING, Options, integration_points
 from ...sweep.plan import Call, Plan, Scores, top_is_target
 from ...sweep.registry import method, run
 from ...sweep.relevance import RULE_SETS, clean_pass, rules_or_plain
-from ...sweep.result import prompt_coords, provenance
+from ...sweep.result import position_coords, prompt_coords, provenance, span_order
 from ..patching import check_relevance, check_rules, error_method, with_error
-from .graph import Graph
+from .by_span import SpanCells, gradients_by_query_span, span_step_scores
+from .graph import Graph, SpanGraph
 from .hooks import (
     Pass,
     check_supported,
@@ -114,8 +116,29 @@ def contraction_dtype(model: LensModel) -> torch.dtype:
     return torch.bfloat16 if model.dtype == torch.bfloat16 else torch.float32
 
 
+def span_graph(inputs: Inputs) -> SpanGraph | None:
+    """The edges by span of ``inputs`` (``positions="spans"``), or None."""
+    if inputs.positions != "spans":
+        return None
+    assert inputs.tokens.span_names is not None  # ``inputs.batched`` checked the spans
+    return SpanGraph(Graph.of(inputs.model), inputs.tokens.span_names)
+
+
+def _span_cells(inputs: Inputs, batch: Batch) -> SpanCells | None:
+    """``batch``'s tokens by span, for edges by span; else None."""
+    graph = span_graph(inputs)
+    if graph is None:
+        return None
+    assert batch.cells is not None
+    return SpanCells.of(graph, batch.cells)
+
+
 def _step_scores(
-    model: LensModel, state: Pass, grads: dict, differences: torch.Tensor
+    model: LensModel,
+    state: Pass,
+    grads: dict,
+    differences: torch.Tensor,
+    spans: SpanCells | None = None,
 ) -> torch.Tensor:
     """(batch, n_senders, n_receivers) float32 scores of one gradient pass ``state`` (its
     leaves' gradients ``grads``): sum over positions of the senders' clean - corrupt
@@ -125,8 +148,11 @@ def _step_scores(
     Receivers are taken in chunks of at most ``hooks.CHUNK_BYTES`` of gradients (never all
     of them at once), and each chunk is one matrix product per prompt with the senders
     upstream of its last receiver (per prompt and chunk-major: the fastest layout on a CPU,
-    for bfloat16 twice as fast as one batched product).
+    for bfloat16 twice as fast as one batched product). With ``spans``, the scores by
+    span (``by_span.span_step_scores``), (batch, n_spans, n_senders, n_receivers).
     """
+    if spans is not None:
+        return span_step_scores(model, state, grads, differences, spans)
     graph = state.graph
     rows, _, width, d_model = differences.shape
     scores = differences.new_zeros((rows, *graph.shape), dtype=torch.float32)
@@ -169,6 +195,7 @@ def _batch_scores(
     assert batch.corrupt is not None
     model, graph = inputs.model, Graph.of(inputs.model)
     rows, width = batch.clean.input_ids.shape
+    spans = _span_cells(inputs, batch)
     differences = torch.zeros(
         (rows, graph.shape[0], width, model.spec.d_model),
         dtype=contraction_dtype(model),
@@ -188,21 +215,22 @@ def _batch_scores(
                 keep_resids=True,
             )
             clean_logits, clean_grads = _gradient_pass(
-                inputs, batch, batch.clean, clean, whole_vocab=True
+                inputs, batch, batch.clean, clean, whole_vocab=True, spans=spans
             )
         else:
             with torch.no_grad(), clean_pass(relevance):
                 clean = Pass(graph, keep_senders=False, into=differences)
                 clean_logits = run_pass(model, inputs.backend, batch.clean, clean, grad=False)
-        scores, coarse = _path_scores(inputs, batch, steps, differences, coarse=error)
+        scores, coarse = _path_scores(inputs, batch, steps, differences, coarse=error, spans=spans)
         scores = scores / steps
         if two_ends:  # 1/2 (g_clean - g_corrupt) . delta, contracted like the scores
-            terms = 0.5 * (_step_scores(model, clean, clean_grads, differences) - scores)
+            clean_scores = _step_scores(model, clean, clean_grads, differences, spans)
+            terms = 0.5 * (clean_scores - scores)
         elif error and steps > 1:
             assert coarse is not None
             terms = scores - coarse
     if error and secant:  # the disagreement with EAP: plain gradients at the corrupt run
-        plain, _ = _path_scores(inputs, batch, 1, differences, fill=False)
+        plain, _ = _path_scores(inputs, batch, 1, differences, fill=False, spans=spans)
         terms = plain - scores
     correct = top_is_target(clean_logits.detach(), batch.target).cpu()
     values = scores.flatten(1)
@@ -212,14 +240,25 @@ def _batch_scores(
 
 
 def _gradient_pass(
-    inputs: Inputs, batch: Batch, tokens: TokenBatch, state: Pass, *, whole_vocab: bool = False
+    inputs: Inputs,
+    batch: Batch,
+    tokens: TokenBatch,
+    state: Pass,
+    *,
+    whole_vocab: bool = False,
+    spans: SpanCells | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """One pass over ``tokens`` with ``state``'s hooks and the metric's gradients at its
     leaves (``state.deltas``): (logits, key -> gradient). The logits are those the metric
-    reads (``metrics.read_ids``), every token's with ``whole_vocab``."""
+    reads (``metrics.read_ids``), every token's with ``whole_vocab``. With ``spans``, also
+    each key/value leaf's gradient through each query span
+    (``by_span.gradients_by_query_span``)."""
     read = None if whole_vocab else metrics.read_ids(inputs.metric, batch.target, batch.distractor)
+    state.keep_heads_input = spans is not None
     logits = run_pass(inputs.model, inputs.backend, tokens, state, grad=True, vocab=read)
     metric = metric_of(inputs, logits, batch, read).sum()
+    if spans is not None:
+        return logits, gradients_by_query_span(metric, state, spans.mask)
     leaves = list(state.deltas.values())
     return logits, dict(zip(state.deltas, torch.autograd.grad(metric, leaves), strict=True))
 
@@ -232,11 +271,13 @@ def _path_scores(
     *,
     fill: bool = True,
     coarse: bool = False,
+    spans: SpanCells | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(batch, n_senders, n_receivers) scores summed over ``steps`` gradient passes along the
     corrupt -> clean embedding path; ``differences`` holds the clean sender outputs and,
     with ``fill``, gets the corrupt ones taken away by the first pass (the corrupt run;
-    without, it is complete already). With ``coarse`` and ``steps > 1``, also the left rule
+    without, it is complete already). With ``spans``, the scores by span
+    (``_step_scores``). With ``coarse`` and ``steps > 1``, also the left rule
     on the even points a_0, a_2, ... (each weighted by the width it covers, so a mean, not a
     sum); else None."""
     assert batch.corrupt is not None
@@ -262,10 +303,10 @@ def _path_scores(
             sign=-1.0,
             keep_resids=True,
         )
-        _, grads = _gradient_pass(inputs, batch, batch.corrupt, state)
+        _, grads = _gradient_pass(inputs, batch, batch.corrupt, state, spans=spans)
         if k == 0 and fill:  # the differences are complete: no position of padding counts
             differences.mul_(mask)
-        step = _step_scores(model, state, grads, differences)
+        step = _step_scores(model, state, grads, differences, spans)
         scores = step if scores is None else scores + step
         weight = (min(k + 2, steps) - k) / steps if coarse and steps > 1 and k % 2 == 0 else 0.0
         if weight:
@@ -282,18 +323,30 @@ def check_steps(estimator: str, steps: int | None) -> int:
 
 
 def edge_result(
-    inputs: Inputs, graph: Graph, values: Any, index: Any, correct: Any, attrs: dict[str, Any]
+    inputs: Inputs,
+    graph: Graph | SpanGraph,
+    values: Any,
+    index: Any,
+    correct: Any,
+    attrs: dict[str, Any],
 ) -> xr.DataArray:
     """(prompt, sender, receiver) DataArray of (k, n_senders * n_receivers) ``values`` for
-    the prompts ``index``, NaN where no edge exists."""
-    n_senders, n_receivers = graph.shape
-    values = np.asarray(values, dtype=np.float32).reshape(-1, n_senders, n_receivers)
-    values = np.where(graph.valid, values, np.float32("nan"))
+    the prompts ``index``, NaN where no edge exists; on a ``SpanGraph``, (prompt, span,
+    sender, receiver), NaN also where a prompt has no token in the span or in a k or v
+    receiver's query span (not computed: ``Inputs.valid_cells``)."""
+    values = np.asarray(values, dtype=np.float32).reshape(-1, *graph.shape)
+    exists = np.broadcast_to(graph.valid, values.shape)
+    coords = {**graph.coords(), **prompt_coords(inputs, index, correct)}
+    dims: tuple[str, ...] = ("prompt", "sender", "receiver")
+    if isinstance(graph, SpanGraph):
+        has = inputs.valid_cells().numpy()[coords["prompt"]]  # (k, n_spans)
+        query = np.asarray([graph.spans.index(q) if q else -1 for *_, q in graph.receivers])
+        has_query = np.where(query >= 0, has[:, query], True)  # (k, n_receivers)
+        exists = exists & has[:, :, None, None] & has_query[:, None, None, :]
+        dims = ("prompt", "span", "sender", "receiver")
+        coords |= position_coords(inputs, list(coords["prompt"]))
     return schema.make(
-        values,
-        dims=("prompt", "sender", "receiver"),
-        coords={**graph.coords(), **prompt_coords(inputs, index, correct)},
-        attrs=attrs,
+        np.where(exists, values, np.float32("nan")), dims=dims, coords=coords, attrs=attrs
     )
 
 
@@ -305,17 +358,27 @@ def edge_attribution_memory(model: LensModel, options: Options, work: Work) -> N
     the float32 scores; the float32 (prompt, sender x receiver) result and its labelled
     copies. With ``error``: the clean pass's leaves, gradients and block inputs kept for
     the trapezoid's other end, three more float32 score blocks (the other end's or coarse
-    rule's scores, the terms, the joined columns) and a result twice as wide. Options a call
-    did not give (a building block's ``Options``) are taken at their defaults."""
+    rule's scores, the terms, the joined columns) and a result twice as wide. By span
+    (``positions="spans"``): the score blocks and the result over ``SpanGraph``'s edges,
+    the differences' copy sorted by span, each block's kept attention output and each
+    key/value leaf's gradient per query span. Options a call did not give (a building
+    block's ``Options``) are taken at their defaults."""
     check_steps(options.get("estimator", ESTIMATORS[0]), options.get("steps"))
     error = bool(options.get("error", False))
     spec, graph = model.spec, Graph.of(model)
-    (n_senders, n_receivers), e = graph.shape, memory.element_bytes(model.dtype)
+    by_span = options.get("positions", "all") == "spans"
+    n_spans = (work.n_spans or work.width) if by_span else 1
+    edges = int(np.prod(SpanGraph(graph, ("",) * n_spans).shape)) if by_span else graph.valid.size
+    n_receivers = graph.shape[1]
     tokens, d_model = work.rows * work.width, spec.d_model
     c = memory.element_bytes(contraction_dtype(model))
-    differences = tokens * n_senders * d_model * c
+    e = memory.element_bytes(model.dtype)
+    differences = tokens * graph.shape[0] * d_model * c * (2 if by_span else 1)
     per_layer = (spec.n_heads + 2 * spec.n_kv_heads) * spec.d_head + d_model
     leaves = 2 * tokens * (spec.n_layers * per_layer + d_model) * e  # and their gradients
+    if by_span:  # the attention outputs and each k/v leaf's gradient per query span
+        kv = 2 * spec.n_kv_heads * spec.d_head * n_spans + spec.n_heads * spec.d_head
+        leaves += tokens * spec.n_layers * kv * e
     resids = spec.n_layers * tokens * d_model * e
     heads = tokens * spec.n_heads * d_model * e  # one block's head outputs being recorded
     if error:  # the clean end's leaves, their gradients and its block inputs
@@ -327,9 +390,9 @@ def edge_attribution_memory(model: LensModel, options: Options, work: Work) -> N
     per_receiver = tokens * d_model * 4  # the norm's batched product works in float32
     chunk = min(receiver_chunk(tokens * d_model * c), n_receivers) * tokens * d_model * c
     norm_product = 3 * min(receiver_chunk(per_receiver), spec.n_heads) * per_receiver
-    blocks = (6 if error else 3) * work.rows * n_senders * n_receivers * 4
+    blocks = (6 if error else 3) * work.rows * edges * 4
     contraction = Need(buffers=differences + leaves + resids + chunk + norm_product + blocks)
-    result = Need(buffers=(6 if error else 3) * work.n_prompts * n_senders * n_receivers * 4)
+    result = Need(buffers=(6 if error else 3) * work.n_prompts * edges * 4)
     return memory.largest(backward, contraction) + result
 
 
@@ -343,7 +406,8 @@ def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
     rules = check_rules(options.estimator, options.rules)
     error = bool(options.get("error", False))
     inputs = batched(model, tokens, options, level="head")
-    graph = Graph.of(model)
+    check_span_order(inputs)
+    graph: Graph | SpanGraph = span_graph(inputs) or Graph.of(model)
     effect = {"eap": "EAP", "eap-ig": f"EAP-IG ({points} steps)"}.get(
         options.estimator, f"RelP ({rules} rules)"
     )
@@ -353,6 +417,8 @@ def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
         **provenance(inputs, "edge_attribution", estimator=options.estimator, steps=points),
         "residual": graph.residual,
         **({} if rules is None else {"rules": rules}),
+        **({} if inputs.positions == "all" else {"positions": inputs.positions}),
+        **span_order(inputs),
     }
 
     n_edges = graph.valid.size
@@ -369,7 +435,7 @@ def plan_edge_attribution(call: Call) -> Plan[xr.DataArray]:
             return result
         # The error estimates follow the scores (``_batch_scores``); NaN where no edge is.
         errors = values[:, n_edges:].reshape(-1, *graph.shape)
-        errors = np.where(graph.valid, errors, np.nan)
+        errors = np.where(result.notnull().values, errors, np.nan)
         method = error_method(options.estimator, points, rules)
         return with_error(result, errors, method, undefined=NO_EDGE)
 
@@ -387,13 +453,44 @@ def _prompt_mean(scores: xr.DataArray, options: Options, prompts: Any) -> xr.Dat
     (float64, as (sender, receiver))."""
     if options.per_prompt:
         return scores
-    mean = scores.load().astype(np.float64).mean("prompt", skipna=False, keep_attrs=True)
-    if "error" not in scores.coords:
-        return mean
-    # The mean's error is |mean of the corrections|, at most the mean of their sizes.
-    error = scores["error"].astype(np.float64).mean("prompt", skipna=False, keep_attrs=True)
+    # By span, a cell is NaN in the prompts without the span: the mean is over the others.
+    skipna = "span" in scores.dims
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a mean of no edge: NaN
+        mean = scores.load().astype(np.float64).mean("prompt", skipna=skipna, keep_attrs=True)
+        if "error" not in scores.coords:
+            return mean
+        # The mean's error is |mean of the corrections|, at most the mean of their sizes.
+        error = scores["error"].astype(np.float64).mean("prompt", skipna=skipna, keep_attrs=True)
     long_name = "prompt-mean error estimate (at least the mean score's own)"
     return mean.assign_coords(error=error.assign_attrs(long_name=long_name))
+
+
+def check_span_order(inputs: Inputs) -> None:
+    """Refuse edges by span on prompts whose spans come in different orders.
+
+    Raises:
+        ValueError: naming each order and its prompts, and how to split the set.
+    """
+    tokens = inputs.tokens
+    if inputs.positions != "spans" or tokens.span_order_agrees:
+        return
+    assert tokens.spans is not None
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for row, held in enumerate(tokens.spans):
+        groups.setdefault(tuple(held or {}), []).append(row)
+    listed = "; ".join(
+        f"{', '.join(order)} in prompt(s) {', '.join(map(str, rows[:6]))}"
+        + (f" ... ({len(rows)})" if len(rows) > 6 else "")
+        for order, rows in groups.items()
+    )
+    raise ValueError(
+        "positions='spans' on edges needs the spans in one order in every prompt: a key or "
+        "value edge runs from a span to the spans after it, and a span cannot be before "
+        f"another in one prompt and after it in the next. These prompts differ: {listed}. "
+        "Split the set by order and run each part on its own, e.g. "
+        "lsc.data.PromptSet([prompts[i] for i in rows])."
+    )
 
 
 def check_edge_attribution(model: LensModel, options: Options) -> None:
@@ -402,6 +499,14 @@ def check_edge_attribution(model: LensModel, options: Options) -> None:
     an error estimate (``patching.error_method``), so ``error`` only has to be a flag."""
     check_steps(options.estimator, options.steps)
     _validate.flag("error", options.get("error", False))
+    if options.get("positions", "all") == "each":
+        raise ValueError(
+            "edge_attribution takes positions='all' or 'spans', not 'each': a node per "
+            "(component, token) makes a graph that grows as the prompt's length squared "
+            "through keys and values, and tokens of prompts of different lengths do not "
+            "line up. Name the tokens that matter as spans (Prompt(..., spans=...)) and "
+            "use positions='spans'."
+        )
     check_relevance(model, check_rules(options.estimator, options.rules))
     check_supported(model, options.backend)
 
@@ -411,6 +516,7 @@ def check_edge_attribution(model: LensModel, options: Options) -> None:
     checks=check_edge_attribution,
     memory=edge_attribution_memory,
     needs_corrupt=True,
+    shared=(*BATCHING, "positions"),
     view=_prompt_mean,
     view_options=("per_prompt",),
 )
@@ -456,12 +562,21 @@ def edge_attribution(
             backward pass more) or, for the "secant" rules, the gap to "eap" (one forward
             and one backward pass more). The prompt mean's ``error`` is the mean of the
             per-prompt ones (at least the mean score's own).
+        positions: "all" (the default: every edge summed over token positions) or
+            "spans": edges between (component, span) nodes (``graph.SpanGraph``), on
+            prompts that all name spans in one order (``Prompt(..., spans=...)``; the built-in
+            sets carry them): a ``span`` dim where the sender writes and the receiver reads,
+            and k and v receivers per query span ("L3.KV1.k@END": the key/value head at
+            ``span`` read by its queries at END; coord ``query_span``). Summed over
+            ``span`` and query spans, the scores are the position-agnostic ones. A cell a
+            prompt lacks is NaN; the prompt mean is over the prompts that have it.
         per_prompt: keep the ``prompt`` dim (with its ``correct`` flags, so
             ``lsc.aggregate.correct_only`` can drop wrong answers) instead of averaging
             over prompts. A ``store`` always holds the per-prompt scores.
 
     Returns:
-        DataArray (sender, receiver), or (prompt, sender, receiver) with ``per_prompt``;
+        DataArray (sender, receiver), or (prompt, sender, receiver) with ``per_prompt``
+        (``span`` before ``sender`` with ``positions="spans"``);
         coords ``sender_kind`` (embed, head, mlp), ``sender_layer``, ``sender_head`` and
         ``receiver_kind`` (q, k, v, mlp, logits), ``receiver_layer``, ``receiver_head``
         (-1 where there is none; the logits' layer is ``n_layers``). NaN where no edge
@@ -470,7 +585,9 @@ def edge_attribution(
     Raises:
         TypeError: ``error`` or ``per_prompt`` not True or False.
         ValueError: unknown estimator, steps < 1 (or > 1 with "eap"), a corrupt prompt of
-            another token length, an unsupported architecture, backend="transformer_lens".
+            another token length, an unsupported architecture, backend="transformer_lens",
+            positions="each", or positions="spans" on prompts without spans or with
+            spans in different orders.
     """
     per_prompt = _validate.flag("per_prompt", per_prompt)
     return run(edge_attribution, locals())

@@ -62,8 +62,12 @@ def _sweep_need(model: LensModel, options: Options, work: memory.Work) -> memory
 
 def _cells_bound(options: Options, work: memory.Work) -> int:
     """At most how many position cells a component has: 1 for ``positions="all"``, else
-    the tokens of the longest prompt (a span holds at least one token)."""
-    return 1 if options.get("positions", "all") == "all" else work.width
+    the tokens of the longest prompt (a span holds at least one token), or for "spans"
+    the prompts' spans where the plan knows them."""
+    positions = options.get("positions", "all")
+    if positions == "spans" and work.n_spans is not None:
+        return work.n_spans
+    return 1 if positions == "all" else work.width
 
 
 def _pattern_need(model: LensModel, options: Options, work: memory.Work) -> memory.Need:
