@@ -740,13 +740,14 @@ def span_positions_by_rule(tokenizer, prompt) -> dict[str, list[int]]:
     return held
 
 
-def reference_edge_scores_by_span(model, prompt, steps=1):
+def reference_edge_scores_by_span(model, prompt, steps=1, receivers=None):
     """EAP or EAP-IG by span, by hand: as ``reference_edge_scores_plain`` per receiver, a
     k or v receiver once per query span t with its block's attention output kept off the
     gradient outside t (z -> z m_t + z.detach() (1 - m_t) at the o_proj input: equal
     values, the gradient through t's queries only); each score summed over a span's
     positions alone (``span_positions_by_rule``). Returns {(span, sender, receiver): score}
-    for the real edges, k and v receivers labelled "L1.KV0.k@END"."""
+    for the real edges into ``receivers`` (position-agnostic labels; None: every
+    receiver), k and v receivers labelled "L1.KV0.k@END"."""
     clean_ids, corrupt_ids, target, distractor = _pair(model, prompt)
     spans = span_positions_by_rule(model.tokenizer, prompt)
     order = list(spans)
@@ -756,6 +757,8 @@ def reference_edge_scores_by_span(model, prompt, steps=1):
     width = clean_ids.shape[1]
     scores = {}
     for label, receiver in hand_receivers(model):
+        if receivers is not None and label not in receivers:
+            continue
         kind, layer = receiver[0], receiver[1]
         queries = order if kind in ("k", "v") else [None]
         for query in queries:
@@ -806,3 +809,45 @@ def reference_edge_scores_by_span(model, prompt, steps=1):
                     if at:
                         scores[span, sender, name] = float(product[at].sum())
     return scores
+
+
+def reference_edge_patching_by_span(model, prompt, edges):
+    """Exact single-edge patching by span, by hand: per (span, sender, receiver) of
+    ``edges``, the corrupt run's metric with that receiver reading the sender's clean output
+    at the span's positions only; a k or v receiver "L1.KV0.k@END" only for the queries at
+    END: a first run with the receiver patched gives its block's attention output (o_proj
+    input), and a second, unpatched run takes that output at END's positions (the blocks
+    before are the same in both, so this is exact)."""
+    clean_ids, corrupt_ids, target, distractor = _pair(model, prompt)
+    spans = span_positions_by_rule(model.tokenizer, prompt)
+    clean, _ = hand_senders(model, clean_ids)
+    corrupt, _ = hand_senders(model, corrupt_ids)
+    receivers = dict(hand_receivers(model))
+    width = clean_ids.shape[1]
+    out = {}
+    for span, sender, label in edges:
+        name, _, query = label.partition("@")
+        receiver = receivers[name]
+        at = torch.zeros(width, 1, dtype=torch.float64)
+        at[spans[span]] = 1
+        delta = ((clean[sender] - corrupt[sender]) * at)[None].to(model.dtype)
+        hooks = hand_receiver_hooks(model, receiver, delta)
+        with torch.no_grad():
+            if not query:
+                value = hand_metric(model, corrupt_ids, target, distractor, hooks)
+            else:
+                o_proj, kept = hand_block(model, receiver[1])["o_proj"], {}
+
+                def keep(m, a, k, kept=kept):
+                    kept["z"] = a[0].clone()
+
+                hand_metric(model, corrupt_ids, target, distractor, [*hooks, (o_proj, keep)])
+                mask = torch.zeros(width, 1, dtype=model.dtype)
+                mask[spans[query]] = 1
+
+                def take(m, a, k, mask=mask, kept=kept):
+                    return (a[0] * (1 - mask) + kept["z"] * mask, *a[1:]), k
+
+                value = hand_metric(model, corrupt_ids, target, distractor, [(o_proj, take)])
+        out[span, sender, label] = float(value)
+    return out

@@ -759,3 +759,23 @@ def test_edge_agreement_compares_relp_labels(tiny_llama):
     assert list(result["estimator"].values) == ["eap", "relp:secant"]
     with pytest.raises(ValueError, match="Unknown rules 'nope'"):
         edges.edge_agreement(tiny_llama, IOI[:2], estimators=["relp:nope"], progress=False)
+
+
+def test_agreement_by_span_is_perfect_where_the_model_is_linear(linear64):
+    """By span too: in a linear model EAP by span equals exact single-edge patching at the
+    edge's span (k and v receivers for their query span's queries only)."""
+    result = edges.edge_agreement(
+        linear64,
+        IOI[:3],
+        estimators=("eap",),
+        n_top=20,
+        n_random=40,
+        positions="spans",
+        progress=False,
+    )
+    assert {"span", "sender", "receiver"} <= set(result["edge"].coords)
+    assert any("@" in str(label) for label in result["receiver"].values)
+    np.testing.assert_allclose(
+        result["estimate"].sel(estimator="eap"), result["exact"], rtol=1e-4, atol=1e-6
+    )
+    assert float(np.abs(result["exact"]).max()) > 1e-3  # the check can fail

@@ -19,6 +19,7 @@ import xarray as xr
 import lenscape as lsc
 from lenscape import data, models
 from lenscape.capture import edges
+from lenscape.capture.edges import patching as edge_patching
 from lenscape.capture.edges.graph import Graph, SpanGraph
 
 IOI = data.prompts("ioi")
@@ -202,3 +203,75 @@ def test_a_span_result_given_to_a_circuit_is_refused(tiny_llama):
     scores = edges.edge_attribution(tiny_llama, IOI[:2], positions="spans", progress=False)
     with pytest.raises(ValueError, match="by span"):
         lsc.circuit(scores, edges=5)
+
+
+def _sampled_edges(
+    graph: SpanGraph, count: int, spans: tuple[str, ...], seed: int = 0
+) -> list[int]:
+    """Flat indices of ``count`` edges of ``graph`` at ``spans``: a third through q, MLP and
+    logits receivers, a third through k and v at their own span, a third crossing spans."""
+    valid = graph.valid & np.isin(graph.spans, spans)[:, None, None]
+    query = np.asarray([q for *_, q in graph.receivers])
+    span = np.asarray(graph.spans)[:, None, None]
+    kinds = {
+        "within": valid & (query == "")[None, None, :],
+        "own span": valid & (query[None, None, :] == span),
+        "crossing": valid & (query[None, None, :] != "") & (query[None, None, :] != span),
+    }
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for mask in kinds.values():
+        flat = np.flatnonzero(mask)
+        chosen += rng.choice(flat, size=min(count // 3, len(flat)), replace=False).tolist()
+    return chosen
+
+
+def _labels(graph: SpanGraph, flat: int) -> tuple[str, str, str]:
+    span, sender, receiver = np.unravel_index(flat, graph.shape)
+    return graph.spans[span], graph.sender_labels[sender], graph.receiver_labels[receiver]
+
+
+def test_exact_patching_by_span_equals_the_per_receiver_reference(family):
+    """Each sampled edge alone on the corrupt run (its receiver reading the clean sender at
+    the span; a k or v receiver for its query span's queries only), at the spans where the
+    clean and corrupt senders differ (an IOI pair differs from S2 on)."""
+    from _helpers import reference_edge_patching_by_span
+
+    prompt = IOI[0]
+    inputs_graph = SpanGraph(Graph.of(family), ("IO", "S1", "S2", "END", "other"))
+    chosen = _sampled_edges(inputs_graph, 45, ("S2", "END", "other"))
+    result = edge_patching._edge_variants(
+        family,
+        [prompt],
+        variants=tuple(("only", (i,)) for i in chosen),
+        base="corrupt",
+        positions="spans",
+        progress=False,
+    )
+    reference = reference_edge_patching_by_span(
+        family, prompt, [_labels(inputs_graph, i) for i in chosen]
+    )
+    ours = result["patched"].isel(prompt=0).values.astype(np.float64)
+    expected = np.array(list(reference.values()))
+    effects = np.abs(expected - float(result["base"].isel(prompt=0)))
+    # the edges move the metric well above float32 rounding (~3e-8): the check can fail
+    assert (effects > 1e-6).sum() >= 10, effects
+    error = np.abs(ours - expected).max() / effects.max()
+    assert error < 1e-3, error
+
+
+def test_patching_every_edge_by_span_gives_the_other_run_and_none_the_base(family):
+    prompts = _mixed_lengths(family, 2)
+    result = edge_patching._edge_variants(
+        family,
+        prompts,
+        variants=(("outside", ()), ("only", ())),
+        positions="spans",
+        padding_side="left",
+        progress=False,
+    )
+    every, none = result["patched"].isel(variant=0), result["patched"].isel(variant=1)
+    scale = float(np.abs(result["base"] - result["other"]).max())
+    assert scale > 1e-4
+    np.testing.assert_allclose(every.values, result["other"].values, rtol=0, atol=1e-4 * scale)
+    np.testing.assert_allclose(none.values, result["base"].values, rtol=0, atol=1e-5 * scale)

@@ -21,10 +21,11 @@ from ...data import Prompts
 from ...models import LensModel
 from ...schema import RECEIVER_KINDS
 from ...sweep.inputs import Tokens, tokenize
+from ...sweep.options import BATCHING
 from ...sweep.registry import check_part, method, part_store
 from ..faithfulness import agreement_variables
 from ..patching import parse_estimator, with_relevance
-from .graph import Graph
+from .graph import Graph, SpanGraph
 from .patching import _edge_variants
 from .scores import DEFAULT_IG_STEPS, ESTIMATORS, PATH_ESTIMATORS, edge_attribution
 
@@ -37,7 +38,7 @@ MAX_SAMPLE = 2000
 
 
 def _sample_edges(
-    graph: Graph, scores: list[xr.DataArray], n_top: int, n_random: int, seed: int
+    graph: Graph | SpanGraph, scores: list[xr.DataArray], n_top: int, n_random: int, seed: int
 ) -> np.ndarray:
     """Flat indices (in ``graph``'s grid, increasing) of the edges to patch: the ``n_top``
     of each of ``scores`` (prompt, sender, receiver; aligned to ``graph``) by |prompt-mean
@@ -86,17 +87,22 @@ def _scores(
 
 
 def _compared_maps(
-    graph: Graph, edges: np.ndarray, effects: np.ndarray, scores: dict[str, xr.DataArray]
+    graph: Graph | SpanGraph,
+    edges: np.ndarray,
+    effects: np.ndarray,
+    scores: dict[str, xr.DataArray],
 ) -> tuple[xr.DataArray, xr.DataArray]:
     """The sampled edges' exact ``effects`` (prompt, edge) and each estimator's ``scores``
     of them (estimator, prompt, edge), with ``sender``, ``receiver`` and ``receiver_kind``
-    coords on ``edge``."""
-    senders, receivers = np.unravel_index(edges, graph.shape)
+    coords on ``edge`` (and ``span`` by span)."""
+    *spans, senders, receivers = np.unravel_index(edges, graph.shape)
     edge_coords = {
         "sender": ("edge", np.asarray(graph.sender_labels)[senders]),
         "receiver": ("edge", np.asarray(graph.receiver_labels)[receivers]),
         "receiver_kind": ("edge", np.asarray([graph.receivers[r][0] for r in receivers])),
     }
+    if isinstance(graph, SpanGraph):
+        edge_coords["span"] = ("edge", np.asarray(graph.spans)[spans[0]])
     exact = xr.DataArray(effects, dims=("prompt", "edge"), coords=edge_coords)
     estimate = xr.concat(
         [
@@ -139,7 +145,12 @@ def _checked(
     )
 
 
-@method(None, needs_corrupt=True, store="a folder: one .zarr store per part")
+@method(
+    None,
+    needs_corrupt=True,
+    store="a folder: one .zarr store per part",
+    shared=(*BATCHING, "positions"),
+)
 def edge_agreement(
     model: LensModel,
     prompts: Prompts,
@@ -173,6 +184,9 @@ def edge_agreement(
         seed: seeds the random sample and the bootstrap of the intervals.
         ci: the share of the bootstrap resamples between each statistic's bounds (a
             percentile bootstrap over prompts).
+        positions: "all", or "spans": edges between (component, span) nodes, each
+            sampled edge patched alone at its span (a k or v receiver for its query span's
+            queries only) against the estimators by span (``edge_attribution``).
         store: a folder: each part (the scores of each estimator, the single-edge effects)
             streams into its own ``.zarr`` store there, and an interrupted run resumes.
 
@@ -205,7 +219,9 @@ def edge_agreement(
         model, prompts, needs_corrupt=True, needs_distractor=shared["metric"] == "logit_diff"
     )
     scores = _scores(model, tokens, parts, store, shared)
-    graph = Graph.of(model)
+    graph: Graph | SpanGraph = Graph.of(model)
+    if shared.get("positions") == "spans" and tokens.span_names is not None:
+        graph = SpanGraph(Graph.of(model), tokens.span_names)
     edges = _sample_edges(graph, list(scores.values()), n_top, n_random, seed)
     effects = _edge_variants(
         model,

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.hooks import RemovableHandle
 
@@ -57,10 +58,74 @@ from ...sweep import metrics
 from ...sweep.backend import BACKENDS, TokenBatch, get_backend
 from ...sweep.inputs import Batch, Inputs
 from ...sweep.relevance import norm_input_gradient
-from .graph import Graph
+from .graph import Graph, SpanGraph
 
 #: Runs that can hook the Hugging Face module the edge hooks sit on.
 EDGE_BACKENDS = ("nnsight",)
+
+
+@dataclass
+class SpanPatch:
+    """Which edges between (component, span) nodes read the other run in one pass.
+
+    Attributes:
+        graph: the edges by span.
+        weights: (n_spans, n_senders, n_receivers) of ``graph``: 1 where the edge reads the
+            other run, 0 where it reads this one.
+        cells: (batch, pos, n_spans) float, 1 where a token of the batch belongs to a span
+            (``Batch.cells``).
+    """
+
+    graph: SpanGraph
+    weights: torch.Tensor
+    cells: torch.Tensor
+    _by_query: dict = field(default_factory=dict)
+
+    @functools.cached_property
+    def columns(self) -> np.ndarray:
+        """(n_spans, n_base_receivers): the column of ``graph`` each position-agnostic
+        receiver is when its queries are at span t (t only matters for k and v)."""
+        graph, base = self.graph, self.graph.base
+        out = np.zeros((graph.n_spans, len(base.receivers)), dtype=np.int64)
+        for j, (kind, layer, head) in enumerate(base.receivers):
+            for t in range(graph.n_spans):
+                if kind == "logits":
+                    out[t, j] = graph.shape[2] - 1
+                elif kind == "mlp":
+                    out[t, j] = graph.mlp_receiver(layer)
+                elif kind == "q":
+                    out[t, j] = graph.attn_receivers(layer).start + head
+                else:
+                    offset = head if kind == "k" else base.n_kv_heads + head
+                    out[t, j] = graph.kv_receivers(layer, t).start + offset
+        return out
+
+    def base_weights(self, span: int, query_span: int | None) -> torch.Tensor:
+        """(n_senders, n_base_receivers) the weights of edges at ``span`` with k and v
+        receivers read by queries at ``query_span`` (None: k and v read this run)."""
+        key = (span, query_span)
+        if key not in self._by_query:
+            columns = torch.as_tensor(self.columns[query_span or 0], device=self.weights.device)
+            weights = self.weights[span][:, columns]
+            if query_span is None:
+                kinds = np.asarray([kind for kind, _, _ in self.graph.base.receivers])
+                keep = torch.as_tensor(~np.isin(kinds, ("k", "v")), device=weights.device)
+                weights = weights * keep.to(weights.dtype)
+            self._by_query[key] = weights
+        return self._by_query[key]
+
+    @functools.cached_property
+    def query_spans(self) -> list[tuple[int, ...]]:
+        """Per block, the query spans whose k or v receivers there read the other run."""
+        graph = self.graph
+        return [
+            tuple(
+                t
+                for t in range(graph.n_spans)
+                if bool(self.weights[:, :, graph.kv_receivers(layer, t)].any())
+            )
+            for layer in range(graph.base.n_layers)
+        ]
 
 
 @dataclass
@@ -90,6 +155,10 @@ class Pass:
         keep_heads_input: keep each block's o_proj input, in the graph, in
             ``heads_inputs`` (layer -> (batch, pos, n_heads * d_head)): edges by span take
             its gradient back to the k and v leaves one query span at a time.
+        span_patch: edges by span that read ``other`` (instead of ``patched``); a block
+            whose k or v receivers read it runs its attention once more per query span
+            they feed (``query_span`` set), and its output at each query span's positions
+            is that run's.
         senders: (batch, pos, n_senders, d_model), filled with this pass's sender outputs.
         resids: layer -> (batch, pos, d_model) the residual stream entering the block.
         differences: with ``patched``, (n_senders, batch, pos, d_model) other - current.
@@ -109,6 +178,9 @@ class Pass:
     keep_resids: bool = False
     keep_heads_input: bool = False
     heads_inputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    span_patch: SpanPatch | None = None
+    query_span: int | None = None
+    rerunning: bool = False
     senders: torch.Tensor | None = None
     resids: dict[int, torch.Tensor] = field(default_factory=dict)
     resid: torch.Tensor | None = None
@@ -126,7 +198,7 @@ class Pass:
         if self.keep_senders:
             self.senders = embeddings.new_zeros((rows, width, len(self.graph.senders), d_model))
         self.recorded = 0
-        if self.patched is not None:
+        if self.patched is not None or self.span_patch is not None:
             # (n_senders, batch, pos, d_model): other - current, sender-major so that a
             # receiver's patch is one matrix product over the senders it treats specially.
             self.differences = embeddings.new_zeros((len(self.graph.senders), rows, width, d_model))
@@ -168,31 +240,60 @@ class Pass:
 
     def receiver_delta(self, key: tuple[str, int], columns: slice) -> torch.Tensor | None:
         """What receivers ``columns`` add to their input: (batch, pos, n, d_model), or
-        (batch, pos, d_model) for a single receiver, or None.
-
-        Patched: sum over upstream senders s of weight[s, r] (other_s - current_s), computed
-        as the column's typical weight (its median) times the running total of differences
-        plus a product over the few senders whose weight differs from it (the circuit's own
-        edges when most edges are patched, the patched ones when few are).
+        (batch, pos, d_model) for a single receiver, or None: the leaf ``deltas[key]``
+        plus the patch (``_patch``) of ``patched``, or of ``span_patch`` span by span at
+        each span's positions (k and v receivers as read by the queries at ``query_span``).
         """
         delta = self.deltas.get(key)
+        patches: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         if self.patched is not None:
-            assert self.differences is not None
-            count = int(self.graph.upstream[columns.start])  # receivers read a prefix
-            total = self._total(count)
-            weights = self.patched[:count, columns].to(total.dtype)
-            typical = weights.median(0).values  # (receivers,)
-            rows = torch.nonzero((weights != typical).any(1)).flatten()
-            patch = typical[:, None, None, None] * total
-            if len(rows):
-                upstream = self.differences[rows]
-                n_rows, batch, width, d_model = upstream.shape
-                extra = (weights[rows] - typical).T @ upstream.reshape(n_rows, -1)
-                patch = patch + extra.view(-1, batch, width, d_model)
-            if bool(weights.any()):
-                patch = patch[0] if columns.stop - columns.start == 1 else patch.permute(1, 2, 0, 3)
-                delta = patch if delta is None else delta + patch
+            patches.append((self.patched[:, columns], None))
+        if self.span_patch is not None:
+            for span in range(self.span_patch.graph.n_spans):
+                at = self.span_patch.cells[..., span]
+                if bool(at.any()):
+                    weights = self.span_patch.base_weights(span, self.query_span)
+                    patches.append((weights[:, columns], at))
+        single = columns.stop - columns.start == 1
+        for weights, where in patches:
+            patch = self._patch(weights, int(self.graph.upstream[columns.start]))
+            if patch is None:
+                continue
+            patch = patch[0] if single else patch.permute(1, 2, 0, 3)
+            if where is not None:
+                at = where.to(patch.dtype)
+                patch = patch * (at[..., None] if single else at[..., None, None])
+            delta = patch if delta is None else delta + patch
         return delta
+
+    def _patch(self, weights: torch.Tensor, count: int) -> torch.Tensor | None:
+        """(receivers, batch, pos, d_model): sum over the ``count`` upstream senders s of
+        weights[s, r] (other_s - current_s), or None where every weight is 0; computed as
+        the column's typical weight (its median) times the running total of differences
+        plus a product over the few senders whose weight differs from it (the circuit's own
+        edges when most edges are patched, the patched ones when few are)."""
+        assert self.differences is not None
+        weights = weights[:count]  # receivers read a prefix
+        if not bool(weights.any()):
+            return None
+        total = self._total(count)
+        weights = weights.to(total.dtype)
+        typical = weights.median(0).values  # (receivers,)
+        rows = torch.nonzero((weights != typical).any(1)).flatten()
+        patch = typical[:, None, None, None] * total
+        if len(rows):
+            upstream = self.differences[rows]
+            n_rows, batch, width, d_model = upstream.shape
+            extra = (weights[rows] - typical).T @ upstream.reshape(n_rows, -1)
+            patch = patch + extra.view(-1, batch, width, d_model)
+        return patch
+
+
+def _is_cache(value: Any) -> bool:
+    """Whether ``value`` is a Hugging Face key/value cache."""
+    from transformers import Cache
+
+    return isinstance(value, Cache)
 
 
 def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
@@ -231,9 +332,10 @@ def _parts(model: LensModel, layer: int) -> dict[str, Any]:
     """The modules of block ``layer`` the hooks use, from the model's ``Computation``.
 
     Returns:
-        "block", "o" (o_proj), "attn_norm", "post_attn", "mlp_in" (the module whose input
-        the MLP receiver reads), "mlp_out" (whose output the MLP sender is) and
-        "projections": (Projection, splice module) per q/k/v projection.
+        "block", "o" (o_proj), "attn" (the attention module o_proj is part of),
+        "attn_norm", "post_attn", "mlp_in" (the module whose input the MLP receiver
+        reads), "mlp_out" (whose output the MLP sender is) and "projections":
+        (Projection, splice module) per q/k/v projection.
 
     Raises:
         ValueError: a module the description names is missing, or a projection whose rows
@@ -248,6 +350,7 @@ def _parts(model: LensModel, layer: int) -> dict[str, Any]:
     parts: dict[str, Any] = {
         "block": _module(model, f"{spec.layout.layers}.{layer}", None, "layers"),
         "o": _module(model, spec.layout.o_proj, layer, "o_proj"),
+        "attn": _module(model, spec.layout.o_proj.rpartition(".")[0], layer, "o_proj"),
         "mlp_in": _module(model, c.mlp_norm or c.mlp, layer, "mlp_norm" if c.mlp_norm else "mlp"),
         "mlp_out": _module(model, spec.layout.mlp_out, layer, "mlp_out"),
     }
@@ -296,10 +399,7 @@ def _attention_hooks(
         leaf = state.deltas.get((projection.kind, layer))
         return output if leaf is None else output + leaf
 
-    def head_outputs(module, args):
-        z = args[0]
-        if state.keep_heads_input:
-            state.heads_inputs[layer] = z
+    def record_heads(z: torch.Tensor) -> None:
         with torch.no_grad():  # recorded detached: no graph for it
             heads = per_head(
                 z.view(*z.shape[:2], n_heads, spec.d_head), output_columns(model, layer)
@@ -308,6 +408,15 @@ def _attention_hooks(
             state.record(first, heads)
         else:
             state.pending = heads
+
+    def head_outputs(module, args):
+        z = args[0]
+        if state.keep_heads_input:
+            state.heads_inputs[layer] = z
+        if state.span_patch is not None and state.span_patch.query_spans[layer]:
+            state.heads_inputs[layer] = z  # recorded once every query span has run
+        else:
+            record_heads(z)
 
     def post_norm(module, args, output):
         assert state.pending is not None
@@ -324,9 +433,45 @@ def _attention_hooks(
         for projection, splice_module in parts["projections"]
     ]
     handles.append(parts["o"].register_forward_pre_hook(head_outputs))
+    if state.span_patch is not None:
+        rerun = _by_query_span(state, layer, record_heads)
+        handles.append(parts["attn"].register_forward_hook(rerun, with_kwargs=True))
     if parts["post_attn"] is not None:
         handles.append(parts["post_attn"].register_forward_hook(post_norm))
     return handles
+
+
+def _by_query_span(
+    state: Pass, layer: int, record_heads: Callable[[torch.Tensor], None]
+) -> Callable:
+    """A forward hook of block ``layer``'s attention module for ``state.span_patch``: run the
+    attention once more per query span its k or v receivers feed, and keep each run's output
+    (and heads, recorded with ``record_heads``) at that span's positions."""
+
+    def by_query_span(module, args, kwargs, output):
+        patch = state.span_patch
+        if patch is None or state.rerunning or not patch.query_spans[layer]:
+            return None
+        first_output = output[0] if isinstance(output, tuple) else output
+        outputs, zs, masks = [first_output], [state.heads_inputs.pop(layer)], []
+        # a re-run must not add its keys and values to the pass's cache
+        again = {k: None if _is_cache(v) else v for k, v in kwargs.items()}
+        state.rerunning = True
+        try:
+            for t in patch.query_spans[layer]:
+                state.query_span, state.qkv_ready = t, False
+                rerun = module(*args, **again)
+                outputs.append(rerun[0] if isinstance(rerun, tuple) else rerun)
+                zs.append(state.heads_inputs.pop(layer))
+                masks.append(patch.cells[..., t, None].to(first_output.dtype))
+        finally:
+            state.rerunning, state.query_span, state.qkv_ready = False, None, False
+        rest = 1 - sum(masks)
+        combined = outputs[0] * rest + sum(o * m for o, m in zip(outputs[1:], masks, strict=True))
+        record_heads(zs[0] * rest + sum(z * m for z, m in zip(zs[1:], masks, strict=True)))
+        return (combined, *output[1:]) if isinstance(output, tuple) else combined
+
+    return by_query_span
 
 
 def _layer_hooks(model: LensModel, state: Pass, layer: int) -> list[RemovableHandle]:

@@ -13,6 +13,10 @@ metrics it keeps too). A variant is ``(mode, edges)``: ``"only"`` patches just `
   with its area (CPR, higher is better) and the area between it and 1 (CMD, lower is
   better), as in the MIB circuit track;
 - ``edge_agreement`` (``agreement``): each sampled edge alone, on the corrupt run.
+
+With ``positions="spans"`` the variants index the edges between (component, span) nodes
+(``graph.SpanGraph``): an edge reads the other run at its span's positions only, a k or v
+edge for its query span's queries only (``hooks.SpanPatch``).
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ from ...models import LensModel
 from ...sweep import memory, metrics
 from ...sweep.inputs import Batch, Inputs, batched
 from ...sweep.metrics import LONG_NAMES, UNITS
-from ...sweep.options import Options
+from ...sweep.options import BATCHING, Options
 from ...sweep.plan import Call, Plan, Scores, top_is_target
 from ...sweep.registry import method, run
-from ...sweep.result import prompt_coords, provenance
+from ...sweep.result import prompt_coords, provenance, span_order
 from .circuits import CIRCUIT_METHOD, SCORE_METHODS, budget, check_kind, scores_values, top_edges
-from .graph import Graph, aligned
-from .hooks import Pass, check_supported, metric_of, run_pass, unedited
+from .graph import Graph, SpanGraph, aligned
+from .hooks import Pass, SpanPatch, check_supported, metric_of, run_pass, unedited
+from .scores import check_positions, check_span_order, span_graph
 
 BASES = ("clean", "corrupt")
 #: A variant's edges are the ones patched ("only") or the ones kept ("outside").
@@ -64,8 +69,8 @@ def kept_edges(model: LensModel, circuit: Any) -> tuple[int, ...]:
     return tuple(int(i) for i in np.flatnonzero(kept))
 
 
-def _weights(graph: Graph, variant: Variant) -> np.ndarray:
-    """(n_senders, n_receivers) 0/1: which edges of ``variant`` read the other run."""
+def _weights(graph: Graph | SpanGraph, variant: Variant) -> np.ndarray:
+    """``graph.shape`` 0/1: which edges of ``variant`` read the other run."""
     mode, edges = variant
     flat = np.zeros(graph.valid.size, dtype=bool)
     flat[list(edges)] = True
@@ -83,14 +88,20 @@ def _patched_metrics(
     base_tokens, other_tokens = (
         (batch.clean, batch.corrupt) if base == "clean" else (batch.corrupt, batch.clean)
     )
-    graph = Graph.of(inputs.model)
+    graph, by_span = Graph.of(inputs.model), span_graph(inputs)
     other, other_logits = unedited(inputs, other_tokens)
     _, base_logits = unedited(inputs, base_tokens)
     values = []
     read = metrics.read_ids(inputs.metric, batch.target, batch.distractor)
     with torch.no_grad():
         for weight in weights:
-            state = Pass(graph, other=other, patched=torch.as_tensor(weight, device=other.device))
+            patch = torch.as_tensor(weight, device=other.device)
+            if by_span is None:
+                state = Pass(graph, other=other, patched=patch)
+            else:
+                assert batch.cells is not None
+                spans = SpanPatch(by_span, patch.to(other.dtype), batch.cells)
+                state = Pass(graph, other=other, span_patch=spans)
             logits = run_pass(
                 inputs.model, inputs.backend, base_tokens, state, grad=False, vocab=read
             )
@@ -104,10 +115,13 @@ def plan_edge_variants(call: Call) -> Plan[xr.Dataset]:
     """``_edge_variants`` as a plan: per batch, two unedited passes and one per variant."""
     model, tokens, options = call.model, call.tokens, call.options
     inputs = batched(model, tokens, options, level="head")
-    graph = Graph.of(model)
+    check_span_order(inputs)
+    graph: Graph | SpanGraph = span_graph(inputs) or Graph.of(model)
     weights = [_weights(graph, variant) for variant in options.variants]
     other = "corrupt" if options.base == "clean" else "clean"
     attrs = provenance(inputs, "edge_patching", base=options.base)
+    if inputs.positions != "all":
+        attrs |= {"positions": inputs.positions, **span_order(inputs)}
     units = {"units": UNITS[options.metric]}
 
     def score(batch: Batch, step) -> Scores:
@@ -150,8 +164,10 @@ def edge_variants_memory(model: LensModel, options: Options, work: memory.Work) 
 
 
 def _check_edge_variants(model: LensModel, options: Options) -> None:
-    """``_edge_variants``' own options (``Method.checks``): the base run and the backend."""
+    """``_edge_variants``' own options (``Method.checks``): the base run, the positions
+    and the backend."""
     _validate.choice("base", options.base, BASES)
+    check_positions(options)
     check_supported(model, options.backend)
 
 
@@ -161,6 +177,7 @@ def _check_edge_variants(model: LensModel, options: Options) -> None:
     needs_corrupt=True,
     public=False,
     checks=_check_edge_variants,
+    shared=(*BATCHING, "positions"),
 )
 def _edge_variants(
     model: LensModel,
@@ -171,7 +188,8 @@ def _edge_variants(
     **shared,
 ) -> xr.Dataset:
     """Per prompt, the metric of ``base`` with each variant's edges patched (module
-    docstring).
+    docstring); with ``positions="spans"``, edges between (component, span) nodes
+    (``graph.SpanGraph``; a variant's edges index its (span, sender, receiver) grid).
 
     Returns:
         Dataset: ``patched`` (prompt, variant), ``base`` and ``other`` (prompt,) metrics.

@@ -499,16 +499,25 @@ def check_edge_attribution(model: LensModel, options: Options) -> None:
     an error estimate (``patching.error_method``), so ``error`` only has to be a flag."""
     check_steps(options.estimator, options.steps)
     _validate.flag("error", options.get("error", False))
+    check_positions(options)
+    check_relevance(model, check_rules(options.estimator, options.rules))
+    check_supported(model, options.backend)
+
+
+def check_positions(options: Options) -> None:
+    """Refuse ``positions="each"`` on edges (a node per token), naming spans instead.
+
+    Raises:
+        ValueError: positions="each".
+    """
     if options.get("positions", "all") == "each":
         raise ValueError(
-            "edge_attribution takes positions='all' or 'spans', not 'each': a node per "
+            "Edges take positions='all' or 'spans', not 'each': a node per "
             "(component, token) makes a graph that grows as the prompt's length squared "
             "through keys and values, and tokens of prompts of different lengths do not "
             "line up. Name the tokens that matter as spans (Prompt(..., spans=...)) and "
             "use positions='spans'."
         )
-    check_relevance(model, check_rules(options.estimator, options.rules))
-    check_supported(model, options.backend)
 
 
 @method(
