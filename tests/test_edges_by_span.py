@@ -199,10 +199,82 @@ def test_edges_by_span_are_refused_on_bad_input(tiny_llama):
         edges.edge_attribution(tiny_llama, [first, swapped], positions="spans", progress=False)
 
 
-def test_a_span_result_given_to_a_circuit_is_refused(tiny_llama):
-    scores = edges.edge_attribution(tiny_llama, IOI[:2], positions="spans", progress=False)
+def _brute_force_paths(graph: SpanGraph, kept: np.ndarray) -> np.ndarray:
+    """``kept`` pruned by a search over (component, span) nodes: an edge stays when its
+    sender node is reached from an embedding node and its receiver's node reaches a logits
+    node."""
+    n_spans, n_senders, _ = graph.shape
+    forward, backward, arcs = {}, {}, []
+    for span, sender, receiver in zip(*np.nonzero(kept), strict=True):
+        head = (int(sender), int(span))
+        for component in np.flatnonzero(graph.feeds[receiver]):
+            tail = (int(component), int(graph.target_span[span, receiver]))
+            arcs.append((head, tail, (span, sender, receiver)))
+            forward.setdefault(head, []).append(tail)
+            backward.setdefault(tail, []).append(head)
+
+    def closure(start, step):
+        seen, todo = set(start), list(start)
+        while todo:
+            for node in step.get(todo.pop(), []):
+                if node not in seen:
+                    seen.add(node)
+                    todo.append(node)
+        return seen
+
+    reached = closure([(0, c) for c in range(n_spans)], forward)
+    live = closure([(n_senders, c) for c in range(n_spans)], backward)
+    out = np.zeros_like(kept)
+    for head, tail, edge in arcs:
+        if head in reached and tail in live:
+            out[edge] = True
+    return out
+
+
+def test_a_circuit_by_span_keeps_the_top_edges_on_paths_through_span_nodes(tiny_llama):
+    scores = edges.edge_attribution(tiny_llama, IOI[:4], positions="spans", progress=False)
+    graph = SpanGraph.of_result(scores)
+    for budget in (10, 40, 200):
+        circuit = lsc.circuit(scores, edges=budget)
+        assert circuit.dims == scores.dims and circuit.dtype == bool
+        top = np.zeros(graph.shape, dtype=bool)
+        order = np.argsort(-np.where(graph.valid, np.abs(scores.values), -1).ravel(), kind="stable")
+        top.ravel()[order[:budget]] = True
+        expected = _brute_force_paths(graph, top)
+        assert (circuit.values == expected).all() and expected.any()
+        assert circuit.attrs["n_edges"] == int(expected.sum())
+        # read by label: a sorted, transposed input gives the same circuit
+        shuffled = lsc.circuit(
+            scores.sortby("span").transpose("receiver", "span", "sender"), edges=budget
+        )
+        assert (shuffled.transpose(*circuit.dims).sel(span=circuit["span"]) == circuit).all()
+
+
+def test_circuits_by_span_patch_exactly_and_refuse_the_wrong_graph(tiny_llama):
+    prompts = IOI[:3]
+    scores = edges.edge_attribution(tiny_llama, prompts, positions="spans", progress=False)
+    every = lsc.circuit(scores, fraction=1.0)
+    kept = edges.edge_patching(tiny_llama, prompts, every, progress=False)
+    clean = edge_patching._edge_variants(
+        tiny_llama, prompts, variants=(("only", ()),), positions="spans", progress=False
+    )
+    np.testing.assert_allclose(kept.values, clean["base"].values, rtol=0, atol=1e-5)
+    curve = edges.circuit_faithfulness(
+        tiny_llama, prompts, scores, fractions=(0.05, 0.5, 1.0), n_random=1, progress=False
+    )
+    np.testing.assert_allclose(curve["faithfulness"].sel(budget=1.0), 1.0, atol=1e-4)
+    # prompts whose spans differ from the circuit's
+    factual = list(lsc.data.prompts("factual")[:2])
+    with pytest.raises(ValueError, match="same named spans"):
+        edges.edge_patching(tiny_llama, factual, every, progress=False)
+    # functions that read position-agnostic edges only say so
     with pytest.raises(ValueError, match="by span"):
-        lsc.circuit(scores, edges=5)
+        edges.exact_cut(tiny_llama, prompts, every, scores, edges=2, progress=False)
+    per_prompt = edges.edge_attribution(
+        tiny_llama, prompts, positions="spans", per_prompt=True, progress=False
+    )
+    with pytest.raises(ValueError, match="by span"):
+        edges.circuit_stability(per_prompt, edges=5, n_resamples=3)
 
 
 def _sampled_edges(

@@ -17,7 +17,7 @@ import numpy as np
 import xarray as xr
 
 from ... import _validate
-from .graph import Graph, aligned
+from .graph import Graph, SpanGraph, aligned
 
 #: The ``method`` attr of results that rank edges (``edge_attribution``'s).
 SCORE_METHODS = ("edge_attribution",)
@@ -47,8 +47,8 @@ def check_kind(name: str, result: Any, *, methods: tuple[str, ...], made_by: str
         raise ValueError(f"{name} must be the result of {made_by}; got {found}.")
 
 
-def scores_values(scores: Any, graph: Graph, *, name: str = "scores") -> np.ndarray:
-    """(n_senders, n_receivers) float64 values of edge ``scores`` (of the right kind:
+def scores_values(scores: Any, graph: Graph | SpanGraph, *, name: str = "scores") -> np.ndarray:
+    """``graph.shape`` float64 values of edge ``scores`` (of the right kind:
     ``check_kind``) on ``graph``, by label, checked to rank edges.
 
     Raises:
@@ -73,12 +73,52 @@ def scores_values(scores: Any, graph: Graph, *, name: str = "scores") -> np.ndar
     return values
 
 
-def on_paths(graph: Graph, kept: np.ndarray) -> np.ndarray:
+def on_span_paths(graph: SpanGraph, kept: np.ndarray) -> np.ndarray:
+    """``kept`` (..., n_spans, n_senders, n_receivers) bool pruned to edges on a path from
+    the embeddings (at any span) to the logits, through (component, span) nodes: an edge at
+    span c runs from its sender at c to its receiver's component at ``graph.target_span``
+    (a k or v receiver's query span, else c). Components only grow along an edge, so one
+    pass forward and one back settle every span at once."""
+    n_spans, n_senders, _ = graph.shape
+    feeds, target = graph.feeds, graph.target_span  # (n_r, n_s + 1), (n_spans, n_r)
+    batch = kept.shape[:-3]
+    reached = np.zeros((*batch, n_spans, n_senders + 1), dtype=bool)
+    reached[..., 0] = True
+    spans = np.arange(n_spans)
+    for component in range(1, n_senders + 1):  # senders in forward order, then the logits
+        into = kept[..., :, :, feeds[:, component]] & reached[..., :, :n_senders, None]
+        arriving = into.any(-2)  # (..., span c, receivers into the component)
+        hits = target[:, feeds[:, component]]  # the span each arrival reaches
+        for t in spans:
+            reached[..., t, component] = (arriving & (hits == t)).any(axis=(-2, -1))
+    # live[t, k]: node (k, t) reaches the logits; a receiver at span c is live when the node
+    # its edge reaches is
+    live = np.zeros_like(reached)
+    live[..., -1] = True
+    receiver_live = np.zeros((*batch, n_spans, len(feeds)), dtype=bool)
+
+    def settle(component: int) -> None:
+        fed = feeds[:, component]
+        receiver_live[..., fed] |= live[..., component][..., target[:, fed]]
+
+    settle(n_senders)
+    for component in range(n_senders - 1, -1, -1):  # downstream receivers are settled
+        live[..., component] = (kept[..., :, component, :] & receiver_live).any(-1)
+        if component:
+            settle(component)
+    pruned: np.ndarray = kept & reached[..., :n_senders, None] & receiver_live[..., :, None, :]
+    return pruned
+
+
+def on_paths(graph: Graph | SpanGraph, kept: np.ndarray) -> np.ndarray:
     """``kept`` (..., n_senders, n_receivers) bool pruned to edges on a path from the
     embeddings to the logits: the sender is reached from the embeddings and the receiver
     feeds a component that reaches the logits, through kept edges. Leading dims are
     independent circuits (the resamples of ``circuit_stability``), pruned together: the
-    loops run over the graph's components, never over the circuits."""
+    loops run over the graph's components, never over the circuits. Edges by span:
+    ``on_span_paths``."""
+    if isinstance(graph, SpanGraph):
+        return on_span_paths(graph, kept)
     n_senders = len(graph.senders)
     feeds = graph.feeds
     batch = kept.shape[:-2]
@@ -114,7 +154,7 @@ def budget(n_edges: int, edges: int | None, fraction: float | None) -> int:
     return max(1, round(share * n_edges))
 
 
-def top_edges(graph: Graph, values: np.ndarray, count: int) -> tuple[np.ndarray, int]:
+def top_edges(graph: Graph | SpanGraph, values: np.ndarray, count: int) -> tuple[np.ndarray, int]:
     """The ``count`` real edges of largest |value| (ties broken in graph order), pruned to
     paths, and how many edges tie with the last one taken but were left out."""
     magnitude = np.where(graph.valid, np.abs(values), -np.inf).ravel()
@@ -133,7 +173,9 @@ def circuit(
 
     Args:
         scores: (sender, receiver) scores from ``edge_attribution`` (in any order: they are
-            read by label).
+            read by label), or (span, sender, receiver) from ``positions="spans"``: a
+            circuit of (component, span) nodes, pruned to paths through them (a key or value
+            edge reaches its head at its query span).
         edges: how many top edges to take (1 .. the number of edges), or
         fraction: that as a share of all edges, in (0, 1].
 
@@ -151,7 +193,7 @@ def circuit(
             alike, or whose top edges lie on no path from the embeddings to the logits.
     """
     check_kind("scores", scores, methods=SCORE_METHODS, made_by="lsc.edge_attribution")
-    graph = Graph.of_result(scores)
+    graph = graph_of(scores)
     values = scores_values(scores, graph)
     count = budget(int(graph.valid.sum()), edges, fraction)
     kept, tied_out = top_edges(graph, values, count)
@@ -179,7 +221,13 @@ def circuit(
         "total_edges": int(graph.valid.sum()),
         "tied_at_cut": tied_out,
     }
-    labelled = xr.DataArray(kept, dims=("sender", "receiver"), coords=graph.coords(), attrs=attrs)
-    return labelled.sel(
-        sender=scores["sender"].values, receiver=scores["receiver"].values
-    ).transpose(*scores.dims)
+    dims = (
+        ("span", "sender", "receiver") if isinstance(graph, SpanGraph) else ("sender", "receiver")
+    )
+    labelled = xr.DataArray(kept, dims=dims, coords=graph.coords(), attrs=attrs)
+    return labelled.sel({dim: scores[dim].values for dim in dims}).transpose(*scores.dims)
+
+
+def graph_of(result: xr.DataArray) -> Graph | SpanGraph:
+    """The graph an edge result was measured on: by span when it has a ``span`` dim."""
+    return SpanGraph.of_result(result) if "span" in result.dims else Graph.of_result(result)

@@ -23,7 +23,7 @@ from ...data import Prompts
 from ...models import LensModel
 from ...sweep.registry import method
 from .circuits import SCORE_METHODS, check_kind, on_paths, scores_values
-from .graph import Graph
+from .graph import Graph, refuse_by_span
 from .patching import _edge_variants, kept_edges
 
 #: Most edges measured on each side of the cut: each is one forward pass per batch.
@@ -78,10 +78,11 @@ def exact_cut(
             scores that cannot rank edges, or a circuit of every edge (no outside).
     """
     count = _validate.integer("edges", edges, low=1, high=MAX_CUT)
-    kept = kept_edges(model, circuit)
+    refuse_by_span("circuit", circuit)
+    graph, kept = kept_edges(model, circuit)
+    assert isinstance(graph, Graph)  # by span: refused above
     check_kind("scores", scores, methods=SCORE_METHODS, made_by="lsc.edge_attribution")
     _validate.origin("scores", scores, model.origin, made_by="lsc.edge_attribution")
-    graph = Graph.of(model)
     magnitude = np.abs(scores_values(scores, graph)).ravel()
     if len(kept) == int(graph.valid.sum()) or not kept:
         raise ValueError(

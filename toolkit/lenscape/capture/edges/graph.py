@@ -15,6 +15,7 @@ never changes an answer.
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -342,6 +343,57 @@ class SpanGraph:
         )
         return coords
 
+    @functools.cached_property
+    def feeds(self) -> np.ndarray:
+        """(n_receivers, n_senders + 1) bool: receiver -> the component(s) it is an input
+        of (``Graph.feeds``), at the span ``target_span`` says."""
+        return self.base.feeds[self.base_receiver]
+
+    @functools.cached_property
+    def target_span(self) -> np.ndarray:
+        """(n_spans, n_receivers) int: the span of the node an edge at span c into each
+        receiver reaches: a k or v receiver's query span, else c."""
+        query = [self.spans.index(q) if q else -1 for *_, q in self.receivers]
+        spans = np.arange(self.n_spans)[:, None]
+        return np.where(np.asarray(query)[None] >= 0, np.asarray(query)[None], spans)
+
+    @classmethod
+    def of_result(cls, result: xr.DataArray) -> SpanGraph:
+        """The graph a (span, sender, receiver) result was measured on, from its labels
+        (spans in the ``span_order`` attr's order, else the coord's).
+
+        Raises:
+            ValueError: labels that are not those of any model's graph by span.
+        """
+        names = [str(name) for name in result["span"].values]
+        order = json.loads(result.attrs.get("span_order", "[]")) or names
+        spans = tuple(name for name in order if name in names)
+        kinds = result["sender_kind"].values if "sender_kind" in result.coords else None
+        if kinds is None or "receiver_kind" not in result.coords or len(spans) != len(names):
+            raise ValueError(
+                "The edge result by span has no sender_kind / receiver_kind coords or "
+                "repeats a span; pass a result of lsc.edge_attribution(..., "
+                "positions='spans') or lsc.circuit as it came."
+            )
+        layers = max(int((kinds == "mlp").sum()), 1)
+        k = int((result["receiver_kind"].values == "k").sum())
+        base = Graph(
+            int((kinds == "mlp").sum()),
+            int((kinds == "head").sum()) // layers,
+            k // (layers * len(spans)),
+            _parallel(result),
+        )
+        graph = cls(base, spans)
+        if sorted(graph.sender_labels) != sorted(map(str, result["sender"].values)) or sorted(
+            graph.receiver_labels
+        ) != sorted(map(str, result["receiver"].values)):
+            raise ValueError(
+                "The edge result's sender and receiver labels are not those of a whole model "
+                "graph by span (some were dropped, renamed or repeated); pass every edge, as "
+                "lsc.edge_attribution(..., positions='spans') returned them."
+            )
+        return graph
+
     def describe(self) -> str:
         n_spans, n_senders, n_receivers = self.shape
         return (
@@ -359,8 +411,8 @@ def refuse_by_span(name: str, result: Any) -> None:
     if isinstance(result, xr.DataArray) and "span" in result.dims:
         raise ValueError(
             f"{name} holds edges by span (edge_attribution(..., positions='spans')), and "
-            "this reads position-agnostic edges: circuits over (component, span) nodes are "
-            "not built yet. Pass edge_attribution's scores without positions='spans' (the "
+            "this reads position-agnostic edges only (it does not read (component, span) "
+            "nodes yet). Pass edge_attribution's scores without positions='spans' (the "
             "by-span scores summed over spans and query spans are those)."
         )
 
@@ -378,22 +430,33 @@ def _parallel(result: xr.DataArray) -> bool:
     return bool(same.any()) and bool(cells.isnull().sum() == result.size)
 
 
-def aligned(name: str, result: Any, graph: Graph, *, made_by: str, dims=EDGE_DIMS) -> xr.DataArray:
+def aligned(
+    name: str, result: Any, graph: Graph | SpanGraph, *, made_by: str, dims=EDGE_DIMS
+) -> xr.DataArray:
     """``result`` reindexed by label onto ``graph``'s senders and receivers (its own order
     and any transpose undone), with ``dims`` in that order.
 
     Args:
         name: the argument's name, for messages.
         made_by: the function whose results are expected there (for messages).
-        dims: the dims ``result`` must have, in the order returned.
+        dims: the dims ``result`` must have, in the order returned (on a ``SpanGraph``,
+            with ``span`` before ``sender``).
 
     Raises:
         TypeError: not a DataArray.
         ValueError: other dims, or senders / receivers missing, extra or repeated: named.
     """
+    if isinstance(graph, SpanGraph) and "span" not in dims:
+        dims = (*dims[:-2], "span", *dims[-2:])
     _validate.result(name, result, kind=xr.DataArray, made_by=made_by, dims=dims)
     if "span" not in dims:
         refuse_by_span(name, result)
+    elif "span" not in result.dims:
+        raise ValueError(
+            f"{name} holds position-agnostic edges, and edges by span were expected (from "
+            "positions='spans'); pass edge_attribution(..., positions='spans')'s result, or "
+            "run this without positions='spans'."
+        )
     if set(result.dims) != set(dims):
         extra = sorted(set(map(str, result.dims)) - set(dims))
         fix = (
@@ -404,5 +467,7 @@ def aligned(name: str, result: Any, graph: Graph, *, made_by: str, dims=EDGE_DIM
             f"{list(result.dims)};{fix} pass the result as {made_by} returned it."
         )
     expected = {"sender": graph.sender_labels, "receiver": graph.receiver_labels}
+    if isinstance(graph, SpanGraph):
+        expected = {"span": list(graph.spans), **expected}
     by_label = _validate.labels(name, result, expected, made_by=made_by)
     return by_label.transpose(*dims)

@@ -54,8 +54,20 @@ MAX_RANDOM = 100
 Variant = tuple[str, tuple[int, ...]]
 
 
-def kept_edges(model: LensModel, circuit: Any) -> tuple[int, ...]:
-    """The flat indices (in ``Graph.of(model)``'s grid) of the edges of ``circuit``.
+def graph_for(model: LensModel, result: xr.DataArray) -> Graph | SpanGraph:
+    """``model``'s graph, by span (in the spans of ``result``) when ``result`` is."""
+    graph = Graph.of(model)
+    return SpanGraph(graph, SpanGraph.of_result(result).spans) if "span" in result.dims else graph
+
+
+def span_options(graph: Graph | SpanGraph) -> dict[str, Any]:
+    """The options of ``_edge_variants`` whose variants index ``graph``: by span, the span
+    order they were made in (the prompts must have it)."""
+    return {"positions": "spans", "spans": graph.spans} if isinstance(graph, SpanGraph) else {}
+
+
+def kept_edges(model: LensModel, circuit: Any) -> tuple[Graph | SpanGraph, tuple[int, ...]]:
+    """The graph of ``circuit`` (by span when it is) and the flat indices of its edges there.
 
     Raises:
         TypeError: not a DataArray.
@@ -64,9 +76,9 @@ def kept_edges(model: LensModel, circuit: Any) -> tuple[int, ...]:
     """
     check_kind("circuit", circuit, methods=(CIRCUIT_METHOD,), made_by="lsc.circuit")
     _validate.origin("circuit", circuit, model.origin, made_by="lsc.circuit")
-    graph = Graph.of(model)
+    graph = graph_for(model, circuit)
     kept = aligned("circuit", circuit, graph, made_by="lsc.circuit").values & graph.valid
-    return tuple(int(i) for i in np.flatnonzero(kept))
+    return graph, tuple(int(i) for i in np.flatnonzero(kept))
 
 
 def _weights(graph: Graph | SpanGraph, variant: Variant) -> np.ndarray:
@@ -117,6 +129,13 @@ def plan_edge_variants(call: Call) -> Plan[xr.Dataset]:
     inputs = batched(model, tokens, options, level="head")
     check_span_order(inputs)
     graph: Graph | SpanGraph = span_graph(inputs) or Graph.of(model)
+    if options.get("spans") is not None and getattr(graph, "spans", None) != options.spans:
+        raise ValueError(
+            f"The edges were chosen by span in the order {list(options.spans)}, but these "
+            f"prompts' spans are {list(getattr(graph, 'spans', ()))}: a circuit or scores by "
+            "span apply to prompts with the same named spans, in the same order. Score "
+            "these prompts with edge_attribution(..., positions='spans') and use those."
+        )
     weights = [_weights(graph, variant) for variant in options.variants]
     other = "corrupt" if options.base == "clean" else "clean"
     attrs = provenance(inputs, "edge_patching", base=options.base)
@@ -185,11 +204,13 @@ def _edge_variants(
     *,
     variants: tuple[Variant, ...],
     base: str = "clean",
+    spans: tuple[str, ...] | None = None,
     **shared,
 ) -> xr.Dataset:
     """Per prompt, the metric of ``base`` with each variant's edges patched (module
     docstring); with ``positions="spans"``, edges between (component, span) nodes
-    (``graph.SpanGraph``; a variant's edges index its (span, sender, receiver) grid).
+    (``graph.SpanGraph``; a variant's edges index its (span, sender, receiver) grid, made
+    in the span order ``spans``, which the prompts must have: refused otherwise).
 
     Returns:
         Dataset: ``patched`` (prompt, variant), ``base`` and ``other`` (prompt,) metrics.
@@ -228,8 +249,10 @@ def edge_patching(
         ValueError: a circuit from another model, scores instead of a circuit, an unknown
             ``base``.
     """
-    kept = kept_edges(model, circuit)
-    result = _edge_variants(model, prompts, variants=(("outside", kept),), base=base, **shared)
+    graph, kept = kept_edges(model, circuit)
+    result = _edge_variants(
+        model, prompts, variants=(("outside", kept),), base=base, **shared, **span_options(graph)
+    )
     patched = result["patched"].isel(variant=0, drop=True).load().astype(np.float64)
     return schema.make(
         patched.values,
@@ -280,7 +303,7 @@ def check_fractions(fractions: Any) -> list[float]:
 
 
 def _random_circuits(
-    graph: Graph, sizes: list[int], n_random: int, seed: int
+    graph: Graph | SpanGraph, sizes: list[int], n_random: int, seed: int
 ) -> list[tuple[int, ...]]:
     """``n_random`` random circuits of each size in ``sizes`` (valid edges drawn from
     ``seed``, draw by draw), as flat edge indices."""
@@ -364,7 +387,7 @@ def circuit_faithfulness(
     seed = _validate.seed("seed", seed)
     check_kind("scores", scores, methods=SCORE_METHODS, made_by="lsc.edge_attribution")
     _validate.origin("scores", scores, model.origin, made_by="lsc.edge_attribution")
-    graph = Graph.of(model)
+    graph = graph_for(model, scores)
     values, n_edges = scores_values(scores, graph), int(graph.valid.sum())
     kept = [
         tuple(int(i) for i in np.flatnonzero(top_edges(graph, values, budget(n_edges, None, f))[0]))
@@ -372,7 +395,9 @@ def circuit_faithfulness(
     ]
     random = _random_circuits(graph, [len(edges) for edges in kept], n_random, seed)
     variants = [("outside", edges) for edges in [*kept, *random]]
-    report = _edge_variants(model, prompts, variants=tuple(variants), **shared)
+    report = _edge_variants(
+        model, prompts, variants=tuple(variants), **shared, **span_options(graph)
+    )
     return _report(report, scores, fractions, [len(edges) for edges in kept], n_random, seed)
 
 
