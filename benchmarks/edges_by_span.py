@@ -35,29 +35,15 @@ from pathlib import Path
 
 import _report
 import numpy as np
-import xarray as xr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _helpers import reference_edge_scores_by_span
+from _helpers import position_agnostic, reference_edge_scores_by_span
 
 import lenscape as lsc
 from lenscape.capture import edges
 
 SHARES = (1, 5, 10)
 PEAP = {1: "17.1%", 5: "13.4%", 10: "12.1%"}
-
-
-def fold(by_span: xr.DataArray, like: xr.DataArray) -> xr.DataArray:
-    """By-span scores summed over spans and each k/v receiver's query spans, on ``like``'s
-    receivers; with ``magnitude``, the terms' absolute values summed."""
-    total = by_span.fillna(0).sum("span")
-    base = xr.DataArray(
-        [label.split("@")[0] for label in map(str, total["receiver"].values)],
-        dims="receiver",
-        name="base",
-    )
-    summed = total.groupby(base).sum().rename(base="receiver")
-    return summed.sel(receiver=like["receiver"].values).transpose(*like.dims)
 
 
 def top(values: np.ndarray, share: float, among: np.ndarray) -> set[int]:
@@ -181,12 +167,12 @@ def cancellation(model, n_prompts: int) -> tuple[list[list[str]], float]:
     options = dict(per_prompt=True, batch_size=8, progress=True)
     agnostic = edges.edge_attribution(model, prompts, **options)
     by_span = edges.edge_attribution(model, prompts, positions="spans", **options)
-    summed = fold(by_span, agnostic).mean("prompt")
+    summed = position_agnostic(by_span, agnostic).mean("prompt")
     scale = float(np.nanmax(np.abs(agnostic.values)))
     sums = float(np.nanmax(np.abs(summed.values - np.nan_to_num(agnostic.mean("prompt").values))))
     print(f"by span summed against EAP: {sums:.1e} of {scale:.3g}")
     mean = by_span.mean("prompt")
-    magnitude = fold(abs(mean), agnostic.mean("prompt")).values
+    magnitude = position_agnostic(abs(mean), agnostic.mean("prompt")).values
     a = agnostic.mean("prompt").values
     half = n_prompts // 2
     first, second = agnostic.isel(prompt=slice(0, half)), agnostic.isel(prompt=slice(half, None))

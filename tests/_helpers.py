@@ -502,6 +502,29 @@ def hand_receivers(model):
     return [*out, ("logits", ("logits", spec.n_layers, -1))]
 
 
+def hand_sender(label):
+    """A sender label ("embed", "L3.H2", "L3.MLP") as ``hand_edge_exists`` takes it."""
+    if label == "embed":
+        return "embed"
+    layer = int(label[1:].split(".")[0])
+    return (layer, "mlp") if label.endswith("MLP") else (layer, int(label.split(".H")[1]))
+
+
+def position_agnostic(by_span, like):
+    """Edge scores by span summed over spans and over each k/v receiver's query spans
+    ("L1.KV0.k@END" -> "L1.KV0.k"), on ``like``'s receivers and dims."""
+    import xarray as xr
+
+    total = by_span.fillna(0).sum("span")
+    base = xr.DataArray(
+        [label.split("@")[0] for label in map(str, total["receiver"].values)],
+        dims="receiver",
+        name="base",
+    )
+    summed = total.groupby(base).sum().rename(base="receiver")
+    return summed.sel(receiver=like["receiver"].values).transpose(*like.dims)
+
+
 def hand_edge_exists(model, sender, receiver):
     """Whether ``receiver`` (kind, layer, head) reads ``sender`` ("embed" | (layer, head) |
     (layer, "mlp"))."""
@@ -712,16 +735,7 @@ def reference_edge_scores_plain(model, prompt, steps=1, receivers=None, at="corr
             (g,) = torch.autograd.grad(metric, leaf)
             grad = grad + g[0].double() / steps
         for sender in clean:
-            s = (
-                "embed"
-                if sender == "embed"
-                else (
-                    (int(sender[1:].split(".")[0]), "mlp")
-                    if sender.endswith("MLP")
-                    else (int(sender[1:].split(".")[0]), int(sender.split(".H")[1]))
-                )
-            )
-            if hand_edge_exists(model, s, receiver):
+            if hand_edge_exists(model, hand_sender(sender), receiver):
                 scores[sender, label] = float(((clean[sender] - corrupt[sender]) * grad).sum())
     return scores
 
@@ -793,16 +807,7 @@ def reference_edge_scores_by_span(model, prompt, steps=1, receivers=None):
                 grad = grad + g[0].double() / steps
             name = label if query is None else f"{label}@{query}"
             for sender in clean:
-                s = (
-                    "embed"
-                    if sender == "embed"
-                    else (
-                        (int(sender[1:].split(".")[0]), "mlp")
-                        if sender.endswith("MLP")
-                        else (int(sender[1:].split(".")[0]), int(sender.split(".H")[1]))
-                    )
-                )
-                if not hand_edge_exists(model, s, receiver):
+                if not hand_edge_exists(model, hand_sender(sender), receiver):
                     continue
                 product = ((clean[sender] - corrupt[sender]) * grad).sum(-1)
                 for span, at in spans.items():

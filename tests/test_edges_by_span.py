@@ -46,19 +46,6 @@ def _mixed_lengths(model, count=2):
     raise AssertionError("IOI has prompts of one length only")
 
 
-def position_agnostic(by_span: xr.DataArray, like: xr.DataArray) -> xr.DataArray:
-    """Scores by span summed over spans and over each k/v receiver's query spans, on
-    ``like``'s receivers."""
-    total = by_span.fillna(0).sum("span")
-    base = xr.DataArray(
-        [label.split("@")[0] for label in map(str, total["receiver"].values)],
-        dims="receiver",
-        name="base",
-    )
-    summed = total.groupby(base).sum().rename(base="receiver")
-    return summed.sel(receiver=like["receiver"].values).transpose(*like.dims)
-
-
 @pytest.mark.parametrize("estimator, steps", [("eap", 1), ("eap-ig", 2)])
 def test_edges_by_span_equal_the_per_receiver_reference(family, estimator, steps):
     from _helpers import reference_edge_scores_by_span
@@ -102,6 +89,8 @@ def test_edges_by_span_add_up_to_the_position_agnostic_scores(tiny_llama, option
     assert by_span.dims == ("prompt", "span", "sender", "receiver")
     assert list(by_span["span"].values) == ["IO", "S1", "S2", "END", "other"]
     assert by_span.attrs["positions"] == "spans"
+    from _helpers import position_agnostic
+
     summed = position_agnostic(by_span, agnostic)
     scale = float(np.nanmax(np.abs(agnostic.values)))
     np.testing.assert_allclose(

@@ -207,15 +207,7 @@ class Graph:
             int((result["receiver_kind"].values == "k").sum()) // layers,
             _parallel(result),
         )
-        if sorted(graph.sender_labels) != sorted(map(str, result["sender"].values)) or sorted(
-            graph.receiver_labels
-        ) != sorted(map(str, result["receiver"].values)):
-            raise ValueError(
-                "The edge result's sender and receiver labels are not those of a whole model "
-                "graph (some were dropped, renamed or repeated); pass every edge, as "
-                "lsc.edge_attribution returned them."
-            )
-        return graph
+        return _same_labels(graph, result, "lsc.edge_attribution")
 
 
 @dataclass(frozen=True)
@@ -383,16 +375,7 @@ class SpanGraph:
             k // (layers * len(spans)),
             _parallel(result),
         )
-        graph = cls(base, spans)
-        if sorted(graph.sender_labels) != sorted(map(str, result["sender"].values)) or sorted(
-            graph.receiver_labels
-        ) != sorted(map(str, result["receiver"].values)):
-            raise ValueError(
-                "The edge result's sender and receiver labels are not those of a whole model "
-                "graph by span (some were dropped, renamed or repeated); pass every edge, as "
-                "lsc.edge_attribution(..., positions='spans') returned them."
-            )
-        return graph
+        return _same_labels(cls(base, spans), result, "lsc.edge_attribution(positions='spans')")
 
     def describe(self) -> str:
         n_spans, n_senders, n_receivers = self.shape
@@ -400,6 +383,23 @@ class SpanGraph:
             f"{self.base.describe()}; by span ({', '.join(self.spans)}): {n_senders} senders "
             f"x {n_receivers} receivers x {n_spans} spans, {int(self.valid.sum())} edges"
         )
+
+
+def _same_labels(graph: Any, result: xr.DataArray, made_by: str) -> Any:
+    """``graph``, checked to have exactly ``result``'s sender and receiver labels.
+
+    Raises:
+        ValueError: labels dropped, renamed or repeated.
+    """
+    if sorted(graph.sender_labels) != sorted(map(str, result["sender"].values)) or sorted(
+        graph.receiver_labels
+    ) != sorted(map(str, result["receiver"].values)):
+        raise ValueError(
+            "The edge result's sender and receiver labels are not those of a whole model "
+            "graph (some were dropped, renamed or repeated); pass every edge, as "
+            f"{made_by} returned them."
+        )
+    return graph
 
 
 def refuse_by_span(name: str, result: Any) -> None:
