@@ -25,7 +25,7 @@ from ...sweep.options import BATCHING
 from ...sweep.registry import check_part, method, part_store
 from ..faithfulness import agreement_variables
 from ..patching import parse_estimator, with_relevance
-from .graph import Graph, SpanGraph
+from .graph import Graph, SpanGraph, span_graph_of
 from .patching import _edge_variants
 from .scores import DEFAULT_IG_STEPS, ESTIMATORS, PATH_ESTIMATORS, edge_attribution
 
@@ -221,7 +221,7 @@ def edge_agreement(
     scores = _scores(model, tokens, parts, store, shared)
     graph: Graph | SpanGraph = Graph.of(model)
     if shared.get("positions") == "spans" and tokens.span_names is not None:
-        graph = SpanGraph(Graph.of(model), tokens.span_names)
+        graph = span_graph_of(Graph.of(model), tokens.span_names)
     edges = _sample_edges(graph, list(scores.values()), n_top, n_random, seed)
     effects = _edge_variants(
         model,

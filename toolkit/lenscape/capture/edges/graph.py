@@ -342,12 +342,36 @@ class SpanGraph:
         return self.base.feeds[self.base_receiver]
 
     @functools.cached_property
+    def query_index(self) -> np.ndarray:
+        """(n_receivers,) int: each k or v receiver's query span (an index of ``spans``);
+        -1 for q, MLP and logits receivers."""
+        return np.asarray([self.spans.index(q) if q else -1 for *_, q in self.receivers])
+
+    @functools.cached_property
     def target_span(self) -> np.ndarray:
         """(n_spans, n_receivers) int: the span of the node an edge at span c into each
         receiver reaches: a k or v receiver's query span, else c."""
-        query = [self.spans.index(q) if q else -1 for *_, q in self.receivers]
-        spans = np.arange(self.n_spans)[:, None]
-        return np.where(np.asarray(query)[None] >= 0, np.asarray(query)[None], spans)
+        query = self.query_index[None]
+        return np.where(query >= 0, query, np.arange(self.n_spans)[:, None])
+
+    @functools.cached_property
+    def columns_by_query(self) -> np.ndarray:
+        """(n_spans, n_base_receivers): the receiver each position-agnostic receiver is
+        when its queries are at span t (t only matters for k and v)."""
+        base = self.base
+        out = np.zeros((self.n_spans, len(base.receivers)), dtype=np.int64)
+        for j, (kind, layer, head) in enumerate(base.receivers):
+            for t in range(self.n_spans):
+                if kind == "logits":
+                    out[t, j] = self.shape[2] - 1
+                elif kind == "mlp":
+                    out[t, j] = self.mlp_receiver(layer)
+                elif kind == "q":
+                    out[t, j] = self.attn_receivers(layer).start + head
+                else:
+                    offset = head if kind == "k" else base.n_kv_heads + head
+                    out[t, j] = self.kv_receivers(layer, t).start + offset
+        return out
 
     @classmethod
     def of_result(cls, result: xr.DataArray) -> SpanGraph:
@@ -383,6 +407,13 @@ class SpanGraph:
             f"{self.base.describe()}; by span ({', '.join(self.spans)}): {n_senders} senders "
             f"x {n_receivers} receivers x {n_spans} spans, {int(self.valid.sum())} edges"
         )
+
+
+@functools.lru_cache(maxsize=16)
+def span_graph_of(base: Graph, spans: tuple[str, ...]) -> SpanGraph:
+    """The ``SpanGraph`` of ``base`` over ``spans``, one per pair: its tables (``valid``,
+    ``receivers``, ...) are built once per call, not once per batch or variant."""
+    return SpanGraph(base, spans)
 
 
 def _same_labels(graph: Any, result: xr.DataArray, made_by: str) -> Any:

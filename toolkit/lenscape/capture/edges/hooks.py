@@ -81,31 +81,13 @@ class SpanPatch:
     cells: torch.Tensor
     _by_query: dict = field(default_factory=dict)
 
-    @functools.cached_property
-    def columns(self) -> np.ndarray:
-        """(n_spans, n_base_receivers): the column of ``graph`` each position-agnostic
-        receiver is when its queries are at span t (t only matters for k and v)."""
-        graph, base = self.graph, self.graph.base
-        out = np.zeros((graph.n_spans, len(base.receivers)), dtype=np.int64)
-        for j, (kind, layer, head) in enumerate(base.receivers):
-            for t in range(graph.n_spans):
-                if kind == "logits":
-                    out[t, j] = graph.shape[2] - 1
-                elif kind == "mlp":
-                    out[t, j] = graph.mlp_receiver(layer)
-                elif kind == "q":
-                    out[t, j] = graph.attn_receivers(layer).start + head
-                else:
-                    offset = head if kind == "k" else base.n_kv_heads + head
-                    out[t, j] = graph.kv_receivers(layer, t).start + offset
-        return out
-
     def base_weights(self, span: int, query_span: int | None) -> torch.Tensor:
         """(n_senders, n_base_receivers) the weights of edges at ``span`` with k and v
         receivers read by queries at ``query_span`` (None: k and v read this run)."""
         key = (span, query_span)
         if key not in self._by_query:
-            columns = torch.as_tensor(self.columns[query_span or 0], device=self.weights.device)
+            columns = self.graph.columns_by_query[query_span or 0]
+            columns = torch.as_tensor(columns, device=self.weights.device)
             weights = self.weights[span][:, columns]
             if query_span is None:
                 kinds = np.asarray([kind for kind, _, _ in self.graph.base.receivers])
@@ -328,11 +310,18 @@ def _module(model: LensModel, path: str, layer: int | None, role: str) -> torch.
         ) from None
 
 
+def _attention_module(model: LensModel, layer: int) -> torch.nn.Module | None:
+    """The module o_proj is part of in block ``layer`` (edges by span re-run it), or None
+    where the layout puts o_proj in the block itself."""
+    parent = model.spec.layout.o_proj.rpartition(".")[0]
+    return _module(model, parent, layer, "o_proj") if parent else None
+
+
 def _parts(model: LensModel, layer: int) -> dict[str, Any]:
     """The modules of block ``layer`` the hooks use, from the model's ``Computation``.
 
     Returns:
-        "block", "o" (o_proj), "attn" (the attention module o_proj is part of),
+        "block", "o" (o_proj), "attn" (the attention module o_proj is part of, or None),
         "attn_norm", "post_attn", "mlp_in" (the module whose input the MLP receiver
         reads), "mlp_out" (whose output the MLP sender is) and "projections":
         (Projection, splice module) per q/k/v projection.
@@ -350,7 +339,7 @@ def _parts(model: LensModel, layer: int) -> dict[str, Any]:
     parts: dict[str, Any] = {
         "block": _module(model, f"{spec.layout.layers}.{layer}", None, "layers"),
         "o": _module(model, spec.layout.o_proj, layer, "o_proj"),
-        "attn": _module(model, spec.layout.o_proj.rpartition(".")[0], layer, "o_proj"),
+        "attn": _attention_module(model, layer),
         "mlp_in": _module(model, c.mlp_norm or c.mlp, layer, "mlp_norm" if c.mlp_norm else "mlp"),
         "mlp_out": _module(model, spec.layout.mlp_out, layer, "mlp_out"),
     }
@@ -434,19 +423,34 @@ def _attention_hooks(
     ]
     handles.append(parts["o"].register_forward_pre_hook(head_outputs))
     if state.span_patch is not None:
-        rerun = _by_query_span(state, layer, record_heads)
-        handles.append(parts["attn"].register_forward_hook(rerun, with_kwargs=True))
+        handles.append(_by_query_span(model, state, layer, parts["attn"], record_heads))
     if parts["post_attn"] is not None:
         handles.append(parts["post_attn"].register_forward_hook(post_norm))
     return handles
 
 
 def _by_query_span(
-    state: Pass, layer: int, record_heads: Callable[[torch.Tensor], None]
-) -> Callable:
-    """A forward hook of block ``layer``'s attention module for ``state.span_patch``: run the
-    attention once more per query span its k or v receivers feed, and keep each run's output
-    (and heads, recorded with ``record_heads``) at that span's positions."""
+    model: LensModel,
+    state: Pass,
+    layer: int,
+    attention: torch.nn.Module | None,
+    record_heads: Callable[[torch.Tensor], None],
+) -> RemovableHandle:
+    """A forward hook on block ``layer``'s ``attention`` module for ``state.span_patch``:
+    run the attention once more per query span its k or v receivers feed, and keep each
+    run's output (and heads, recorded with ``record_heads``) at that span's positions.
+
+    Raises:
+        ValueError: no attention module (o_proj sits in the block itself).
+    """
+    if attention is None:
+        raise ValueError(
+            f"Exact edge patching by span re-runs each block's attention module, but "
+            f"{model.name}'s layout puts o_proj ({model.spec.layout.o_proj!r}) in the "
+            "block itself; describe the attention module's o_proj path "
+            "(lsc.ArchLayout(o_proj='self_attn.o_proj')) or patch without "
+            "positions='spans'."
+        )
 
     def by_query_span(module, args, kwargs, output):
         patch = state.span_patch
@@ -471,7 +475,7 @@ def _by_query_span(
         record_heads(zs[0] * rest + sum(z * m for z, m in zip(zs[1:], masks, strict=True)))
         return (combined, *output[1:]) if isinstance(output, tuple) else combined
 
-    return by_query_span
+    return attention.register_forward_hook(by_query_span, with_kwargs=True)
 
 
 def _layer_hooks(model: LensModel, state: Pass, layer: int) -> list[RemovableHandle]:

@@ -40,7 +40,7 @@ from ...sweep.plan import Call, Plan, Scores, top_is_target
 from ...sweep.registry import method, run
 from ...sweep.result import prompt_coords, provenance, span_order
 from .circuits import CIRCUIT_METHOD, SCORE_METHODS, budget, check_kind, scores_values, top_edges
-from .graph import Graph, SpanGraph, aligned
+from .graph import Graph, SpanGraph, aligned, span_graph_of
 from .hooks import Pass, SpanPatch, check_supported, metric_of, run_pass, unedited
 from .scores import check_positions, check_span_order, span_graph
 
@@ -57,7 +57,9 @@ Variant = tuple[str, tuple[int, ...]]
 def graph_for(model: LensModel, result: xr.DataArray) -> Graph | SpanGraph:
     """``model``'s graph, by span (in the spans of ``result``) when ``result`` is."""
     graph = Graph.of(model)
-    return SpanGraph(graph, SpanGraph.of_result(result).spans) if "span" in result.dims else graph
+    if "span" not in result.dims:
+        return graph
+    return span_graph_of(graph, SpanGraph.of_result(result).spans)
 
 
 def span_options(graph: Graph | SpanGraph) -> dict[str, Any]:

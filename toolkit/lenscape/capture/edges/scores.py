@@ -53,7 +53,7 @@ from ...sweep.relevance import RULE_SETS, clean_pass, rules_or_plain
 from ...sweep.result import position_coords, prompt_coords, provenance, span_order
 from ..patching import check_relevance, check_rules, error_method, with_error
 from .by_span import SpanCells, gradients_by_query_span, span_step_scores
-from .graph import Graph, SpanGraph
+from .graph import Graph, SpanGraph, span_graph_of
 from .hooks import (
     Pass,
     check_supported,
@@ -121,7 +121,7 @@ def span_graph(inputs: Inputs) -> SpanGraph | None:
     if inputs.positions != "spans":
         return None
     assert inputs.tokens.span_names is not None  # ``inputs.batched`` checked the spans
-    return SpanGraph(Graph.of(inputs.model), inputs.tokens.span_names)
+    return span_graph_of(Graph.of(inputs.model), inputs.tokens.span_names)
 
 
 def _span_cells(inputs: Inputs, batch: Batch) -> SpanCells | None:
@@ -340,7 +340,7 @@ def edge_result(
     dims: tuple[str, ...] = ("prompt", "sender", "receiver")
     if isinstance(graph, SpanGraph):
         has = inputs.valid_cells().numpy()[coords["prompt"]]  # (k, n_spans)
-        query = np.asarray([graph.spans.index(q) if q else -1 for *_, q in graph.receivers])
+        query = graph.query_index
         has_query = np.where(query >= 0, has[:, query], True)  # (k, n_receivers)
         exists = exists & has[:, :, None, None] & has_query[:, None, None, :]
         dims = ("prompt", "span", "sender", "receiver")
@@ -368,7 +368,8 @@ def edge_attribution_memory(model: LensModel, options: Options, work: Work) -> N
     spec, graph = model.spec, Graph.of(model)
     by_span = options.get("positions", "all") == "spans"
     n_spans = (work.n_spans or work.width) if by_span else 1
-    edges = int(np.prod(SpanGraph(graph, ("",) * n_spans).shape)) if by_span else graph.valid.size
+    spans = tuple(map(str, range(n_spans)))  # the names do not change the count
+    edges = int(np.prod(SpanGraph(graph, spans).shape)) if by_span else graph.valid.size
     n_receivers = graph.shape[1]
     tokens, d_model = work.rows * work.width, spec.d_model
     c = memory.element_bytes(contraction_dtype(model))
