@@ -221,11 +221,17 @@ def circuit(
         "total_edges": int(graph.valid.sum()),
         "tied_at_cut": tied_out,
     }
-    dims = (
-        ("span", "sender", "receiver") if isinstance(graph, SpanGraph) else ("sender", "receiver")
-    )
-    labelled = xr.DataArray(kept, dims=dims, coords=graph.coords(), attrs=attrs)
-    return labelled.sel({dim: scores[dim].values for dim in dims}).transpose(*scores.dims)
+    return on_labels_of(scores, kept, graph, attrs)
+
+
+def on_labels_of(
+    result: xr.DataArray, values: np.ndarray, graph: Graph | SpanGraph, attrs: dict[str, Any]
+) -> xr.DataArray:
+    """``values`` (``graph.shape``, canonical order) labelled, then put on the labels and
+    in the order of ``result`` (whose other dims, such as ``prompt``, it does not have)."""
+    labelled = xr.DataArray(values, dims=graph.dims, coords=graph.coords(), attrs=attrs)
+    ordered = labelled.sel({dim: result[dim].values for dim in graph.dims})
+    return ordered.transpose(*(dim for dim in result.dims if dim in graph.dims))
 
 
 def graph_of(result: xr.DataArray) -> Graph | SpanGraph:

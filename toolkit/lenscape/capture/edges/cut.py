@@ -8,7 +8,9 @@ each patched alone (the corrupt run with that one receiver reading its sender fr
 run: the quantity EAP estimates, as ``lsc.edge_agreement`` measures it), and keeps, of those,
 as many as were inside, by |exact effect|. The circuit keeps its size (before pruning to
 paths again), and the edges it measured carry their exact effect (an ``exact_effect`` coord,
-NaN elsewhere), which ``circuit_graph`` shows in its tooltips.
+NaN elsewhere), which ``circuit_graph`` shows in its tooltips. A circuit by span
+(``positions="spans"``) is cut the same way, each edge patched at its span's positions (a k
+or v edge for its query span's queries only).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from ... import _validate
 from ...data import Prompts
 from ...models import LensModel
 from ...sweep.registry import method
-from .circuits import SCORE_METHODS, check_kind, on_paths, scores_values
-from .graph import Graph, refuse_by_span
-from .patching import _edge_variants, kept_edges
+from .circuits import SCORE_METHODS, check_kind, on_labels_of, on_paths, scores_values
+from .graph import Graph, SpanGraph
+from .patching import _edge_variants, kept_edges, span_options
 
 #: Most edges measured on each side of the cut: each is one forward pass per batch.
 MAX_CUT = 1000
@@ -60,14 +62,16 @@ def exact_cut(
 
     Args:
         circuit: boolean (sender, receiver) from ``lsc.circuit`` or
-            ``lsc.consensus_circuit`` on this model (read by label).
-        scores: (sender, receiver) edge scores of this model (``lsc.edge_attribution``,
-            read by label): which edges lie at the cut.
+            ``lsc.consensus_circuit`` on this model (read by label); or (span, sender,
+            receiver), a circuit by span: its edges are patched by span (each at its span's
+            positions, a k or v edge for its query span's queries).
+        scores: edge scores of this model on the circuit's graph (``lsc.edge_attribution``,
+            by span for a circuit by span; read by label): which edges lie at the cut.
         edges: edges measured on each side of the cut, 1 .. ``MAX_CUT``.
 
     Returns:
-        Boolean (sender, receiver) circuit in the order of ``circuit``, with an
-        ``exact_effect`` coord (sender, receiver): the measured edges' exact effect, NaN
+        Boolean circuit on the dims and in the order of ``circuit``, with an
+        ``exact_effect`` coord on those dims: the measured edges' exact effect, NaN
         elsewhere. Attrs: the circuit's, ``n_edges`` (after pruning), ``cut_measured``
         (edges patched), ``cut_swapped`` (edges inside the cut that left it, as many came
         in), ``cut_rule`` (a sentence).
@@ -75,12 +79,11 @@ def exact_cut(
     Raises:
         TypeError: a circuit or scores that are not DataArrays, ``edges`` not an integer.
         ValueError: ``edges`` out of range, a circuit or scores of another model or kind,
-            scores that cannot rank edges, or a circuit of every edge (no outside).
+            scores that cannot rank edges, scores by span for a position-agnostic circuit
+            (or the reverse), or a circuit of every edge (no outside).
     """
     count = _validate.integer("edges", edges, low=1, high=MAX_CUT)
-    refuse_by_span("circuit", circuit)
     graph, kept = kept_edges(model, circuit)
-    assert isinstance(graph, Graph)  # by span: refused above
     check_kind("scores", scores, methods=SCORE_METHODS, made_by="lsc.edge_attribution")
     _validate.origin("scores", scores, model.origin, made_by="lsc.edge_attribution")
     magnitude = np.abs(scores_values(scores, graph)).ravel()
@@ -97,6 +100,7 @@ def exact_cut(
         variants=tuple(("only", (int(edge),)) for edge in measured),
         base="corrupt",
         **shared,
+        **span_options(graph),
     )
     effect = (report["patched"] - report["base"]).astype(np.float64).mean("prompt").values
     chosen = measured[np.argsort(-np.abs(effect), kind="stable")[: len(inside)]]
@@ -121,18 +125,13 @@ def exact_cut(
 
 def _labelled(
     circuit: xr.DataArray,
-    graph: Graph,
+    graph: Graph | SpanGraph,
     kept: np.ndarray,
     effects: np.ndarray,
     attrs: dict[str, Any],
 ) -> xr.DataArray:
     """``exact_cut``'s circuit on ``circuit``'s labels and order, with its (flat)
     ``effects`` as the ``exact_effect`` coord."""
-    coords = {
-        **graph.coords(),
-        "exact_effect": (("sender", "receiver"), effects.reshape(graph.shape)),
-    }
-    labelled = xr.DataArray(kept, dims=("sender", "receiver"), coords=coords, attrs=attrs)
-    return labelled.sel(
-        sender=circuit["sender"].values, receiver=circuit["receiver"].values
-    ).transpose(*circuit.dims)
+    labelled = on_labels_of(circuit, kept, graph, attrs)
+    effect = on_labels_of(circuit, effects.reshape(graph.shape), graph, {})
+    return labelled.assign_coords(exact_effect=(effect.dims, effect.values))

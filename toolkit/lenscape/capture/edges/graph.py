@@ -61,6 +61,11 @@ class Graph:
         """(n_senders, n_receivers)."""
         return len(self.senders), len(self.receivers)
 
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """A result's dims in canonical order, ``shape``'s."""
+        return EDGE_DIMS
+
     def head_sender(self, layer: int) -> int:
         """Index of layer ``layer``'s head 0 among the senders (its MLP follows its heads)."""
         return 1 + layer * (self.n_heads + 1)
@@ -190,9 +195,8 @@ class Graph:
         """The graph a (sender, receiver) result was measured on, from its labels.
 
         Raises:
-            ValueError: labels that are not those of any model's graph, or edges by span.
+            ValueError: labels that are not those of any model's graph.
         """
-        refuse_by_span("The edge result", result)
         kinds = result["sender_kind"].values if "sender_kind" in result.coords else None
         if kinds is None or "receiver_kind" not in result.coords:
             raise ValueError(
@@ -249,6 +253,11 @@ class SpanGraph:
     def shape(self) -> tuple[int, int, int]:
         """(n_spans, n_senders, n_receivers): a result's dims in canonical order."""
         return self.n_spans, len(self.base.senders), len(self.receivers)
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """("span", "sender", "receiver"): a result's dims in canonical order, ``shape``'s."""
+        return ("span", *EDGE_DIMS)
 
     def attn_receivers(self, layer: int) -> slice:
         """Layer ``layer``'s q receivers, then its k and v receivers query span by span."""
@@ -434,7 +443,7 @@ def _same_labels(graph: Any, result: xr.DataArray, made_by: str) -> Any:
 
 
 def refuse_by_span(name: str, result: Any) -> None:
-    """Refuse edges by span where position-agnostic edges are read.
+    """Refuse edges by span where a result of position-agnostic edges is read.
 
     Raises:
         ValueError: ``result`` has a ``span`` dim, with what to pass instead.
@@ -442,9 +451,23 @@ def refuse_by_span(name: str, result: Any) -> None:
     if isinstance(result, xr.DataArray) and "span" in result.dims:
         raise ValueError(
             f"{name} holds edges by span (edge_attribution(..., positions='spans')), and "
-            "this reads position-agnostic edges only (it does not read (component, span) "
-            "nodes yet). Pass edge_attribution's scores without positions='spans' (the "
-            "by-span scores summed over spans and query spans are those)."
+            "position-agnostic edges were expected here: the other inputs are position-"
+            "agnostic. Compute every input by span (positions='spans') or none of them (the "
+            "by-span scores summed over spans and query spans are the position-agnostic ones)."
+        )
+
+
+def refuse_agnostic(name: str, result: Any) -> None:
+    """Refuse position-agnostic edges where edges by span are read.
+
+    Raises:
+        ValueError: ``result`` is a DataArray without a ``span`` dim, with what to pass.
+    """
+    if isinstance(result, xr.DataArray) and "span" not in result.dims:
+        raise ValueError(
+            f"{name} holds position-agnostic edges, and edges by span were expected here: "
+            "the other inputs are by span. Compute every input by span "
+            "(edge_attribution(..., positions='spans')) or none of them."
         )
 
 
@@ -477,17 +500,12 @@ def aligned(
         TypeError: not a DataArray.
         ValueError: other dims, or senders / receivers missing, extra or repeated: named.
     """
-    if isinstance(graph, SpanGraph) and "span" not in dims:
-        dims = (*dims[:-2], "span", *dims[-2:])
-    _validate.result(name, result, kind=xr.DataArray, made_by=made_by, dims=dims)
-    if "span" not in dims:
+    if isinstance(graph, SpanGraph):
+        refuse_agnostic(name, result)
+        dims = dims if "span" in dims else (*dims[:-2], "span", *dims[-2:])
+    else:
         refuse_by_span(name, result)
-    elif "span" not in result.dims:
-        raise ValueError(
-            f"{name} holds position-agnostic edges, and edges by span were expected (from "
-            "positions='spans'); pass edge_attribution(..., positions='spans')'s result, or "
-            "run this without positions='spans'."
-        )
+    _validate.result(name, result, kind=xr.DataArray, made_by=made_by, dims=dims)
     if set(result.dims) != set(dims):
         extra = sorted(set(map(str, result.dims)) - set(dims))
         fix = (

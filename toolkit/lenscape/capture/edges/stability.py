@@ -17,6 +17,11 @@ the per-prompt scores, taken a block of resamples at a time (``bootstrap.BLOCK_V
 numbers per block); ranking and pruning run on the whole block (``on_paths`` over a leading
 dim): no Python loop per edge or per resample. Scores are read by label (``graph.aligned``,
 prompts in label order), so a ``sortby``, ``isel`` or ``transpose`` never changes an answer.
+
+Scores by span (``positions="spans"``, (prompt, span, sender, receiver)) resample the same
+way: each resample's circuit is by span (paths through (component, span) nodes), and a prompt
+that lacks a span is left out of that span's means, as ``edge_attribution`` leaves it out of
+its prompt mean.
 """
 
 from __future__ import annotations
@@ -31,8 +36,16 @@ from ... import _validate, bootstrap
 from ...data import Prompts
 from ...models import LensModel
 from ...sweep.registry import method
-from .circuits import CIRCUIT_METHOD, SCORE_METHODS, budget, check_kind, on_paths
-from .graph import Graph, aligned
+from .circuits import (
+    CIRCUIT_METHOD,
+    SCORE_METHODS,
+    budget,
+    check_kind,
+    graph_of,
+    on_labels_of,
+    on_paths,
+)
+from .graph import Graph, SpanGraph, aligned
 from .patching import (
     DEFAULT_FRACTIONS,
     MAX_RANDOM,
@@ -40,6 +53,8 @@ from .patching import (
     _random_circuits,
     _report,
     check_fractions,
+    graph_for,
+    span_options,
 )
 
 #: The ``method`` attr of ``circuit_stability``'s results.
@@ -75,9 +90,10 @@ def check_share(share: Any) -> float:
     return _validate.number("share", share, above=0, high=1)
 
 
-def prompt_values(scores: Any, graph: Graph, *, name: str = "scores") -> np.ndarray:
+def prompt_values(scores: Any, graph: Graph | SpanGraph, *, name: str = "scores") -> np.ndarray:
     """(n_prompts, n_edges) float64 per-prompt scores of ``graph``'s real edges (in graph
-    order), the prompts in label order, checked to rank edges.
+    order), the prompts in label order, checked to rank edges. By span, NaN where a prompt
+    lacks the edge's span (``edge_attribution`` leaves those cells out).
 
     Raises:
         TypeError: not a DataArray.
@@ -97,7 +113,23 @@ def prompt_values(scores: Any, graph: Graph, *, name: str = "scores") -> np.ndar
     return _checked_values(name, by_label, graph)
 
 
-def _checked_values(name: str, scores: xr.DataArray, graph: Graph) -> np.ndarray:
+def _lacks_span(values: np.ndarray, graph: Graph | SpanGraph) -> np.ndarray:
+    """``values``' shape (prompt, *graph.shape), bool: the cell is NaN because its prompt
+    lacks the edge's span or its k or v receiver's query span (a span whose every q, MLP and
+    logits edge is NaN); all False off a ``SpanGraph``."""
+    if not isinstance(graph, SpanGraph):
+        return np.zeros(values.shape, dtype=bool)
+    query = [q for *_, q in graph.receivers]
+    within = graph.valid & (np.asarray(query) == "")[None, None, :]
+    lacks = np.all(np.isnan(np.where(within, values, np.nan)), axis=(-2, -1))  # (prompt, span)
+    at_query = np.zeros((len(values), len(query)), dtype=bool)
+    for r, name in enumerate(query):
+        if name:
+            at_query[:, r] = lacks[:, graph.spans.index(name)]
+    return np.broadcast_to(lacks[:, :, None, None] | at_query[:, None, None, :], values.shape)
+
+
+def _checked_values(name: str, scores: xr.DataArray, graph: Graph | SpanGraph) -> np.ndarray:
     """The values of ``prompt_values`` from scores already on ``graph``'s labels."""
     if "prompt" in scores.indexes:
         _validate.unique_labels(name, scores, "prompt", because="a prompt is drawn by its label")
@@ -107,14 +139,15 @@ def _checked_values(name: str, scores: xr.DataArray, graph: Graph) -> np.ndarray
             f"{name} holds {scores.sizes['prompt']} prompt(s); resampling needs at least 2 "
             "(every resample of one prompt is that prompt)."
         )
-    values = scores.values.astype(np.float64)[:, graph.valid]
-    bad = int((~np.isfinite(values)).sum())
+    everything = scores.values.astype(np.float64)
+    values = everything[:, graph.valid]
+    bad = int((~np.isfinite(values) & ~_lacks_span(everything, graph)[:, graph.valid]).sum())
     if bad:
         raise ValueError(
             f"{name} holds {bad} NaN or infinite per-prompt score(s) on edges that exist; a "
             f"NaN cannot be ranked. Recompute the scores ({PER_PROMPT})."
         )
-    if np.ptp(values.mean(0)) == 0:
+    if np.ptp(np.nan_to_num(np.nanmean(values, 0))) == 0:
         raise ValueError(
             f"Every edge of {name} has the same mean score, so no edge ranks above another "
             "(corrupt prompts equal to the clean ones give all zeros); check the prompts "
@@ -123,20 +156,38 @@ def _checked_values(name: str, scores: xr.DataArray, graph: Graph) -> np.ndarray
     return values
 
 
+def _resample_means(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """(block, n_edges) each resample's mean scores: ``weights`` (block, n_prompts) of the
+    draw over ``values``' prompts; where some prompts lack an edge's span (NaN), the mean
+    over the drawn prompts that have it (NaN when none was drawn), as ``edge_attribution``
+    means over the prompts that have it."""
+    finite = np.isfinite(values)
+    if finite.all():
+        means: np.ndarray = weights @ values
+        return means
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (weights @ np.where(finite, values, 0.0)) / (weights @ finite)
+
+
 def frequencies(
-    graph: Graph, values: np.ndarray, counts: Sequence[int], n_resamples: int, seed: int
+    graph: Graph | SpanGraph,
+    values: np.ndarray,
+    counts: Sequence[int],
+    n_resamples: int,
+    seed: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per budget, how often each edge is in a resample's circuit.
 
     Args:
-        graph: the edge graph.
-        values: (n_prompts, n_edges) per-prompt scores of the real edges (``prompt_values``).
+        graph: the edge graph (by span: the (span, sender, receiver) edges).
+        values: (n_prompts, n_edges) per-prompt scores of the real edges (``prompt_values``;
+            NaN where a prompt lacks the span: left out of that edge's means).
         counts: the budgets: how many top edges each resample's circuit takes.
         n_resamples: resamples of the prompts (one ``bootstrap.draw`` from ``seed``).
         seed: seeds the draw.
 
     Returns:
-        ``(frequency, sizes)``: (budget, n_senders, n_receivers) float64 share of the
+        ``(frequency, sizes)``: (budget, *graph.shape) float64 share of the
         resamples whose circuit keeps each edge (NaN where no edge exists), and (budget,
         n_resamples) each resample's circuit size after pruning.
     """
@@ -148,8 +199,9 @@ def frequencies(
     sizes = np.zeros((len(counts), n_resamples), dtype=np.int64)
     step = max(1, bootstrap.BLOCK_VALUES // n_edges)
     for start in range(0, n_resamples, step):
-        means = weights[start : start + step] @ values  # (block, n_edges)
-        order = np.argsort(-np.abs(means), axis=1, kind="stable")  # ties: graph order
+        means = _resample_means(weights[start : start + step], values)  # (block, n_edges)
+        magnitude = np.nan_to_num(np.abs(means), nan=-1.0)  # an edge none drew: last
+        order = np.argsort(-magnitude, axis=1, kind="stable")  # ties: graph order
         rows = np.arange(len(means))[:, None]
         for i, count in enumerate(counts):
             kept = np.zeros((len(means), graph.valid.size), dtype=bool)
@@ -189,14 +241,17 @@ def circuit_stability(
     Args:
         scores: (prompt, sender, receiver) per-prompt scores from
             ``lsc.edge_attribution(..., per_prompt=True)`` (read by label), 2 prompts or
-            more.
+            more; or (prompt, span, sender, receiver) from ``positions="spans"``: the
+            resamples' circuits are by span (``lsc.circuit``'s paths through (component,
+            span) nodes), a prompt that lacks a span left out of that span's means.
         edges: how many top edges each resample's circuit takes (1 .. the edge count), or
         fraction: that as a share of all edges, in (0, 1].
         n_resamples: resamples of the prompts, 1 .. ``MAX_RESAMPLES``.
         seed: seeds the draw.
 
     Returns:
-        (sender, receiver) float64, in the order of ``scores``: the share of resamples
+        (sender, receiver) float64 (by span: (span, sender, receiver)), in the order of
+        ``scores``: the share of resamples
         whose circuit keeps the edge, in [0, 1] (NaN where no edge exists). Attrs:
         ``method`` "circuit_stability", ``budget``, ``total_edges``, ``n_resamples``,
         ``seed``, ``n_prompts``, ``mean_edges`` (a resample's circuit size, mean over
@@ -210,7 +265,7 @@ def circuit_stability(
     """
     n_resamples, seed = check_options(n_resamples, seed)
     check_kind("scores", scores, methods=SCORE_METHODS, made_by=PER_PROMPT)
-    graph = Graph.of_result(scores)
+    graph = graph_of(scores)
     count = budget(int(graph.valid.sum()), edges, fraction)
     values = prompt_values(scores, graph)
     shares, sizes = frequencies(graph, values, [count], n_resamples, seed)
@@ -229,18 +284,14 @@ def circuit_stability(
         "mean_edges": float(sizes.mean()),
         "resampling": resampling(len(values), n_resamples, seed, count),
     }
-    labelled = xr.DataArray(
-        shares[0], dims=("sender", "receiver"), coords=graph.coords(), attrs=attrs
-    )
-    dims = [dim for dim in scores.dims if dim != "prompt"]
-    return labelled.sel(
-        sender=scores["sender"].values, receiver=scores["receiver"].values
-    ).transpose(*dims)
+    return on_labels_of(scores, shares[0], graph, attrs)
 
 
-def stability_values(stability: Any, graph: Graph | None = None) -> tuple[np.ndarray, Graph]:
-    """(n_senders, n_receivers) inclusion frequencies of a ``circuit_stability`` result, by
-    label, and its graph.
+def stability_values(
+    stability: Any, graph: Graph | SpanGraph | None = None
+) -> tuple[np.ndarray, Graph | SpanGraph]:
+    """``graph.shape`` inclusion frequencies of a ``circuit_stability`` result, by label, and
+    its graph (by span when the result is).
 
     Raises:
         TypeError: not a DataArray.
@@ -250,7 +301,7 @@ def stability_values(stability: Any, graph: Graph | None = None) -> tuple[np.nda
     made_by = "lsc.circuit_stability"
     _validate.result("stability", stability, kind=xr.DataArray, made_by=made_by)
     check_kind("stability", stability, methods=(STABILITY_METHOD,), made_by=made_by)
-    graph = graph or Graph.of_result(stability)
+    graph = graph or graph_of(stability)
     shares = aligned("stability", stability, graph, made_by=made_by).values.astype(np.float64)
     outside = np.isfinite(shares) & ((shares < 0) | (shares > 1))
     if outside.any() or np.isinf(shares).any():
@@ -266,11 +317,12 @@ def consensus_circuit(stability: xr.DataArray, *, share: float = DEFAULT_SHARE) 
     pruned to paths embeddings -> logits.
 
     Args:
-        stability: (sender, receiver) from ``lsc.circuit_stability`` (read by label).
+        stability: (sender, receiver) from ``lsc.circuit_stability`` (read by label); by
+            span, (span, sender, receiver): a circuit by span.
         share: the least share of resamples an edge must be in, in (0, 1] (1: every one).
 
     Returns:
-        Boolean (sender, receiver) circuit on the labels of ``stability``, in its order,
+        Boolean circuit on the dims and labels of ``stability``, in its order,
         like ``lsc.circuit``'s (``edge_patching`` and ``circuit_graph`` take it). Attrs:
         ``method`` "circuit", ``consensus_share``, ``n_edges`` (kept after pruning),
         ``budget`` (each resample's), ``total_edges``, ``tied_at_cut`` (0), and the
@@ -301,10 +353,7 @@ def consensus_circuit(stability: xr.DataArray, *, share: float = DEFAULT_SHARE) 
         "tied_at_cut": 0,
     }
     attrs.pop("mean_edges", None)
-    labelled = xr.DataArray(kept, dims=("sender", "receiver"), coords=graph.coords(), attrs=attrs)
-    return labelled.sel(
-        sender=stability["sender"].values, receiver=stability["receiver"].values
-    ).transpose(*stability.dims)
+    return on_labels_of(stability, kept, graph, attrs)
 
 
 @method(None, needs_corrupt=True)
@@ -331,7 +380,8 @@ def consensus_faithfulness(
 
     Args:
         scores: (prompt, sender, receiver) per-prompt scores from
-            ``lsc.edge_attribution(..., per_prompt=True)`` on this model (read by label).
+            ``lsc.edge_attribution(..., per_prompt=True)`` on this model (read by label), or
+            by span (``positions="spans"``): consensus circuits by span, patched by span.
         fractions: each resample's edge budget as a share of all edges, increasing, in
             (0, 1].
         share: the least share of resamples a consensus edge is in, in (0, 1].
@@ -360,7 +410,7 @@ def consensus_faithfulness(
     n_random = _validate.integer("n_random", n_random, low=0, high=MAX_RANDOM)
     check_kind("scores", scores, methods=SCORE_METHODS, made_by=PER_PROMPT)
     _validate.origin("scores", scores, model.origin, made_by=PER_PROMPT)
-    graph = Graph.of(model)
+    graph = graph_for(model, scores)
     values = prompt_values(scores, graph)
     n_edges = int(graph.valid.sum())
     counts = [budget(n_edges, None, f) for f in fractions]
@@ -372,7 +422,7 @@ def consensus_faithfulness(
     sizes = [len(edges) for edges in kept]
     random = _random_circuits(graph, sizes, n_random, seed)
     variants = tuple(("outside", edges) for edges in [*kept, *random])
-    report = _edge_variants(model, prompts, variants=variants, **shared)
+    report = _edge_variants(model, prompts, variants=variants, **shared, **span_options(graph))
     result = _report(report, scores, fractions, sizes, n_random, seed)
     return result.assign_attrs(
         long_name="consensus circuit faithfulness (m(C) - m(empty)) / (m(full) - m(empty))",
