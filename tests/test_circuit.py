@@ -15,9 +15,7 @@ from lenscape.schema import RECEIVER_KINDS
 from lenscape.views.circuit import (
     DASHES,
     GRID_STEP,
-    KV_GAP,
     NO_EDGE,
-    NODE_SHAPES,
     NOT_MEASURED,
     OPACITY_RANGE,
     SYMLOG_SHARE,
@@ -25,6 +23,7 @@ from lenscape.views.circuit import (
     edge_heatmap,
     faithfulness_curve,
 )
+from lenscape.views.circuit_layout import KV_GAP, NODE_SHAPES
 from lenscape.views.encoding import SYMLOG_RATIO
 from lenscape.views.heatmaps import LEGEND_CHARS
 
@@ -225,7 +224,7 @@ def test_a_circuit_is_a_mask_whose_not_computed_edges_are_never_drawn(scores):
         ({"kinds": None}, TypeError, "kinds must be a list of strings"),
         ({"kinds": "q"}, TypeError, r"wrap it in a list: \['q'\]"),
         ({"title": np.array([1, 2])}, TypeError, "title must be a string or None"),
-        ({"width": None}, TypeError, "width must be a positive integer"),
+        ({"width": "wide"}, TypeError, "width must be a positive integer"),
         ({"scores": {}}, TypeError, r"scores must be a \(sender, receiver\) xarray.DataArray"),
     ],
 )

@@ -81,6 +81,8 @@ COMPONENTS: tuple[str, ...] = BLOCK_COMPONENTS + WEIGHT_COMPONENTS + MODEL_COMPO
 #: Kinds of an edge's receiver (the ``receiver_kind`` coord on ``receiver``): a head's query,
 #: key or value input, an MLP's input, or the logits.
 RECEIVER_KINDS: tuple[str, ...] = ("q", "k", "v", "mlp", "logits")
+#: The dims of an edge result (by span, ``span`` comes before them).
+EDGE_DIMS: tuple[str, ...] = ("sender", "receiver")
 
 
 def edge_exists(

@@ -1,10 +1,11 @@
 """Every picture and widget of a result, built from DataArrays alone (never torch).
 
 ``heatmaps`` draws a result as a grid of cells, ``charts`` the other pictures (bars,
-summary, logit lens, agreement, reliability), ``circuit`` the edge graph and faithfulness curve,
-``offline`` renders them with no internet; ``explorer``, ``circuit_explorer`` and
-``prompt_form`` are the widgets, and ``accessor`` puts the views on ``da.lsc``. Imports flow
-one way: accessor, prompt form -> explorers -> circuit, charts -> heatmaps -> encoding,
+summary, logit lens, agreement, reliability), ``circuit`` the edge graph and faithfulness
+curve (``circuit_layout`` places the graph's nodes, by span in span columns), ``offline``
+renders them with no internet; ``explorer``, ``circuit_explorer`` and ``prompt_form`` are
+the widgets, and ``accessor`` puts the views on ``da.lsc``. Imports flow one way: accessor,
+prompt form -> explorers -> circuit, charts -> circuit_layout -> heatmaps -> encoding,
 offline (``[tool.importlinter]`` in pyproject.toml).
 """
 

@@ -8,6 +8,16 @@ coords are read, so this module never imports torch. Every chart exports with
 ``lsc.export`` and offers no actions menu (its "Open in Vega Editor" goes online) unless
 ``actions=True``.
 
+**By span** (``lsc.edge_attribution(..., positions="spans")``: a (span, sender, receiver)
+result, and the circuits, stability and exact effects made from it) the graph draws one
+group of columns per span, left to right in prompt order, each named above it
+(``circuit_layout``): an edge runs inside its span's columns, and a crossing edge (a key or
+value at span s read by queries at a later span t) is a curve from s to the key/value head
+in t's columns, the tooltip naming both spans. ``spans=`` draws the edges at some spans
+only (``CircuitExplorer`` steps through them), every span's columns staying in place. A
+result by span beside a position-agnostic one (a circuit, stability or exact effects of the
+other kind) is refused naming the fix, both ways; the edge grid draws one span at a time.
+
 The graph is a grid of named nodes: layers top to bottom (the embeddings above ``L0``, the
 logits below the last layer: the model computes downwards, as every heatmap of lenscape
 draws layer 0 at the top and the edge grid draws its senders down from the embeddings), a
@@ -61,10 +71,17 @@ import xarray as xr
 from altair.typing import ChartType
 
 from .. import _validate, mask_rules
-from ..schema import RECEIVER_KINDS, edge_exists
+from ..data.spans import OTHER
+from ..schema import EDGE_DIMS, RECEIVER_KINDS, edge_exists
+from .circuit_layout import NODE_SHAPES, Layout
 from .encoding import SCALES, SYMLOG_SHARE, in_label_order, jsonable, pick_scale, symlog_ticks
 from .heatmaps import TITLE_LIMIT, heatmap, label_from_attrs, legend_title, wrap_line
 
+#: Pixels per column of a graph by span, when no width is given (about 13 columns a span
+#: on SmolLM2: 9 query heads, 3 key/value heads and the MLP).
+SPAN_COLUMN = 20
+#: How far a crossing edge's curve bows above the straight line between its ends, in rows.
+BOW = 1.5
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
 MAX_EDGES = 2000
 #: Edges the graph draws by default, of a circuit or of the top edges: about as many lines
@@ -95,16 +112,6 @@ RECEIVER_NAMES = {
     "mlp": "mlp: an MLP",
     "logits": "logits",
 }
-#: Node kinds of the graph and their shapes.
-NODE_SHAPES = {
-    "query head": "circle",
-    "key/value head": "diamond",
-    "MLP": "square",
-    "embeddings, logits": "triangle-up",
-}
-#: The gap between a layer's query heads and its key/value heads' columns (``KV0`` ...),
-#: in columns: key/value heads never sit on a query head.
-KV_GAP = 0.5
 #: Tooltip of an edge ``lsc.edge_agreement`` did not measure.
 NOT_MEASURED = "not measured (lsc.edge_agreement)"
 #: Coords an edge result carries on its sender and receiver dims (the graph's layout).
@@ -133,21 +140,26 @@ GRID_STEP = 12
 GRID_WIDTH = 1400
 
 
-def check_edges(da: Any, name: str, *, circuit: bool | None = False) -> xr.DataArray:
+def check_edges(
+    da: Any, name: str, *, circuit: bool | None = False, by_span: bool = True
+) -> xr.DataArray:
     """Check an edge result passed in (scores, or a circuit) and read it by label: (sender,
-    receiver), each in the graph's order (``in_label_order``).
+    receiver), or by span (span, sender, receiver), each in the graph's order
+    (``in_label_order``: spans in prompt order).
 
     Args:
         da: the value passed.
         name: the argument's name, for the message.
         circuit: True: a circuit (a mask: bool, or ``units`` "bool") is expected; False:
             scores; None: either.
+        by_span: whether a result by span (``positions="spans"``) is taken whole; False:
+            only one span of it (``scores.sel(span="END")``).
 
     Raises:
         TypeError: not a DataArray.
         ValueError: a result of another method, scores where a circuit is expected (or the
-            reverse), other dims than (sender, receiver), the layout coords missing, or
-            labels that repeat.
+            reverse), other dims, a result by span where it is not taken (or one span of it
+            where the whole is), the layout coords missing, or labels that repeat.
     """
     made_by, methods = _EDGE_RESULTS[circuit]
     if not isinstance(da, xr.DataArray):
@@ -166,11 +178,7 @@ def check_edges(da: Any, name: str, *, circuit: bool | None = False) -> xr.DataA
             else ("a circuit (True/False per edge)", "pass its scores, and the circuit as circuit=")
         )
         raise ValueError(f"{name} must be the result of {made_by}; got {got}: {fix}.")
-    if set(da.dims) != {"sender", "receiver"}:
-        raise ValueError(
-            f"{name} must be a (sender, receiver) DataArray from {made_by}, got dims "
-            f"{da.dims}; average per-prompt scores first: scores.mean('prompt')."
-        )
+    _check_edge_dims(da, name, made_by, by_span)
     missing = [c for c in EDGE_COORDS if c not in da.coords]
     if missing:
         raise ValueError(
@@ -180,132 +188,66 @@ def check_edges(da: Any, name: str, *, circuit: bool | None = False) -> xr.DataA
     return in_label_order(da, name=name)
 
 
-@dataclass(frozen=True)
-class _Node:
-    """A node of the graph: its name ("L3.H2", "L3.KV1", "L3.MLP", "embeddings",
-    "logits"), its kind (a key of ``NODE_SHAPES``), what it is, and where it is drawn."""
-
-    name: str
-    role: str
-    about: str
-    x: float
-    y: float
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where the graph draws each node, from the model's sizes (read from the coords)."""
-
-    n_layers: int
-    n_heads: int
-    n_kv: int
-
-    @classmethod
-    def of(cls, scores: xr.DataArray) -> _Layout:
-        kinds = scores["sender_kind"].values
-        n_layers = int((kinds == "mlp").sum())
-        n_heads = int((kinds == "head").sum()) // max(n_layers, 1)
-        n_kv = int((scores["receiver_kind"].values == "k").sum()) // max(n_layers, 1)
-        return cls(n_layers, n_heads, max(n_kv, 1))
-
-    @property
-    def group(self) -> int:
-        """Query heads per key/value head."""
-        return max(self.n_heads // self.n_kv, 1)
-
-    def node(self, kind: str, layer: int, head: int) -> _Node:
-        """The node a sender of ``kind`` is, or the node a receiver of ``kind`` reads into
-        (a q receiver its query head, a k or v receiver its key/value head)."""
-        middle = (self.n_heads - 1) / 2
-        if kind == "embed":
-            return _Node("embeddings", "embeddings, logits", "token embeddings", middle, -1.0)
-        if kind == "logits":
-            return _Node("logits", "embeddings, logits", "the logits", middle, self.n_layers)
-        if kind == "mlp":
-            return _Node(f"L{layer}.MLP", "MLP", f"MLP of layer {layer}", self.mlp_x, layer)
-        if kind in ("head", "q"):
-            return _Node(f"L{layer}.H{head}", "query head", f"query head {head}", head, layer)
-        first = head * self.group
-        return _Node(
-            f"L{layer}.KV{head}",
-            "key/value head",
-            f"key/value head of L{layer}.H{first}-H{first + self.group - 1}",
-            self.kv_x(head),
-            layer,
+def _check_edge_dims(da: xr.DataArray, name: str, made_by: str, by_span: bool) -> None:
+    """Refuse an edge result of other dims than (sender, receiver) or, where ``by_span``,
+    (span, sender, receiver), naming the fix."""
+    dims = set(da.dims)
+    if dims == {"span", *EDGE_DIMS} and not by_span:
+        raise ValueError(
+            f"{name} is by span (dims {da.dims}), one grid per span; draw one span's: "
+            f"{name}.sel(span='END'), or every span at once with lsc.circuit_graph({name})."
+        )
+    if dims == set(EDGE_DIMS) and by_span and "query_span" in da.coords:
+        raise ValueError(
+            f"{name} is one span of a result by span (its span dim was selected away), whose "
+            f"key/value edges feed other spans; pass the whole result, or keep the dim: "
+            f"{name}.isel(span=[0])."
+        )
+    if dims not in ({"span", *EDGE_DIMS}, set(EDGE_DIMS)):
+        fix = (
+            f"average per-prompt scores first: {name}.mean('prompt')"
+            if "prompt" in dims
+            else f"pass the result of {made_by} as it is"
+        )
+        raise ValueError(
+            f"{name} must be a (sender, receiver) DataArray, or by span a (span, sender, "
+            f"receiver) one, from {made_by}; got dims {da.dims}: {fix}."
         )
 
-    def kv_x(self, kv: int) -> float:
-        """The column of key/value head ``kv``: right of the query heads, after a gap."""
-        return self.n_heads - 1 + KV_GAP + 0.5 + kv
 
-    @property
-    def mlp_x(self) -> float:
-        """The MLP's column, the last one, right of the key/value heads."""
-        return self.kv_x(self.n_kv - 1) + 1 + KV_GAP
-
-    def columns(self) -> tuple[list[float], list[str]]:
-        """Every column's position and name: H0 ..., KV0 ..., MLP."""
-        xs = [float(h) for h in range(self.n_heads)] + [self.kv_x(k) for k in range(self.n_kv)]
-        names = [f"H{h}" for h in range(self.n_heads)] + [f"KV{k}" for k in range(self.n_kv)]
-        return [*xs, self.mlp_x], [*names, "MLP"]
-
-    def nodes(self) -> list[_Node]:
-        """Every node: the embeddings, per layer its query heads, key/value heads and MLP,
-        the logits."""
-        ends = [("embed", -1, -1), ("logits", self.n_layers, -1)]
-        for layer in range(self.n_layers):
-            ends += [("head", layer, head) for head in range(self.n_heads)]
-            ends += [("k", layer, head) for head in range(self.n_kv)]
-            ends.append(("mlp", layer, -1))
-        return [self.node(*end) for end in ends]
-
-    def axes(self) -> dict[str, alt.X | alt.Y]:
-        """The x (query heads, then the MLP) and y (embeddings, layers, logits) encodings,
-        every column and row named."""
-        top = self.n_layers
-        xs, names = self.columns()
-        x = alt.X(
-            "x:Q",
-            title=None,
-            scale=alt.Scale(domain=[-0.6, self.mlp_x + 0.6], nice=False, zero=False),
-            axis=alt.Axis(
-                values=xs,
-                labelExpr=f"{json.dumps(names)}[indexof({json.dumps(xs)}, datum.value)]",
-                orient="top",
-                grid=False,
-                ticks=False,
-                domain=False,
-            ),
+def _check_positions(name: str, by_span: bool, scores: xr.DataArray, made_by: str) -> None:
+    """Refuse ``name`` (a circuit, stability or exact effects: ``by_span`` whether it is by
+    span) beside ``scores`` of the other kind, naming the fix."""
+    ours = "span" in scores.dims
+    if by_span != ours:
+        kind = {True: "by span (positions='spans')", False: "position-agnostic"}
+        raise ValueError(
+            f"{name} is {kind[by_span]} but scores are {kind[ours]}; pass the {made_by} "
+            f"of the scores drawn (both from lsc.edge_attribution with the same positions=)."
         )
-        y = alt.Y(
-            "y:Q",
-            title=None,
-            scale=alt.Scale(domain=[-2.1, top + 1.1], nice=False, zero=False, reverse=True),
-            axis=alt.Axis(
-                values=list(range(top)),
-                labelExpr="'L' + datum.value",
-                grid=False,
-                ticks=False,
-                domain=False,
-            ),
-        )
-        return {"x": x, "y": y}
 
-    def end_labels(self) -> alt.LayerChart:
-        """The names of the embeddings and the logits, on their triangles' outer side (above
-        the embeddings, below the logits: no edge crosses there), not at the axis, each on a
-        white outline so that no line end under it hides a letter."""
-        embed, logits = self.node("embed", -1, -1), self.node("logits", self.n_layers, -1)
 
-        def name(node: _Node) -> alt.Chart:
-            return alt.Chart(alt.Data(values=[{"x": node.x, "y": node.y, "name": node.name}]))
+def _labels_of(scores: xr.DataArray) -> dict[str, Any]:
+    """Each dim of an edge result (span, sender, receiver) -> its labels, in its order."""
+    return {str(dim): scores[dim].values for dim in scores.dims}
 
-        style: dict[str, Any] = {"fontSize": 12, "fontWeight": "bold"}
-        marks = []
-        for paint in ({"color": "white", "stroke": "white", "strokeWidth": 4}, {"color": "#222"}):
-            marks.append(name(embed).mark_text(baseline="bottom", dy=-9, **style, **paint))
-            marks.append(name(logits).mark_text(baseline="top", dy=9, **style, **paint))
-        return alt.LayerChart(layer=[mark.encode(**self.axes(), text="name:N") for mark in marks])
+
+def _edge_label(scores: xr.DataArray, index: Sequence[int] | np.ndarray) -> tuple[str, ...]:
+    """The labels of the edge at ``index`` (one position per dim of ``scores``)."""
+    return tuple(str(scores[dim].values[i]) for dim, i in zip(scores.dims, index, strict=True))
+
+
+def _edge_name(label: tuple[str, ...]) -> str:
+    """An edge's labels as text: "L0.H1 → L1.MLP"; by span "L0.H1 → L1.MLP at S2", or
+    through a key or value "L0.H1@S2 → L1.KV0.k@END" (read at S2 by queries at END)."""
+    *span, sender, receiver = label
+    if not span:
+        return f"{sender} → {receiver}"
+    return (
+        f"{sender}@{span[0]} → {receiver}"
+        if "@" in receiver
+        else f"{sender} → {receiver} at {span[0]}"
+    )
 
 
 def _check_graph_options(
@@ -317,7 +259,7 @@ def _check_graph_options(
     limit: Any,
     scale: Any,
     actions: Any,
-) -> tuple[list[str], int, int, int, float | None, str, bool]:
+) -> tuple[list[str], int | None, int, int, float | None, str, bool]:
     """``circuit_graph``'s options, checked: (kinds, width, height, edges, limit, scale,
     actions).
 
@@ -336,7 +278,7 @@ def _check_graph_options(
         limit = _validate.number("limit", limit, above=0)
     return (
         kinds,
-        _validate.positive_int("width", width),
+        None if width is None else _validate.positive_int("width", width),
         _validate.positive_int("height", height),
         _validate.integer("edges", edges, low=1, high=MAX_EDGES),
         limit,
@@ -351,21 +293,27 @@ def circuit_graph(
     *,
     edges: int = DRAWN_EDGES,
     kinds: Sequence[str] = RECEIVER_KINDS,
+    spans: Sequence[str] | None = None,
     exact: xr.Dataset | None = None,
     stability: xr.DataArray | None = None,
     limit: float | None = None,
     scale: str = "auto",
     title: str | None = None,
-    width: int = 560,
+    width: int | None = None,
     height: int = 640,
     actions: bool = False,
 ) -> ChartType:
-    """Draw edges as lines between named components, layers top to bottom.
+    """Draw edges as lines between named components, layers top to bottom; by span, one
+    group of columns per span, left to right in prompt order.
 
     Args:
         scores: (sender, receiver) edge scores (colour and width of each line), read by
-            label.
-        circuit: boolean (sender, receiver) from ``lsc.circuit`` or
+            label; or (span, sender, receiver) from ``lsc.edge_attribution(...,
+            positions="spans")``: each span's nodes in columns of their own
+            (``circuit_layout``), an edge inside its span's columns, and a crossing edge (a
+            key or value at one span read by queries at another) curved from the sender's
+            span to the key/value head in the query span's columns.
+        circuit: boolean, of the same dims, from ``lsc.circuit`` or
             ``lsc.consensus_circuit``, read by the labels of ``scores``: draw its kept edges
             (``lenscape.mask_rules.kept``: non-zero and computed, never NaN); None: draw the
             ``edges`` edges with the largest |score| (ties broken in graph order, and the
@@ -375,11 +323,13 @@ def circuit_graph(
             ``circuit``, its strongest kept edges; the title says how many the circuit holds
             and how to draw them all (``edges=`` that many, or ``lsc.CircuitExplorer``).
         kinds: receiver kinds to draw (a subset of q, k, v, mlp, logits).
-        exact: a report of ``lsc.edge_agreement`` on the same model: the tooltip of each
-            edge it measured shows its exact effect (mean over its prompts).
-        stability: (sender, receiver) from ``lsc.circuit_stability`` on the same model:
-            each line's opacity is the share of resamples whose circuit keeps the edge
-            (faint: unstable), the tooltip gives it and the title the number of resamples.
+        spans: by span, the spans whose edges (by the span their sender writes at) are
+            drawn; default every span. Every span's columns are drawn either way.
+        exact: a report of ``lsc.edge_agreement`` on the same model and positions: the
+            tooltip of each edge it measured shows its exact effect (mean over its prompts).
+        stability: from ``lsc.circuit_stability`` on the same model and positions: each
+            line's opacity is the share of resamples whose circuit keeps the edge (faint:
+            unstable), the tooltip gives it and the title the number of resamples.
         limit: the |score| drawn at full colour and width (larger ones too), so that views
             of one result share a scale; default the largest |score| drawn.
         scale: "symlog" (colour on a symmetric-log scale, linear within ``SYMLOG_SHARE`` x
@@ -387,15 +337,16 @@ def circuit_graph(
             one), "linear" (both linear), or "auto": symlog when the finite scores of the
             whole result span orders of magnitude (``encoding.pick_scale``), else linear.
         title: chart title; default says what is drawn (budget, receiver kinds, estimator,
-            resamples).
-        width, height: chart size in pixels.
+            spans, resamples).
+        width, height: chart size in pixels; width default 560, by span ``SPAN_COLUMN``
+            pixels a column (the chart grows with the spans).
         actions: show Vega's actions menu (its "Open in Vega Editor" goes online).
 
     Returns:
         A layered Altair chart: the nodes (every query head, key/value head and MLP, the
         embeddings and the logits, named on the axes, beside them and in their tooltips)
-        and the edges with tooltips (edge, receiver kind, score, exact effect where
-        measured, share of resamples).
+        and the edges with tooltips (edge, receiver kind, score, span and query span by
+        span, exact effect where measured, share of resamples).
 
     Raises:
         TypeError: an argument of the wrong type (scores not a DataArray, edges not an
@@ -403,8 +354,10 @@ def circuit_graph(
         ValueError: inputs that are not edge results or of the wrong kind (a circuit as
             scores, scores as the circuit, exact not from ``lsc.edge_agreement``, stability
             not from ``lsc.circuit_stability``), a circuit, exact effects or stability of
-            another model, a circuit of other edges, infinite scores, a kept edge without a
-            score, nothing to draw, an unknown kind or scale, too many edges, a limit <= 0.
+            another model or of the other positions (by span beside position-agnostic
+            scores, or the reverse), a circuit of other edges, infinite scores, a kept edge
+            without a score, nothing to draw, an unknown kind, span or scale, too many
+            edges, a limit <= 0.
     """
     scores = check_edges(scores, "scores")
     kinds, width, height, edges, limit, scale, actions = _check_graph_options(
@@ -413,42 +366,98 @@ def circuit_graph(
     scale = pick_scale(scores.values, scale)
     measured = _exact_effects(exact, scores)
     shares = _stability_shares(stability, scores)
-    chosen, tie_note = _chosen_edges(scores, circuit, kinds=kinds, edges=edges)
+    of_spans = _sender_spans(scores, spans)
+    chosen, tie_note = _chosen_edges(scores, circuit, kinds=kinds, edges=edges, spans=of_spans)
     cut = _cut_effects(circuit)
     source = "lsc.edge_agreement" if measured is not None else ""
     if cut:
         measured = {**(measured or {}), **cut}
         source = " and ".join(part for part in (source, "lsc.exact_cut") if part)
-    layout = _Layout.of(scores)
+    layout = Layout.of(scores)
     rows = _edge_rows(scores, chosen, layout, measured, shares)
     ramp = _Ramp(limit or max(row["magnitude"] for row in rows) or 1.0, scale, limit is not None)
-    used = {row["from"] for row in rows} | {row["to"] for row in rows}
-    lines = _lines(rows, layout, ramp=ramp, legend=legend_title(f"score ({_units(scores)})"))
-    chart = alt.layer(lines, _points(layout, used), layout.end_labels())
     notes = _graph_notes(scores, kinds, layout, source, tie_note)
     if cut:
         notes.insert(-1, f"{len(cut)} edges at the cut measured by exact edge patching")
     notes.insert(1, ramp.note())
     if stability is not None:
         notes.insert(2, _stability_note(stability))
-    held = _held_edges(scores, circuit, kinds) if circuit is not None else 0
+    held = _held_edges(scores, circuit, kinds, of_spans) if circuit is not None else 0
     if held > len(rows):
-        notes.insert(
-            0,
-            f"drawn: the {len(rows)} strongest of its {held:,} edges by |score| (edges={held} "
-            "draws all; lsc.CircuitExplorer steps through them)",
+        notes.insert(0, _drawn_note(len(rows), held))
+    shown = of_spans if spans is not None else None
+    return (
+        _graph_chart(rows, layout, ramp, _units(scores))
+        .properties(
+            title=alt.TitleParams(
+                wrapped(title or _graph_title(scores, circuit, len(rows), kinds, stability, shown)),
+                subtitle=[part for note in notes for part in _wrap(note)],
+                anchor="start",
+                limit=TITLE_LIMIT,
+            ),
+            width=width or _default_width(layout),
+            height=height,
+            usermeta={"embedOptions": {"actions": actions}},
         )
-    return chart.properties(
-        title=alt.TitleParams(
-            wrapped(title or _graph_title(scores, circuit, len(rows), kinds, stability)),
-            subtitle=[part for note in notes for part in _wrap(note)],
-            anchor="start",
-            limit=TITLE_LIMIT,
-        ),
-        width=width,
-        height=height,
-        usermeta={"embedOptions": {"actions": actions}},
-    ).configure_view(stroke=None)
+        .configure_view(stroke=None)
+    )
+
+
+def _drawn_note(drawn: int, held: int) -> str:
+    """The subtitle line of a circuit drawn in part: how many of its edges, and how to see
+    them all."""
+    return (
+        f"drawn: the {drawn} strongest of its {held:,} edges by |score| (edges={held} draws "
+        "all; lsc.CircuitExplorer steps through them)"
+    )
+
+
+def _graph_chart(rows: list[dict[str, Any]], layout: Layout, ramp: _Ramp, units: str) -> Any:
+    """The graph's layers: span separators (by span), straight edges, crossing edges
+    (curves, by span), the nodes and the names of the ends and spans."""
+    used = {row["from"] for row in rows} | {row["to"] for row in rows}
+    legend = legend_title(f"score ({units})")
+    straight = [row for row in rows if not row.get("crossing")]
+    crossing = [row for row in rows if row.get("crossing")]
+    layers: list[Any] = [_lines(straight, layout, ramp=ramp, legend=legend)]
+    if crossing:
+        layers.append(_curves(crossing, layout, ramp=ramp, legend=legend))
+    if layout.spans:
+        layers.insert(0, layout.separators())
+    return alt.layer(*layers, _points(layout, used), layout.end_labels())
+
+
+def _default_width(layout: Layout) -> int:
+    """560 pixels, or by span ``SPAN_COLUMN`` pixels a column (gaps counted)."""
+    if not layout.spans:
+        return 560
+    return max(560, round((layout.right + 1.2) * SPAN_COLUMN))
+
+
+def _sender_spans(scores: xr.DataArray, spans: Any) -> np.ndarray | None:
+    """(n_spans,) bool: the spans ``spans`` names (all when None); None for scores that are
+    not by span.
+
+    Raises:
+        TypeError: not a list of strings. ValueError: spans of position-agnostic scores,
+            or a span the scores do not hold.
+    """
+    if "span" not in scores.dims:
+        if spans is not None:
+            raise ValueError(
+                "spans= picks the spans of scores by span, but these scores are "
+                "position-agnostic; compute them with lsc.edge_attribution(..., "
+                "positions='spans'), or leave spans out."
+            )
+        return None
+    held = [str(span) for span in scores["span"].values]
+    if spans is None:
+        return np.ones(len(held), dtype=bool)
+    wanted = _validate.strings("spans", spans, example="('S2', 'END')")
+    unknown = sorted(set(wanted) - set(held))
+    if unknown:
+        raise ValueError(f"spans holds span(s) {unknown} the scores lack; choose from {held}.")
+    return np.isin(held, wanted)
 
 
 @dataclass(frozen=True)
@@ -522,33 +531,39 @@ def wrapped(title: str) -> str | list[str]:
     return [piece for line in lines for piece in _wrap(line)]
 
 
-def _held_edges(scores: xr.DataArray, circuit: xr.DataArray, kinds: Sequence[str]) -> int:
-    """How many edges of ``kinds`` the circuit keeps (``mask_rules.kept``)."""
+def _held_edges(
+    scores: xr.DataArray,
+    circuit: xr.DataArray,
+    kinds: Sequence[str],
+    spans: np.ndarray | None = None,
+) -> int:
+    """How many edges of ``kinds`` (and, by span, at the ``spans`` marked) the circuit
+    keeps (``mask_rules.kept``)."""
     of_kinds = np.isin(scores["receiver_kind"].values, list(kinds))[None, :]
-    kept = mask_rules.kept(
-        circuit.transpose("sender", "receiver").sel(
-            sender=scores["sender"], receiver=scores["receiver"]
-        )
-    )
+    if spans is not None:
+        of_kinds = of_kinds & spans[:, None, None]
+    labels = _labels_of(scores)
+    kept = mask_rules.kept(circuit.transpose(*labels).sel(labels))
     return int((kept.values & of_kinds).sum())
 
 
-def _cut_effects(circuit: Any) -> dict[tuple[str, str], str]:
-    """(sender, receiver) -> the exact effect of each edge ``lsc.exact_cut`` measured at a
-    circuit's cut (its ``exact_effect`` coord), formatted; empty without one."""
+def _cut_effects(circuit: Any) -> dict[tuple[str, ...], str]:
+    """Edge labels ((span,) sender, receiver) -> the exact effect of each edge
+    ``lsc.exact_cut`` measured at a circuit's cut (its ``exact_effect`` coord), formatted;
+    empty without one."""
     if circuit is None or "exact_effect" not in circuit.coords:
         return {}
-    effect = circuit["exact_effect"].transpose("sender", "receiver")
+    effect = circuit["exact_effect"]
+    effect = effect.transpose(*[dim for dim in ("span", *EDGE_DIMS) if dim in effect.dims])
     values = effect.values.astype(float)
-    senders, receivers = effect["sender"].values, effect["receiver"].values
     return {
-        (str(senders[s]), str(receivers[r])): f"{values[s, r]:.4g}"
-        for s, r in np.argwhere(np.isfinite(values))
+        _edge_label(effect, index): f"{values[tuple(index)]:.4g}"
+        for index in np.argwhere(np.isfinite(values))
     }
 
 
 def _stability_shares(stability: Any, scores: xr.DataArray) -> np.ndarray | None:
-    """(sender, receiver) shares of resamples of a ``lsc.circuit_stability`` result, read
+    """((span,) sender, receiver) shares of resamples of a ``lsc.circuit_stability`` result, read
     by the labels of ``scores``; None without one.
 
     Raises:
@@ -561,15 +576,16 @@ def _stability_shares(stability: Any, scores: xr.DataArray) -> np.ndarray | None
     _validate.result(
         "stability", stability, kind=xr.DataArray, made_by=made_by, methods=STABILITY_METHODS
     )
-    if mask_rules.is_mask(stability) or set(stability.dims) != {"sender", "receiver"}:
+    edge_dims = set(stability.dims) in ({"span", *EDGE_DIMS}, set(EDGE_DIMS))
+    if mask_rules.is_mask(stability) or not edge_dims:
         raise ValueError(
             f"stability must be the (sender, receiver) shares of resamples from {made_by}, "
             f"got {'a circuit' if mask_rules.is_mask(stability) else stability.dims}."
         )
+    _check_positions("stability", "span" in stability.dims, scores, made_by)
     own = {key: scores.attrs[key] for key in ORIGIN_ATTRS if key in scores.attrs}
     _validate.origin("stability", stability, own, made_by=made_by)
-    edges = {"sender": scores["sender"].values, "receiver": scores["receiver"].values}
-    shares = _validate.labels("stability", stability, edges, made_by=made_by).values
+    shares = _validate.labels("stability", stability, _labels_of(scores), made_by=made_by).values
     shares = shares.astype(float)
     if (np.isfinite(shares) & ((shares < 0) | (shares > 1))).any() or np.isinf(shares).any():
         raise ValueError(f"stability holds values outside [0, 1]; pass the result of {made_by}.")
@@ -593,9 +609,9 @@ def _units(scores: xr.DataArray) -> str:
     return str(scores.attrs.get("units") or "score")
 
 
-def _exact_effects(exact: Any, scores: xr.DataArray) -> dict[tuple[str, str], str] | None:
-    """(sender, receiver) -> the exact effect of the edge, formatted, from a report of
-    ``lsc.edge_agreement`` (mean over its prompts); None without a report.
+def _exact_effects(exact: Any, scores: xr.DataArray) -> dict[tuple[str, ...], str] | None:
+    """Edge labels ((span,) sender, receiver) -> the exact effect of the edge, formatted,
+    from a report of ``lsc.edge_agreement`` (mean over its prompts); None without a report.
 
     Raises:
         TypeError: not a Dataset. ValueError: a result of another method, or of another
@@ -615,52 +631,71 @@ def _exact_effects(exact: Any, scores: xr.DataArray) -> dict[tuple[str, str], st
     )
     own = {key: scores.attrs[key] for key in ORIGIN_ATTRS if key in scores.attrs}
     _validate.origin("exact", exact, own, made_by=made_by)
+    _check_positions("exact", "span" in exact.coords, scores, made_by)
     effect = exact["exact"]
     effect = effect.mean("prompt") if "prompt" in effect.dims else effect
-    ends = zip(effect["sender"].values, effect["receiver"].values, effect.values, strict=True)
-    return {(str(s), str(r)): f"{float(v):.4g}" for s, r, v in ends if np.isfinite(v)}
+    parts = [effect[name].values for name in ("span", *EDGE_DIMS) if name in effect.coords]
+    return {
+        tuple(str(part[k]) for part in parts): f"{float(value):.4g}"
+        for k, value in enumerate(effect.values)
+        if np.isfinite(value)
+    }
 
 
 def _edge_rows(
     scores: xr.DataArray,
     chosen: np.ndarray,
-    layout: _Layout,
-    measured: dict[tuple[str, str], str] | None,
+    layout: Layout,
+    measured: dict[tuple[str, ...], str] | None,
     shares: np.ndarray | None = None,
 ) -> list[dict[str, Any]]:
     """One row per drawn edge: its ends' nodes and positions, labels, kind, score, exact
     effect (when ``measured`` is given) and share of resamples (when ``shares`` is),
-    weakest first so strong lines lie on top."""
+    weakest first so strong lines lie on top. By span, also its span, its query span and
+    whether it crosses spans (a key or value read by queries at another span)."""
     values = scores.values.astype(float)
+    query_spans = scores["query_span"].values if layout.spans else None
     rows = []
-    for s, r in chosen:
+    for index in chosen:
+        *span, s, r = (int(i) for i in index)
+        at = str(scores["span"].values[span[0]]) if span else None
+        query = str(query_spans[r]) if query_spans is not None and query_spans[r] else at
         sender, receiver = (
-            layout.node(*(scores[f"{end}_{part}"].values[i] for part in ("kind", "layer", "head")))
-            for end, i in (("sender", s), ("receiver", r))
+            layout.node(
+                str(scores[f"{end}_kind"].values[i]),
+                int(scores[f"{end}_layer"].values[i]),
+                int(scores[f"{end}_head"].values[i]),
+                span=where,
+            )
+            for end, i, where in (("sender", s, at), ("receiver", r, query))
         )
-        label = (str(scores["sender"].values[s]), str(scores["receiver"].values[r]))
+        label = _edge_label(scores, index)
+        value = float(values[tuple(index)])
         row = {
             **{"x": sender.x, "y": sender.y, "x2": receiver.x, "y2": receiver.y},
-            **{"from": sender.name, "to": receiver.name, "edge": " → ".join(label)},
-            **{"sender": label[0], "receiver": label[1]},
+            **{"from": sender.name, "to": receiver.name, "edge": _edge_name(label)},
+            **{"sender": label[-2], "receiver": label[-1]},
             "kind": str(scores["receiver_kind"].values[r]),
-            "score": float(values[s, r]),
-            "magnitude": abs(float(values[s, r])),
+            "score": value,
+            "magnitude": abs(value),
         }
+        if span:
+            row.update(span=at, query_span=query, crossing=query != at)
         if measured is not None:
             row["exact"] = measured.get(label, NOT_MEASURED)
         if shares is not None:
-            row["stability"] = float(np.nan_to_num(shares[s, r]))
+            row["stability"] = float(np.nan_to_num(shares[tuple(index)]))
         rows.append(row)
     return sorted(rows, key=lambda row: row["magnitude"])
 
 
-def _lines(
-    rows: list[dict[str, Any]], layout: _Layout, *, ramp: _Ramp, legend: str | list[str]
-) -> alt.Chart:
-    """The edges: colour and width by score on one ``ramp`` (symmetric-log or linear, up to
-    its limit), the line style by receiver kind (every kind in the legend, so styles never
-    change between views), and the opacity by share of resamples where rows have one."""
+def _line_encodings(
+    rows: list[dict[str, Any]], layout: Layout, *, ramp: _Ramp, legend: str | list[str]
+) -> dict[str, Any]:
+    """The encodings every edge takes: colour and width by score on one ``ramp``
+    (symmetric-log or linear, up to its limit), the line style by receiver kind (every kind
+    in the legend, so styles never change between views), the tooltip, and the opacity by
+    share of resamples where rows have one."""
     dash_names = " : ".join(
         f"datum.label == {json.dumps(k)} ? {json.dumps(v)}" for k, v in RECEIVER_NAMES.items()
     )
@@ -669,6 +704,11 @@ def _lines(
         alt.Tooltip("kind:N", title="receiver kind"),
         alt.Tooltip("score:Q", format=".4g"),
     ]
+    if layout.spans:
+        tips += [
+            alt.Tooltip("span:N", title="span (sender writes, key/value read)"),
+            alt.Tooltip("query_span:N", title="query span (receiver acts)"),
+        ]
     if rows and "exact" in rows[0]:
         tips.append(alt.Tooltip("exact:N", title="exact effect (edge patching)"))
     stable: dict[str, Any] = {}
@@ -681,37 +721,63 @@ def _lines(
             legend=alt.Legend(format=".0%", values=[0, 0.5, 0.9, 1]),
         )
     limit, ticks = ramp.limit, ramp.ticks()
-    return (
-        alt.Chart(alt.Data(values=rows))
-        .mark_rule()
-        .encode(
-            **layout.axes(),
-            x2="x2:Q",
-            y2="y2:Q",
-            color=alt.Color(
-                "score:Q",
-                title=legend,
-                scale=ramp.scale(scheme="blueorange", domain=[-limit, limit], domainMid=0),
-                legend=alt.Legend(gradientLength=140, format=".3~r", **_values(ticks)),
+    return {
+        **layout.axes(),
+        "color": alt.Color(
+            "score:Q",
+            title=legend,
+            scale=ramp.scale(scheme="blueorange", domain=[-limit, limit], domainMid=0),
+            legend=alt.Legend(gradientLength=140, format=".3~r", **_values(ticks)),
+        ),
+        "strokeWidth": alt.StrokeWidth("magnitude:Q", title="|score|", scale=ramp.width()),
+        "strokeDash": alt.StrokeDash(
+            "kind:N",
+            title="line: receiver kind",
+            scale=alt.Scale(domain=list(RECEIVER_KINDS), range=[DASHES[k] for k in RECEIVER_KINDS]),
+            legend=alt.Legend(
+                symbolType="stroke",
+                symbolSize=900,
+                symbolStrokeWidth=2,
+                labelExpr=f"{dash_names} : datum.label",
+                labelLimit=260,
             ),
-            strokeWidth=alt.StrokeWidth("magnitude:Q", title="|score|", scale=ramp.width()),
-            strokeDash=alt.StrokeDash(
-                "kind:N",
-                title="line: receiver kind",
-                scale=alt.Scale(
-                    domain=list(RECEIVER_KINDS), range=[DASHES[k] for k in RECEIVER_KINDS]
-                ),
-                legend=alt.Legend(
-                    symbolType="stroke",
-                    symbolSize=900,
-                    symbolStrokeWidth=2,
-                    labelExpr=f"{dash_names} : datum.label",
-                    labelLimit=260,
-                ),
-            ),
-            tooltip=tips,
-            **stable,
+        ),
+        "tooltip": tips,
+        **stable,
+    }
+
+
+def _lines(
+    rows: list[dict[str, Any]], layout: Layout, *, ramp: _Ramp, legend: str | list[str]
+) -> alt.Chart:
+    """The straight edges (every edge of a position-agnostic graph; by span those inside
+    one span): a rule from sender to receiver (``_line_encodings``)."""
+    encodings = _line_encodings(rows, layout, ramp=ramp, legend=legend)
+    return alt.Chart(alt.Data(values=rows)).mark_rule().encode(x2="x2:Q", y2="y2:Q", **encodings)
+
+
+def _curves(
+    rows: list[dict[str, Any]], layout: Layout, *, ramp: _Ramp, legend: str | list[str]
+) -> alt.Chart:
+    """The crossing edges of a graph by span: each a curve from its sender's span to the
+    key/value head in its query span's columns, bowed above the straight line (``BOW``
+    rows) so that it never hides an edge inside a span, with the encodings of ``_lines``."""
+    points = [
+        {**row, "x": x, "y": y, "order": step, "id": k}
+        for k, row in enumerate(rows)
+        for step, (x, y) in enumerate(
+            (
+                (row["x"], row["y"]),
+                ((row["x"] + row["x2"]) / 2, (row["y"] + row["y2"]) / 2 - BOW),
+                (row["x2"], row["y2"]),
+            )
         )
+    ]
+    encodings = _line_encodings(rows, layout, ramp=ramp, legend=legend)
+    return (
+        alt.Chart(alt.Data(values=points))
+        .mark_line(interpolate="basis")
+        .encode(order="order:Q", detail="id:N", **encodings)
     )
 
 
@@ -720,7 +786,7 @@ def _values(ticks: list[float] | None) -> dict[str, Any]:
     return {} if ticks is None else {"values": ticks}
 
 
-def _points(layout: _Layout, used: set[str]) -> alt.Chart:
+def _points(layout: Layout, used: set[str]) -> alt.Chart:
     """Every node, shaped by kind; the nodes an edge touches dark and larger, the others
     light; the tooltip names the node and says what it is."""
     rows = [
@@ -757,9 +823,11 @@ def _graph_title(
     drawn: int,
     kinds: Sequence[str],
     stability: xr.DataArray | None = None,
+    spans: np.ndarray | None = None,
 ) -> str:
     """What the graph shows: the budget (a circuit's size and how it was picked, or the top
-    edges), the receiver kinds, the estimator and the resamples of ``stability``."""
+    edges), the receiver kinds, the estimator, by span the spans (``spans``: those whose
+    edges are drawn, when picked) and the resamples of ``stability``."""
     if circuit is None:
         shown = f"Top {drawn} edges by |score|"
     else:
@@ -794,11 +862,19 @@ def _graph_title(
         if stability is not None
         else ""
     )
-    return " · ".join(part for part in (shown, receivers, estimator, resampled) if part)
+    by_span = ""
+    if "span" in scores.dims:
+        names = [str(span) for span in scores["span"].values]
+        drawn_at = names if spans is None else [n for n, on in zip(names, spans, strict=True) if on]
+        by_span = f"by span ({', '.join(names)})"
+        if drawn_at != names:
+            by_span = f"edges at span {', '.join(drawn_at)} of {', '.join(names)}"
+    parts = (shown, receivers, by_span, estimator, resampled)
+    return " · ".join(part for part in parts if part)
 
 
 def _graph_notes(
-    scores: xr.DataArray, kinds: Sequence[str], layout: _Layout, measured: str, tie_note: str
+    scores: xr.DataArray, kinds: Sequence[str], layout: Layout, measured: str, tie_note: str
 ) -> list[str]:
     """The graph's subtitle: what colour and width show, where k and v edges end, what the
     tooltip holds (``measured``: what measured exact effects, or ""), and the edges left
@@ -810,6 +886,13 @@ def _graph_notes(
             f"k and v edges end at a key/value head (a diamond, {columns}, each shared by "
             f"{layout.group} query heads: KV0 by H0 to H{layout.group - 1})"
         )
+    if layout.spans:
+        notes.append(
+            "columns: one group per span, in prompt order; an edge runs inside its span's "
+            "columns, except a crossing edge (curved): a key or value at one span read by "
+            "queries at another, drawn to the key/value head in the query span's columns"
+            + (f" ({OTHER}: tokens in no named span, anywhere)" if OTHER in layout.spans else "")
+        )
     notes.append(
         "hover a line for the edge and its score"
         + (f", and its exact effect where {measured} measured it" if measured else "")
@@ -818,18 +901,26 @@ def _graph_notes(
 
 
 def _chosen_edges(
-    scores: xr.DataArray, circuit: Any, *, kinds: Sequence[str], edges: int
+    scores: xr.DataArray,
+    circuit: Any,
+    *,
+    kinds: Sequence[str],
+    edges: int,
+    spans: np.ndarray | None = None,
 ) -> tuple[np.ndarray, str]:
-    """The edges ``circuit_graph`` draws: the circuit's kept edges of ``kinds``, or without
-    a circuit the ``edges`` of largest |score| (ties broken in graph order).
+    """The edges ``circuit_graph`` draws: the circuit's kept edges of ``kinds`` (and, by
+    span, at the ``spans`` marked), or without a circuit the ``edges`` of largest |score|
+    (ties broken in graph order).
 
     Args:
         scores: edge scores read by label (``check_edges``).
         circuit: the ``circuit`` argument, or None.
+        spans: by span, (n_spans,) bool: the sender spans drawn (``_sender_spans``).
 
     Returns:
-        (edges, 2) sender and receiver positions in ``scores``, in graph order; a subtitle
-        naming the edges left out at a tie of |score| ("" when none).
+        (edges, n_dims) positions in ``scores`` (span, sender, receiver; or sender,
+        receiver), in graph order; a subtitle naming the edges left out at a tie of |score|
+        ("" when none).
 
     Raises:
         ValueError: infinite scores; a circuit that is not one, of another model or other
@@ -844,22 +935,12 @@ def _chosen_edges(
         )
     of_kinds = np.isin(scores["receiver_kind"].values, list(kinds))[None, :]
     which = "" if set(RECEIVER_KINDS) <= set(kinds) else f" to the receiver kinds {list(kinds)}"
+    if spans is not None:
+        of_kinds = of_kinds & spans[:, None, None]
+        if not spans.all():
+            which += f" at the spans {list(scores['span'].values[spans])}"
     if circuit is not None:
-        made_by = "lsc.circuit(scores, ...)"
-        mask = check_edges(circuit, "circuit", circuit=True)
-        own = {key: scores.attrs[key] for key in ORIGIN_ATTRS if key in scores.attrs}
-        _validate.origin("circuit", mask, own, made_by=made_by)
-        edges_of_scores = {"sender": scores["sender"].values, "receiver": scores["receiver"].values}
-        read = _validate.labels("circuit", mask, edges_of_scores, made_by=made_by)
-        kept = mask_rules.kept(read)
-        unscored = np.argwhere(kept.values & np.isnan(values))
-        if len(unscored):
-            s, r = unscored[0]
-            raise ValueError(
-                f"circuit keeps {len(unscored)} edge(s) that have no score in scores (NaN), "
-                f"e.g. {scores['sender'].values[s]} -> {scores['receiver'].values[r]}; pass "
-                "the scores the circuit was picked from."
-            )
+        kept = _kept_edges(scores, circuit)
         chosen = np.argwhere(kept.values & of_kinds)
         if not len(chosen):
             raise ValueError(
@@ -890,6 +971,29 @@ def _chosen_edges(
     return np.argwhere(top.reshape(values.shape)), note
 
 
+def _kept_edges(scores: xr.DataArray, circuit: Any) -> xr.DataArray:
+    """The edges ``circuit`` keeps (``mask_rules.kept``), read by the labels of ``scores``.
+
+    Raises:
+        ValueError: not a circuit, of the other positions (by span or not), of another
+            model or other edges, or keeping an edge whose score is NaN.
+    """
+    made_by = "lsc.circuit(scores, ...)"
+    mask = check_edges(circuit, "circuit", circuit=True)
+    _check_positions("circuit", "span" in mask.dims, scores, made_by)
+    own = {key: scores.attrs[key] for key in ORIGIN_ATTRS if key in scores.attrs}
+    _validate.origin("circuit", mask, own, made_by=made_by)
+    kept = mask_rules.kept(_validate.labels("circuit", mask, _labels_of(scores), made_by=made_by))
+    unscored = np.argwhere(kept.values & np.isnan(scores.values.astype(float)))
+    if len(unscored):
+        raise ValueError(
+            f"circuit keeps {len(unscored)} edge(s) that have no score in scores (NaN), "
+            f"e.g. {_edge_name(_edge_label(scores, unscored[0]))}; pass "
+            "the scores the circuit was picked from."
+        )
+    return kept
+
+
 def edge_heatmap(scores: xr.DataArray, *, scale: str = "auto", **options: Any) -> ChartType:
     """The sender x receiver grid of edge scores, or of a circuit (kept and skipped edges),
     with receivers across and senders down (the embeddings at the top, as the graph and
@@ -905,7 +1009,8 @@ def edge_heatmap(scores: xr.DataArray, *, scale: str = "auto", **options: Any) -
     would overlap.
 
     Args:
-        scores: (sender, receiver) from ``lsc.edge_attribution`` or ``lsc.circuit``.
+        scores: (sender, receiver) from ``lsc.edge_attribution`` or ``lsc.circuit``; of a
+            result by span, one span's grid (``scores.sel(span="END")``).
         scale: "auto", "symlog" or "linear": the colour scale of scores (a circuit's two
             states take neither).
         options: passed to ``heatmap``.
@@ -915,10 +1020,11 @@ def edge_heatmap(scores: xr.DataArray, *, scale: str = "auto", **options: Any) -
 
     Raises:
         TypeError: ``scores`` is not a DataArray.
-        ValueError: not an edge result (see ``check_edges``), an unknown scale, or a bad
+        ValueError: not an edge result (see ``check_edges``), a whole result by span (one
+            grid per span: the message says how to pick one), an unknown scale, or a bad
             option.
     """
-    edges = check_edges(scores, "scores", circuit=None)
+    edges = check_edges(scores, "scores", circuit=None, by_span=False)
     scale = pick_scale(edges.values, scale)
     if not mask_rules.is_mask(edges):
         options = {"color": "blueorange", **options}  # the graph's colours

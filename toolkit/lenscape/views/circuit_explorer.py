@@ -6,8 +6,11 @@ one ``alt.JupyterChart`` and swaps its chart in place when a control changes (as
 with the largest |score| are drawn (the top edges, not pruned to paths: pruning lives with
 ``lsc.circuit`` on the capture side), in steps spaced evenly on a log scale (1, 2, 3, 5, 7,
 10, 15, 20, 30 ...: ``budget_steps``), so the few dozen edges a circuit is read at take most
-of its length; the toggles pick the receiver kinds shown. ``stability=`` (a
-``lsc.circuit_stability`` result) draws each edge as opaque as it is stable.
+of its length; the toggles pick the receiver kinds shown and, for scores by span
+(``positions="spans"``), the span whose edges are drawn ("all", or one span: the edges its
+senders write there, crossing ones included), every span's columns staying in place.
+``stability=`` (a ``lsc.circuit_stability`` result) draws each edge as opaque as it is
+stable.
 
 The colour scale follows the views' one rule (``views.encoding``): a control that steps
 through parts of one result keeps its colours. Every budget and receiver kind is drawn up
@@ -52,21 +55,39 @@ def budget_steps(most: int, start: int) -> list[int]:
     return sorted(steps)
 
 
+def _span_toggle(scores: xr.DataArray) -> widgets.ToggleButtons | None:
+    """The span toggles of scores by span ("all", then each span in prompt order); None for
+    position-agnostic scores."""
+    if "span" not in scores.dims:
+        return None
+    spans = [str(span) for span in scores["span"].values]
+    return widgets.ToggleButtons(
+        options=["all", *spans],
+        value="all",
+        description="span",
+        tooltips=["every span", *["the edges whose sender writes at this span"] * len(spans)],
+        style={"button_width": "64px"},
+    )
+
+
 class CircuitExplorer:
     """Edge-budget slider and receiver-kind filter over ``circuit_graph``.
 
     Attributes:
-        scores: the (sender, receiver) edge scores drawn.
+        scores: the (sender, receiver) or, by span, (span, sender, receiver) edge scores.
         budget, kinds, scale: the controls: the edge budget (a slider), the receiver kinds
             and the colour scale ("symlog" or "linear"; toggles).
+        span: by span, the span whose edges are drawn ("all" or a span; toggles); None for
+            position-agnostic scores.
         widget: the ipywidgets box (controls above the chart).
     """
 
     def __init__(self, scores: xr.DataArray, *, edges: int = 30, **options: Any):
         """
         Args:
-            scores: (sender, receiver) from ``lsc.edge_attribution`` (average a per-prompt
-                result over ``prompt`` first).
+            scores: (sender, receiver) from ``lsc.edge_attribution``, or (span, sender,
+                receiver) from it with ``positions="spans"`` (average a per-prompt result
+                over ``prompt`` first).
             edges: edges drawn at first (a step of its own on the slider).
             options: passed to ``circuit_graph`` (``exact``, ``stability``, ``limit``,
                 ``width``, ``height``, ``title``); ``limit`` defaults to the largest finite
@@ -112,19 +133,21 @@ class CircuitExplorer:
             description="receivers",
             style={"button_width": "64px"},
         )
+        self.span = _span_toggle(scores)
         self._message = widgets.HTML()
         enable_offline()
         self._chart = alt.JupyterChart(
             self._build(), embed_options={"renderer": "svg", "actions": False}
         )
-        for control in (self.budget, self.kinds, self.scale):
-            control.observe(lambda _: self.redraw(), names="value")
+        for control in (self.budget, self.kinds, self.scale, self.span):
+            if control is not None:
+                control.observe(lambda _: self.redraw(), names="value")
         # the slider on a row of its own: beside the toggles, flexbox squeezed it to 30 px
         self.widget = widgets.VBox(
             [
                 self.budget,
                 widgets.HBox(
-                    [self.kinds, self.scale],
+                    [self.kinds, self.scale, *([self.span] if self.span is not None else [])],
                     layout={"flex_flow": "row wrap", "align_items": "center"},
                 ),
                 self._message,
@@ -140,7 +163,10 @@ class CircuitExplorer:
     def _build(self) -> Any:
         kinds = RECEIVER_KINDS if self.kinds.value == "all" else (self.kinds.value,)
         budget, scale = self.budget.value, self.scale.value
-        return circuit_graph(self.scores, edges=budget, kinds=kinds, scale=scale, **self.options)
+        spans = None if self.span is None or self.span.value == "all" else (self.span.value,)
+        return circuit_graph(
+            self.scores, edges=budget, kinds=kinds, spans=spans, scale=scale, **self.options
+        )
 
     def redraw(self) -> None:
         """Read the controls and swap the new chart into the shown widget."""

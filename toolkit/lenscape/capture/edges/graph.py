@@ -25,10 +25,9 @@ import xarray as xr
 from ... import _validate
 from ...data.spans import OTHER
 from ...models import LensModel
-from ...schema import edge_exists
+from ...schema import EDGE_DIMS, edge_exists
 
 SENDER_KINDS = ("embed", "head", "mlp")
-EDGE_DIMS = ("sender", "receiver")
 
 
 @dataclass(frozen=True)
