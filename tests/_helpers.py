@@ -856,3 +856,103 @@ def reference_edge_patching_by_span(model, prompt, edges):
                 value = hand_metric(model, corrupt_ids, target, distractor, [(o_proj, take)])
         out[span, sender, label] = float(value)
     return out
+
+
+def span_edge_kinds(graph, spans: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The edges of ``graph`` (a ``SpanGraph``) at ``spans``, by kind: "within" (q, MLP
+    and logits receivers), "own span" (k and v read by queries at their own span) and
+    "crossing" (k and v read by queries at another span); each a bool mask of its shape."""
+    valid = graph.valid & np.isin(graph.spans, spans)[:, None, None]
+    query = np.asarray([q for *_, q in graph.receivers])[None, None, :]
+    span = np.asarray(graph.spans)[:, None, None]
+    return {
+        "within": valid & (query == ""),
+        "own span": valid & (query == span),
+        "crossing": valid & (query != "") & (query != span),
+    }
+
+
+def sampled_span_edges(graph, count: int, spans: tuple[str, ...], seed: int = 0) -> list[int]:
+    """Flat indices of ``count`` random edges of ``graph`` (a ``SpanGraph``) at ``spans``,
+    a third of each kind of ``span_edge_kinds``."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for mask in span_edge_kinds(graph, spans).values():
+        flat = np.flatnonzero(mask)
+        chosen += rng.choice(flat, size=min(count // 3, len(flat)), replace=False).tolist()
+    return chosen
+
+
+def span_edge_labels(graph, flat: int) -> tuple[str, str, str]:
+    """The (span, sender, receiver) labels of flat edge index ``flat`` of ``graph``."""
+    span, sender, receiver = np.unravel_index(flat, graph.shape)
+    return graph.spans[span], graph.sender_labels[sender], graph.receiver_labels[receiver]
+
+
+def mixed_length_prompts(model, prompts, count: int = 2) -> list:
+    """The first ``count`` of ``prompts`` of different token lengths."""
+    chosen, lengths = [], set()
+    for prompt in prompts:
+        n = len(model.tokenizer(prompt.text)["input_ids"])
+        if n not in lengths:
+            chosen.append(prompt)
+            lengths.add(n)
+        if len(chosen) == count:
+            return chosen
+    raise AssertionError(f"the prompts hold fewer than {count} token lengths")
+
+
+def patched_every_and_none_by_span(model, prompts):
+    """Exact edge patching by span of every edge and of none, in one left-padded batch:
+    (every, none, other run, base run) metrics, each (prompt,)."""
+    from lenscape.capture.edges import patching
+
+    result = patching._edge_variants(
+        model,
+        prompts,
+        variants=(("outside", ()), ("only", ())),
+        positions="spans",
+        padding_side="left",
+        progress=False,
+    )
+    every, none = result["patched"].isel(variant=0), result["patched"].isel(variant=1)
+    return every.values, none.values, result["other"].values, result["base"].values
+
+
+def span_score_errors(model, prompts, estimator: str = "eap", steps: int = 1) -> list[dict]:
+    """EAP (or EAP-IG) by span of ``prompts`` in one left-padded batch against
+    ``reference_edge_scores_by_span``, per prompt: "error" (the largest difference on the
+    graph's edges relative to the reference's largest score), "scale" (that score),
+    "compared" and "edges" (edges compared and edges the graph has: equal when every edge is
+    compared) and "absent" (the reference's largest |score| where the graph has no edge,
+    relative to the scale)."""
+    from lenscape.capture import edges
+
+    scores = edges.edge_attribution(
+        model,
+        prompts,
+        estimator=estimator,
+        steps=steps if steps > 1 else None,
+        positions="spans",
+        per_prompt=True,
+        padding_side="left",
+        progress=False,
+    )
+    out = []
+    for row, prompt in enumerate(prompts):
+        reference = reference_edge_scores_by_span(model, prompt, steps=steps)
+        ours = scores.isel(prompt=row)
+        got = np.array([float(ours.sel(span=c, sender=s, receiver=r)) for c, s, r in reference])
+        expected = np.array(list(reference.values()))
+        scale = float(np.abs(expected).max())
+        defined = ~np.isnan(got)
+        out.append(
+            {
+                "error": float(np.abs(got[defined] - expected[defined]).max()) / scale,
+                "scale": scale,
+                "compared": int(defined.sum()),
+                "edges": int(ours.notnull().sum()),
+                "absent": float(np.abs(expected[~defined]).max(initial=0)) / scale,
+            }
+        )
+    return out

@@ -37,15 +37,9 @@ def family(request, tokenizer):
 
 def _mixed_lengths(model, count=2):
     """IOI prompts of different token lengths (the first ``count`` lengths met)."""
-    chosen, lengths = [], set()
-    for prompt in IOI:
-        n = len(model.tokenizer(prompt.text)["input_ids"])
-        if n not in lengths:
-            chosen.append(prompt)
-            lengths.add(n)
-        if len(chosen) == count:
-            return chosen
-    raise AssertionError("IOI has prompts of one length only")
+    from _helpers import mixed_length_prompts
+
+    return mixed_length_prompts(model, IOI, count)
 
 
 def _lacking(prompt: lsc.data.Prompt, span: str) -> lsc.data.Prompt:
@@ -61,32 +55,14 @@ def _lacking(prompt: lsc.data.Prompt, span: str) -> lsc.data.Prompt:
 
 @pytest.mark.parametrize("estimator, steps", [("eap", 1), ("eap-ig", 2)])
 def test_edges_by_span_equal_the_per_receiver_reference(family, estimator, steps):
-    from _helpers import reference_edge_scores_by_span
+    from _helpers import span_score_errors
 
-    prompts = _mixed_lengths(family)
-    scores = edges.edge_attribution(
-        family,
-        prompts,
-        estimator=estimator,
-        steps=steps if steps > 1 else None,
-        positions="spans",
-        per_prompt=True,
-        padding_side="left",
-        progress=False,
-    )
-    for row, prompt in enumerate(prompts):
-        reference = reference_edge_scores_by_span(family, prompt, steps=steps)
-        ours = scores.isel(prompt=row)
-        got = np.array([float(ours.sel(span=c, sender=s, receiver=r)) for c, s, r in reference])
-        expected = np.array(list(reference.values()))
-        scale = np.abs(expected).max()
-        assert scale > 1e-6  # the check can fail
-        defined = ~np.isnan(got)
+    for row in span_score_errors(family, _mixed_lengths(family), estimator, steps):
+        assert row["scale"] > 1e-6  # the check can fail
         # every edge the graph has is compared; those it has not are 0 in the reference
-        assert int(defined.sum()) == int(ours.notnull().sum())
-        error = np.abs(got[defined] - expected[defined]).max() / scale
-        assert error < TOLERANCE, error
-        assert np.abs(expected[~defined]).max(initial=0) < TOLERANCE * scale
+        assert row["compared"] == row["edges"]
+        assert row["error"] < TOLERANCE, row
+        assert row["absent"] < TOLERANCE
 
 
 @pytest.mark.parametrize(
@@ -314,7 +290,7 @@ def test_circuit_stability_by_span_is_the_share_of_resampled_circuits(per_prompt
 
 
 def test_an_exact_cut_by_span_measures_each_edge_at_its_span(tiny_llama):
-    from _helpers import reference_edge_patching_by_span
+    from _helpers import reference_edge_patching_by_span, span_edge_labels
 
     prompts = IOI[:2]
     scores = edges.edge_attribution(tiny_llama, prompts, positions="spans", progress=False)
@@ -340,7 +316,9 @@ def test_an_exact_cut_by_span_measures_each_edge_at_its_span(tiny_llama):
     )
     base = alone["base"].values.astype(np.float64)
     reference = [
-        reference_edge_patching_by_span(tiny_llama, prompt, [_labels(graph, i) for i in chosen])
+        reference_edge_patching_by_span(
+            tiny_llama, prompt, [span_edge_labels(graph, i) for i in chosen]
+        )
         for prompt in prompts
     ]
     by_hand = np.mean([list(r.values()) for r in reference], axis=0) - base.mean()
@@ -365,41 +343,15 @@ def test_consensus_circuits_by_span_of_every_edge_are_faithful(tiny_llama, per_p
     assert curve["n_edges"].sel(budget=0.02) < curve["n_edges"].sel(budget=1.0)
 
 
-def _sampled_edges(
-    graph: SpanGraph, count: int, spans: tuple[str, ...], seed: int = 0
-) -> list[int]:
-    """Flat indices of ``count`` edges of ``graph`` at ``spans``: a third through q, MLP and
-    logits receivers, a third through k and v at their own span, a third crossing spans."""
-    valid = graph.valid & np.isin(graph.spans, spans)[:, None, None]
-    query = np.asarray([q for *_, q in graph.receivers])
-    span = np.asarray(graph.spans)[:, None, None]
-    kinds = {
-        "within": valid & (query == "")[None, None, :],
-        "own span": valid & (query[None, None, :] == span),
-        "crossing": valid & (query[None, None, :] != "") & (query[None, None, :] != span),
-    }
-    rng = np.random.default_rng(seed)
-    chosen = []
-    for mask in kinds.values():
-        flat = np.flatnonzero(mask)
-        chosen += rng.choice(flat, size=min(count // 3, len(flat)), replace=False).tolist()
-    return chosen
-
-
-def _labels(graph: SpanGraph, flat: int) -> tuple[str, str, str]:
-    span, sender, receiver = np.unravel_index(flat, graph.shape)
-    return graph.spans[span], graph.sender_labels[sender], graph.receiver_labels[receiver]
-
-
 def test_exact_patching_by_span_equals_the_per_receiver_reference(family):
     """Each sampled edge alone on the corrupt run (its receiver reading the clean sender at
     the span; a k or v receiver for its query span's queries only), at the spans where the
     clean and corrupt senders differ (an IOI pair differs from S2 on)."""
-    from _helpers import reference_edge_patching_by_span
+    from _helpers import reference_edge_patching_by_span, sampled_span_edges, span_edge_labels
 
     prompt = IOI[0]
     inputs_graph = SpanGraph(Graph.of(family), ("IO", "S1", "S2", "END", "other"))
-    chosen = _sampled_edges(inputs_graph, 45, ("S2", "END", "other"))
+    chosen = sampled_span_edges(inputs_graph, 45, ("S2", "END", "other"))
     result = edge_patching._edge_variants(
         family,
         [prompt],
@@ -409,7 +361,7 @@ def test_exact_patching_by_span_equals_the_per_receiver_reference(family):
         progress=False,
     )
     reference = reference_edge_patching_by_span(
-        family, prompt, [_labels(inputs_graph, i) for i in chosen]
+        family, prompt, [span_edge_labels(inputs_graph, i) for i in chosen]
     )
     ours = result["patched"].isel(prompt=0).values.astype(np.float64)
     expected = np.array(list(reference.values()))
@@ -421,21 +373,12 @@ def test_exact_patching_by_span_equals_the_per_receiver_reference(family):
 
 
 def test_patching_every_edge_by_span_gives_the_other_run_and_none_the_base(family):
-    prompts = _mixed_lengths(family, 2)
-    result = edge_patching._edge_variants(
-        family,
-        prompts,
-        variants=(("outside", ()), ("only", ())),
-        positions="spans",
-        padding_side="left",
-        progress=False,
-    )
-    every, none = result["patched"].isel(variant=0), result["patched"].isel(variant=1)
-    scale = float(np.abs(result["base"] - result["other"]).max())
+    from _helpers import patched_every_and_none_by_span
+
+    every, none, other, base = patched_every_and_none_by_span(family, _mixed_lengths(family, 2))
+    scale = float(np.abs(base - other).max())
     assert scale > 1e-4
-    np.testing.assert_allclose(every.values, result["other"].values, rtol=0, atol=1e-4 * scale)
+    np.testing.assert_allclose(every, other, rtol=0, atol=1e-4 * scale)
     # no edge patched: the base run up to float32 rounding of the metric (~1e-7 of it)
-    rounding = 1e-6 * float(np.abs(result["base"]).max())
-    np.testing.assert_allclose(
-        none.values, result["base"].values, rtol=0, atol=1e-5 * scale + rounding
-    )
+    rounding = 1e-6 * float(np.abs(base).max())
+    np.testing.assert_allclose(none, base, rtol=0, atol=1e-5 * scale + rounding)
