@@ -204,3 +204,32 @@ def test_the_circuit_explorer_steps_through_spans():
     assert explorer._chart is shown and {row["span"] for row in straight + curves} == {"END"}
     explorer.span.value = "all"
     assert len({row["span"] for row in _rows(explorer.chart.to_dict())[0]}) > 1
+
+
+def test_exact_effects_by_span_show_on_their_edges_and_the_other_kind_is_refused(tiny_llama):
+    prompts = lsc.data.prompts("ioi")[:2]
+    scores = edges.edge_attribution(tiny_llama, prompts, positions="spans", progress=False)
+    report = edges.edge_agreement(
+        tiny_llama, prompts, estimators=["eap"], n_top=6, n_random=0, positions="spans"
+    )
+    effect = report["exact"].mean("prompt")
+    straight, curves = _rows(circuit_graph(scores, exact=report, edges=MAX_EDGES).to_dict())
+    shown = {
+        (row["span"], row["sender"], row["receiver"]): row["exact"]
+        for row in straight + curves
+        if row["exact"] != NOT_MEASURED
+    }
+    expected = {
+        (str(c), str(s), str(r)): f"{float(v):.4g}"
+        for c, s, r, v in zip(
+            effect["span"].values,
+            effect["sender"].values,
+            effect["receiver"].values,
+            effect.values,
+            strict=True,
+        )
+    }
+    assert shown == expected and len(shown) == report.sizes["edge"]
+    flat = edges.edge_attribution(tiny_llama, prompts, progress=False)
+    with pytest.raises(ValueError, match=r"exact is by span \(positions='spans'\) but scores"):
+        circuit_graph(flat, exact=report)
