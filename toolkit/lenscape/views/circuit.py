@@ -384,7 +384,7 @@ def circuit_graph(
         notes.insert(2, _stability_note(stability))
     held = _held_edges(scores, circuit, kinds, of_spans) if circuit is not None else 0
     if held > len(rows):
-        notes.insert(0, _drawn_note(len(rows), held))
+        notes.insert(0, _drawn_note(len(rows), held, spans is not None))
     shown = of_spans if spans is not None else None
     return (
         _graph_chart(rows, layout, ramp, _units(scores))
@@ -403,12 +403,13 @@ def circuit_graph(
     )
 
 
-def _drawn_note(drawn: int, held: int) -> str:
-    """The subtitle line of a circuit drawn in part: how many of its edges, and how to see
-    them all."""
+def _drawn_note(drawn: int, held: int, picked: bool = False) -> str:
+    """The subtitle line of a circuit drawn in part: how many of its edges (``picked``: at
+    the spans picked), and how to see them all."""
+    at = " at these spans" if picked else ""
     return (
-        f"drawn: the {drawn} strongest of its {held:,} edges by |score| (edges={held} draws "
-        "all; lsc.CircuitExplorer steps through them)"
+        f"drawn: the {drawn} strongest of its {held:,} edges{at} by |score| (edges={held} "
+        "draws all; lsc.CircuitExplorer steps through them)"
     )
 
 

@@ -40,7 +40,7 @@ KV_GAP = 0.5
 #: The gap between two spans' groups of columns, in columns.
 SPAN_GAP = 1.5
 #: Where the span names stand, above the embeddings (rows; layer 0 is row 0).
-SPAN_ROW = -2.6
+SPAN_ROW = -3.0
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ class Layout:
                 domain=False,
             ),
         )
-        first = SPAN_ROW - 0.5 if self.spans else -2.1
+        first = SPAN_ROW - 0.6 if self.spans else -2.1
         y = alt.Y(
             "y:Q",
             title=None,
