@@ -516,3 +516,33 @@ def test_a_consensus_circuit_says_so_in_the_title(scores):
     assert title.startswith(
         "Consensus circuit of 1 edges (in ≥ 50% of 200 resampled top-3 circuits, on paths"
     )
+
+
+def test_several_faithfulness_curves_compare_by_the_edges_each_circuit_keeps():
+    flat = _curve([0.3, 0.92, 1.0], [[0.0, 0.1, 1.0]], model="m")
+    by_span = _curve([0.5, 0.6, 0.95], [[0.0, 0.1, 1.0]], model="m").assign_coords(
+        n_edges=("budget", [30, 300, 3000])
+    )
+    spec = faithfulness_curve({"position-agnostic": flat, "by span": by_span}).to_dict()
+    rows = _layer(spec, "line")["data"]["values"]
+    assert {r["circuit"] for r in rows} == {
+        "position-agnostic: f ≥ 0.9 first at 30 edges",
+        "by span: f ≥ 0.9 first at 3,000 edges",
+    }
+    assert sorted(r["edges"] for r in rows) == [3, 30, 30, 300, 300, 3000]
+    assert _layer(spec, "line")["encoding"]["x"]["field"] == "edges"
+    # read by label: a reversed budget order draws the same; one Dataset is one curve
+    again = faithfulness_curve(
+        {"position-agnostic": flat.isel(budget=[2, 1, 0]), "by span": by_span}
+    )
+    assert json.dumps(again.to_dict(), sort_keys=True) == json.dumps(spec, sort_keys=True)
+    assert "CPR" in str(faithfulness_curve(flat).to_dict()["title"])
+    never = _curve([0.1, 0.2, 0.3], [[0.0, 0.1, 1.0]], model="m")
+    rows = _layer(faithfulness_curve({"weak": never}).to_dict(), "line")["data"]["values"]
+    assert rows[0]["circuit"] == "weak: f < 0.9 at every budget"
+    with pytest.raises(ValueError, match="results must map names"):
+        faithfulness_curve({})
+    with pytest.raises(TypeError, match=r"results\['a'\] must be"):
+        faithfulness_curve({"a": flat["faithfulness"]})
+    with pytest.raises(ValueError, match=r"results\['other'\]"):
+        faithfulness_curve({"mine": flat, "other": flat.assign_attrs(model="n")})

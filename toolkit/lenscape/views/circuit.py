@@ -61,9 +61,9 @@ with the cause, edges left out at a tie are named in the subtitle, and no spec h
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import altair as alt
 import numpy as np
@@ -80,6 +80,8 @@ from .heatmaps import TITLE_LIMIT, heatmap, label_from_attrs, legend_title, wrap
 #: Pixels per column of a graph by span, when no width is given (about 13 columns a span
 #: on SmolLM2: 9 query heads, 3 key/value heads and the MLP).
 SPAN_COLUMN = 20
+#: The faithfulness compared curves are read at (the legend says where each first reaches it).
+FAITHFUL = 0.9
 #: How far a crossing edge's curve bows above the straight line between its ends, in rows.
 BOW = 1.5
 #: Most edges the graph draws (a dense graph of thousands of lines reads as noise).
@@ -1055,14 +1057,19 @@ def edge_heatmap(scores: xr.DataArray, *, scale: str = "auto", **options: Any) -
 
 
 def faithfulness_curve(
-    result: xr.Dataset, *, title: str | None = None, actions: bool = False
+    result: xr.Dataset | Mapping[str, xr.Dataset],
+    *,
+    title: str | None = None,
+    actions: bool = False,
 ) -> ChartType:
     """Faithfulness against the edge budget (log scale), the circuit beside the mean of
-    the random circuits, with a rule at 1 (the full model).
+    the random circuits, with a rule at 1 (the full model); given several results by name,
+    their curves against the edges each circuit keeps (``compared_curves``).
 
     Args:
         result: a Dataset from ``lsc.circuit_faithfulness``, read by label (budgets in
-            increasing order whatever the array's).
+            increasing order whatever the array's); or a mapping of names to such results
+            of one model (e.g. ``{"by span": a, "position-agnostic": b}``).
         title: chart title; default names CPR and CMD ("undefined" where NaN).
         actions: show Vega's actions menu (its "Open in Vega Editor" goes online).
 
@@ -1075,19 +1082,13 @@ def faithfulness_curve(
         ValueError: ``result`` is of another method, lacks a variable of
             ``lsc.circuit_faithfulness``, or its faithfulness is NaN at every budget (the
             message gives the reason the result records, e.g. corrupt runs equal to the
-            clean ones).
+            clean ones); for several, an empty mapping or results of different models.
     """
-    _validate.result(
-        "result",
-        result,
-        kind=xr.Dataset,
-        made_by="lsc.circuit_faithfulness(model, prompts, scores)",
-        variables=("faithfulness", "cpr", "cmd", "random_cpr", "random_cmd"),
-        methods=("circuit_faithfulness",),
-    )
+    if not isinstance(result, xr.Dataset) and isinstance(result, Mapping):  # a Dataset is one
+        return compared_curves(cast(Mapping[str, xr.Dataset], result), title=title, actions=actions)
+    result = _checked_curve("result", result)
     _validate.text("title", title, example="'IOI circuit'", optional=True)
     actions = _validate.flag("actions", actions)
-    result = in_label_order(result, name="result")
     if not np.isfinite(result["faithfulness"].values).any():
         why = result.attrs.get("undefined", "no budget holds a number")
         raise ValueError(
@@ -1114,6 +1115,111 @@ def faithfulness_curve(
         height=260,
         usermeta={"embedOptions": {"actions": actions}},
     )
+
+
+def _checked_curve(name: str, result: Any) -> xr.Dataset:
+    """A ``lsc.circuit_faithfulness`` result passed in, checked and read by label."""
+    _validate.result(
+        name,
+        result,
+        kind=xr.Dataset,
+        made_by="lsc.circuit_faithfulness(model, prompts, scores)",
+        variables=("faithfulness", "cpr", "cmd", "random_cpr", "random_cmd"),
+        methods=("circuit_faithfulness",),
+    )
+    return in_label_order(result, name=name)
+
+
+def compared_curves(
+    results: Mapping[str, xr.Dataset], *, title: str | None = None, actions: bool = False
+) -> ChartType:
+    """Faithfulness of several circuits' curves (``lsc.circuit_faithfulness`` results of
+    one model, by name) against the edges each circuit keeps, on a log scale: budgets are
+    shares of each graph, and graphs differ in size (by span about ten times the edges), so
+    only kept edges compare. The legend says where each curve first reaches
+    ``FAITHFUL`` faithfulness; a rule marks 1 (the full model).
+
+    Raises:
+        TypeError: not a mapping of names to Datasets. ValueError: an empty mapping, a
+            result of another method or of another model than the first, or a curve NaN
+            at every budget.
+    """
+    if not results or not all(isinstance(name, str) for name in results):
+        raise ValueError(
+            "results must map names to lsc.circuit_faithfulness results, e.g. "
+            "{'by span': curve_a, 'position-agnostic': curve_b}; got "
+            f"{'an empty mapping' if not results else list(results)}."
+        )
+    _validate.text("title", title, example="'IOI circuits'", optional=True)
+    actions = _validate.flag("actions", actions)
+    checked = {name: _checked_curve(f"results[{name!r}]", ds) for name, ds in results.items()}
+    rows, names = _compared_rows(checked)
+    lines = (
+        alt.Chart(alt.Data(values=rows))
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("edges:Q", title="edges kept (log scale)", scale=alt.Scale(type="log")),
+            y=alt.Y("faithfulness:Q", title="faithfulness (0 corrupt, 1 full model)"),
+            color=alt.Color(
+                "circuit:N",
+                title="circuit",
+                sort=names,
+                legend=alt.Legend(labelLimit=400),
+            ),
+            tooltip=["circuit:N", "edges:Q", alt.Tooltip("faithfulness:Q", format=".3f")],
+        )
+    )
+    one = alt.Chart(alt.Data(values=[{"y": 1.0}])).mark_rule(strokeDash=[4, 4]).encode(y="y:Q")
+    notes = [
+        "x: the edges each circuit keeps after pruning to paths (budgets are shares of each "
+        "graph, and graphs differ in size); circuits with no edge or NaN faithfulness are not "
+        "drawn"
+    ]
+    return alt.layer(lines, one).properties(
+        title=alt.TitleParams(
+            title or "Circuit faithfulness by edge count: " + ", ".join(checked),
+            subtitle=[part for note in notes for part in _wrap(note)],
+            anchor="start",
+            limit=TITLE_LIMIT,
+        ),
+        width=480,
+        height=280,
+        usermeta={"embedOptions": {"actions": actions}},
+    )
+
+
+def _compared_rows(checked: dict[str, xr.Dataset]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The points of ``compared_curves`` (circuit, edges kept, faithfulness; empty circuits
+    and NaN left out) and each curve's legend name, saying where it first reaches
+    ``FAITHFUL``.
+
+    Raises:
+        ValueError: a result of another model than the first, or with no point to draw.
+    """
+    first = next(iter(checked.values()))
+    own = {key: first.attrs[key] for key in ORIGIN_ATTRS if key in first.attrs}
+    rows, names = [], {}
+    for name, ds in checked.items():
+        _validate.origin(f"results[{name!r}]", ds, own, made_by="lsc.circuit_faithfulness")
+        kept, values = ds["n_edges"].values, ds["faithfulness"].values.astype(float)
+        drawn = np.isfinite(values) & (kept > 0)
+        if not drawn.any():
+            raise ValueError(
+                f"results[{name!r}] has no finite faithfulness at a non-empty circuit, so "
+                "there is no curve to draw; run lsc.circuit_faithfulness again with larger "
+                "budgets."
+            )
+        reached = kept[drawn & (values >= FAITHFUL)]
+        names[name] = (
+            f"{name}: f ≥ {FAITHFUL} first at {int(reached[0]):,} edges"
+            if len(reached)
+            else f"{name}: f < {FAITHFUL} at every budget"
+        )
+        rows += [
+            {"circuit": names[name], "edges": int(n), "faithfulness": float(f)}
+            for n, f in zip(kept[drawn], values[drawn], strict=True)
+        ]
+    return rows, list(names.values())
 
 
 def _curve_lines(result: xr.Dataset, curves: dict[str, np.ndarray]) -> alt.Chart:
