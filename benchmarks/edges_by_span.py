@@ -9,7 +9,7 @@ on 3 key/value heads) with IOI pairs, whose spans are IO, S1, S2, END and "other
   outside that span), on the receivers of a few layers and the logits, one prompt: the
   largest difference relative to the largest score, and the edges compared.
 - **Sums**: by-span scores summed over spans and query spans against position-agnostic EAP
-  on the same prompts.
+  on the same prompts, on both bundled models.
 - **Cost, alone**: time and peak resident memory above the loaded model of position-agnostic
   EAP and of EAP by span, each in a fresh process (the first call's peak, then a second call
   timed), beside the memory plan's estimate of what the call needs.
@@ -20,7 +20,8 @@ on 3 key/value heads) with IOI pairs, whose spans are IO, S1, S2, END and "other
   share of B's top edges A misses), at k = 1, 5, 10. PEAP's GPT-2 small IOI figures are
   17.1%, 13.4% and 12.1%, against 3.9% in their control. Our control is a split half: the
   same share between the top k% by A on two disjoint halves of the prompts (how much the
-  ranking moves with the prompts alone).
+  ranking moves with the prompts alone). On SmolLM2 and on Gemma-3-270M (18 layers, 4
+  query heads on 1 key/value head).
 """
 
 from __future__ import annotations
@@ -162,7 +163,10 @@ def cost(n_prompts: int, batch_size: int) -> tuple[list[list[str]], dict]:
     return rows, found
 
 
-def cancellation(model, n_prompts: int) -> tuple[list[list[str]], float]:
+def cancellation(model, n_prompts: int) -> tuple[dict[int, tuple[int, float, float]], float]:
+    """On one model's IOI prompts: per top share k, (edges in the top k%, the share of them
+    that moves, the split-half control); and the by-span sums' largest difference from EAP,
+    relative to its largest score."""
     prompts = lsc.data.prompts("ioi")[:n_prompts]
     options = dict(per_prompt=True, batch_size=8, progress=True)
     agnostic = edges.edge_attribution(model, prompts, **options)
@@ -176,22 +180,32 @@ def cancellation(model, n_prompts: int) -> tuple[list[list[str]], float]:
     a = agnostic.mean("prompt").values
     half = n_prompts // 2
     first, second = agnostic.isel(prompt=slice(0, half)), agnostic.isel(prompt=slice(half, None))
-    rows = []
-    for k in SHARES:
-        share = moved(a, magnitude, k / 100)
-        control = moved(first.mean("prompt").values, second.mean("prompt").values, k / 100)
-        rows.append(
-            [
-                *_report.stamp(),
-                f"top {k}%",
-                f"{round(k / 100 * np.isfinite(a).sum()):,}",
-                f"{share:.1%}",
-                f"{control:.1%}",
-                PEAP[k],
-            ]
+    shares = {
+        k: (
+            round(k / 100 * np.isfinite(a).sum()),
+            moved(a, magnitude, k / 100),
+            moved(first.mean("prompt").values, second.mean("prompt").values, k / 100),
         )
-        print(rows[-1])
-    return rows, sums / scale
+        for k in SHARES
+    }
+    print(shares)
+    return shares, sums / scale
+
+
+def cancellation_rows(by_model: dict[str, dict[int, tuple[int, float, float]]]) -> list[list]:
+    """One row per top share: each model's edges, share moved and control, then PEAP's."""
+    return [
+        [
+            *_report.stamp(),
+            f"top {k}%",
+            *[
+                f"{shares[k][1]:.1%} of {shares[k][0]:,} (control {shares[k][2]:.1%})"
+                for shares in by_model.values()
+            ],
+            PEAP[k],
+        ]
+        for k in SHARES
+    ]
 
 
 def main() -> None:
@@ -201,6 +215,7 @@ def main() -> None:
     parser.add_argument("--cancel-prompts", type=int, default=60)
     parser.add_argument("--child", choices=("all", "spans"))
     parser.add_argument("--layers", default="0,15,29")
+    parser.add_argument("--cancel-models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
     args = _report.parse_args(parser, prompts=4, cancel_prompts=8)
     if args.child:
         child(args.child, args.prompts, args.batch_size)
@@ -208,7 +223,10 @@ def main() -> None:
     model = lsc.load()
     layers = [int(x) for x in args.layers.split(",")]
     agree_rows = agreement(model, lsc.data.prompts("ioi")[0], layers)
-    cancel_rows, sums = cancellation(model, args.cancel_prompts)
+    by_model, sums = {}, {}
+    for name in args.cancel_models:
+        by_model[name], sums[name] = cancellation(lsc.load(name), args.cancel_prompts)
+    cancel_rows = cancellation_rows(by_model)
     cost_rows, _ = cost(args.prompts, args.batch_size)
     intro = (__doc__ or "").split("\n\n", 1)[1].strip()
     body = "\n\n".join(
@@ -228,12 +246,15 @@ def main() -> None:
                 agree_rows,
             ),
             f"Sums: over {args.cancel_prompts} IOI prompts, the by-span prompt means summed "
-            f"over spans and query spans differ from EAP's by at most {sums:.1e} of its "
-            "largest score.",
-            "Cancellation (SmolLM2, IOI; the share of the top edges by position-agnostic "
-            "|score| not among the top by the sum of the by-span terms' magnitudes):",
+            "over spans and query spans differ from EAP's by at most "
+            + ", ".join(f"{error:.1e} ({name})" for name, error in sums.items())
+            + " of its largest score.",
+            f"Cancellation ({args.cancel_prompts} IOI prompts; the share of the top edges by "
+            "position-agnostic |score| not among the top by the sum of the by-span terms' "
+            "magnitudes, of how many edges, beside the split-half control; PEAP's GPT-2 "
+            "small figure last):",
             _report.table(
-                ["date", "machine", "top", "edges", "SmolLM2", "split-half control", "PEAP"],
+                ["date", "machine", "top", *args.cancel_models, "PEAP (GPT-2 small)"],
                 cancel_rows,
             ),
             "Cost, alone (fresh process each; peak resident memory of the first call above the "
@@ -253,7 +274,9 @@ def main() -> None:
             ),
         ]
     )
-    _report.emit(args, _report.section("edges_by_span", "Edges by span (SmolLM2)", intro, body))
+    _report.emit(
+        args, _report.section("edges_by_span", "Edges by span (SmolLM2, Gemma-3-270M)", intro, body)
+    )
 
 
 if __name__ == "__main__":
