@@ -161,6 +161,12 @@ def test_by_span_beside_position_agnostic_is_refused_both_ways():
         circuit_graph(flat, spans=["END"])
     with pytest.raises(ValueError, match=r"average per-prompt scores first"):
         circuit_graph(scores.expand_dims(prompt=2))
+    with pytest.raises(ValueError, match=r"lacks the coord\(s\) \['query_span'\]"):
+        circuit_graph(scores.drop_vars("query_span"))
+    with pytest.raises(ValueError, match="attr 'span_order' must be a JSON list"):
+        circuit_graph(scores.assign_attrs(span_order="IO, S1"))
+    with pytest.raises(ValueError, match=r"spans must|spans is empty"):
+        circuit_graph(scores, spans=[])
 
 
 def test_a_circuit_by_span_of_a_real_model_with_its_stability_and_cut(tiny_llama):

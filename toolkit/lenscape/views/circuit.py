@@ -181,7 +181,8 @@ def check_edges(
         )
         raise ValueError(f"{name} must be the result of {made_by}; got {got}: {fix}.")
     _check_edge_dims(da, name, made_by, by_span)
-    missing = [c for c in EDGE_COORDS if c not in da.coords]
+    needed = EDGE_COORDS + (("query_span",) if "span" in da.dims else ())
+    missing = [c for c in needed if c not in da.coords]
     if missing:
         raise ValueError(
             f"{name} lacks the coord(s) {missing} that place its edges; pass the result of "

@@ -129,7 +129,10 @@ def span_order(data: xr.DataArray | xr.Dataset) -> list[str] | None:
     )
     for attrs in holders:
         if SPAN_ORDER in attrs:
-            order = json.loads(str(attrs[SPAN_ORDER]))
+            try:
+                order = json.loads(str(attrs[SPAN_ORDER]))
+            except json.JSONDecodeError:
+                order = None
             if not isinstance(order, list):
                 raise ValueError(
                     f"attr {SPAN_ORDER!r} must be a JSON list of span names in prompt order, "
