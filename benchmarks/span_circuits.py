@@ -44,7 +44,7 @@ def curve(model, prompts, scores, counts, total: int):
     report = edges.circuit_faithfulness(
         model, prompts, scores, fractions=fractions, n_random=0, batch_size=8, progress=False
     )
-    sizes = token_edges(model, prompts, scores, fractions)
+    sizes = token_edges(model, prompts, scores, fractions, report["n_edges"].values)
     return report["faithfulness"].values, report["n_edges"].values, sizes
 
 
@@ -71,21 +71,22 @@ def receiver_weights(scores, lengths: dict[str, int]) -> np.ndarray:
     return np.asarray(rows)[:, None, :]
 
 
-def token_edges(model, prompts, scores, fractions) -> list[float]:
+def token_edges(model, prompts, scores, fractions, n_edges) -> list[float]:
     """PEAP's size of each circuit ``lsc.circuit(scores, fraction=f)`` (the circuits
-    ``circuit_faithfulness`` patches): its token-level edges (``receiver_weights``), the
-    mean over ``prompts``."""
+    ``circuit_faithfulness`` patches, which kept ``n_edges``: checked): its token-level
+    edges (``receiver_weights``), the mean over ``prompts``."""
     lengths = [
         {span: len(at) for span, at in span_positions_by_rule(model.tokenizer, p).items()}
         for p in prompts
     ]
     weight = np.mean([receiver_weights(scores, held) for held in lengths], axis=0)
     sizes = []
-    for fraction in fractions:
+    for fraction, patched in zip(fractions, n_edges, strict=True):
         try:
             kept = lsc.mask_rules.kept(lsc.circuit(scores, fraction=fraction)).values
         except ValueError:  # no top edge on a path: the empty circuit
             kept = np.zeros(scores.shape, dtype=bool)
+        assert int(kept.sum()) == int(patched), (fraction, int(kept.sum()), int(patched))
         sizes.append(float((kept * np.broadcast_to(weight, kept.shape)).sum()))
     return sizes
 

@@ -1065,7 +1065,7 @@ def faithfulness_curve(
 ) -> ChartType:
     """Faithfulness against the edge budget (log scale), the circuit beside the mean of
     the random circuits, with a rule at 1 (the full model); given several results by name,
-    their curves against the edges each circuit keeps (``compared_curves``).
+    their curves against the edges each circuit keeps (``_compared_curves``).
 
     Args:
         result: a Dataset from ``lsc.circuit_faithfulness``, read by label (budgets in
@@ -1086,7 +1086,9 @@ def faithfulness_curve(
             clean ones); for several, an empty mapping or results of different models.
     """
     if not isinstance(result, xr.Dataset) and isinstance(result, Mapping):  # a Dataset is one
-        return compared_curves(cast(Mapping[str, xr.Dataset], result), title=title, actions=actions)
+        return _compared_curves(
+            cast(Mapping[str, xr.Dataset], result), title=title, actions=actions
+        )
     result = _checked_curve("result", result)
     _validate.text("title", title, example="'IOI circuit'", optional=True)
     actions = _validate.flag("actions", actions)
@@ -1131,7 +1133,7 @@ def _checked_curve(name: str, result: Any) -> xr.Dataset:
     return in_label_order(result, name=name)
 
 
-def compared_curves(
+def _compared_curves(
     results: Mapping[str, xr.Dataset], *, title: str | None = None, actions: bool = False
 ) -> ChartType:
     """Faithfulness of several circuits' curves (``lsc.circuit_faithfulness`` results of
@@ -1190,7 +1192,7 @@ def compared_curves(
 
 
 def _compared_rows(checked: dict[str, xr.Dataset]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The points of ``compared_curves`` (circuit, edges kept, faithfulness; empty circuits
+    """The points of ``_compared_curves`` (circuit, edges kept, faithfulness; empty circuits
     and NaN left out) and each curve's legend name, saying where it first reaches
     ``FAITHFUL``.
 
